@@ -1,0 +1,24 @@
+"""rudnn: fast neural-network operators for PyTorch, CuPy, JAX and NumPy arrays."""
+
+from .errors import (ArgumentError, CudaError, DeviceError, DTypeError, Error, FrameworkError, ShapeError,
+                     UnsupportedError)
+from . import _C
+from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
+
+__version__ = "0.1.0"
+
+has_cuda = bool(_C.has_cuda)  # the CUDA backend was compiled in (a GPU may still be absent)
+
+
+def cmake_prefix() -> str:
+    """Prefix for C++ consumers: cmake -DCMAKE_PREFIX_PATH=$(python -c 'import rudnn; print(rudnn.cmake_prefix())')."""
+    import os
+
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+__all__ = [
+    "Error", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "FrameworkError", "UnsupportedError",
+    "CudaError", "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward",
+    "softmax_backward", "has_cuda", "cmake_prefix",
+]

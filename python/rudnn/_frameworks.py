@@ -1,0 +1,220 @@
+"""The only module that knows torch, CuPy, JAX and NumPy.
+
+It tells which framework and device a call's arrays belong to, allocates outputs
+and workspaces with that framework on that device, finds the framework's current
+CUDA stream, and exports arrays as DLPack capsules for that stream.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .errors import DeviceError, FrameworkError, UnsupportedError
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _module_of(a) -> str | None:
+    """The framework of array `a` without importing any framework."""
+    mod = type(a).__module__.split(".")[0]
+    if mod == "torch" and "torch" in sys.modules and isinstance(a, sys.modules["torch"].Tensor):
+        return "torch"
+    if mod in ("jax", "jaxlib"):
+        return "jax"
+    if mod == "cupy":
+        return "cupy"
+    if mod == "numpy" and type(a).__name__ == "ndarray":
+        return "numpy"
+    return None
+
+
+def is_jax(a) -> bool:
+    return a is not None and _module_of(a) == "jax"
+
+
+def _stream_handle(stream) -> int:
+    """An explicit stream= argument as an integer cudaStream_t."""
+    for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy Stream
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    return int(stream)
+
+
+class _Torch:
+    name = "torch"
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                       "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64}
+
+    def device(self, a):
+        d = a.device
+        return (d.type, d.index if d.index is not None else 0)
+
+    def dtype_name(self, a):
+        return str(a.dtype).replace("torch.", "")
+
+    def empty(self, shape, dtype, device):
+        return self.torch.empty(tuple(shape), dtype=self.dtypes[dtype], device=self._device(device))
+
+    def zeros(self, shape, dtype, device):
+        return self.torch.zeros(tuple(shape), dtype=self.dtypes[dtype], device=self._device(device))
+
+    def _device(self, device):
+        return "cpu" if device[0] == "cpu" else f"cuda:{device[1]}"
+
+    def current_stream(self, device):
+        return self.torch.cuda.current_stream(device[1]).cuda_stream
+
+    def capsule(self, a, stream, current):
+        a = a.detach()  # torch refuses to export tensors that require grad
+        if a.device.type == "cpu":
+            return a.__dlpack__()
+        # Same stream as the producer: nothing to order. Otherwise torch makes `stream` wait.
+        if stream == current:
+            return a.__dlpack__(stream=-1)
+        return a.__dlpack__(stream=stream if stream != 0 else 1)
+
+
+class _CuPy:
+    name = "cupy"
+
+    def __init__(self):
+        import cupy
+
+        self.cupy = cupy
+
+    def device(self, a):
+        return ("cuda", a.device.id)
+
+    def dtype_name(self, a):
+        return str(a.dtype)
+
+    def empty(self, shape, dtype, device):
+        with self.cupy.cuda.Device(device[1]):
+            return self.cupy.empty(tuple(shape), dtype=self._dtype(dtype))
+
+    def zeros(self, shape, dtype, device):
+        with self.cupy.cuda.Device(device[1]):
+            return self.cupy.zeros(tuple(shape), dtype=self._dtype(dtype))
+
+    def _dtype(self, dtype):
+        if dtype == "bfloat16":
+            raise UnsupportedError("cupy has no bfloat16 arrays; use torch or jax for bfloat16")
+        return dtype
+
+    def current_stream(self, device):
+        with self.cupy.cuda.Device(device[1]):
+            return self.cupy.cuda.get_current_stream().ptr
+
+    def capsule(self, a, stream, current):
+        if stream == current:
+            return a.__dlpack__(stream=-1)
+        return a.__dlpack__(stream=stream if stream != 0 else 1)
+
+
+class _NumPy:
+    name = "numpy"
+
+    def __init__(self):
+        import numpy
+
+        self.np = numpy
+
+    def device(self, a):
+        return ("cpu", 0)
+
+    def dtype_name(self, a):
+        return str(a.dtype)
+
+    def empty(self, shape, dtype, device):
+        return self.np.empty(tuple(shape), dtype=self._dtype(dtype))
+
+    def zeros(self, shape, dtype, device):
+        return self.np.zeros(tuple(shape), dtype=self._dtype(dtype))
+
+    def _dtype(self, dtype):
+        if dtype == "bfloat16":
+            raise UnsupportedError("NumPy arrays cannot carry bfloat16 through DLPack; use torch or jax for bfloat16")
+        return dtype
+
+    def current_stream(self, device):
+        return 0
+
+    def capsule(self, a, stream, current):
+        # nanobind reads NumPy arrays directly (buffer protocol), read-only ones included.
+        if str(a.dtype) == "bfloat16":
+            raise UnsupportedError("NumPy arrays cannot carry bfloat16 through DLPack; use torch or jax for bfloat16")
+        return a
+
+
+_adapters: dict = {}
+
+
+def _adapter(name):
+    if name not in _adapters:
+        _adapters[name] = {"torch": _Torch, "cupy": _CuPy, "numpy": _NumPy}[name]()
+    return _adapters[name]
+
+
+def _describe(a) -> str:
+    return f"{type(a).__module__}.{type(a).__name__}"
+
+
+class Call:
+    """The arrays of one op call: one framework, one device, one stream.
+
+    `arrays` maps argument names to arrays (None for absent optional ones); the
+    first non-None entry decides the framework and the device.
+    """
+
+    def __init__(self, op: str, arrays: dict, stream=None):
+        self.op = op
+        present = [(k, v) for k, v in arrays.items() if v is not None]
+        first_name, first = present[0]
+        fw = _module_of(first)
+        if fw is None or fw == "jax":
+            raise FrameworkError(
+                f"{op}: {first_name}: expected a torch.Tensor, cupy.ndarray, numpy.ndarray or jax.Array, "
+                f"got {_describe(first)}")
+        self.fw = _adapter(fw)
+        self.device = self.fw.device(first)
+        for name, a in present[1:]:
+            other = _module_of(a)
+            if other != fw:
+                raise FrameworkError(
+                    f"{op}: {name}: expected a {_describe(first)} like {first_name} (one framework per call), "
+                    f"got {_describe(a)}")
+            dev = self.fw.device(a)
+            if dev != self.device:
+                raise DeviceError(f"{op}: {name}: expected device {_fmt(self.device)} like {first_name}, "
+                                  f"got {_fmt(dev)}")
+        if self.device[0] == "cuda":
+            self.current = self.fw.current_stream(self.device)
+            self.stream = _stream_handle(stream) if stream is not None else self.current
+        elif self.device[0] == "cpu":
+            self.current = self.stream = 0
+        else:
+            raise DeviceError(f"{op}: {first_name}: unsupported device {_fmt(self.device)} (expected cpu or cuda)")
+
+    def arg(self, a):
+        """The DLPack capsule (or array) to hand to rudnn._C for array `a`."""
+        if a is None:
+            return None
+        return self.fw.capsule(a, self.stream, self.current)
+
+    def empty(self, shape, dtype):
+        return self.fw.empty(shape, dtype, self.device)
+
+    def zeros(self, shape, dtype):
+        return self.fw.zeros(shape, dtype, self.device)
+
+    def dtype_name(self, a):
+        return self.fw.dtype_name(a)
+
+
+def _fmt(device) -> str:
+    return "cpu" if device[0] == "cpu" else f"{device[0]}:{device[1]}"
