@@ -32,8 +32,10 @@ inline DType to_dtype(nb::dlpack::dtype t, const char* name) {
     if (code == dtype_code::UInt && t.bits == 8) return DType::u8;
     if (code == dtype_code::Bool && t.bits == 8) return DType::boolean;
   }
-  throw Error(ErrorKind::dtype, std::string(name) + ": unsupported DLPack dtype (code " + std::to_string(t.code) +
-                                    ", " + std::to_string(t.bits) + " bits, " + std::to_string(t.lanes) + " lanes)");
+  static const char* kinds[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  const std::string kind = t.code < 7 ? kinds[t.code] : "code" + std::to_string(t.code);
+  throw Error(ErrorKind::dtype, std::string(name) + ": unsupported dtype " + kind + std::to_string(t.bits) +
+                                    (t.lanes != 1 ? "x" + std::to_string(t.lanes) : std::string()));
 }
 
 template <class Array>
