@@ -1,0 +1,54 @@
+"""The installed C++ headers and libruDNN work for a C++ consumer that brings its own dlpack.h."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+import rudnn
+
+PROGRAM = r"""
+#include <ATen/dlpack.h>
+#include <rudnn/dlpack.hpp>
+#include <rudnn/norm.hpp>
+#include <cmath>
+#include <cstdio>
+
+int main() {
+  // softmax over a DLPack view of a strided [2, 3] window of a [2, 4] buffer.
+  float in[8] = {0, 1, 2, 99, 3, 3, 3, 99}, out[6] = {};
+  int64_t shape[2] = {2, 3}, in_strides[2] = {4, 1};
+  DLTensor x{in, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, shape, in_strides, 0};
+  DLTensor y{out, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, shape, nullptr, 0};
+  rudnn::softmax_forward(rudnn::from_dlpack(x), rudnn::from_dlpack(y));
+  const double e0 = 1.0 / (1.0 + std::exp(1.0) + std::exp(2.0));
+  if (std::fabs(out[0] - e0) > 1e-6 || std::fabs(out[4] - 1.0 / 3.0) > 1e-6) return 1;
+  DLTensor bad{in, {kDLCPU, 0}, 2, {kDLFloat, 64, 1}, shape, nullptr, 0};
+  try {
+    rudnn::from_dlpack(bad);
+  } catch (const rudnn::Error& e) {
+    std::printf("%s\n", e.what());
+    return e.kind() == rudnn::ErrorKind::dtype ? 0 : 2;
+  }
+  return 3;
+}
+"""
+
+
+def test_dlpack_consumer_program(tmp_path):
+    torch = pytest.importorskip("torch")  # provides a dlpack.h (ATen/dlpack.h)
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    prefix = rudnn.cmake_prefix()
+    src = tmp_path / "consumer.cpp"
+    src.write_text(PROGRAM)
+    exe = tmp_path / "consumer"
+    torch_include = os.path.join(os.path.dirname(torch.__file__), "include")
+    libdir = os.path.join(prefix, "lib")
+    subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", f"-I{prefix}/include", f"-I{torch_include}", str(src),
+                    f"-L{libdir}", "-lruDNN", f"-Wl,-rpath,{libdir}", "-o", str(exe)], check=True)
+    result = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert result.returncode == 0, result
+    assert "unsupported DLPack dtype" in result.stdout
