@@ -487,7 +487,9 @@ def test_handler_errors_do_not_crash(device):
     """A call the handler rejects at run time becomes an XLA error naming the rudnn exception."""
     call = jax.ffi.ffi_call("rudnn_norm_forward", jax.ShapeDtypeStruct((4, 16), jnp.float32))
     attrs = dict(kind=np.int32(0), has_bias=False, has_residual=False, has_mean=False, has_rstd=False)
-    rj._ensure_ready("test")
+    from rudnn.jax import _ffi
+
+    _ffi.ensure_ready("test")
     with pytest.raises(Exception, match=r"rudnn.ArgumentError: layer_norm: eps: expected a finite value > 0"):
         jax.block_until_ready(call(jnp.ones((4, 16)), eps=np.float32(-1.0), has_weight=False, **attrs))
     with pytest.raises(Exception, match=r"rudnn.ArgumentError: layer_norm: internal: .*missing input 'weight'"):
@@ -496,7 +498,9 @@ def test_handler_errors_do_not_crash(device):
 
 def test_build_without_jax_support(monkeypatch):
     """Without the FFI handlers every op says so (and how to fix it)."""
-    monkeypatch.setattr(rj, "_registered", False)
+    from rudnn.jax import _ffi
+
+    monkeypatch.setattr(_ffi, "_registered", False)
     monkeypatch.setattr(rudnn._C, "has_jax_ffi", False, raising=False)
     x = jnp.ones((2, 8))
     calls = [lambda: rj.layer_norm(x), lambda: rj.rms_norm(x), lambda: rj.softmax(x),

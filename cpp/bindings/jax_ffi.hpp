@@ -3,9 +3,17 @@
 
 #include <nanobind/nanobind.h>
 
-// Adds to `m`:
-//   jax_ffi_targets() -> {platform: {target name: PyCapsule}} for jax.ffi.register_ffi_target
-//   jax_validate_norm_forward / jax_validate_norm_backward /
-//   jax_validate_softmax_forward / jax_validate_softmax_backward: the C++ argument checks,
-//   run on shapes and dtype names at trace time so errors surface as rudnn exceptions.
+// Adds to `m`: jax_ffi_targets() -> {platform: {target name: PyCapsule}} for
+// jax.ffi.register_ffi_target, and each family's jax_validate_* functions, which run the
+// C++ argument checks on (shape, dtype name) specs at trace time so that errors surface
+// as rudnn exceptions.
 void register_jax_ffi(nanobind::module_& m);
+
+namespace rudnn::jax_ffi {
+
+// Two per family (<family>_ffi.cpp): its handlers into the {name: capsule} tables of
+// the "cpu" and "CUDA" platforms, and its jax_validate_* functions into the module.
+void add_norm_targets(nanobind::dict& cpu, nanobind::dict& cuda);
+void add_norm_validation(nanobind::module_& m);
+
+}  // namespace rudnn::jax_ffi

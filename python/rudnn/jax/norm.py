@@ -13,14 +13,13 @@ raises ``rudnn.ShapeError``, ``rudnn.DTypeError``, ... at once, as for the other
 from __future__ import annotations
 
 import functools
-import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _C
-from .errors import ArgumentError, FrameworkError, UnsupportedError
+from .. import _C
+from . import _ffi
 
 __all__ = ["layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward"]
 
@@ -28,107 +27,9 @@ _LAYER, _RMS = 0, 1  # the "kind" attribute of the norm targets
 _KIND_NAME = {_LAYER: "layer", _RMS: "rms"}
 
 # ---------------------------------------------------------------------------
-# FFI target registration (once, on first use)
-# ---------------------------------------------------------------------------
-
-_registered = False
-_register_lock = threading.Lock()
-
-
-def _ensure_ready(op: str) -> None:
-    """Registers the FFI targets with XLA on first use; raises if this build has none."""
-    global _registered
-    if _registered:
-        return
-    if not getattr(_C, "has_jax_ffi", False):
-        raise UnsupportedError(
-            f"rudnn.jax.{op}: this build of rudnn has no JAX support (jaxlib's XLA FFI headers were not found "
-            "when it was compiled). Reinstall it in an environment with jax installed, without build isolation: "
-            "pip install --no-build-isolation <path to rudnn>")
-    with _register_lock:
-        if not _registered:
-            for platform, targets in _C.jax_ffi_targets().items():
-                for name, capsule in targets.items():
-                    jax.ffi.register_ffi_target(name, capsule, platform=platform)
-            _registered = True
-
-
-# ---------------------------------------------------------------------------
-# Argument handling
-# ---------------------------------------------------------------------------
-
-
-def _array(a, op: str, name: str, *, required: bool = False):
-    """A JAX array (NumPy arrays are converted); None stays None unless required."""
-    if a is None:
-        if required:
-            raise ArgumentError(f"{op}: {name} is required, got None")
-        return None
-    if isinstance(a, jax.Array):  # includes tracers under jit/grad/vmap
-        return a
-    if isinstance(a, (np.ndarray, np.generic)):
-        return jnp.asarray(a)
-    raise FrameworkError(f"{op}: {name}: expected a jax.Array, got {type(a).__module__}.{type(a).__qualname__} "
-                         "(rudnn.jax takes JAX or NumPy arrays; use rudnn.<op> for other frameworks)")
-
-
-def _spec(a):
-    """(shape, dtype name): what the C++ validation needs to know about an abstract array."""
-    return None if a is None else (tuple(int(d) for d in a.shape), jnp.dtype(a.dtype).name)
-
-
-def _static_float(v, op: str, name: str) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):  # includes jax's ConcretizationTypeError for traced values
-        raise ArgumentError(f"{op}: {name}: expected a Python float (a static value, not a traced array), "
-                            f"got {type(v).__name__}") from None
-
-
-def _no_out(op: str, out) -> None:
-    if out is not None:
-        raise UnsupportedError(f"rudnn.jax.{op}: out= is not supported for JAX arrays (they are immutable); "
-                               "use the returned array")
-
-
-def _present(*arrays):
-    return tuple(a for a in arrays if a is not None)
-
-
-def _sds(shape, dtype):
-    return jax.ShapeDtypeStruct(tuple(shape), dtype)
-
-
-# ---------------------------------------------------------------------------
 # The custom calls. Norm calls take the optional operands as trailing arguments;
 # the has_* attributes tell the handler which are present.
 # ---------------------------------------------------------------------------
-
-
-def _row_batching_rule(f, row_args, row_only_outputs):
-    """vmap rule for a custom call that works on rows of its row arguments.
-
-    When only row arguments (x, residual, dy, statistics) are batched and every output is
-    row-wise, the batch axis becomes one more leading axis of the rows and the op runs
-    once on the bigger problem. Otherwise (a batched weight/bias, or outputs reduced over
-    rows such as dweight) it runs once per batch element (lax.map).
-    """
-
-    def rule(axis_size, in_batched, *args):
-        batched_params = any(b for b, is_row in zip(in_batched, row_args) if not is_row)
-        if row_only_outputs and not batched_params:
-            args = [a if b else jnp.broadcast_to(a, (axis_size,) + a.shape) if is_row else a
-                    for a, b, is_row in zip(args, in_batched, row_args)]
-            out = f(*args)
-        else:
-            def one(batched):
-                it = iter(batched)
-                return f(*[next(it) if b else a for a, b in zip(args, in_batched)])
-
-            out = jax.lax.map(one, tuple(a for a, b in zip(args, in_batched) if b))
-        return out, tuple(True for _ in out)
-
-    return rule
 
 
 @functools.lru_cache(maxsize=None)
@@ -137,20 +38,20 @@ def _norm_forward_call(kind, eps, has_weight, has_bias, has_residual, want_mean,
 
     def call(x, *operands):
         lead = x.shape[:-1]
-        results = [_sds(x.shape, x.dtype)]
+        results = [_ffi.sds(x.shape, x.dtype)]
         if has_residual:
-            results.append(_sds(x.shape, x.dtype))
+            results.append(_ffi.sds(x.shape, x.dtype))
         if want_mean:
-            results.append(_sds(lead, jnp.float32))
+            results.append(_ffi.sds(lead, jnp.float32))
         if want_rstd:
-            results.append(_sds(lead, jnp.float32))
+            results.append(_ffi.sds(lead, jnp.float32))
         return jax.ffi.ffi_call("rudnn_norm_forward", tuple(results))(
             x, *operands, kind=np.int32(kind), eps=np.float32(eps), has_weight=has_weight, has_bias=has_bias,
             has_residual=has_residual, has_mean=want_mean, has_rstd=want_rstd)
 
     f = jax.custom_batching.custom_vmap(call)
     row_args = (True,) + (False,) * has_weight + (False,) * has_bias + (True,) * has_residual
-    f.def_vmap(_row_batching_rule(f, row_args, row_only_outputs=True))
+    f.def_vmap(_ffi.row_batching_rule(f, row_args, row_only_outputs=True))
     return f
 
 
@@ -160,18 +61,18 @@ def _norm_backward_call(kind, has_weight, has_dweight, has_dbias):
 
     def call(dy, x, *operands):
         hidden = x.shape[-1:]
-        results = [_sds(x.shape, x.dtype)]
+        results = [_ffi.sds(x.shape, x.dtype)]
         if has_dweight:
-            results.append(_sds(hidden, jnp.float32))
+            results.append(_ffi.sds(hidden, jnp.float32))
         if has_dbias:
-            results.append(_sds(hidden, jnp.float32))
+            results.append(_ffi.sds(hidden, jnp.float32))
         return jax.ffi.ffi_call("rudnn_norm_backward", tuple(results))(
             dy, x, *operands, kind=np.int32(kind), has_weight=has_weight, has_dweight=has_dweight,
             has_dbias=has_dbias)
 
     f = jax.custom_batching.custom_vmap(call)
     row_args = (True, True) + (False,) * has_weight + (True,) * (kind == _LAYER) + (True,)
-    f.def_vmap(_row_batching_rule(f, row_args, row_only_outputs=not (has_dweight or has_dbias)))
+    f.def_vmap(_ffi.row_batching_rule(f, row_args, row_only_outputs=not (has_dweight or has_dbias)))
     return f
 
 
@@ -186,11 +87,11 @@ _softmax_backward_op = jax.jit(lambda dy, y: _softmax_backward_call(dy, y))
 
 def _softmax_forward_call(x):
     # Softmax is row-wise in and out, so vmap just adds a leading axis to every operand.
-    return jax.ffi.ffi_call("rudnn_softmax_forward", _sds(x.shape, x.dtype), vmap_method="broadcast_all")(x)
+    return jax.ffi.ffi_call("rudnn_softmax_forward", _ffi.sds(x.shape, x.dtype), vmap_method="broadcast_all")(x)
 
 
 def _softmax_backward_call(dy, y):
-    return jax.ffi.ffi_call("rudnn_softmax_backward", _sds(y.shape, y.dtype), vmap_method="broadcast_all")(dy, y)
+    return jax.ffi.ffi_call("rudnn_softmax_backward", _ffi.sds(y.shape, y.dtype), vmap_method="broadcast_all")(dy, y)
 
 
 # ---------------------------------------------------------------------------
@@ -228,7 +129,7 @@ def _norm_op(kind, eps, has_weight, has_bias, has_residual, return_stats):
         h, weight, bias, mean, rstd = saved
         dy = cotangents[0]
         call = _norm_backward_call(kind, has_weight, has_weight, layer and has_bias)
-        outs = call(dy, h, *_present(weight, mean), rstd)
+        outs = call(dy, h, *_ffi.present(weight, mean), rstd)
         dh = outs[0]
         dweight = outs[1] if has_weight else None
         dbias = outs[-1] if has_bias else None
@@ -282,28 +183,24 @@ _softmax_op.defvjp(_softmax_fwd, _softmax_bwd)
 _softmax_op = jax.jit(_softmax_op)
 
 
-def _unpack(outs):
-    return outs[0] if len(outs) == 1 else tuple(outs)
-
-
 # ---------------------------------------------------------------------------
 # Public API (the same as rudnn.<op>)
 # ---------------------------------------------------------------------------
 
 
 def _norm(op, kind, x, weight, bias, eps, residual, return_stats, out):
-    _no_out(op, out)
-    x = _array(x, op, "x", required=True)
-    weight = _array(weight, op, "weight")
-    bias = _array(bias, op, "bias")
-    residual = _array(residual, op, "residual")
-    eps = _static_float(eps, op, "eps")
+    _ffi.no_out(op, out)
+    x = _ffi.array(x, op, "x", required=True)
+    weight = _ffi.array(weight, op, "weight")
+    bias = _ffi.array(bias, op, "bias")
+    residual = _ffi.array(residual, op, "residual")
+    eps = _ffi.static_float(eps, op, "eps")
     return_stats = bool(return_stats)
-    _ensure_ready(op)
-    _C.jax_validate_norm_forward(_KIND_NAME[kind], _spec(x), _spec(weight), _spec(bias), _spec(residual), eps,
+    _ffi.ensure_ready(op)
+    _C.jax_validate_norm_forward(_KIND_NAME[kind], _ffi.spec(x), _ffi.spec(weight), _ffi.spec(bias), _ffi.spec(residual), eps,
                                  return_stats)
     f = _norm_op(kind, eps, weight is not None, bias is not None, residual is not None, return_stats)
-    return _unpack(f(x, *_present(weight, bias, residual)))
+    return _ffi.unpack(f(x, *_ffi.present(weight, bias, residual)))
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5, *, residual=None, return_stats=False, out=None, stream=None):
@@ -330,10 +227,10 @@ def softmax(x, *, out=None, stream=None):
     """Softmax over the last axis, computed in float32. Differentiable."""
     del stream
     op = "softmax"
-    _no_out(op, out)
-    x = _array(x, op, "x", required=True)
-    _ensure_ready(op)
-    _C.jax_validate_softmax_forward(_spec(x))
+    _ffi.no_out(op, out)
+    x = _ffi.array(x, op, "x", required=True)
+    _ffi.ensure_ready(op)
+    _C.jax_validate_softmax_forward(_ffi.spec(x))
     return _softmax_op(x)
 
 
@@ -343,16 +240,16 @@ def layer_norm_backward(dy, x, weight, mean, rstd, *, stream=None):
     (x + residual when a residual was fused)."""
     del stream
     op = "layer_norm_backward"
-    dy = _array(dy, op, "dy", required=True)
-    x = _array(x, op, "x", required=True)
-    weight = _array(weight, op, "weight")
-    mean = _array(mean, op, "mean", required=True)
-    rstd = _array(rstd, op, "rstd", required=True)
-    _ensure_ready(op)
+    dy = _ffi.array(dy, op, "dy", required=True)
+    x = _ffi.array(x, op, "x", required=True)
+    weight = _ffi.array(weight, op, "weight")
+    mean = _ffi.array(mean, op, "mean", required=True)
+    rstd = _ffi.array(rstd, op, "rstd", required=True)
+    _ffi.ensure_ready(op)
     has_weight = weight is not None
-    _C.jax_validate_norm_backward("layer", _spec(dy), _spec(x), _spec(weight), _spec(mean), _spec(rstd),
+    _C.jax_validate_norm_backward("layer", _ffi.spec(dy), _ffi.spec(x), _ffi.spec(weight), _ffi.spec(mean), _ffi.spec(rstd),
                                   has_weight, True)
-    outs = _norm_backward_op(_LAYER, has_weight)(dy, x, *_present(weight), mean, rstd)
+    outs = _norm_backward_op(_LAYER, has_weight)(dy, x, *_ffi.present(weight), mean, rstd)
     return outs[0], (outs[1] if has_weight else None), outs[-1]
 
 
@@ -360,14 +257,14 @@ def rms_norm_backward(dy, x, weight, rstd, *, stream=None):
     """Gradients of rms_norm: (dx, dweight); dweight float32 [H] (None when weight is None)."""
     del stream
     op = "rms_norm_backward"
-    dy = _array(dy, op, "dy", required=True)
-    x = _array(x, op, "x", required=True)
-    weight = _array(weight, op, "weight")
-    rstd = _array(rstd, op, "rstd", required=True)
-    _ensure_ready(op)
+    dy = _ffi.array(dy, op, "dy", required=True)
+    x = _ffi.array(x, op, "x", required=True)
+    weight = _ffi.array(weight, op, "weight")
+    rstd = _ffi.array(rstd, op, "rstd", required=True)
+    _ffi.ensure_ready(op)
     has_weight = weight is not None
-    _C.jax_validate_norm_backward("rms", _spec(dy), _spec(x), _spec(weight), None, _spec(rstd), has_weight, False)
-    outs = _norm_backward_op(_RMS, has_weight)(dy, x, *_present(weight), rstd)
+    _C.jax_validate_norm_backward("rms", _ffi.spec(dy), _ffi.spec(x), _ffi.spec(weight), None, _ffi.spec(rstd), has_weight, False)
+    outs = _norm_backward_op(_RMS, has_weight)(dy, x, *_ffi.present(weight), rstd)
     return outs[0], (outs[1] if has_weight else None)
 
 
@@ -375,8 +272,8 @@ def softmax_backward(dy, y, *, stream=None):
     """Gradient of softmax given its output y: dx = y * (dy - sum(dy * y))."""
     del stream
     op = "softmax_backward"
-    dy = _array(dy, op, "dy", required=True)
-    y = _array(y, op, "y", required=True)
-    _ensure_ready(op)
-    _C.jax_validate_softmax_backward(_spec(dy), _spec(y))
+    dy = _ffi.array(dy, op, "dy", required=True)
+    y = _ffi.array(y, op, "y", required=True)
+    _ffi.ensure_ready(op)
+    _C.jax_validate_softmax_backward(_ffi.spec(dy), _ffi.spec(y))
     return _softmax_backward_op(dy, y)

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import norm as _norm
+from .. import norm as _norm
 
 _LAYER, _RMS = 0, 1
 

@@ -1,0 +1,7 @@
+"""rudnn for JAX: every op as an XLA FFI custom call (cpu and CUDA platforms), differentiable
+with jax.custom_vjp, usable under jax.jit, jax.grad and jax.vmap. Same names, arguments and
+results as rudnn.<op>; rudnn.<op> called with JAX arrays comes here."""
+
+from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
+
+__all__ = ["layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward"]

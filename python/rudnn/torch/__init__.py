@@ -1,0 +1,7 @@
+"""rudnn ops as torch.library custom ops (namespace ``rudnn``): fake implementations for
+torch.compile, autograd through the rudnn backward kernels. ``rudnn.torch.<op>`` takes the
+same arguments as ``rudnn.<op>``; with ``out=`` the call runs eagerly without autograd."""
+
+from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
+
+__all__ = ["layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward"]
