@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -18,6 +19,9 @@ using In = nb::ndarray<nb::ro>;                 // read-only input
 using Out = nb::ndarray<>;                      // written output
 using OptIn = std::optional<In>;
 using OptOut = std::optional<Out>;
+
+// A Python int holding a cudaStream_t (0 on the CPU).
+inline Stream as_stream(std::uintptr_t s) { return reinterpret_cast<Stream>(s); }
 
 inline DType to_dtype(nb::dlpack::dtype t, const char* name) {
   using nb::dlpack::dtype_code;

@@ -1,0 +1,10 @@
+// One registration function per op family, each in cpp/bindings/<family>.cpp.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace rudnn::bindings {
+
+void register_norm(nanobind::module_& m);
+
+}  // namespace rudnn::bindings
