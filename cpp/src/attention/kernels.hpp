@@ -1,0 +1,19 @@
+// Launchers of the attention CUDA kernels (host side), one group per strategy.
+#pragma once
+
+#include <cstddef>
+
+#include "attention/problem.hpp"
+
+namespace rudnn::attention {
+
+// fallback_cuda.cu: simple kernels, any float dtype, any head dims, any mask; no
+// Sq x Sk matrix in memory. Backward is deterministic by construction (no atomics).
+void fallback_forward(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                      Stream stream);
+std::size_t fallback_backward_workspace_bytes(const Problem& p);
+void fallback_backward(const BackwardProblem& bp, const void* dout, const void* q, const void* k, const void* v,
+                       const void* out, const float* lse, void* dq, void* dk, void* dv, void* workspace,
+                       Stream stream);
+
+}  // namespace rudnn::attention
