@@ -14,7 +14,7 @@ import rudnn
 from reference import attention as ref
 from util import DEVICES, DTYPES, assert_close_to_oracle, rand
 
-CUDA_STRATEGIES = ["auto", "fallback"]
+CUDA_STRATEGIES = ["auto", "fallback", "flash", "autotune"]
 
 
 def _device_strategies():
@@ -25,6 +25,17 @@ def _device_strategies():
 
 
 DEVICE_STRATEGIES = _device_strategies()
+
+
+def _skip_unsupported_flash(strategy, dtype, D, Dv):
+    """The flash kernels in this build: float16/bfloat16 with D == Dv in {64, 128}."""
+    if strategy == "flash" and (dtype == torch.float32 or D != Dv or D not in (64, 128)):
+        pytest.skip("no flash kernel for this case in this build (strategy 'flash' raises UnsupportedError)")
+
+
+def _backward_strategy(strategy):
+    """There is no flash backward yet: a flash forward is differentiated by the 'auto' backward."""
+    return "auto" if strategy == "flash" else strategy
 
 
 def _bshd(B, H, S, D, dtype, device, seed):
@@ -125,6 +136,7 @@ def test_reference_matches_torch_sdpa(name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_forward(device, strategy, dtype, name):
     case = CASES[name]
+    _skip_unsupported_flash(strategy, dtype, case["shape"][5], case["shape"][6])
     q, k, v, opts = _inputs(case, dtype, device)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
     assert out.dtype == dtype and out.device == q.device and lse.dtype == torch.float32
@@ -149,7 +161,8 @@ def test_forward_matches_torch_sdpa_directly():
 
 @pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
 def test_empty_rows_are_zero_with_minus_inf_lse(device, strategy):
-    q, k, v, opts = _inputs(CASES["sq_gt_sk_causal"], torch.float32, device)
+    dtype = torch.bfloat16 if strategy == "flash" else torch.float32
+    q, k, v, opts = _inputs(CASES["sq_gt_sk_causal"], dtype, device)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
     # Query i sees keys j <= i + Sk - Sq = i - 8: rows 0..7 see nothing.
     assert (out[:, :, :8] == 0).all() and (lse[:, :, :8] == float("-inf")).all()
@@ -198,10 +211,11 @@ def _grads(q, k, v, opts, dout, dtype):
 @pytest.mark.parametrize("name", list(CASES))
 def test_backward(device, strategy, dtype, name):
     case = CASES[name]
+    _skip_unsupported_flash(strategy, dtype, case["shape"][5], case["shape"][6])
     q, k, v, opts = _inputs(case, dtype, device)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
     dout = rand(out.shape, dtype, device, seed=7)
-    dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, strategy=strategy, **opts)
+    dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, strategy=_backward_strategy(strategy), **opts)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     assert dq.dtype == dk.dtype == dv.dtype == dtype
     g64 = _grads(q, k, v, opts, dout, torch.float64)
@@ -213,12 +227,13 @@ def test_backward(device, strategy, dtype, name):
 
 @pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
 def test_backward_deterministic(device, strategy):
-    q, k, v, opts = _inputs(CASES["softcap_causal_gqa4"], torch.bfloat16, device)
+    q, k, v, opts = _inputs(CASES["d64_tile_tail"], torch.bfloat16, device)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
     dout = rand(out.shape, torch.bfloat16, device, seed=7)
-    first = rudnn.attention_backward(dout, q, k, v, out, lse, deterministic=True, strategy=strategy, **opts)
+    bs = _backward_strategy(strategy)
+    first = rudnn.attention_backward(dout, q, k, v, out, lse, deterministic=True, strategy=bs, **opts)
     for _ in range(3):
-        again = rudnn.attention_backward(dout, q, k, v, out, lse, deterministic=True, strategy=strategy, **opts)
+        again = rudnn.attention_backward(dout, q, k, v, out, lse, deterministic=True, strategy=bs, **opts)
         for a, b in zip(first, again):
             assert torch.equal(a, b)
 
@@ -229,6 +244,7 @@ VARLEN = {
     "plain": dict(lens_q=[5, 0, 9, 1], lens_k=[7, 3, 9, 0], Hq=4, Hkv=2, D=32),
     "causal_gqa8": dict(lens_q=[3, 11, 0, 6], lens_k=[8, 11, 2, 6], Hq=8, Hkv=1, D=64, causal=True),
     "window_softcap": dict(lens_q=[13, 4], lens_k=[13, 17], Hq=2, Hkv=2, D=16, window=(3, 1), softcap=4.0),
+    "long_d128": dict(lens_q=[70, 0, 130], lens_k=[150, 5, 129], Hq=4, Hkv=1, D=128, causal=True, softcap=6.0),
 }
 
 
@@ -248,6 +264,7 @@ def _varlen_inputs(case, dtype, device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", list(VARLEN))
 def test_varlen(device, strategy, dtype, name):
+    _skip_unsupported_flash(strategy, dtype, VARLEN[name]["D"], VARLEN[name]["D"])
     q, k, v, cu_q, cu_k, opts = _varlen_inputs(VARLEN[name], dtype, device)
     out, lse = rudnn.attention(q, k, v, cu_seqlens_q=cu_q.to(device), cu_seqlens_k=cu_k.to(device),
                                return_lse=True, strategy=strategy, **opts)
@@ -259,7 +276,8 @@ def test_varlen(device, strategy, dtype, name):
 
     dout = rand(out.shape, dtype, device, seed=9)
     dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, cu_seqlens_q=cu_q.to(device),
-                                          cu_seqlens_k=cu_k.to(device), strategy=strategy, **opts)
+                                          cu_seqlens_k=cu_k.to(device), strategy=_backward_strategy(strategy),
+                                          **opts)
 
     def grads(dt):
         leaves = [t.detach().cpu().to(dt).requires_grad_() for t in (q, k, v)]
@@ -279,3 +297,24 @@ def test_varlen_matches_dense_per_sequence():
         dense = rudnn.attention(q[qs].transpose(0, 1)[None], k[ks].transpose(0, 1)[None],
                                 v[ks].transpose(0, 1)[None], **opts)
         assert torch.equal(out[qs], dense[0].transpose(0, 1))
+
+
+@pytest.mark.cuda
+def test_auto_picks_flash_where_supported_and_fallback_elsewhere():
+    q, k, v, _ = _inputs(CASES["d128_gqa4"], torch.bfloat16, "cuda")
+    rudnn.attention(q, k, v)
+    assert rudnn.attention_last_algorithm() == "flash_sm80"
+    q, k, v, _ = _inputs(CASES["d96"], torch.bfloat16, "cuda")
+    rudnn.attention(q, k, v)
+    assert rudnn.attention_last_algorithm() == "fallback"
+    with pytest.raises(rudnn.UnsupportedError, match="attention: strategy 'flash': supports head dims"):
+        rudnn.attention(q, k, v, strategy="flash")
+    with pytest.raises(rudnn.UnsupportedError, match="attention_backward: strategy 'flash': this build has no"):
+        out, lse = rudnn.attention(q, k, v, return_lse=True)
+        rudnn.attention_backward(out, q, k, v, out, lse, strategy="flash")
+
+
+def test_last_algorithm_cpu():
+    q, k, v, _ = _inputs(CASES["basic"], torch.float32, "cpu")
+    rudnn.attention(q, k, v, strategy="flash")  # strategies choose CUDA kernels; the CPU runs the reference
+    assert rudnn.attention_last_algorithm() == "cpu"

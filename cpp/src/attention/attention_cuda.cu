@@ -1,54 +1,173 @@
 // CUDA side of attention: picks the kernels for a strategy and launches them.
-//   "fallback"  fallback_cuda.cu (any dtype, head dim and option; deterministic backward)
-//   "flash"     fused tensor-core kernels; not in this build yet, so asking for it is an
-//               UnsupportedError and "auto" / "autotune" run the fallback (the only candidate).
+//   "flash"     forward: the CuTe sm80 kernel (flash_sm80.cuh) for f16/bf16 with D == Dv in
+//               {64, 128}, 16-byte aligned rows, compute capability >= 8.0 (it also runs on
+//               Hopper; there is no sm90a wgmma/TMA kernel yet). There is no flash backward
+//               yet: strategy "flash" for attention_backward is an UnsupportedError.
+//   "fallback"  fallback_cuda.cu: any dtype, head dim and option; deterministic backward.
+//   "auto"      flash where it supports the case, the fallback otherwise.
+//   "autotune"  times the supported candidates once per (shape class, dtype, device) on the
+//               caller's stream (synchronizing it once per new key) and caches the winner.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "attention/kernels.hpp"
 #include "core/check.hpp"
+#include "core/cuda_check.hpp"
+#include "core/device.hpp"
 
 namespace rudnn::attention {
 
 namespace {
 
-// Why the flash kernels cannot serve `p` (empty: they can).
-std::string flash_unsupported_reason(const Problem& p) {
-  (void)p;
-  return "this build of libruDNN has no flash attention kernel yet (use strategy 'fallback' or 'auto')";
+bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+bool rows_aligned(const Strides& s) { return s.b % 8 == 0 && s.h % 8 == 0 && s.s % 8 == 0; }
+
+// Why the flash forward cannot serve this call (empty: it can).
+std::string flash_forward_unsupported(const AttentionForwardArgs& a, const Problem& p) {
+  const core::DeviceProps& props = core::device_props(core::current_device());
+  if (props.cc_major < 8)
+    return "needs compute capability >= 8.0, this device has " + std::to_string(props.cc_major) + "." +
+           std::to_string(props.cc_minor);
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
+    return std::string("supports float16 and bfloat16, got ") + dtype_name(p.dtype);
+  if (p.d != p.dv || (p.d != 64 && p.d != 128))
+    return "supports head dims D = Dv in {64, 128} in this build, got D = " + std::to_string(p.d) + ", Dv = " +
+           std::to_string(p.dv);
+  if (!aligned16(a.q.data) || !aligned16(a.k.data) || !aligned16(a.v.data) || !aligned16(a.out.data) ||
+      !rows_aligned(p.q) || !rows_aligned(p.k) || !rows_aligned(p.v) || !rows_aligned(p.out))
+    return "needs 16-byte aligned rows (data pointers aligned to 16 bytes, strides multiples of 8 elements)";
+  if ((p.sq + 63) / 64 > 0x7fffffffLL || p.hq > 65535 || p.batch > 65535)
+    return "supports at most 65535 heads and 65535 sequences per call";
+  return {};
 }
 
-enum class Kernels { fallback };
+void run_flash_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
+  float* lse = a.lse ? a.lse->ptr<float>() : nullptr;
+  if (p.d == 64)
+    flash_forward_sm80_d64(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
+  else
+    flash_forward_sm80_d128(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
+}
 
-Kernels choose(const Problem& p, AttentionStrategy strategy, const char* op) {
-  if (strategy == AttentionStrategy::flash) {
-    const std::string why = flash_unsupported_reason(p);
-    if (!why.empty()) core::fail(ErrorKind::unsupported, std::string(op) + ": strategy 'flash': " + why);
+void run_fallback_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
+  fallback_forward(p, a.q.data, a.k.data, a.v.data, a.out.data, a.lse ? a.lse->ptr<float>() : nullptr, stream);
+}
+
+// ---- autotune: the winner per (device, dtype, shape class, options) ----
+
+enum class Choice { flash, fallback };
+
+std::int64_t log2_bucket(std::int64_t n) {
+  std::int64_t b = 0;
+  while ((std::int64_t(1) << b) < n) ++b;
+  return b;
+}
+
+using TuneKey = std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, int>;
+
+TuneKey tune_key(const Problem& p, int device) {
+  const int options = int(p.causal) | int(p.window_left >= 0 || p.window_right >= 0) << 1 |
+                      int(p.softcap > 0) << 2 | int(p.has_mask()) << 3 | int(p.has_bias()) << 4 | int(p.varlen) << 5;
+  return TuneKey{device,           int(p.dtype),  p.d, p.dv, log2_bucket(p.sq), log2_bucket(p.sk),
+                 log2_bucket(p.batch * p.hq), options};
+}
+
+std::mutex tune_mutex;
+std::map<TuneKey, Choice> tune_cache;
+
+// Milliseconds of `reps` runs of `run` on `stream` (synchronizes the stream once).
+template <class Run>
+float time_on_stream(Run&& run, Stream stream, int reps) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaEvent_t start, stop;
+  RUDNN_CUDA_CHECK(cudaEventCreate(&start));
+  RUDNN_CUDA_CHECK(cudaEventCreate(&stop));
+  float ms = 0.0f;
+  try {
+    run();  // warm-up (module load, first-launch attributes)
+    RUDNN_CUDA_CHECK(cudaEventRecord(start, s));
+    for (int i = 0; i < reps; ++i) run();
+    RUDNN_CUDA_CHECK(cudaEventRecord(stop, s));
+    RUDNN_CUDA_CHECK(cudaEventSynchronize(stop));
+    RUDNN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  } catch (...) {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    throw;
   }
-  return Kernels::fallback;
+  RUDNN_CUDA_CHECK(cudaEventDestroy(start));
+  RUDNN_CUDA_CHECK(cudaEventDestroy(stop));
+  return ms;
+}
+
+Choice autotune_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
+  if (!flash_forward_unsupported(a, p).empty()) return Choice::fallback;  // the only candidate
+  const TuneKey key = tune_key(p, core::current_device());
+  {
+    std::lock_guard<std::mutex> lock(tune_mutex);
+    auto it = tune_cache.find(key);
+    if (it != tune_cache.end()) return it->second;
+  }
+  // The candidates write out/lse, which the chosen kernel then overwrites.
+  const float flash_ms = time_on_stream([&] { run_flash_forward(a, p, stream); }, stream, 3);
+  const float fallback_ms = time_on_stream([&] { run_fallback_forward(a, p, stream); }, stream, 1);
+  const Choice best = flash_ms <= fallback_ms ? Choice::flash : Choice::fallback;
+  std::lock_guard<std::mutex> lock(tune_mutex);
+  tune_cache.emplace(key, best);
+  return best;
+}
+
+Choice choose_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
+  switch (a.options.strategy) {
+    case AttentionStrategy::flash: {
+      const std::string why = flash_forward_unsupported(a, p);
+      if (!why.empty()) core::fail(ErrorKind::unsupported, "attention: strategy 'flash': " + why);
+      return Choice::flash;
+    }
+    case AttentionStrategy::fallback: return Choice::fallback;
+    case AttentionStrategy::autotune: return autotune_forward(a, p, stream);
+    case AttentionStrategy::automatic:
+    default: return flash_forward_unsupported(a, p).empty() ? Choice::flash : Choice::fallback;
+  }
+}
+
+void check_backward_strategy(AttentionStrategy strategy) {
+  if (strategy == AttentionStrategy::flash)
+    core::fail(ErrorKind::unsupported,
+               "attention_backward: strategy 'flash': this build has no flash backward kernel yet (use 'auto' or "
+               "'fallback')");
 }
 
 }  // namespace
 
 std::size_t forward_workspace_bytes_cuda(const Problem& p, AttentionStrategy strategy) {
-  choose(p, strategy, "attention");
+  (void)p, (void)strategy;
   return 0;
 }
 
 std::size_t backward_workspace_bytes_cuda(const BackwardProblem& bp, AttentionStrategy strategy) {
-  choose(bp.fwd, strategy, "attention_backward");
+  check_backward_strategy(strategy);
   return fallback_backward_workspace_bytes(bp.fwd);
 }
 
 const char* forward_cuda(const AttentionForwardArgs& a, const Problem& p, const Tensor* workspace, Stream stream) {
   (void)workspace;
-  choose(p, a.options.strategy, "attention");
-  fallback_forward(p, a.q.data, a.k.data, a.v.data, a.out.data, a.lse ? a.lse->ptr<float>() : nullptr, stream);
+  if (choose_forward(a, p, stream) == Choice::flash) {
+    run_flash_forward(a, p, stream);
+    return "flash_sm80";
+  }
+  run_fallback_forward(a, p, stream);
   return "fallback";
 }
 
 const char* backward_cuda(const AttentionBackwardArgs& a, const BackwardProblem& bp, const Tensor* workspace,
                           Stream stream) {
-  choose(bp.fwd, a.options.strategy, "attention_backward");
+  check_backward_strategy(a.options.strategy);
   fallback_backward(bp, a.dout.data, a.q.data, a.k.data, a.v.data, a.out.data, a.lse.ptr<float>(), a.dq.data,
                     a.dk.data, a.dv.data, workspace ? workspace->data : nullptr, stream);
   return "fallback";

@@ -16,4 +16,11 @@ void fallback_backward(const BackwardProblem& bp, const void* dout, const void* 
                        const void* out, const float* lse, void* dq, void* dk, void* dv, void* workspace,
                        Stream stream);
 
+// flash_fwd_sm80_d*.cu: the CuTe sm80 flash forward (f16/bf16, D == Dv), one file per head
+// dim. The caller has checked supports (see attention_cuda.cu).
+void flash_forward_sm80_d64(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                            Stream stream);
+void flash_forward_sm80_d128(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                             Stream stream);
+
 }  // namespace rudnn::attention

@@ -75,8 +75,10 @@ def _autograd_backward(ctx, dout, dlse):
     scale, causal, wl, wr, softcap, strategy = ctx.options
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    dq, dk, dv = _backward(dout, q, k, v, out, lse, mask, bias, scale, causal, wl, wr, softcap, cu_q, cu_k, strategy,
-                           torch.are_deterministic_algorithms_enabled())
+    # No flash backward exists yet: a flash forward is differentiated by the "auto" backward.
+    backward_strategy = "auto" if strategy == "flash" else strategy
+    dq, dk, dv = _backward(dout, q, k, v, out, lse, mask, bias, scale, causal, wl, wr, softcap, cu_q, cu_k,
+                           backward_strategy, torch.are_deterministic_algorithms_enabled())
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
