@@ -303,7 +303,8 @@ def test_varlen_matches_dense_per_sequence():
 def test_auto_picks_flash_where_supported_and_fallback_elsewhere():
     q, k, v, _ = _inputs(CASES["d128_gqa4"], torch.bfloat16, "cuda")
     rudnn.attention(q, k, v)
-    assert rudnn.attention_last_algorithm() == "flash_sm80"
+    expected = "flash_sm90" if torch.cuda.get_device_capability()[0] == 9 else "flash_sm80"
+    assert rudnn.attention_last_algorithm() == expected
     q, k, v, _ = _inputs(CASES["d96"], torch.bfloat16, "cuda")
     rudnn.attention(q, k, v)
     assert rudnn.attention_last_algorithm() == "fallback"
@@ -312,6 +313,26 @@ def test_auto_picks_flash_where_supported_and_fallback_elsewhere():
     with pytest.raises(rudnn.UnsupportedError, match="attention_backward: strategy 'flash': this build has no"):
         out, lse = rudnn.attention(q, k, v, return_lse=True)
         rudnn.attention_backward(out, q, k, v, out, lse, strategy="flash")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU (both flash kernels run there)")
+@pytest.mark.parametrize("kernel", ["sm80", "sm90"])
+@pytest.mark.parametrize("name", ["d64_tile_tail", "d128_gqa4", "all_options", "decode", "sq_gt_sk_causal"])
+def test_both_flash_kernels_on_hopper(monkeypatch, kernel, name):
+    case = dict(CASES[name])
+    B, Hq, Hkv, Sq, Sk, D, Dv = case["shape"]
+    if D not in (64, 128):
+        case["shape"] = (B, Hq, Hkv, Sq, Sk, 64, 64)
+    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", kernel)
+    q, k, v, opts = _inputs(case, torch.bfloat16, "cuda")
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **opts)
+    assert rudnn.attention_last_algorithm() == f"flash_{kernel}"
+    o64, l64 = _oracle(q, k, v, opts)
+    o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
+    assert_close_to_oracle(out, o_same, o64, "out")
+    torch.testing.assert_close(lse.cpu().double(), l64, rtol=2e-5, atol=2e-5)
 
 
 def test_last_algorithm_cpu():

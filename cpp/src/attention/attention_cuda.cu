@@ -1,8 +1,10 @@
 // CUDA side of attention: picks the kernels for a strategy and launches them.
-//   "flash"     forward: the CuTe sm80 kernel (flash_sm80.cuh) for f16/bf16 with D == Dv in
-//               {64, 128}, 16-byte aligned rows, compute capability >= 8.0 (it also runs on
-//               Hopper; there is no sm90a wgmma/TMA kernel yet). There is no flash backward
-//               yet: strategy "flash" for attention_backward is an UnsupportedError.
+//   "flash"     forward, f16/bf16 with D == Dv in {64, 128}, 16-byte aligned rows: on Hopper
+//               (compute capability 9.x) the sm90a kernel (flash_sm90.cuh: wgmma scores), on
+//               other devices >= 8.0 the CuTe sm80 kernel (flash_sm80.cuh). The environment
+//               variable RUDNN_ATTENTION_FLASH=sm80|sm90 forces one (for testing both on Hopper).
+//               There is no flash backward yet: strategy "flash" for attention_backward is an
+//               UnsupportedError.
 //   "fallback"  fallback_cuda.cu: any dtype, head dim and option; deterministic backward.
 //   "auto"      flash where it supports the case, the fallback otherwise.
 //   "autotune"  times the supported candidates once per (shape class, dtype, device) on the
@@ -10,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -46,12 +49,39 @@ std::string flash_forward_unsupported(const AttentionForwardArgs& a, const Probl
   return {};
 }
 
-void run_flash_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
+// The flash kernel generation for the current device: sm90a on Hopper, sm80 elsewhere,
+// unless RUDNN_ATTENTION_FLASH says otherwise.
+bool use_sm90() {
+  const core::DeviceProps& props = core::device_props(core::current_device());
+  const char* env = std::getenv("RUDNN_ATTENTION_FLASH");
+  const std::string choice = env ? env : "";
+  if (choice.empty()) return props.cc_major == 9;
+  if (choice == "sm80") return false;
+  if (choice == "sm90") {
+    if (props.cc_major != 9)
+      core::fail(ErrorKind::unsupported, "attention: RUDNN_ATTENTION_FLASH=sm90 needs a Hopper GPU (compute capability "
+                                         "9.x), this device has " + std::to_string(props.cc_major) + "." +
+                                             std::to_string(props.cc_minor));
+    return true;
+  }
+  core::fail(ErrorKind::value, "attention: RUDNN_ATTENTION_FLASH: expected 'sm80', 'sm90' or unset, got '" + choice +
+                                   "'");
+}
+
+const char* run_flash_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
   float* lse = a.lse ? a.lse->ptr<float>() : nullptr;
+  if (use_sm90()) {
+    if (p.d == 64)
+      flash_forward_sm90_d64(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
+    else
+      flash_forward_sm90_d128(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
+    return "flash_sm90";
+  }
   if (p.d == 64)
     flash_forward_sm80_d64(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
   else
     flash_forward_sm80_d128(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
+  return "flash_sm80";
 }
 
 void run_fallback_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
@@ -157,10 +187,7 @@ std::size_t backward_workspace_bytes_cuda(const BackwardProblem& bp, AttentionSt
 
 const char* forward_cuda(const AttentionForwardArgs& a, const Problem& p, const Tensor* workspace, Stream stream) {
   (void)workspace;
-  if (choose_forward(a, p, stream) == Choice::flash) {
-    run_flash_forward(a, p, stream);
-    return "flash_sm80";
-  }
+  if (choose_forward(a, p, stream) == Choice::flash) return run_flash_forward(a, p, stream);
   run_fallback_forward(a, p, stream);
   return "fallback";
 }

@@ -23,4 +23,10 @@ void flash_forward_sm80_d64(const Problem& p, const void* q, const void* k, cons
 void flash_forward_sm80_d128(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                              Stream stream);
 
+// flash_fwd_sm90_d*.cu: the sm90a flash forward (wgmma for Q K^T), same cases as sm80.
+void flash_forward_sm90_d64(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                            Stream stream);
+void flash_forward_sm90_d128(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                             Stream stream);
+
 }  // namespace rudnn::attention
