@@ -68,6 +68,12 @@ CASES = {
     "d256": dict(shape=(1, 1, 1, 9, 21, 256, 256)),
     "odd_dims": dict(shape=(1, 3, 1, 5, 6, 40, 24)),
     "no_keys": dict(shape=(1, 2, 2, 4, 0, 16, 16)),
+    # Cases the flash kernels take (f16/bf16, D = Dv in {64, 128}) with every per-element option.
+    "flash_all_options_d64": dict(shape=(2, 8, 2, 70, 75, 64, 64), causal=True, window=(20, None), softcap=3.0,
+                                  mask="bool", bias=True),
+    "flash_float_mask_bias_d128": dict(shape=(1, 4, 4, 65, 130, 128, 128), mask="float", bias=True),
+    "flash_no_keys_d64": dict(shape=(1, 2, 1, 5, 0, 64, 64)),
+    "flash_sq_gt_sk_window_d128": dict(shape=(1, 2, 1, 80, 33, 128, 128), window=(10, 3)),
 }
 
 
@@ -162,7 +168,8 @@ def test_forward_matches_torch_sdpa_directly():
 @pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
 def test_empty_rows_are_zero_with_minus_inf_lse(device, strategy):
     dtype = torch.bfloat16 if strategy == "flash" else torch.float32
-    q, k, v, opts = _inputs(CASES["sq_gt_sk_causal"], dtype, device)
+    case = dict(CASES["sq_gt_sk_causal"], shape=(2, 2, 1, 13, 5, 64, 64))  # D = 64: the flash kernels take it
+    q, k, v, opts = _inputs(case, dtype, device)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
     # Query i sees keys j <= i + Sk - Sq = i - 8: rows 0..7 see nothing.
     assert (out[:, :, :8] == 0).all() and (lse[:, :, :8] == float("-inf")).all()
