@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tOrVt_view = thr_copy_v.retile_D(tOrVt);
 
   // Score coordinates in the mma.sync accumulator order, which the wgmma one shares.
-  cute::Tensor acc_like = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
+  using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{}).layout());
   cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
   cute::Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
   cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(128)
     warpgroup_commit_batch();
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s90);
-    cute::Tensor acc_s = make_tensor(acc_s90.data(), acc_like.layout());
+    cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
 
     CUTE_UNROLL
     for (int i = 0; i < size(acc_s); ++i) {
