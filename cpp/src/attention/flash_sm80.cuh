@@ -89,7 +89,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // [first, last) key blocks that hold a key visible to some row in [m0, m0 + rows).
-__device__ __forceinline__ void key_block_range(const Problem& p, std::int64_t m0, std::int64_t rows,
+__host__ __device__ __forceinline__ void key_block_range(const Problem& p, std::int64_t m0, std::int64_t rows,
                                                 std::int64_t len_q, std::int64_t len_k, int block_n,
                                                 std::int64_t& first, std::int64_t& last) {
   const std::int64_t shift = len_k - len_q;
