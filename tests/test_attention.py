@@ -33,9 +33,12 @@ def _skip_unsupported_flash(strategy, dtype, D, Dv):
         pytest.skip("no flash kernel for this case in this build (strategy 'flash' raises UnsupportedError)")
 
 
-def _backward_strategy(strategy):
-    """There is no flash backward yet: a flash forward is differentiated by the 'auto' backward."""
-    return "auto" if strategy == "flash" else strategy
+def _backward_strategy(strategy, dtype=None, D=None, Dv=None):
+    """The flash backward in this build takes f16/bf16 with D = Dv = 64; other cases of a flash
+    forward are differentiated by the 'auto' backward."""
+    if strategy == "flash" and (dtype == torch.float32 or D != 64 or Dv != 64):
+        return "auto"
+    return strategy
 
 
 def _bshd(B, H, S, D, dtype, device, seed):
@@ -222,7 +225,8 @@ def test_backward(device, strategy, dtype, name):
     q, k, v, opts = _inputs(case, dtype, device)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
     dout = rand(out.shape, dtype, device, seed=7)
-    dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, strategy=_backward_strategy(strategy), **opts)
+    bs = _backward_strategy(strategy, dtype, *case["shape"][5:])
+    dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, strategy=bs, **opts)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     assert dq.dtype == dk.dtype == dv.dtype == dtype
     g64 = _grads(q, k, v, opts, dout, torch.float64)
@@ -237,7 +241,7 @@ def test_backward_deterministic(device, strategy):
     q, k, v, opts = _inputs(CASES["d64_tile_tail"], torch.bfloat16, device)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
     dout = rand(out.shape, torch.bfloat16, device, seed=7)
-    bs = _backward_strategy(strategy)
+    bs = _backward_strategy(strategy, torch.bfloat16, 64, 64)
     first = rudnn.attention_backward(dout, q, k, v, out, lse, deterministic=True, strategy=bs, **opts)
     for _ in range(3):
         again = rudnn.attention_backward(dout, q, k, v, out, lse, deterministic=True, strategy=bs, **opts)
@@ -283,8 +287,9 @@ def test_varlen(device, strategy, dtype, name):
 
     dout = rand(out.shape, dtype, device, seed=9)
     dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, cu_seqlens_q=cu_q.to(device),
-                                          cu_seqlens_k=cu_k.to(device), strategy=_backward_strategy(strategy),
-                                          **opts)
+                                          cu_seqlens_k=cu_k.to(device),
+                                          strategy=_backward_strategy(strategy, dtype, VARLEN[name]["D"],
+                                                                      VARLEN[name]["D"]), **opts)
 
     def grads(dt):
         leaves = [t.detach().cpu().to(dt).requires_grad_() for t in (q, k, v)]
@@ -317,7 +322,7 @@ def test_auto_picks_flash_where_supported_and_fallback_elsewhere():
     assert rudnn.attention_last_algorithm() == "fallback"
     with pytest.raises(rudnn.UnsupportedError, match="attention: strategy 'flash': supports head dims"):
         rudnn.attention(q, k, v, strategy="flash")
-    with pytest.raises(rudnn.UnsupportedError, match="attention_backward: strategy 'flash': this build has no"):
+    with pytest.raises(rudnn.UnsupportedError, match="attention_backward: strategy 'flash': supports head dims"):
         out, lse = rudnn.attention(q, k, v, return_lse=True)
         rudnn.attention_backward(out, q, k, v, out, lse, strategy="flash")
 
@@ -340,6 +345,14 @@ def test_both_flash_kernels_on_hopper(monkeypatch, kernel, name):
     o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
     assert_close_to_oracle(out, o_same, o64, "out")
     torch.testing.assert_close(lse.cpu().double(), l64, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.cuda
+def test_auto_backward_picks_flash_for_d64():
+    q, k, v, opts = _inputs(CASES["d64_tile_tail"], torch.bfloat16, "cuda")
+    out, lse = rudnn.attention(q, k, v, return_lse=True, **opts)
+    rudnn.attention_backward(torch.ones_like(out), q, k, v, out, lse, **opts)
+    assert rudnn.attention_last_algorithm() == "flash_sm80"
 
 
 def test_last_algorithm_cpu():

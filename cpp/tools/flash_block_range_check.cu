@@ -1,4 +1,5 @@
-// Host-side check (no GPU needed) of the key-block skipping in the flash kernels: for many
+// Host-side check (no GPU needed) of the block skipping in the flash kernels (key blocks per
+// query block in the forward and dq kernels, query blocks per key block in the dkdv kernel): for many
 // sequence lengths, causal flags and windows, every key visible to some query of a 64-row
 // query block lies inside the [first, last) key blocks key_block_range() returns, and the
 // blocks it returns are not wider than one block beyond the visible keys.
@@ -6,7 +7,7 @@
 //        cpp/tools/flash_block_range_check.cu -o /tmp/range && /tmp/range
 #include <cstdio>
 
-#include "attention/flash_sm80.cuh"
+#include "attention/flash_bwd_sm80.cuh"
 
 int main() {
   using rudnn::attention::Problem;
@@ -41,6 +42,24 @@ int main() {
                                          (long long)m0);
               }
               if (hi < 0 && last > first && errors++ < 5) printf("blocks for no visible key lq %d lk %d\n", lq, lk);
+            }
+            // The backward's dkdv kernel: query blocks that see some key of a 64-key block.
+            for (std::int64_t n0 = 0; n0 < lk; n0 += 64) {
+              const std::int64_t cols = lk - n0 < 64 ? lk - n0 : 64;
+              std::int64_t first, last;
+              rudnn::attention::flash::query_block_range(p, n0, cols, lq, lk, 64, first, last);
+              std::int64_t lo = lq, hi = -1;
+              for (std::int64_t i = 0; i < lq; ++i)
+                for (std::int64_t j = n0; j < n0 + cols; ++j)
+                  if (p.visible(i, j, lq, lk)) lo = i < lo ? i : lo, hi = i > hi ? i : hi;
+              ++checked;
+              if (hi >= 0 && (lo < first * 64 || hi >= last * 64 || first < lo / 64 || last > hi / 64 + 1)) {
+                if (errors++ < 5)
+                  printf("query range lq %d lk %d causal %d w (%d,%d) n0 %lld: visible [%lld, %lld], blocks [%lld, %lld)\n",
+                         lq, lk, causal, wl, wr, (long long)n0, (long long)lo, (long long)hi, (long long)first,
+                         (long long)last);
+              }
+              if (hi < 0 && last > first && errors++ < 5) printf("query blocks for no visible query lq %d lk %d\n", lq, lk);
             }
           }
   printf("%ld query blocks checked, %ld errors\n", checked, errors);

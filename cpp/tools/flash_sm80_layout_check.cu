@@ -8,7 +8,7 @@
 //        -isystem <cutlass>/include cpp/tools/flash_sm80_layout_check.cu -o /tmp/check && /tmp/check
 #include <cstdio>
 #include <cute/tensor.hpp>
-#include "attention/flash_sm80.cuh"
+#include "attention/flash_bwd_sm80.cuh"
 using namespace cute;
 using namespace rudnn::attention::flash;
 
@@ -85,6 +85,13 @@ int check() {
     }
   }
   for (int i = 0; i < 64; ++i) for (int j = 0; j < D; ++j) if (gcover[i][j] != 1) ++errors;
+  // backward's transposed views: K^T, P^T / dS^T, Q^T / dO^T
+  using Bwd = Sm80BwdConfig<Element, D>;
+  typename Bwd::SmemLayoutKt kt; typename Bwd::SmemLayoutPdS pds; typename Bwd::SmemLayoutPdSt pdst;
+  typename Bwd::SmemLayoutQt qt; typename Cfg::SmemLayoutQ lq;
+  for (int d = 0; d < D; ++d) for (int n = 0; n < 64; ++n) if (kt(d, n) != kv(n, d)) ++errors;
+  for (int n = 0; n < 64; ++n) for (int m = 0; m < 64; ++m) if (pdst(n, m) != pds(m, n)) ++errors;
+  for (int d = 0; d < D; ++d) for (int m = 0; m < 64; ++m) if (qt(d, m) != lq(m, d)) ++errors;
   printf("D=%d errors %d\n", D, errors);
   return errors;
 }

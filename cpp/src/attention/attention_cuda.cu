@@ -3,8 +3,8 @@
 //               (compute capability 9.x) the sm90a kernel (flash_sm90.cuh: wgmma scores), on
 //               other devices >= 8.0 the CuTe sm80 kernel (flash_sm80.cuh). The environment
 //               variable RUDNN_ATTENTION_FLASH=sm80|sm90 forces one (for testing both on Hopper).
-//               There is no flash backward yet: strategy "flash" for attention_backward is an
-//               UnsupportedError.
+//               backward, f16/bf16 with D == Dv == 64: the CuTe sm80 kernels (flash_bwd_sm80.cuh;
+//               on Hopper too), deterministic (no atomics).
 //   "fallback"  fallback_cuda.cu: any dtype, head dim and option; deterministic backward.
 //   "auto"      flash where it supports the case, the fallback otherwise.
 //   "autotune"  times the supported candidates once per (shape class, dtype, device) on the
@@ -166,11 +166,67 @@ Choice choose_forward(const AttentionForwardArgs& a, const Problem& p, Stream st
   }
 }
 
-void check_backward_strategy(AttentionStrategy strategy) {
-  if (strategy == AttentionStrategy::flash)
-    core::fail(ErrorKind::unsupported,
-               "attention_backward: strategy 'flash': this build has no flash backward kernel yet (use 'auto' or "
-               "'fallback')");
+// Why the flash backward cannot serve this call (empty: it can).
+std::string flash_backward_unsupported(const AttentionBackwardArgs& a, const BackwardProblem& bp) {
+  const Problem& p = bp.fwd;
+  const core::DeviceProps& props = core::device_props(core::current_device());
+  if (props.cc_major < 8)
+    return "needs compute capability >= 8.0, this device has " + std::to_string(props.cc_major) + "." +
+           std::to_string(props.cc_minor);
+  if (p.dtype != DType::f16 && p.dtype != DType::bf16)
+    return std::string("supports float16 and bfloat16, got ") + dtype_name(p.dtype);
+  if (p.d != 64 || p.dv != 64)
+    return "supports head dims D = Dv = 64 in this build, got D = " + std::to_string(p.d) + ", Dv = " +
+           std::to_string(p.dv);
+  for (const void* ptr : {a.q.data, a.k.data, a.v.data, a.dout.data, a.dq.data, a.dk.data, a.dv.data})
+    if (!aligned16(ptr)) return "needs data pointers aligned to 16 bytes";
+  for (const Strides* s : {&p.q, &p.k, &p.v, &bp.dout, &bp.dq, &bp.dk, &bp.dv})
+    if (!rows_aligned(*s)) return "needs row strides that are multiples of 8 elements";
+  if ((p.sq + 3) / 4 > 0x7fffffffLL || (p.sk + 63) / 64 > 0x7fffffffLL || p.hq > 65535 || p.batch > 65535)
+    return "supports at most 65535 heads and 65535 sequences per call";
+  return {};
+}
+
+void run_fallback_backward(const AttentionBackwardArgs& a, const BackwardProblem& bp, const Tensor* workspace,
+                           Stream stream) {
+  fallback_backward(bp, a.dout.data, a.q.data, a.k.data, a.v.data, a.out.data, a.lse.ptr<float>(), a.dq.data,
+                    a.dk.data, a.dv.data, workspace ? workspace->data : nullptr, stream);
+}
+
+void run_flash_backward(const AttentionBackwardArgs& a, const BackwardProblem& bp, const Tensor* workspace,
+                        Stream stream) {
+  flash_backward_sm80_d64(bp, a.dout.data, a.q.data, a.k.data, a.v.data, a.out.data, a.lse.ptr<float>(), a.dq.data,
+                          a.dk.data, a.dv.data, workspace ? workspace->data : nullptr, stream);
+}
+
+std::map<TuneKey, Choice> tune_cache_backward;
+
+Choice choose_backward(const AttentionBackwardArgs& a, const BackwardProblem& bp, const Tensor* workspace,
+                       Stream stream) {
+  const std::string why = flash_backward_unsupported(a, bp);
+  switch (a.options.strategy) {
+    case AttentionStrategy::flash:
+      if (!why.empty()) core::fail(ErrorKind::unsupported, "attention_backward: strategy 'flash': " + why);
+      return Choice::flash;
+    case AttentionStrategy::fallback: return Choice::fallback;
+    case AttentionStrategy::autotune: {
+      if (!why.empty()) return Choice::fallback;
+      const TuneKey key = tune_key(bp.fwd, core::current_device());
+      {
+        std::lock_guard<std::mutex> lock(tune_mutex);
+        auto it = tune_cache_backward.find(key);
+        if (it != tune_cache_backward.end()) return it->second;
+      }
+      const float flash_ms = time_on_stream([&] { run_flash_backward(a, bp, workspace, stream); }, stream, 3);
+      const float fallback_ms = time_on_stream([&] { run_fallback_backward(a, bp, workspace, stream); }, stream, 1);
+      const Choice best = flash_ms <= fallback_ms ? Choice::flash : Choice::fallback;
+      std::lock_guard<std::mutex> lock(tune_mutex);
+      tune_cache_backward.emplace(key, best);
+      return best;
+    }
+    case AttentionStrategy::automatic:
+    default: return why.empty() ? Choice::flash : Choice::fallback;
+  }
 }
 
 }  // namespace
@@ -181,8 +237,8 @@ std::size_t forward_workspace_bytes_cuda(const Problem& p, AttentionStrategy str
 }
 
 std::size_t backward_workspace_bytes_cuda(const BackwardProblem& bp, AttentionStrategy strategy) {
-  check_backward_strategy(strategy);
-  return fallback_backward_workspace_bytes(bp.fwd);
+  (void)strategy;
+  return fallback_backward_workspace_bytes(bp.fwd);  // delta_i per query row, for both strategies
 }
 
 const char* forward_cuda(const AttentionForwardArgs& a, const Problem& p, const Tensor* workspace, Stream stream) {
@@ -194,9 +250,11 @@ const char* forward_cuda(const AttentionForwardArgs& a, const Problem& p, const 
 
 const char* backward_cuda(const AttentionBackwardArgs& a, const BackwardProblem& bp, const Tensor* workspace,
                           Stream stream) {
-  check_backward_strategy(a.options.strategy);
-  fallback_backward(bp, a.dout.data, a.q.data, a.k.data, a.v.data, a.out.data, a.lse.ptr<float>(), a.dq.data,
-                    a.dk.data, a.dv.data, workspace ? workspace->data : nullptr, stream);
+  if (choose_backward(a, bp, workspace, stream) == Choice::flash) {
+    run_flash_backward(a, bp, workspace, stream);
+    return "flash_sm80";
+  }
+  run_fallback_backward(a, bp, workspace, stream);
   return "fallback";
 }
 

@@ -29,4 +29,10 @@ void flash_forward_sm90_d64(const Problem& p, const void* q, const void* k, cons
 void flash_forward_sm90_d128(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                              Stream stream);
 
+// flash_bwd_sm80_d64.cu: the CuTe sm80 flash backward (f16/bf16, D == Dv == 64), no atomics
+// (deterministic). The workspace holds delta_i = dout_i . out_i: fallback_backward_workspace_bytes.
+void flash_backward_sm80_d64(const BackwardProblem& bp, const void* dout, const void* q, const void* k,
+                             const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
+                             void* workspace, Stream stream);
+
 }  // namespace rudnn::attention

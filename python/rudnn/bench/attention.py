@@ -29,8 +29,9 @@ _GPU_QUICK = [(16, 16, 2048, 128, 0), (16, 16, 2048, 128, 1), (16, 16, 8192, 128
 _GPU_MORE = [(16, 16, s, 128, c) for s in (512, 1024, 4096, 16384) for c in (0, 1)] + \
             [(32, 32, s, 64, c) for s in (512, 8192) for c in (0, 1)] + \
             [(8, 8, s, 256, c) for s in (512, 8192) for c in (0, 1)]
-# The backward runs the fallback kernels (no flash backward yet): long sequences would only time out.
-_GPU_BACKWARD = [(16, 16, 512, 128, 0), (16, 16, 2048, 128, 1), (64, 8, 1024, 128, 1)]
+# The flash backward covers D = 64; D = 128 runs the fallback kernels (kept short: they are slow).
+_GPU_BACKWARD = [(32, 32, 512, 64, 0), (32, 32, 2048, 64, 1), (32, 32, 8192, 64, 1), (64, 8, 2048, 64, 1),
+                 (16, 16, 2048, 128, 1)]
 _CPU = [(4, 2, 128, 64, 1)]
 _CPU_TOKENS = 256
 
@@ -129,21 +130,24 @@ def prepare(spec: CaseSpec, device: str) -> Prepared:
     def run():
         return rudnn.attention_backward(dout, q, k, v, out, lse, causal=bool(causal))
 
+    group = Hq // Hkv
+
     def check():
-        # float64 gradients of batch 0 (all rows: dk/dv need every query).
-        leaves = [t[:1].detach().double().requires_grad_() for t in (q, k, v)]
-        group = Hq // Hkv
+        # float64 gradients of batch 0, key/value head 0 and its query heads (all rows: dk/dv need
+        # every query of the group).
+        leaves = [t[:1, :n].detach().double().requires_grad_() for t, n in ((q, group), (k, 1), (v, 1))]
         with torch.enable_grad():
             kk, vv = leaves[1].repeat_interleave(group, 1), leaves[2].repeat_interleave(group, 1)
             s = leaves[0] @ kk.transpose(-1, -2) * D ** -0.5
             if causal:
                 s = s.masked_fill(~torch.ones(S, S, dtype=torch.bool, device=device).tril(), float("-inf"))
             o = torch.softmax(s, -1) @ vv
-            grads = torch.autograd.grad(o, leaves, dout[:1].double())
+            grads = torch.autograd.grad(o, leaves, dout[:1, :group].double())
         poison_allocator(device, [(q.shape, dt), (k.shape, dt), (v.shape, dt)])
         ours = run()
         theirs = peer()
-        return [compare(name, a[:1], ref, p[:1], expect_dtype=dt)
-                for name, a, ref, p in zip(("dq", "dk", "dv"), ours, grads, theirs)]
+        heads = (group, 1, 1)
+        return [compare(name, a[:1, :n], ref, p[:1, :n], expect_dtype=dt)
+                for name, a, ref, p, n in zip(("dq", "dk", "dv"), ours, grads, theirs, heads)]
 
     return Prepared(run=run, peer=peer, check=check, flops=int(2.5 * flops))

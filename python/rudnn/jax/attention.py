@@ -51,7 +51,8 @@ def _op(key, out_shape, lse_shape, return_lse):
     def bwd(saved, cotangent):
         q, k, v, out, lse, extra = saved
         dout = cotangent[0] if return_lse else cotangent
-        # No flash backward exists yet: a flash forward is differentiated by the "auto" backward.
+        # The flash backward covers fewer cases than the flash forward: a flash forward is
+        # differentiated by the "auto" backward (flash where it supports the case).
         bkey = key[:-1] + ((0,) if key[-1] == 1 else (key[-1],))
         dq, dk, dv = _backward_call(bkey, deterministic)(dout.astype(out.dtype), q, k, v, out, lse, *extra)
         return (dq, dk, dv) + tuple(None for _ in extra)

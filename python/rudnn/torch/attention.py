@@ -75,7 +75,8 @@ def _autograd_backward(ctx, dout, dlse):
     scale, causal, wl, wr, softcap, strategy = ctx.options
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    # No flash backward exists yet: a flash forward is differentiated by the "auto" backward.
+    # The flash backward covers fewer cases than the flash forward: a flash forward is
+    # differentiated by the "auto" backward (flash where it supports the case).
     backward_strategy = "auto" if strategy == "flash" else strategy
     dq, dk, dv = _backward(dout, q, k, v, out, lse, mask, bias, scale, causal, wl, wr, softcap, cu_q, cu_k,
                            backward_strategy, torch.are_deterministic_algorithms_enabled())
