@@ -1,0 +1,15 @@
+// Flash forward (sm80 CuTe kernel) for head dim 64, float16 and bfloat16.
+#include "attention/flash_sm80.cuh"
+#include "attention/kernels.hpp"
+
+namespace rudnn::attention {
+
+void flash_forward_sm80_d64(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                           Stream stream) {
+  if (p.dtype == DType::f16)
+    flash::launch_forward_sm80<cute::half_t, 64>(p, q, k, v, out, lse, stream);
+  else
+    flash::launch_forward_sm80<cute::bfloat16_t, 64>(p, q, k, v, out, lse, stream);
+}
+
+}  // namespace rudnn::attention

@@ -1,0 +1,16 @@
+// Flash forward (sm90a kernel: wgmma scores) for head dim 128, float16 and bfloat16.
+// The kernel body exists only in the sm_90a pass; the sm_80 pass compiles an empty stub.
+#include "attention/flash_sm90.cuh"
+#include "attention/kernels.hpp"
+
+namespace rudnn::attention {
+
+void flash_forward_sm90_d128(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                           Stream stream) {
+  if (p.dtype == DType::f16)
+    flash::launch_forward_sm90<cute::half_t, 128>(p, q, k, v, out, lse, stream);
+  else
+    flash::launch_forward_sm90<cute::bfloat16_t, 128>(p, q, k, v, out, lse, stream);
+}
+
+}  // namespace rudnn::attention

@@ -1,0 +1,308 @@
+// The "flash" forward kernel for sm80+ (Ampere, Ada, Hopper), written with CuTe:
+// one CTA of 4 warps owns 64 query rows of one (batch, head); it streams 64-key blocks of
+// K and V through shared memory with cp.async, computes S = Q K^T and O += P V with
+// mma.sync tensor-core atoms fed by ldmatrix, and keeps the online softmax (running row
+// max and sum) in registers, so no Sq x Sk matrix ever exists. Every option of the CPU
+// reference applies element-wise to the score tile through its (row, col) coordinates.
+//
+// Schedule per key block: issue K and V loads (two cp.async groups), wait for K, S = Q K^T,
+// scores + softmax update, wait for V, O += P V. Key blocks no row of the CTA can see
+// (causal / sliding window) are skipped.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <type_traits>
+
+#include "attention/cuda_common.cuh"
+
+namespace rudnn::attention::flash {
+
+using namespace cute;
+
+template <class Element, int kHeadDim>
+struct Sm80Config {
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = 64;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (128-byte smem rows)");
+
+  using MmaAtom = std::conditional_t<std::is_same_v<Element, cute::half_t>, SM80_16x8x16_F32F16F16F32_TN,
+                                     SM80_16x8x16_F32BF16BF16F32_TN>;
+  // Warps stacked along M (16 rows each); the N tile of 16 lets ldmatrix.x4 feed B.
+  using TiledMma = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kWarps>, _1, _1>>, Tile<Int<16 * kWarps>, _16, _16>>;
+
+  // 8 rows x 64 elements (128 bytes) per atom, XOR-swizzled so that the 16-byte chunks of
+  // one column block land in different banks for both cp.async stores and ldmatrix loads.
+  using SmemAtom = decltype(composition(Swizzle<3, 3, 3>{}, Layout<Shape<_8, _64>, Stride<_64, _1>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // V seen as [Dv, BN] (its transpose) for the B operand of O += P V, without moving data.
+  using SmemLayoutVt =
+      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+
+  // 128 threads as 16 rows x 8 threads, each moving 8 elements (16 bytes) per cp.async.
+  using GmemCopy = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+                                            Layout<Shape<_16, _8>, Stride<_8, _1>>{}, Layout<Shape<_1, _8>>{}));
+
+  static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element));
+};
+
+// Accumulator layout ((2,2), M, N) of the m16n8 atom seen as (rows, cols) = ((2,M), (2,N)):
+// each thread holds 2 adjacent columns of rows r and r + 8 per atom.
+template <class Layout>
+__device__ __forceinline__ constexpr auto rowcol(Layout const& acc) {
+  auto d = logical_divide(acc, Shape<_2>{});
+  return make_layout(make_layout(get<0, 1>(d), get<1>(d)), make_layout(get<0, 0>(d), get<2>(d)));
+}
+
+// The same registers as the A operand of an m16n8k16 MMA: two 8-column atoms per k step.
+template <class Layout>
+__device__ __forceinline__ constexpr auto acc_as_a(Layout const& acc) {
+  auto d = logical_divide(acc, Shape<Underscore, Underscore, _2>{});
+  return make_layout(make_layout(get<0>(d), get<2, 0>(d)), get<1>(d), get<2, 1>(d));
+}
+
+// Copies the rows of a (CPY, CPY_ROWS, CPY_COLS) partition whose row coordinate is below
+// `rows`, zero-filling the others (tails of sequences shorter than the tile).
+template <class Copy, class Src, class Dst, class Coords>
+__device__ __forceinline__ void copy_rows(Copy const& copy, Src const& src, Dst& dst, Coords const& coords,
+                                          std::int64_t rows) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(dst); ++m) {
+    if (get<0>(coords(0, m, 0)) < rows)
+      cute::copy(copy, src(_, m, _), dst(_, m, _));
+    else
+      cute::clear(dst(_, m, _));
+  }
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// [first, last) key blocks that hold a key visible to some row in [m0, m0 + rows).
+__host__ __device__ __forceinline__ void key_block_range(const Problem& p, std::int64_t m0, std::int64_t rows,
+                                                std::int64_t len_q, std::int64_t len_k, int block_n,
+                                                std::int64_t& first, std::int64_t& last) {
+  const std::int64_t shift = len_k - len_q;
+  std::int64_t lo = 0, hi = len_k;  // keys [lo, hi)
+  if (p.causal || p.window_right >= 0) {
+    // Causal caps the right side at 0 (the query's own position); any window_right >= 0 is wider.
+    const std::int64_t right = p.causal ? 0 : p.window_right;
+    const std::int64_t bound = m0 + rows - 1 + shift + right + 1;
+    hi = bound < hi ? bound : hi;
+  }
+  if (p.window_left >= 0) {
+    const std::int64_t bound = m0 + shift - p.window_left;
+    lo = bound > lo ? bound : lo;
+  }
+  if (hi <= lo) {
+    first = last = 0;
+    return;
+  }
+  first = lo / block_n;
+  last = (hi + block_n - 1) / block_n;
+}
+
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
+    forward_sm80_kernel(const Problem p, const Element* __restrict__ q, const Element* __restrict__ k,
+                        const Element* __restrict__ v, Element* __restrict__ out, float* __restrict__ lse) {
+  using Cfg = Sm80Config<Element, kHeadDim>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  const int m_block = blockIdx.x;
+  const std::int64_t h = blockIdx.y, b = blockIdx.z;
+  std::int64_t q0, len_q, k0, len_k;
+  p.sequence(b, q0, len_q, k0, len_k);
+  const std::int64_t m0 = std::int64_t(m_block) * BM;
+  if (m0 >= len_q) return;
+  const std::int64_t hk = h / p.group;
+  const int tid = threadIdx.x;
+
+  // Global views: rows of this (batch, head), the last axis dense.
+  cute::Tensor gQ = make_tensor(make_gmem_ptr(q + p.q.at(b, h, q0)), make_shape(len_q, Int<kHeadDim>{}),
+                          make_stride(p.q.s, _1{}));
+  cute::Tensor gK = make_tensor(make_gmem_ptr(k + p.k.at(b, hk, k0)), make_shape(len_k, Int<kHeadDim>{}),
+                          make_stride(p.k.s, _1{}));
+  cute::Tensor gV = make_tensor(make_gmem_ptr(v + p.v.at(b, hk, k0)), make_shape(len_k, Int<kHeadDim>{}),
+                          make_stride(p.v.s, _1{}));
+  cute::Tensor gQtile = local_tile(gQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (BM, D)
+  cute::Tensor gKtiles = local_tile(gK, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));       // (BN, D, n)
+  cute::Tensor gVtiles = local_tile(gV, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Element* smem = reinterpret_cast<Element*>(smem_raw);
+  cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
+  cute::Tensor sK = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutKV{});
+  cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutKV{});
+  cute::Tensor sVt = make_tensor(sV.data(), typename Cfg::SmemLayoutVt{});
+
+  // Global -> shared (cp.async), with row coordinates for the tail predicates.
+  typename Cfg::GmemCopy gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  cute::Tensor tQg = gmem_thr.partition_S(gQtile);
+  cute::Tensor tQs = gmem_thr.partition_D(sQ);
+  cute::Tensor tKg = gmem_thr.partition_S(gKtiles);
+  cute::Tensor tKs = gmem_thr.partition_D(sK);
+  cute::Tensor tVg = gmem_thr.partition_S(gVtiles);
+  cute::Tensor tVs = gmem_thr.partition_D(sV);
+  cute::Tensor tQc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
+  cute::Tensor tKVc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
+
+  // Tensor-core partitions and the shared -> register (ldmatrix) copies feeding them.
+  typename Cfg::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  cute::Tensor tSrQ = thr_mma.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_K)
+  cute::Tensor tSrK = thr_mma.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K)
+  cute::Tensor tOrVt = thr_mma.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_KEYS)
+  cute::Tensor acc_o = partition_fragment_C(mma, Shape<Int<BM>, Int<kHeadDim>>{});
+  clear(acc_o);
+
+  auto copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
+  auto thr_copy_q = copy_q.get_thread_slice(tid);
+  cute::Tensor tSsQ = thr_copy_q.partition_S(sQ);
+  cute::Tensor tSrQ_view = thr_copy_q.retile_D(tSrQ);
+  auto copy_k = make_tiled_copy_B(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
+  auto thr_copy_k = copy_k.get_thread_slice(tid);
+  cute::Tensor tSsK = thr_copy_k.partition_S(sK);
+  cute::Tensor tSrK_view = thr_copy_k.retile_D(tSrK);
+  auto copy_v = make_tiled_copy_B(Copy_Atom<SM75_U16x8_LDSM_T, Element>{}, mma);
+  auto thr_copy_v = copy_v.get_thread_slice(tid);
+  cute::Tensor tOsVt = thr_copy_v.partition_S(sVt);
+  cute::Tensor tOrVt_view = thr_copy_v.retile_D(tOrVt);
+
+  // (row, col) of every accumulator element of this thread.
+  cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
+  cute::Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
+  cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
+  cute::Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
+  constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
+  float row_max[kRows], row_sum[kRows];
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+
+  std::int64_t n_first, n_last;
+  const std::int64_t rows_here = len_q - m0 < BM ? len_q - m0 : BM;
+  key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
+
+  copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
+  cp_async_fence();
+
+  for (std::int64_t n = n_first; n < n_last; ++n) {
+    const std::int64_t n0 = n * BN;
+    copy_rows(gmem_copy, tKg(_, _, _, n), tKs, tKVc, len_k - n0);
+    cp_async_fence();
+    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tKVc, len_k - n0);
+    cp_async_fence();
+    cp_async_wait<1>();  // Q and K have landed (V may still be in flight)
+    __syncthreads();
+
+    cute::Tensor acc_s = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
+    clear(acc_s);
+    CUTE_UNROLL
+    for (int kk = 0; kk < size<2>(tSrQ); ++kk) {
+      cute::copy(copy_q, tSsQ(_, _, kk), tSrQ_view(_, _, kk));
+      cute::copy(copy_k, tSsK(_, _, kk), tSrK_view(_, _, kk));
+      cute::gemm(mma, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s);
+    }
+
+    // Scores: scale, softcap, bias, masks; -inf where hidden or outside the sequences.
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) {
+      const std::int64_t row = m0 + get<0>(tScS(i)), col = n0 + get<1>(tScS(i));
+      float s = -INFINITY;
+      if (row < len_q && col < len_k && !cuda::hidden(p, b, h, row, col, len_q, len_k)) {
+        float t;
+        s = cuda::logit(p, acc_s(i), b, h, row, col, &t);
+      }
+      acc_s(i) = s;
+    }
+
+    // Online softmax: rescale what was accumulated by exp(old max - new max).
+    cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float mx = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
+      mx = quad_max(mx);
+      const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays 0
+      const float correction = expf(row_max[r] - base);
+      row_max[r] = mx;
+      row_sum[r] *= correction;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc_o_rc); ++c) acc_o_rc(r, c) *= correction;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s_rc); ++c) {
+        const float e = expf(s_rc(r, c) - base);
+        s_rc(r, c) = e;
+        row_sum[r] += e;
+      }
+    }
+
+    cute::Tensor rP = make_tensor_like<Element>(acc_s);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) rP(i) = static_cast<Element>(acc_s(i));
+    cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
+
+    cp_async_wait<0>();  // V has landed
+    __syncthreads();
+    CUTE_UNROLL
+    for (int kk = 0; kk < size<2>(tOrP); ++kk) {
+      cute::copy(copy_v, tOsVt(_, _, kk), tOrVt_view(_, _, kk));
+      cute::gemm(mma, tOrP(_, _, kk), tOrVt(_, _, kk), acc_o);
+    }
+    __syncthreads();  // every warp is done with sK / sV before the next block overwrites them
+  }
+  cp_async_wait<0>();  // no copy may outlive the CTA (the Q load when no key block was visible)
+
+  // Epilogue: out = acc / sum, lse = max + log(sum); rows that saw nothing: 0 and -inf.
+  Element* o_base = out + p.out.at(b, h, q0);
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const float sum = quad_sum(row_sum[r]);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const std::int64_t row = m0 + get<0>(tOcO_rc(r, 0));
+    if (row < len_q) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc_o_rc); ++c)
+        o_base[row * p.out.s + get<1>(tOcO_rc(r, c))] = static_cast<Element>(acc_o_rc(r, c) * inv);
+      if (lse != nullptr && tid % 4 == 0)
+        lse[p.lse.at(b, h, q0 + row)] = sum > 0.0f ? row_max[r] + logf(sum) : -INFINITY;
+    }
+  }
+}
+
+}  // namespace rudnn::attention::flash
+
+#include "core/cuda_check.hpp"
+
+namespace rudnn::attention::flash {
+
+// Host launcher: one CTA per (64 query rows, head, sequence). supports_sm80() has checked
+// dtype, head dims, alignment and grid limits.
+template <class Element, int kHeadDim>
+void launch_forward_sm80(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                         Stream stream) {
+  using Cfg = Sm80Config<Element, kHeadDim>;
+  const std::int64_t m_blocks = (p.sq + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  if (m_blocks == 0 || p.hq == 0 || p.batch == 0) return;
+  const dim3 grid(unsigned(m_blocks), unsigned(p.hq), unsigned(p.batch));
+  auto kernel = forward_sm80_kernel<Element, kHeadDim>;
+  if (Cfg::kSmemBytes > 48 * 1024)
+    RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
+      p, static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
+      static_cast<Element*>(out), lse);
+  RUDNN_CUDA_CHECK_LAUNCH("attention flash forward_sm80_kernel");
+}
+
+}  // namespace rudnn::attention::flash

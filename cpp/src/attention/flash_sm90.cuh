@@ -1,0 +1,221 @@
+// The "flash" forward kernel for Hopper (sm90a): the sm80 kernel's schedule with the score
+// GEMM S = Q K^T issued as warpgroup MMAs (wgmma, both operands read from shared memory in
+// the GMMA 128-byte-swizzled K-major layout). One warpgroup (4 warps) owns 64 query rows.
+//
+// What it does NOT have yet (FlashAttention-3's schedule): TMA loads, producer/consumer warp
+// specialization with an mbarrier pipeline, two consumer warpgroups with softmax overlapped
+// against the other's GEMMs, and wgmma for O += P V. Loads are cp.async, P V runs on mma.sync.
+//
+// The wgmma accumulator of a 64 x 64 tile holds, per thread, exactly the (row, col) elements
+// of the mma.sync accumulator in the same register order (checked on the host by
+// cpp/tools/flash_sm80_layout_check.cu), so the sm80 softmax and P V code apply unchanged.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+
+#include "attention/flash_sm80.cuh"
+
+namespace rudnn::attention::flash {
+
+template <class Element, int kHeadDim>
+struct Sm90Config : Sm80Config<Element, kHeadDim> {
+  using Base = Sm80Config<Element, kHeadDim>;
+  using GmmaOp = std::conditional_t<
+      std::is_same_v<Element, cute::half_t>,
+      SM90::GMMA::MMA_64x64x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::K>,
+      SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>>;
+  using TiledMmaS = decltype(make_tiled_mma(GmmaOp{}));
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<Base::kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<Base::kBlockN>, Int<kHeadDim>>{}));
+  static_assert(Base::kBlockM == 64 && Base::kBlockN == 64, "one 64x64x16 wgmma per k step");
+};
+
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(128)
+    forward_sm90_kernel(const Problem p, const Element* __restrict__ q, const Element* __restrict__ k,
+                        const Element* __restrict__ v, Element* __restrict__ out, float* __restrict__ lse) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Cfg = Sm90Config<Element, kHeadDim>;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  const int m_block = blockIdx.x;
+  const std::int64_t h = blockIdx.y, b = blockIdx.z;
+  std::int64_t q0, len_q, k0, len_k;
+  p.sequence(b, q0, len_q, k0, len_k);
+  const std::int64_t m0 = std::int64_t(m_block) * BM;
+  if (m0 >= len_q) return;
+  const std::int64_t hk = h / p.group;
+  const int tid = threadIdx.x;
+
+  cute::Tensor gQ = make_tensor(make_gmem_ptr(q + p.q.at(b, h, q0)), make_shape(len_q, Int<kHeadDim>{}),
+                                make_stride(p.q.s, _1{}));
+  cute::Tensor gK = make_tensor(make_gmem_ptr(k + p.k.at(b, hk, k0)), make_shape(len_k, Int<kHeadDim>{}),
+                                make_stride(p.k.s, _1{}));
+  cute::Tensor gV = make_tensor(make_gmem_ptr(v + p.v.at(b, hk, k0)), make_shape(len_k, Int<kHeadDim>{}),
+                                make_stride(p.v.s, _1{}));
+  cute::Tensor gQtile = local_tile(gQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m_block, 0));
+  cute::Tensor gKtiles = local_tile(gK, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
+  cute::Tensor gVtiles = local_tile(gV, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
+  Element* smem = reinterpret_cast<Element*>(smem_raw);
+  cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
+  cute::Tensor sK = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutK{});
+  cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutKV{});
+  cute::Tensor sVt = make_tensor(sV.data(), typename Cfg::SmemLayoutVt{});
+
+  typename Cfg::GmemCopy gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  cute::Tensor tQg = gmem_thr.partition_S(gQtile);
+  cute::Tensor tQs = gmem_thr.partition_D(sQ);
+  cute::Tensor tKg = gmem_thr.partition_S(gKtiles);
+  cute::Tensor tKs = gmem_thr.partition_D(sK);
+  cute::Tensor tVg = gmem_thr.partition_S(gVtiles);
+  cute::Tensor tVs = gmem_thr.partition_D(sV);
+  cute::Tensor tQc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
+  cute::Tensor tKVc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
+
+  // S = Q K^T: wgmma with shared-memory descriptors for both operands.
+  typename Cfg::TiledMmaS mma_s;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  cute::Tensor tSrQ = thr_s.make_fragment_A(thr_s.partition_A(sQ));  // descriptors (MMA, 1, D/16)
+  cute::Tensor tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK));
+
+  // O += P V: mma.sync as in the sm80 kernel.
+  typename Cfg::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  cute::Tensor tOrVt = thr_mma.partition_fragment_B(sVt);
+  cute::Tensor acc_o = partition_fragment_C(mma, Shape<Int<BM>, Int<kHeadDim>>{});
+  clear(acc_o);
+  auto copy_v = make_tiled_copy_B(Copy_Atom<SM75_U16x8_LDSM_T, Element>{}, mma);
+  auto thr_copy_v = copy_v.get_thread_slice(tid);
+  cute::Tensor tOsVt = thr_copy_v.partition_S(sVt);
+  cute::Tensor tOrVt_view = thr_copy_v.retile_D(tOrVt);
+
+  // Score coordinates in the mma.sync accumulator order, which the wgmma one shares.
+  using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{}).layout());
+  cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
+  cute::Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
+  cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
+  cute::Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
+  constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
+  float row_max[kRows], row_sum[kRows];
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+
+  std::int64_t n_first, n_last;
+  const std::int64_t rows_here = len_q - m0 < BM ? len_q - m0 : BM;
+  key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
+
+  copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
+  cp_async_fence();
+
+  for (std::int64_t n = n_first; n < n_last; ++n) {
+    const std::int64_t n0 = n * BN;
+    copy_rows(gmem_copy, tKg(_, _, _, n), tKs, tKVc, len_k - n0);
+    cp_async_fence();
+    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tKVc, len_k - n0);
+    cp_async_fence();
+    cp_async_wait<1>();                      // Q and K have landed
+    cutlass::arch::fence_view_async_shared();  // make these generic-proxy writes visible to wgmma
+    __syncthreads();
+
+    cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
+    warpgroup_fence_operand(acc_s90);
+    warpgroup_arrive();
+    mma_s.accumulate_ = GMMA::ScaleOut::Zero;  // the first k step overwrites the accumulator
+    CUTE_UNROLL
+    for (int kk = 0; kk < size<2>(tSrQ); ++kk) {
+      cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s90);
+      mma_s.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_s90);
+    cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
+
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) {
+      const std::int64_t row = m0 + get<0>(tScS(i)), col = n0 + get<1>(tScS(i));
+      float s = -INFINITY;
+      if (row < len_q && col < len_k && !cuda::hidden(p, b, h, row, col, len_q, len_k)) {
+        float t;
+        s = cuda::logit(p, acc_s(i), b, h, row, col, &t);
+      }
+      acc_s(i) = s;
+    }
+
+    cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float mx = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
+      mx = quad_max(mx);
+      const float base = mx == -INFINITY ? 0.0f : mx;
+      const float correction = expf(row_max[r] - base);
+      row_max[r] = mx;
+      row_sum[r] *= correction;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc_o_rc); ++c) acc_o_rc(r, c) *= correction;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s_rc); ++c) {
+        const float e = expf(s_rc(r, c) - base);
+        s_rc(r, c) = e;
+        row_sum[r] += e;
+      }
+    }
+
+    cute::Tensor rP = make_tensor_like<Element>(acc_s);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) rP(i) = static_cast<Element>(acc_s(i));
+    cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
+
+    cp_async_wait<0>();
+    __syncthreads();
+    CUTE_UNROLL
+    for (int kk = 0; kk < size<2>(tOrP); ++kk) {
+      cute::copy(copy_v, tOsVt(_, _, kk), tOrVt_view(_, _, kk));
+      cute::gemm(mma, tOrP(_, _, kk), tOrVt(_, _, kk), acc_o);
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+  Element* o_base = out + p.out.at(b, h, q0);
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const float sum = quad_sum(row_sum[r]);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const std::int64_t row = m0 + get<0>(tOcO_rc(r, 0));
+    if (row < len_q) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc_o_rc); ++c)
+        o_base[row * p.out.s + get<1>(tOcO_rc(r, c))] = static_cast<Element>(acc_o_rc(r, c) * inv);
+      if (lse != nullptr && tid % 4 == 0)
+        lse[p.lse.at(b, h, q0 + row)] = sum > 0.0f ? row_max[r] + logf(sum) : -INFINITY;
+    }
+  }
+#else
+  (void)p, (void)q, (void)k, (void)v, (void)out, (void)lse;  // compiled for sm_90a only
+#endif
+}
+
+template <class Element, int kHeadDim>
+void launch_forward_sm90(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                         Stream stream) {
+  using Cfg = Sm90Config<Element, kHeadDim>;
+  const std::int64_t m_blocks = (p.sq + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  if (m_blocks == 0 || p.hq == 0 || p.batch == 0) return;
+  const dim3 grid(unsigned(m_blocks), unsigned(p.hq), unsigned(p.batch));
+  auto kernel = forward_sm90_kernel<Element, kHeadDim>;
+  if (Cfg::kSmemBytes > 48 * 1024)
+    RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  kernel<<<grid, 128, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
+      p, static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
+      static_cast<Element*>(out), lse);
+  RUDNN_CUDA_CHECK_LAUNCH("attention flash forward_sm90_kernel");
+}
+
+}  // namespace rudnn::attention::flash

@@ -1,0 +1,361 @@
+"""rudnn.attention / attention_backward against a float64 reference written from the math
+(tests/reference/attention.py, itself checked against torch SDPA), with the FlashAttention
+error budget: at most twice the error of the same computation done by torch in the input
+dtype. CUDA variants are the same tests with device "cuda" (all strategies)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rudnn
+from reference import attention as ref
+from util import DEVICES, DTYPES, assert_close_to_oracle, rand
+
+CUDA_STRATEGIES = ["auto", "fallback", "flash", "autotune"]
+
+
+def _device_strategies():
+    out = [("cpu", "auto")]
+    for s in CUDA_STRATEGIES:
+        out.append(pytest.param("cuda", s, marks=pytest.mark.cuda, id=f"cuda-{s}"))
+    return out
+
+
+DEVICE_STRATEGIES = _device_strategies()
+
+
+def _skip_unsupported_flash(strategy, dtype, D, Dv):
+    """The flash kernels in this build: float16/bfloat16 with D == Dv in {64, 128}."""
+    if strategy == "flash" and (dtype == torch.float32 or D != Dv or D not in (64, 128)):
+        pytest.skip("no flash kernel for this case in this build (strategy 'flash' raises UnsupportedError)")
+
+
+def _backward_strategy(strategy, dtype=None, D=None, Dv=None):
+    """The flash backward in this build takes f16/bf16 with D = Dv = 64; other cases of a flash
+    forward are differentiated by the 'auto' backward."""
+    if strategy == "flash" and (dtype == torch.float32 or D != 64 or Dv != 64):
+        return "auto"
+    return strategy
+
+
+def _bshd(B, H, S, D, dtype, device, seed):
+    """[B, H, S, D] as a transposed view of [B, S, H, D] memory (strided, last axis dense)."""
+    return rand((B, S, H, D), dtype, device, seed=seed).transpose(1, 2)
+
+
+# Each case: shapes (B, Hq, Hkv, Sq, Sk, D, Dv) and options. Masks/biases are built by _inputs.
+CASES = {
+    "basic": dict(shape=(2, 2, 2, 9, 9, 16, 16)),
+    "sq_lt_sk_causal": dict(shape=(1, 2, 2, 5, 13, 32, 32), causal=True),
+    "sq_gt_sk_causal": dict(shape=(2, 2, 1, 13, 5, 32, 32), causal=True),  # first rows see no key
+    "decode": dict(shape=(3, 4, 1, 1, 37, 64, 64), causal=True),
+    "decode_window": dict(shape=(2, 8, 2, 1, 40, 64, 64), window=(7, None)),
+    "window": dict(shape=(1, 2, 2, 19, 23, 16, 16), window=(3, 2)),
+    "window_causal": dict(shape=(1, 4, 1, 17, 17, 16, 16), causal=True, window=(4, 0)),
+    "softcap": dict(shape=(1, 2, 2, 11, 14, 32, 32), softcap=2.0),
+    "softcap_causal_gqa4": dict(shape=(1, 8, 2, 15, 15, 32, 32), causal=True, softcap=5.0, scale=0.3),
+    "bool_mask": dict(shape=(2, 2, 1, 10, 12, 16, 16), mask="bool"),
+    "bool_mask_empty_rows": dict(shape=(1, 2, 2, 6, 8, 16, 16), mask="bool_empty"),
+    "float_mask": dict(shape=(2, 4, 4, 7, 9, 16, 16), mask="float"),
+    "bias": dict(shape=(2, 4, 2, 8, 11, 16, 16), bias=True),
+    "all_options": dict(shape=(2, 8, 1, 9, 12, 32, 32), causal=True, window=(5, None), softcap=3.0, mask="bool",
+                        bias=True),
+    "float_mask_bias_gqa8": dict(shape=(1, 8, 1, 5, 7, 16, 16), mask="float", bias=True),
+    "d64_tile_tail": dict(shape=(1, 2, 2, 67, 71, 64, 64), causal=True),
+    "d96": dict(shape=(1, 2, 2, 20, 33, 96, 96)),
+    "d128_gqa4": dict(shape=(1, 4, 1, 33, 33, 128, 128), causal=True),
+    "d192_dv128": dict(shape=(1, 2, 1, 17, 19, 192, 128)),
+    "d256": dict(shape=(1, 1, 1, 9, 21, 256, 256)),
+    "odd_dims": dict(shape=(1, 3, 1, 5, 6, 40, 24)),
+    "no_keys": dict(shape=(1, 2, 2, 4, 0, 16, 16)),
+    # Cases the flash kernels take (f16/bf16, D = Dv in {64, 128}) with every per-element option.
+    "flash_all_options_d64": dict(shape=(2, 8, 2, 70, 75, 64, 64), causal=True, window=(20, None), softcap=3.0,
+                                  mask="bool", bias=True),
+    "flash_float_mask_bias_d128": dict(shape=(1, 4, 4, 65, 130, 128, 128), mask="float", bias=True),
+    "flash_no_keys_d64": dict(shape=(1, 2, 1, 5, 0, 64, 64)),
+    "flash_sq_gt_sk_window_d128": dict(shape=(1, 2, 1, 80, 33, 128, 128), window=(10, 3)),
+}
+
+
+def _inputs(case, dtype, device, seed=0):
+    B, Hq, Hkv, Sq, Sk, D, Dv = case["shape"]
+    q = _bshd(B, Hq, Sq, D, dtype, device, seed)
+    k = _bshd(B, Hkv, Sk, D, dtype, device, seed + 1)
+    v = _bshd(B, Hkv, Sk, Dv, dtype, device, seed + 2)
+    opts = {name: case[name] for name in ("causal", "window", "softcap", "scale") if name in case}
+    g = torch.Generator().manual_seed(seed + 3)
+    mask = case.get("mask")
+    if mask == "bool":  # [Sq, Sk], broadcast over batch and heads; every row keeps its diagonal-ish key
+        m = torch.rand(Sq, Sk, generator=g) > 0.3
+        opts["mask"] = m.to(device)
+    elif mask == "bool_empty":  # [B, 1, Sq, Sk] with two rows that see nothing
+        m = torch.rand(B, 1, Sq, Sk, generator=g) > 0.4
+        m[:, :, 1] = False
+        m[:, :, 4] = False
+        opts["mask"] = m.to(device)
+    elif mask == "float":  # additive [B, Hq, Sq, Sk] with some -inf
+        m = torch.randn(B, Hq, Sq, Sk, generator=g)
+        m[torch.rand(B, Hq, Sq, Sk, generator=g) > 0.8] = float("-inf")
+        opts["mask"] = m.to(dtype).to(device)
+    if case.get("bias"):  # [Hq, 1, Sk] (ALiBi-like: broadcast over batch and queries), float32
+        opts["bias"] = (torch.randn(Hq, 1, Sk, generator=g) * 0.5).to(device)
+    return q, k, v, opts
+
+
+def _same_dtype(q, k, v, opts, dtype):
+    cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in opts.items()}
+    return ref.attention(q.cpu(), k.cpu(), v.cpu(), dtype=dtype, **cpu)
+
+
+def _oracle(q, k, v, opts):
+    cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in opts.items()}
+    return ref.attention(q.cpu(), k.cpu(), v.cpu(), **cpu)
+
+
+# ---- the reference itself against torch SDPA -----------------------------------------------
+
+@pytest.mark.parametrize("name", ["basic", "sq_lt_sk_causal", "bool_mask", "float_mask", "bias", "d128_gqa4",
+                                  "window", "float_mask_bias_gqa8"])
+def test_reference_matches_torch_sdpa(name):
+    case = CASES[name]
+    q, k, v, opts = _inputs(case, torch.float64, "cpu")
+    Sq, Sk = q.shape[2], k.shape[2]
+    # SDPA's is_causal is top-left aligned: pass the bottom-right alignment as an explicit mask.
+    keep = ref.visibility(Sq, Sk, opts.get("causal", False), opts.get("window"))
+    additive = torch.zeros(Sq, Sk, dtype=torch.float64).masked_fill(~keep, float("-inf"))
+    if "mask" in opts:
+        m = opts["mask"]
+        additive = additive + (torch.zeros(m.shape, dtype=torch.float64).masked_fill(~m, float("-inf"))
+                               if m.dtype == torch.bool else m.double())
+    if "bias" in opts:
+        additive = additive + opts["bias"].double()
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, scale=opts.get("scale"),
+                                              enable_gqa=q.shape[1] != k.shape[1])
+    out, _ = ref.attention(q, k, v, **opts)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+
+
+# ---- forward ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward(device, strategy, dtype, name):
+    case = CASES[name]
+    _skip_unsupported_flash(strategy, dtype, case["shape"][5], case["shape"][6])
+    q, k, v, opts = _inputs(case, dtype, device)
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
+    assert out.dtype == dtype and out.device == q.device and lse.dtype == torch.float32
+    B, Hq, Sq = q.shape[:3]
+    assert out.shape == (B, Hq, Sq, v.shape[-1]) and lse.shape == (B, Hq, Sq)
+    o64, l64 = _oracle(q, k, v, opts)
+    o_same, _ = _same_dtype(q, k, v, opts, dtype)
+    assert torch.isfinite(out.cpu().float()).all()
+    assert_close_to_oracle(out, o_same, o64, "out")
+    torch.testing.assert_close(lse.cpu().double(), l64, rtol=2e-5, atol=2e-5)
+
+
+def test_forward_matches_torch_sdpa_directly():
+    """The plain cases straight against F.scaled_dot_product_attention (float32, CPU)."""
+    q, k, v, _ = _inputs(CASES["d128_gqa4"], torch.float32, "cpu")
+    expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(rudnn.attention(q, k, v), expected, rtol=2e-5, atol=2e-6)
+    # Sq == Sk: bottom-right and top-left causal alignment agree.
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(rudnn.attention(q, k, v, causal=True), expected, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
+def test_empty_rows_are_zero_with_minus_inf_lse(device, strategy):
+    dtype = torch.bfloat16 if strategy == "flash" else torch.float32
+    case = dict(CASES["sq_gt_sk_causal"], shape=(2, 2, 1, 13, 5, 64, 64))  # D = 64: the flash kernels take it
+    q, k, v, opts = _inputs(case, dtype, device)
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
+    # Query i sees keys j <= i + Sk - Sq = i - 8: rows 0..7 see nothing.
+    assert (out[:, :, :8] == 0).all() and (lse[:, :, :8] == float("-inf")).all()
+    assert torch.isfinite(lse[:, :, 8:]).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_defaults_and_out(device):
+    q, k, v, _ = _inputs(CASES["basic"], torch.float32, device)
+    out = torch.full((2, 2, 9, 16), float("nan"), device=device)
+    result = rudnn.attention(q, k, v, out=out)
+    assert result is out
+    o64, _ = _oracle(q, k, v, {})
+    torch.testing.assert_close(out.cpu().double(), o64, rtol=1e-5, atol=1e-6)
+    # scale defaults to 1/sqrt(D)
+    torch.testing.assert_close(rudnn.attention(q, k, v, scale=1 / math.sqrt(16)), out)
+
+
+def test_numpy_inputs():
+    q, k, v, opts = _inputs(CASES["all_options"], torch.float32, "cpu")
+    qn, kn, vn = (t.numpy() for t in (q, k, v))
+    mask, bias = opts.pop("mask").numpy(), opts.pop("bias").numpy()
+    out, lse = rudnn.attention(qn, kn, vn, mask=mask, bias=bias, return_lse=True, **opts)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32 and lse.dtype == np.float32
+    o64, l64 = _oracle(q, k, v, dict(opts, mask=torch.from_numpy(mask), bias=torch.from_numpy(bias)))
+    torch.testing.assert_close(torch.from_numpy(out).double(), o64, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.from_numpy(lse).double(), l64, rtol=1e-5, atol=1e-5)
+    dout = np.random.default_rng(0).standard_normal(out.shape).astype(np.float32)
+    dq, dk, dv = rudnn.attention_backward(dout, qn, kn, vn, out, lse, mask=mask, bias=bias, **opts)
+    assert isinstance(dq, np.ndarray) and dq.shape == qn.shape and dk.shape == kn.shape and dv.shape == vn.shape
+
+
+# ---- backward --------------------------------------------------------------------------------
+
+def _grads(q, k, v, opts, dout, dtype):
+    """(dq, dk, dv) of the reference computed in `dtype` by torch autograd."""
+    leaves = [t.detach().cpu().to(dtype).requires_grad_() for t in (q, k, v)]
+    cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in opts.items()}
+    out, _ = ref.attention(*leaves, dtype=dtype, **cpu)
+    out.backward(dout.cpu().to(dtype))
+    return [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_backward(device, strategy, dtype, name):
+    case = CASES[name]
+    _skip_unsupported_flash(strategy, dtype, case["shape"][5], case["shape"][6])
+    q, k, v, opts = _inputs(case, dtype, device)
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
+    dout = rand(out.shape, dtype, device, seed=7)
+    bs = _backward_strategy(strategy, dtype, *case["shape"][5:])
+    dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, strategy=bs, **opts)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert dq.dtype == dk.dtype == dv.dtype == dtype
+    g64 = _grads(q, k, v, opts, dout, torch.float64)
+    g_same = _grads(q, k, v, opts, dout, dtype)
+    for ours, same, exact, what in zip((dq, dk, dv), g_same, g64, ("dq", "dk", "dv")):
+        assert torch.isfinite(ours.cpu().float()).all(), what
+        assert_close_to_oracle(ours, same, exact, what)
+
+
+@pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
+def test_backward_deterministic(device, strategy):
+    q, k, v, opts = _inputs(CASES["d64_tile_tail"], torch.bfloat16, device)
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
+    dout = rand(out.shape, torch.bfloat16, device, seed=7)
+    bs = _backward_strategy(strategy, torch.bfloat16, 64, 64)
+    first = rudnn.attention_backward(dout, q, k, v, out, lse, deterministic=True, strategy=bs, **opts)
+    for _ in range(3):
+        again = rudnn.attention_backward(dout, q, k, v, out, lse, deterministic=True, strategy=bs, **opts)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
+# ---- varlen ----------------------------------------------------------------------------------
+
+VARLEN = {
+    "plain": dict(lens_q=[5, 0, 9, 1], lens_k=[7, 3, 9, 0], Hq=4, Hkv=2, D=32),
+    "causal_gqa8": dict(lens_q=[3, 11, 0, 6], lens_k=[8, 11, 2, 6], Hq=8, Hkv=1, D=64, causal=True),
+    "window_softcap": dict(lens_q=[13, 4], lens_k=[13, 17], Hq=2, Hkv=2, D=16, window=(3, 1), softcap=4.0),
+    "long_d128": dict(lens_q=[70, 0, 130], lens_k=[150, 5, 129], Hq=4, Hkv=1, D=128, causal=True, softcap=6.0),
+}
+
+
+def _varlen_inputs(case, dtype, device):
+    lens_q, lens_k = case["lens_q"], case["lens_k"]
+    cu_q = torch.tensor([0] + np.cumsum(lens_q).tolist(), dtype=torch.int32)
+    cu_k = torch.tensor([0] + np.cumsum(lens_k).tolist(), dtype=torch.int32)
+    Tq, Tk = int(cu_q[-1]), int(cu_k[-1])
+    q = rand((Tq, case["Hq"], case["D"]), dtype, device, seed=1)
+    k = rand((Tk, case["Hkv"], case["D"]), dtype, device, seed=2)
+    v = rand((Tk, case["Hkv"], case["D"]), dtype, device, seed=3)
+    opts = {n: case[n] for n in ("causal", "window", "softcap") if n in case}
+    return q, k, v, cu_q, cu_k, opts
+
+
+@pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(VARLEN))
+def test_varlen(device, strategy, dtype, name):
+    _skip_unsupported_flash(strategy, dtype, VARLEN[name]["D"], VARLEN[name]["D"])
+    q, k, v, cu_q, cu_k, opts = _varlen_inputs(VARLEN[name], dtype, device)
+    out, lse = rudnn.attention(q, k, v, cu_seqlens_q=cu_q.to(device), cu_seqlens_k=cu_k.to(device),
+                               return_lse=True, strategy=strategy, **opts)
+    assert out.shape == q.shape[:2] + v.shape[-1:] and lse.shape == (q.shape[1], q.shape[0])
+    o64, l64 = ref.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu_q, cu_k, **opts)
+    o_same, _ = ref.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu_q, cu_k, dtype=dtype, **opts)
+    assert_close_to_oracle(out, o_same, o64, "out")
+    torch.testing.assert_close(lse.cpu().double(), l64, rtol=2e-5, atol=2e-5)
+
+    dout = rand(out.shape, dtype, device, seed=9)
+    dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, cu_seqlens_q=cu_q.to(device),
+                                          cu_seqlens_k=cu_k.to(device),
+                                          strategy=_backward_strategy(strategy, dtype, VARLEN[name]["D"],
+                                                                      VARLEN[name]["D"]), **opts)
+
+    def grads(dt):
+        leaves = [t.detach().cpu().to(dt).requires_grad_() for t in (q, k, v)]
+        o, _ = ref.attention_varlen(*leaves, cu_q, cu_k, dtype=dt, **opts)
+        o.backward(dout.cpu().to(dt))
+        return [t.grad for t in leaves]
+
+    for ours, same, exact, what in zip((dq, dk, dv), grads(dtype), grads(torch.float64), ("dq", "dk", "dv")):
+        assert_close_to_oracle(ours, same, exact, what)
+
+
+def test_varlen_matches_dense_per_sequence():
+    q, k, v, cu_q, cu_k, opts = _varlen_inputs(VARLEN["causal_gqa8"], torch.float32, "cpu")
+    out = rudnn.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **opts)
+    for b in range(len(cu_q) - 1):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        dense = rudnn.attention(q[qs].transpose(0, 1)[None], k[ks].transpose(0, 1)[None],
+                                v[ks].transpose(0, 1)[None], **opts)
+        assert torch.equal(out[qs], dense[0].transpose(0, 1))
+
+
+@pytest.mark.cuda
+def test_auto_picks_flash_where_supported_and_fallback_elsewhere():
+    q, k, v, _ = _inputs(CASES["d128_gqa4"], torch.bfloat16, "cuda")
+    rudnn.attention(q, k, v)
+    expected = "flash_sm90" if torch.cuda.get_device_capability()[0] == 9 else "flash_sm80"
+    assert rudnn.attention_last_algorithm() == expected
+    q, k, v, _ = _inputs(CASES["d96"], torch.bfloat16, "cuda")
+    rudnn.attention(q, k, v)
+    assert rudnn.attention_last_algorithm() == "fallback"
+    with pytest.raises(rudnn.UnsupportedError, match="attention: strategy 'flash': supports head dims"):
+        rudnn.attention(q, k, v, strategy="flash")
+    with pytest.raises(rudnn.UnsupportedError, match="attention_backward: strategy 'flash': supports head dims"):
+        out, lse = rudnn.attention(q, k, v, return_lse=True)
+        rudnn.attention_backward(out, q, k, v, out, lse, strategy="flash")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU (both flash kernels run there)")
+@pytest.mark.parametrize("kernel", ["sm80", "sm90"])
+@pytest.mark.parametrize("name", ["d64_tile_tail", "d128_gqa4", "all_options", "decode", "sq_gt_sk_causal"])
+def test_both_flash_kernels_on_hopper(monkeypatch, kernel, name):
+    case = dict(CASES[name])
+    B, Hq, Hkv, Sq, Sk, D, Dv = case["shape"]
+    if D not in (64, 128):
+        case["shape"] = (B, Hq, Hkv, Sq, Sk, 64, 64)
+    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", kernel)
+    q, k, v, opts = _inputs(case, torch.bfloat16, "cuda")
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **opts)
+    assert rudnn.attention_last_algorithm() == f"flash_{kernel}"
+    o64, l64 = _oracle(q, k, v, opts)
+    o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
+    assert_close_to_oracle(out, o_same, o64, "out")
+    torch.testing.assert_close(lse.cpu().double(), l64, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.cuda
+def test_auto_backward_picks_flash_for_d64():
+    q, k, v, opts = _inputs(CASES["d64_tile_tail"], torch.bfloat16, "cuda")
+    out, lse = rudnn.attention(q, k, v, return_lse=True, **opts)
+    rudnn.attention_backward(torch.ones_like(out), q, k, v, out, lse, **opts)
+    assert rudnn.attention_last_algorithm() == "flash_sm80"
+
+
+def test_last_algorithm_cpu():
+    q, k, v, _ = _inputs(CASES["basic"], torch.float32, "cpu")
+    rudnn.attention(q, k, v, strategy="flash")  # strategies choose CUDA kernels; the CPU runs the reference
+    assert rudnn.attention_last_algorithm() == "cpu"

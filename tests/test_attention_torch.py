@@ -1,0 +1,103 @@
+"""rudnn.torch.attention: custom op with fake implementation, autograd against torch
+autograd of the float64 reference, opcheck, torch.compile."""
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import rudnn
+import rudnn.torch as rt
+from reference import attention as ref
+from util import DEVICES, DTYPES, assert_close_to_oracle, rand
+
+
+def _qkv(device, dtype=torch.float32, B=2, Hq=4, Hkv=2, Sq=7, Sk=9, D=16):
+    q = rand((B, Sq, Hq, D), dtype, device, seed=1).transpose(1, 2)  # [B, S, H, D] memory
+    k = rand((B, Sk, Hkv, D), dtype, device, seed=2).transpose(1, 2)
+    v = rand((B, Sk, Hkv, D), dtype, device, seed=3).transpose(1, 2)
+    return q, k, v
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_autograd(device, dtype):
+    q, k, v = _qkv(device, dtype)
+    bias = rand((4, 1, 9), torch.float32, device, seed=4)
+    opts = dict(causal=True, softcap=4.0, window=(5, None), bias=bias)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = rt.attention(*leaves, **opts)
+    g = rand(out.shape, dtype, device, seed=5)
+    out.backward(g)
+
+    def oracle(dt):
+        ls = [t.detach().cpu().to(dt).requires_grad_() for t in (q, k, v)]
+        o, _ = ref.attention(*ls, dtype=dt, **dict(opts, bias=bias.cpu()))
+        o.backward(g.cpu().to(dt))
+        return o, [t.grad for t in ls]
+
+    (o64, g64), (osame, gsame) = oracle(torch.float64), oracle(dtype)
+    assert_close_to_oracle(out, osame, o64, "out")
+    for ours, same, exact, name in zip([t.grad for t in leaves], gsame, g64, ("dq", "dk", "dv")):
+        assert ours.dtype == dtype and ours.shape == exact.shape
+        assert_close_to_oracle(ours, same, exact, name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autograd_varlen(device):
+    cu = torch.tensor([0, 3, 3, 8], dtype=torch.int32, device=device)
+    q = rand((8, 4, 16), torch.float32, device, seed=1).requires_grad_()
+    k = rand((8, 1, 16), torch.float32, device, seed=2).requires_grad_()
+    v = rand((8, 1, 16), torch.float32, device, seed=3).requires_grad_()
+    out, lse = rt.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, return_lse=True)
+    assert lse.shape == (4, 8) and not lse.requires_grad
+    out.sum().backward()
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    o, _ = ref.attention_varlen(*leaves, cu.cpu(), cu.cpu(), causal=True)
+    o.sum().backward()
+    for ours, exact in zip((q.grad, k.grad, v.grad), leaves):
+        torch.testing.assert_close(ours.cpu().double(), exact.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    q, k, v = (t.contiguous().requires_grad_() for t in _qkv(device))
+    mask = torch.rand(7, 9, device=device) > 0.3
+    ops = torch.ops.rudnn
+    opcheck(ops.attention_forward.default, (q, k, v, None, None, None, False, -1, -1, None, None, None, "auto"))
+    opcheck(ops.attention_forward.default, (q, k, v, mask, None, 0.5, True, 3, 0, 2.0, None, None, "auto"))
+    out, lse = rudnn.attention(q.detach(), k.detach(), v.detach(), return_lse=True)
+    opcheck(ops.attention_backward.default, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse,
+                                             None, None, None, False, -1, -1, None, None, None, "auto", True))
+
+
+def test_fake_tensor_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 5, 64, dtype=torch.bfloat16)
+        k = torch.empty(2, 2, 11, 64, dtype=torch.bfloat16)
+        v = torch.empty(2, 2, 11, 32, dtype=torch.bfloat16)
+        out, lse = torch.ops.rudnn.attention_forward(q, k, v, None, None, None, True, -1, -1, None, None, None, "auto")
+        assert out.shape == (2, 8, 5, 32) and out.dtype == torch.bfloat16
+        assert lse.shape == (2, 8, 5) and lse.dtype == torch.float32
+
+
+def test_torch_compile_cpu():
+    def block(q, k, v):
+        return rt.attention(q * 2.0, k, v, causal=True).sum(-1)
+
+    q, k, v = _qkv("cpu")
+    compiled = torch.compile(block, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), block(q, k, v))
+    qs = q.detach().clone().requires_grad_()
+    compiled(qs, k, v).sum().backward()
+    qe = q.detach().clone().requires_grad_()
+    block(qe, k, v).sum().backward()
+    torch.testing.assert_close(qs.grad, qe.grad)
+
+
+def test_out_runs_eagerly():
+    q, k, v = _qkv("cpu")
+    out = torch.empty(2, 4, 7, 16)
+    assert rt.attention(q, k, v, out=out) is out
+    torch.testing.assert_close(out, rudnn.attention(q, k, v))
