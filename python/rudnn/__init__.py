@@ -3,6 +3,7 @@
 from .errors import (ArgumentError, CudaError, DeviceError, DTypeError, Error, FrameworkError, ShapeError,
                      UnsupportedError)
 from . import _C
+from . import moe
 from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
 
 __version__ = "0.1.0"
@@ -20,5 +21,5 @@ def cmake_prefix() -> str:
 __all__ = [
     "Error", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "FrameworkError", "UnsupportedError",
     "CudaError", "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward",
-    "softmax_backward", "has_cuda", "cmake_prefix",
+    "softmax_backward", "moe", "has_cuda", "cmake_prefix",
 ]

@@ -1,0 +1,156 @@
+// Public entry points of the MoE family: validate once, then run the backend of the
+// tensors' device (and, for the experts, the resolved strategy).
+#include <string>
+
+#include "core/check.hpp"
+#include "moe/problem.hpp"
+#if RUDNN_WITH_CUDA
+#include "core/device.hpp"
+#endif
+
+namespace rudnn {
+
+namespace {
+
+template <class Cpu, class Cuda>
+void on_device(const Device& device, const char* op, Cpu&& cpu, Cuda&& cuda) {
+  if (!device.is_cuda()) return cpu();
+#if RUDNN_WITH_CUDA
+  core::DeviceGuard guard(device.index);
+  cuda();
+#else
+  (void)cuda;
+  core::fail(ErrorKind::unsupported, std::string(op) + ": this libruDNN was built without CUDA (RUDNN_WITH_CUDA=OFF)");
+#endif
+}
+
+void check_workspace(const Tensor* workspace, std::size_t need, const std::string& op) {
+  const std::size_t have = workspace ? std::size_t(workspace->numel()) : 0;
+  if (have < need)
+    core::fail(ErrorKind::value, op + ": workspace: expected at least " + std::to_string(need) + " bytes, got " +
+                                     std::to_string(have));
+}
+
+// "auto" -> the best strategy this device and dtype support. The tensor-core grouped GEMM
+// is not part of this build yet, so "tensor_core" is refused and "auto" means "scalar";
+// on the CPU every strategy but "tensor_core" runs the reference loops.
+MoeExpertsStrategy resolve_strategy(MoeExpertsStrategy requested, const Device& device, const std::string& op) {
+  if (requested == MoeExpertsStrategy::tensor_core) {
+    if (!device.is_cuda())
+      core::fail(ErrorKind::unsupported, op + ": strategy 'tensor_core' needs a CUDA device, got " + device.str());
+    core::fail(ErrorKind::unsupported,
+               op + ": strategy 'tensor_core' (CUTLASS grouped GEMM) is not available in this build; use 'scalar' or "
+                    "'auto'");
+  }
+  return MoeExpertsStrategy::scalar;
+}
+
+}  // namespace
+
+void moe_route(const MoeRouteArgs& args, Stream stream) {
+  const moe::RouteProblem p = moe::validate_route(args);
+  if (p.tokens == 0) return;
+  on_device(args.logits.device, "moe.route", [&] { moe::route_cpu(args, p); },
+            [&] { moe::route_cuda(args, p, stream); });
+}
+
+void moe_route_sigmoid_grouped(const MoeRouteSigmoidGroupedArgs& args, Stream stream) {
+  const moe::RouteProblem p = moe::validate_route_sigmoid_grouped(args);
+  if (p.tokens == 0) return;
+  on_device(args.logits.device, "moe.route_sigmoid_grouped", [&] { moe::route_sigmoid_grouped_cpu(args, p); },
+            [&] { moe::route_sigmoid_grouped_cuda(args, p, stream); });
+}
+
+std::size_t moe_dispatch_plan_workspace_bytes(const MoeDispatchPlanArgs& args) {
+  const moe::DispatchPlanProblem p = moe::validate_dispatch_plan(args);
+  std::size_t bytes = 0;
+  on_device(args.expert_indices.device, "moe.dispatch", [] {},
+            [&] { bytes = moe::dispatch_plan_workspace_bytes_cuda(p); });
+  return bytes;
+}
+
+void moe_dispatch_plan(const MoeDispatchPlanArgs& args, Stream stream) {
+  const moe::DispatchPlanProblem p = moe::validate_dispatch_plan(args);
+  on_device(args.expert_indices.device, "moe.dispatch", [&] { moe::dispatch_plan_cpu(args, p); },
+            [&] {
+              check_workspace(args.workspace, moe::dispatch_plan_workspace_bytes_cuda(p), "moe.dispatch");
+              moe::dispatch_plan_cuda(args, p, stream);
+            });
+}
+
+void moe_gather_rows(const Tensor& x, const Tensor& token_of_row, const Tensor& x_dispatched, Stream stream) {
+  const moe::GatherProblem p = moe::validate_gather_rows(x, token_of_row, x_dispatched);
+  if (p.rows == 0 || p.hidden == 0) return;
+  on_device(x.device, "moe.dispatch", [&] { moe::gather_rows_cpu(x, token_of_row, x_dispatched, p); },
+            [&] { moe::gather_rows_cuda(x, token_of_row, x_dispatched, p, stream); });
+}
+
+void moe_combine(const MoeCombineArgs& args, Stream stream) {
+  const moe::CombineProblem p = moe::validate_combine(args);
+  if (p.tokens == 0 || p.hidden == 0) return;
+  on_device(args.y.device, "moe.combine", [&] { moe::combine_cpu(args, p); },
+            [&] { moe::combine_cuda(args, p, stream); });
+}
+
+void moe_combine_backward(const MoeCombineBackwardArgs& args, Stream stream) {
+  const moe::CombineProblem p = moe::validate_combine_backward(args);
+  if (p.rows == 0 && p.tokens == 0) return;
+  on_device(args.y.device, "moe.combine_backward", [&] { moe::combine_backward_cpu(args, p); },
+            [&] { moe::combine_backward_cuda(args, p, stream); });
+}
+
+std::size_t moe_experts_forward_workspace_bytes(const MoeExpertsForwardArgs& args) {
+  const moe::ExpertsProblem p = moe::validate_experts_forward(args);
+  std::size_t bytes = 0;
+  on_device(args.x.device, "SwiGluExperts.forward_dispatched", [] {},
+            [&] { bytes = moe::experts_forward_workspace_bytes_cuda(p, args.x.dtype); });
+  return bytes;
+}
+
+void moe_experts_forward(const MoeExpertsForwardArgs& args, Stream stream) {
+  moe::ExpertsProblem p = moe::validate_experts_forward(args);
+  p.strategy = resolve_strategy(args.strategy, args.x.device, "SwiGluExperts.forward_dispatched");
+  if (p.rows == 0) return;
+  on_device(args.x.device, "SwiGluExperts.forward_dispatched", [&] { moe::experts_forward_cpu(args, p); },
+            [&] {
+              check_workspace(args.workspace, moe::experts_forward_workspace_bytes_cuda(p, args.x.dtype),
+                              "SwiGluExperts.forward_dispatched");
+              moe::experts_forward_cuda(args, p, stream);
+            });
+}
+
+std::size_t moe_experts_backward_workspace_bytes(const MoeExpertsBackwardArgs& args) {
+  const moe::ExpertsProblem p = moe::validate_experts_backward(args);
+  std::size_t bytes = 0;
+  on_device(args.x.device, "MoeTrainingCache.backward", [] {},
+            [&] { bytes = moe::experts_backward_workspace_bytes_cuda(p, args.x.dtype); });
+  return bytes;
+}
+
+void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream) {
+  moe::ExpertsProblem p = moe::validate_experts_backward(args);
+  p.strategy = resolve_strategy(args.strategy, args.x.device, "MoeTrainingCache.backward");
+  // Weight gradients are written even without rows (zeros), so there is no early return.
+  on_device(args.x.device, "MoeTrainingCache.backward", [&] { moe::experts_backward_cpu(args, p); },
+            [&] {
+              check_workspace(args.workspace, moe::experts_backward_workspace_bytes_cuda(p, args.x.dtype),
+                              "MoeTrainingCache.backward");
+              moe::experts_backward_cuda(args, p, stream);
+            });
+}
+
+void moe_selected_router_weights(const MoeSelectedRouterArgs& args, Stream stream) {
+  const moe::SelectedRouterProblem p = moe::validate_selected_router(args);
+  if (p.tokens == 0) return;
+  on_device(args.logits.device, "moe.selected_router_weights", [&] { moe::selected_router_cpu(args, p); },
+            [&] { moe::selected_router_cuda(args, p, stream); });
+}
+
+void moe_selected_router_backward(const MoeSelectedRouterBackwardArgs& args, Stream stream) {
+  const moe::SelectedRouterProblem p = moe::validate_selected_router_backward(args);
+  if (p.tokens == 0) return;
+  on_device(args.logits.device, "moe.selected_router_backward", [&] { moe::selected_router_backward_cpu(args, p); },
+            [&] { moe::selected_router_backward_cuda(args, p, stream); });
+}
+
+}  // namespace rudnn

@@ -1,0 +1,335 @@
+"""Mixture of experts, local compute (SPEC section 4).
+
+logits -> routing (`route`, `route_sigmoid_grouped`) -> `RoutingPlan.dispatch` -> SwiGLU experts
+(`SwiGluExperts`) -> `DispatchedTokens.combine`, plus the first-order training chain.
+
+The plan objects own arrays of the caller's framework (torch, CuPy, NumPy); libruDNN's
+functions are stateless and receive them as tensors. Dispatched rows are grouped by expert
+in stable token order: expert e owns rows ``offsets[e]:offsets[e + 1]`` of the dispatched
+arrays, and no token is ever dropped.
+"""
+
+from __future__ import annotations
+
+from . import _C
+from . import _frameworks as fw
+from .errors import ArgumentError, UnsupportedError
+
+_EXPERTS_STRATEGIES = {"auto": 0, "tensor_core": 1, "scalar": 2}
+_COMBINE_STRATEGIES = {"serial": 0, "plane": 1}
+_SCORINGS = {"softmax": 0, "sigmoid": 1}
+
+
+def _choice(table, value, op, name):
+    if value not in table:
+        raise ArgumentError(f"{op}: {name}: expected one of {', '.join(repr(k) for k in table)}, got {value!r}")
+    return table[value]
+
+
+def _no_jax(op, *arrays):
+    if any(fw.is_jax(a) for a in arrays):
+        raise UnsupportedError(f"{op}: JAX arrays are not supported by rudnn.moe yet (no XLA FFI handlers); "
+                               "use torch, CuPy or NumPy arrays")
+
+
+class RoutingPlan:
+    """The routing of T tokens to `top_k` of `num_experts` experts.
+
+    expert_indices: uint32 [T, top_k]; weights: [T, top_k] (the logits dtype, or float32
+    for a plan made by `into_training`).
+    """
+
+    def __init__(self, expert_indices, weights, num_experts, *, scoring, renormalize, scale, logits=None):
+        self.expert_indices = expert_indices
+        self.weights = weights
+        self.num_experts = int(num_experts)
+        self.top_k = int(expert_indices.shape[1])
+        self.scoring = scoring
+        self.renormalize = bool(renormalize)
+        self.scale = float(scale)
+        self.logits = logits  # set for training plans: the logits the weights are differentiable in
+
+    @property
+    def num_tokens(self):
+        return int(self.expert_indices.shape[0])
+
+    @property
+    def is_training(self):
+        return self.logits is not None
+
+    def dispatch(self, x, *, stream=None):
+        """Copies the rows of x [T, H] into expert-grouped order: a DispatchedTokens."""
+        _no_jax("moe.dispatch", x)
+        call = fw.Call("moe.dispatch", {"x": x, "expert_indices": self.expert_indices}, stream)
+        T, k, E = self.num_tokens, self.top_k, self.num_experts
+        if len(x.shape) != 2 or int(x.shape[0]) != T:
+            from .errors import ShapeError
+
+            raise ShapeError(f"moe.dispatch: x: expected shape [{T}, H] (the tokens of the plan), "
+                             f"got {list(x.shape)}")
+        offsets = call.empty((E + 1,), "int32")
+        token_of_row = call.empty((T * k,), "int32")
+        row_of_slot = call.empty((T, k), "int32")
+
+        def plan_args():
+            return (call.arg(self.expert_indices), E, call.arg(offsets), call.arg(token_of_row), call.arg(row_of_slot))
+
+        nbytes = _C.moe_dispatch_plan_workspace_bytes(*plan_args())
+        workspace = call.empty((nbytes,), "uint8") if nbytes else None
+        _C.moe_dispatch_plan(*plan_args(), call.arg(workspace), call.stream)
+        rows = call.empty((T * k, int(x.shape[1])), call.dtype_name(x))
+        _C.moe_gather_rows(call.arg(x), call.arg(token_of_row), call.arg(rows), call.stream)
+        return DispatchedTokens(self, rows, offsets, token_of_row, row_of_slot, stream)
+
+    def into_training(self, logits, *, scoring=None, renormalize=None, scale=None, stream=None):
+        """A plan with the same selection whose float32 weights are recomputed from `logits`
+        by `selected_router_weights` (differentiable: see `router_backward`). Options default
+        to those the plan was routed with."""
+        scoring = self.scoring if scoring is None else scoring
+        renormalize = self.renormalize if renormalize is None else renormalize
+        scale = self.scale if scale is None else scale
+        weights = selected_router_weights(logits, self.expert_indices, scoring=scoring, renormalize=renormalize,
+                                          scale=scale, stream=stream)
+        return RoutingPlan(self.expert_indices, weights, self.num_experts, scoring=scoring, renormalize=renormalize,
+                           scale=scale, logits=logits)
+
+    def router_backward(self, grad_weights, *, stream=None):
+        """d loss / d logits [T, E] (the logits dtype) of a training plan, given d loss / d weights."""
+        if self.logits is None:
+            raise ArgumentError("RoutingPlan.router_backward: this plan has no logits; make it with into_training")
+        return selected_router_backward(self.logits, self.expert_indices, grad_weights, scoring=self.scoring,
+                                        renormalize=self.renormalize, scale=self.scale, stream=stream)
+
+
+class DispatchedTokens:
+    """Token rows grouped by expert: `x` [T * top_k, H], `offsets` int32 [E + 1] (expert e owns
+    rows offsets[e]:offsets[e + 1]), `token_of_row` int32 [T * top_k] and `row_of_slot` int32
+    [T, top_k] linking dispatched rows and (token, slot) pairs."""
+
+    def __init__(self, plan, x, offsets, token_of_row, row_of_slot, stream=None):
+        self.plan = plan
+        self.x = x
+        self.offsets = offsets
+        self.token_of_row = token_of_row
+        self.row_of_slot = row_of_slot
+        self.stream = stream
+
+    @property
+    def num_tokens(self):
+        return self.plan.num_tokens
+
+    def combine(self, y, *, stream=None):
+        """out[t] = sum_j weights[t, j] * y[row of (t, j)]: float32 accumulation, y's dtype."""
+        _no_jax("moe.combine", y)
+        stream = self.stream if stream is None else stream
+        call = fw.Call("moe.combine", {"y": y, "row_of_slot": self.row_of_slot, "weights": self.plan.weights}, stream)
+        out = call.empty((self.num_tokens, int(y.shape[-1]) if len(y.shape) else 0), call.dtype_name(y))
+        _C.moe_combine(call.arg(y), call.arg(self.row_of_slot), call.arg(self.plan.weights), call.arg(out),
+                       call.stream)
+        return out
+
+    def combine_backward(self, y, dout, strategy="plane", *, stream=None):
+        """Gradients of `combine`: (dy [N, H] in y's dtype, dweights float32 [T, top_k])."""
+        _no_jax("moe.combine_backward", y, dout)
+        code = _choice(_COMBINE_STRATEGIES, strategy, "moe.combine_backward", "strategy")
+        stream = self.stream if stream is None else stream
+        call = fw.Call("moe.combine_backward", {"y": y, "dout": dout, "row_of_slot": self.row_of_slot,
+                                                "weights": self.plan.weights}, stream)
+        dy = call.empty(tuple(y.shape), call.dtype_name(y))
+        dweights = call.empty((self.num_tokens, self.plan.top_k), "float32")
+        _C.moe_combine_backward(call.arg(y), call.arg(dout), call.arg(self.row_of_slot), call.arg(self.plan.weights),
+                                call.arg(dy), call.arg(dweights), code, call.stream)
+        return dy, dweights
+
+    def dispatch_backward(self, dx_dispatched, *, stream=None):
+        """Gradient of `dispatch`: dx[t] = sum_j dx_dispatched[row of (t, j)], [T, H]."""
+        _no_jax("moe.dispatch_backward", dx_dispatched)
+        stream = self.stream if stream is None else stream
+        call = fw.Call("moe.dispatch_backward", {"dx_dispatched": dx_dispatched, "row_of_slot": self.row_of_slot},
+                       stream)
+        hidden = int(dx_dispatched.shape[-1]) if len(dx_dispatched.shape) else 0
+        dx = call.empty((self.num_tokens, hidden), call.dtype_name(dx_dispatched))
+        _C.moe_combine(call.arg(dx_dispatched), call.arg(self.row_of_slot), None, call.arg(dx), call.stream)
+        return dx
+
+
+class MoeTrainingCache:
+    """What `SwiGluExperts.forward_dispatched_training` keeps for the backward: the dispatched
+    input and the gate/up pre-activations a, b ([N, I], the input dtype)."""
+
+    def __init__(self, experts, dispatched, gate_pre, up_pre, stream=None):
+        self.experts = experts
+        self.dispatched = dispatched
+        self.gate_pre = gate_pre
+        self.up_pre = up_pre
+        self.stream = stream
+
+    def backward(self, dy, strategy="auto", *, stream=None):
+        """(dx_dispatched [N, H], dgate, dup, ddown): weight gradients float32, reduced over
+        each expert's rows in a fixed order."""
+        _no_jax("MoeTrainingCache.backward", dy)
+        code = _choice(_EXPERTS_STRATEGIES, strategy, "MoeTrainingCache.backward", "strategy")
+        stream = self.stream if stream is None else stream
+        ex, d = self.experts, self.dispatched
+        call = fw.Call("MoeTrainingCache.backward", {"dy": dy, "x": d.x, "gate": ex.gate}, stream)
+        dx = call.empty(tuple(d.x.shape), call.dtype_name(d.x))
+        dgate = call.empty(tuple(ex.gate.shape), "float32")
+        dup = call.empty(tuple(ex.up.shape), "float32")
+        ddown = call.empty(tuple(ex.down.shape), "float32")
+
+        def args():
+            return (call.arg(dy), call.arg(d.x), call.arg(d.offsets), call.arg(ex.gate), call.arg(ex.up),
+                    call.arg(ex.down), call.arg(self.gate_pre), call.arg(self.up_pre), call.arg(dx), call.arg(dgate),
+                    call.arg(dup), call.arg(ddown), code)
+
+        nbytes = _C.moe_experts_backward_workspace_bytes(*args())
+        workspace = call.empty((nbytes,), "uint8") if nbytes else None
+        _C.moe_experts_backward(*args(), call.arg(workspace), call.stream)
+        return dx, dgate, dup, ddown
+
+
+class SwiGluExperts:
+    """E bias-free SwiGLU experts: y = down · (silu(gate · x) * (up · x)).
+
+    gate, up: [E, I, H]; down: [E, H, I]; one float dtype and device. Reuse one object
+    across batches. Strategies: "auto" (default), "tensor_core", "scalar".
+    """
+
+    def __init__(self, gate, up, down):
+        _no_jax("SwiGluExperts", gate, up, down)
+        self.gate, self.up, self.down = gate, up, down
+        # Run the C++ checks once now (on zero rows: no work) so bad weights fail here.
+        call = fw.Call("SwiGluExperts", {"gate": gate, "up": up, "down": down})
+        if len(gate.shape) == 3:
+            H = int(gate.shape[2])
+            dtype = call.dtype_name(gate) if call.dtype_name(gate) in fw.FLOAT_DTYPES else "float32"
+            x = call.empty((0, H), dtype)
+            offsets = call.zeros((int(gate.shape[0]) + 1,), "int32")
+            self._forward(call, x, offsets, call.empty((0, H), dtype), None, None, 2)
+        else:
+            from .errors import ShapeError
+
+            raise ShapeError(f"SwiGluExperts: gate: expected 3 axes [E, I, H], got shape {list(gate.shape)}")
+
+    @property
+    def num_experts(self):
+        return int(self.gate.shape[0])
+
+    def _forward(self, call, x, offsets, y, gate_pre, up_pre, code):
+        def args():
+            return (call.arg(x), call.arg(offsets), call.arg(self.gate), call.arg(self.up), call.arg(self.down),
+                    call.arg(y), call.arg(gate_pre), call.arg(up_pre), code)
+
+        nbytes = _C.moe_experts_forward_workspace_bytes(*args())
+        workspace = call.empty((nbytes,), "uint8") if nbytes else None
+        _C.moe_experts_forward(*args(), call.arg(workspace), call.stream)
+
+    def forward_dispatched(self, d, strategy="auto", *, stream=None):
+        """Expert outputs [N, H] for the dispatched rows of d (a DispatchedTokens)."""
+        _no_jax("SwiGluExperts.forward_dispatched", d.x)
+        code = _choice(_EXPERTS_STRATEGIES, strategy, "SwiGluExperts.forward_dispatched", "strategy")
+        stream = d.stream if stream is None else stream
+        call = fw.Call("SwiGluExperts.forward_dispatched", {"x": d.x, "gate": self.gate}, stream)
+        y = call.empty(tuple(d.x.shape), call.dtype_name(d.x))
+        self._forward(call, d.x, d.offsets, y, None, None, code)
+        return y
+
+    def forward_dispatched_training(self, d, strategy="auto", *, stream=None):
+        """(y [N, H], MoeTrainingCache) for the backward."""
+        _no_jax("SwiGluExperts.forward_dispatched_training", d.x)
+        code = _choice(_EXPERTS_STRATEGIES, strategy, "SwiGluExperts.forward_dispatched_training", "strategy")
+        stream = d.stream if stream is None else stream
+        call = fw.Call("SwiGluExperts.forward_dispatched_training", {"x": d.x, "gate": self.gate}, stream)
+        y = call.empty(tuple(d.x.shape), call.dtype_name(d.x))
+        inter = (int(d.x.shape[0]), int(self.gate.shape[1]))
+        gate_pre = call.empty(inter, call.dtype_name(d.x))
+        up_pre = call.empty(inter, call.dtype_name(d.x))
+        self._forward(call, d.x, d.offsets, y, gate_pre, up_pre, code)
+        return y, MoeTrainingCache(self, d, gate_pre, up_pre, stream)
+
+    def __call__(self, x, logits, *, top_k, renormalize=True, strategy="auto", stream=None):
+        """The whole layer: route(logits) -> dispatch(x) -> experts -> combine. [T, H]."""
+        plan = route(logits, top_k, renormalize, stream=stream)
+        d = plan.dispatch(x, stream=stream)
+        return d.combine(self.forward_dispatched(d, strategy, stream=stream), stream=stream)
+
+    def forward_sigmoid_grouped(self, x, logits, bias=None, *, strategy="auto", stream=None, **options):
+        """Like calling the experts, with `route_sigmoid_grouped(logits, bias, **options)`."""
+        plan = route_sigmoid_grouped(logits, bias, stream=stream, **options)
+        d = plan.dispatch(x, stream=stream)
+        return d.combine(self.forward_dispatched(d, strategy, stream=stream), stream=stream)
+
+
+def route(logits, top_k, renormalize=True, *, stream=None):
+    """Softmax top-k routing of logits [T, E] (f32/f16/bf16): a RoutingPlan.
+
+    Softmax over all experts in float32, top_k experts with ties to the lower id, optional
+    renormalization of the selected weights, weights in the logits dtype. A row with a NaN or
+    +inf logit, or only -inf logits, gets NaN weights.
+    """
+    _no_jax("moe.route", logits)
+    call = fw.Call("moe.route", {"logits": logits}, stream)
+    T, E = _rows_cols(logits)
+    k = int(top_k)
+    indices = call.empty((T, max(k, 0)), "uint32")
+    weights = call.empty((T, max(k, 0)), call.dtype_name(logits) if call.dtype_name(logits) in fw.FLOAT_DTYPES
+                         else "float32")
+    _C.moe_route(call.arg(logits), k, bool(renormalize), call.arg(indices), call.arg(weights), call.stream)
+    return RoutingPlan(indices, weights, E, scoring="softmax", renormalize=renormalize, scale=1.0)
+
+
+def route_sigmoid_grouped(logits, bias=None, *, top_k, groups, selected_groups, group_top_two=True, renormalize=True,
+                          scale=1.0, stream=None):
+    """DeepSeek-V3 routing: s = sigmoid(logits); bias (float32 [E], optional) is added for the
+    selection only; the best `selected_groups` of `groups` expert groups (scored by the sum of
+    their two best corrected scores, or their best) are kept and top_k is taken among their
+    experts. Weights are s (renormalized if asked) times `scale`, in the logits dtype."""
+    _no_jax("moe.route_sigmoid_grouped", logits, bias)
+    call = fw.Call("moe.route_sigmoid_grouped", {"logits": logits, "bias": bias}, stream)
+    T, E = _rows_cols(logits)
+    k = int(top_k)
+    indices = call.empty((T, max(k, 0)), "uint32")
+    weights = call.empty((T, max(k, 0)), call.dtype_name(logits) if call.dtype_name(logits) in fw.FLOAT_DTYPES
+                         else "float32")
+    _C.moe_route_sigmoid_grouped(call.arg(logits), call.arg(bias), k, int(groups), int(selected_groups),
+                                 bool(group_top_two), bool(renormalize), float(scale), call.arg(indices),
+                                 call.arg(weights), call.stream)
+    return RoutingPlan(indices, weights, E, scoring="sigmoid", renormalize=renormalize, scale=scale)
+
+
+def selected_router_weights(logits, indices, scoring="softmax", renormalize=True, scale=1.0, *, stream=None):
+    """float32 [T, k] weights of the experts `indices` [T, k] (uint32/int32/int64) chosen for
+    logits [T, E]: softmax (over all E) or sigmoid scores, optionally renormalized over the k
+    slots, times `scale`. A row with an index outside [0, E) is NaN."""
+    _no_jax("moe.selected_router_weights", logits, indices)
+    code = _choice(_SCORINGS, scoring, "moe.selected_router_weights", "scoring")
+    call = fw.Call("moe.selected_router_weights", {"logits": logits, "indices": indices}, stream)
+    shape = tuple(int(s) for s in indices.shape) if len(indices.shape) == 2 else (0, 0)
+    weights = call.empty(shape, "float32")
+    _C.moe_selected_router_weights(call.arg(logits), call.arg(indices), code, bool(renormalize), float(scale),
+                                   call.arg(weights), call.stream)
+    return weights
+
+
+def selected_router_backward(logits, indices, grad_weights, scoring="softmax", renormalize=True, scale=1.0, *,
+                             stream=None):
+    """d loss / d logits [T, E] in the logits dtype, given d loss / d weights [T, k] of
+    `selected_router_weights` (the selection itself gets no gradient)."""
+    _no_jax("moe.selected_router_backward", logits, indices, grad_weights)
+    code = _choice(_SCORINGS, scoring, "moe.selected_router_backward", "scoring")
+    call = fw.Call("moe.selected_router_backward", {"logits": logits, "indices": indices,
+                                                    "grad_weights": grad_weights}, stream)
+    dtype = call.dtype_name(logits) if call.dtype_name(logits) in fw.FLOAT_DTYPES else "float32"
+    dlogits = call.empty(tuple(int(s) for s in logits.shape), dtype)
+    _C.moe_selected_router_backward(call.arg(logits), call.arg(indices), call.arg(grad_weights), code,
+                                    bool(renormalize), float(scale), call.arg(dlogits), call.stream)
+    return dlogits
+
+
+def _rows_cols(a):
+    shape = tuple(int(s) for s in a.shape)
+    return (shape[0], shape[1]) if len(shape) == 2 else (shape[0] if shape else 0, 0)
+
+
+__all__ = ["route", "route_sigmoid_grouped", "RoutingPlan", "DispatchedTokens", "SwiGluExperts", "MoeTrainingCache",
+           "selected_router_weights", "selected_router_backward"]
