@@ -144,6 +144,8 @@ ROUTER_ERRORS = [
      rudnn.ShapeError, "moe.selected_router_weights: indices: expected at least one slot (k >= 1), got shape [3, 0]"),
     (lambda d: moe.selected_router_weights(_t((3, 8), device=d), torch.zeros(3, dtype=i32, device=d)),
      rudnn.ShapeError, "moe.selected_router_weights: indices: expected 2 axes, got shape [3]"),
+    (lambda d: moe.selected_router_weights(_t((3, 8), device=d), torch.zeros(3, 65, dtype=i32, device=d)),
+     rudnn.UnsupportedError, "moe.selected_router_weights: indices: at most 64 slots per token are supported, got 65"),
     (lambda d: moe.selected_router_weights(_t((3, 8), device=d), torch.zeros(3, 2, dtype=i32, device=d),
                                            scoring="relu"), rudnn.ArgumentError,
      "moe.selected_router_weights: scoring: expected one of 'softmax', 'sigmoid', got 'relu'"),

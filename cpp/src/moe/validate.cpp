@@ -378,6 +378,9 @@ SelectedRouterProblem check_selected_common(const Tensor& logits, const Tensor& 
   if (indices.shape[0] != logits.shape[0])
     fail(ErrorKind::shape, op + ": indices: expected " + str(logits.shape[0]) +
                                " rows (the tokens of logits), got shape " + indices.shape_str());
+  if (indices.shape[1] > kMoeMaxTopK)
+    fail(ErrorKind::unsupported, op + ": indices: at most " + str(kMoeMaxTopK) + " slots per token are supported, got " +
+                                     str(indices.shape[1]));
   check_scale(scale, op);
   SelectedRouterProblem p;
   p.tokens = logits.shape[0];
