@@ -67,18 +67,8 @@ class RoutingPlan:
 
             raise ShapeError(f"moe.dispatch: x: expected shape [{T}, H] (the tokens of the plan), "
                              f"got {list(x.shape)}")
-        offsets = call.empty((E + 1,), "int32")
-        token_of_row = call.empty((T * k,), "int32")
-        row_of_slot = call.empty((T, k), "int32")
-
-        def plan_args():
-            return (call.arg(self.expert_indices), E, call.arg(offsets), call.arg(token_of_row), call.arg(row_of_slot))
-
-        nbytes = _C.moe_dispatch_plan_workspace_bytes(*plan_args())
-        workspace = call.empty((nbytes,), "uint8") if nbytes else None
-        _C.moe_dispatch_plan(*plan_args(), call.arg(workspace), call.stream)
-        rows = call.empty((T * k, int(x.shape[1])), call.dtype_name(x))
-        _C.moe_gather_rows(call.arg(x), call.arg(token_of_row), call.arg(rows), call.stream)
+        offsets, token_of_row, row_of_slot = _dispatch_plan(call, self.expert_indices, E)
+        rows = _gather(call, x, token_of_row)
         return DispatchedTokens(self, rows, offsets, token_of_row, row_of_slot, stream)
 
     def into_training(self, logits, *, scoring=None, renormalize=None, scale=None, stream=None):
@@ -122,35 +112,20 @@ class DispatchedTokens:
         """out[t] = sum_j weights[t, j] * y[row of (t, j)]: float32 accumulation, y's dtype."""
         _no_jax("moe.combine", y)
         stream = self.stream if stream is None else stream
-        call = fw.Call("moe.combine", {"y": y, "row_of_slot": self.row_of_slot, "weights": self.plan.weights}, stream)
-        out = call.empty((self.num_tokens, int(y.shape[-1]) if len(y.shape) else 0), call.dtype_name(y))
-        _C.moe_combine(call.arg(y), call.arg(self.row_of_slot), call.arg(self.plan.weights), call.arg(out),
-                       call.stream)
-        return out
+        return _combine("moe.combine", y, self.row_of_slot, self.plan.weights, self.num_tokens, stream)
 
     def combine_backward(self, y, dout, strategy="plane", *, stream=None):
         """Gradients of `combine`: (dy [N, H] in y's dtype, dweights float32 [T, top_k])."""
         _no_jax("moe.combine_backward", y, dout)
         code = _choice(_COMBINE_STRATEGIES, strategy, "moe.combine_backward", "strategy")
         stream = self.stream if stream is None else stream
-        call = fw.Call("moe.combine_backward", {"y": y, "dout": dout, "row_of_slot": self.row_of_slot,
-                                                "weights": self.plan.weights}, stream)
-        dy = call.empty(tuple(y.shape), call.dtype_name(y))
-        dweights = call.empty((self.num_tokens, self.plan.top_k), "float32")
-        _C.moe_combine_backward(call.arg(y), call.arg(dout), call.arg(self.row_of_slot), call.arg(self.plan.weights),
-                                call.arg(dy), call.arg(dweights), code, call.stream)
-        return dy, dweights
+        return _combine_backward(y, dout, self.row_of_slot, self.plan.weights, code, stream)
 
     def dispatch_backward(self, dx_dispatched, *, stream=None):
         """Gradient of `dispatch`: dx[t] = sum_j dx_dispatched[row of (t, j)], [T, H]."""
         _no_jax("moe.dispatch_backward", dx_dispatched)
         stream = self.stream if stream is None else stream
-        call = fw.Call("moe.dispatch_backward", {"dx_dispatched": dx_dispatched, "row_of_slot": self.row_of_slot},
-                       stream)
-        hidden = int(dx_dispatched.shape[-1]) if len(dx_dispatched.shape) else 0
-        dx = call.empty((self.num_tokens, hidden), call.dtype_name(dx_dispatched))
-        _C.moe_combine(call.arg(dx_dispatched), call.arg(self.row_of_slot), None, call.arg(dx), call.stream)
-        return dx
+        return _combine("moe.dispatch_backward", dx_dispatched, self.row_of_slot, None, self.num_tokens, stream)
 
 
 class MoeTrainingCache:
@@ -171,21 +146,7 @@ class MoeTrainingCache:
         code = _choice(_EXPERTS_STRATEGIES, strategy, "MoeTrainingCache.backward", "strategy")
         stream = self.stream if stream is None else stream
         ex, d = self.experts, self.dispatched
-        call = fw.Call("MoeTrainingCache.backward", {"dy": dy, "x": d.x, "gate": ex.gate}, stream)
-        dx = call.empty(tuple(d.x.shape), call.dtype_name(d.x))
-        dgate = call.empty(tuple(ex.gate.shape), "float32")
-        dup = call.empty(tuple(ex.up.shape), "float32")
-        ddown = call.empty(tuple(ex.down.shape), "float32")
-
-        def args():
-            return (call.arg(dy), call.arg(d.x), call.arg(d.offsets), call.arg(ex.gate), call.arg(ex.up),
-                    call.arg(ex.down), call.arg(self.gate_pre), call.arg(self.up_pre), call.arg(dx), call.arg(dgate),
-                    call.arg(dup), call.arg(ddown), code)
-
-        nbytes = _C.moe_experts_backward_workspace_bytes(*args())
-        workspace = call.empty((nbytes,), "uint8") if nbytes else None
-        _C.moe_experts_backward(*args(), call.arg(workspace), call.stream)
-        return dx, dgate, dup, ddown
+        return _experts_backward(ex.gate, ex.up, ex.down, dy, d.x, d.offsets, self.gate_pre, self.up_pre, code, stream)
 
 
 class SwiGluExperts:
@@ -205,7 +166,7 @@ class SwiGluExperts:
             dtype = call.dtype_name(gate) if call.dtype_name(gate) in fw.FLOAT_DTYPES else "float32"
             x = call.empty((0, H), dtype)
             offsets = call.zeros((int(gate.shape[0]) + 1,), "int32")
-            self._forward(call, x, offsets, call.empty((0, H), dtype), None, None, 2)
+            _run_experts(call, gate, up, down, x, offsets, call.empty((0, H), dtype), None, None, 2)
         else:
             from .errors import ShapeError
 
@@ -215,36 +176,21 @@ class SwiGluExperts:
     def num_experts(self):
         return int(self.gate.shape[0])
 
-    def _forward(self, call, x, offsets, y, gate_pre, up_pre, code):
-        def args():
-            return (call.arg(x), call.arg(offsets), call.arg(self.gate), call.arg(self.up), call.arg(self.down),
-                    call.arg(y), call.arg(gate_pre), call.arg(up_pre), code)
-
-        nbytes = _C.moe_experts_forward_workspace_bytes(*args())
-        workspace = call.empty((nbytes,), "uint8") if nbytes else None
-        _C.moe_experts_forward(*args(), call.arg(workspace), call.stream)
-
     def forward_dispatched(self, d, strategy="auto", *, stream=None):
         """Expert outputs [N, H] for the dispatched rows of d (a DispatchedTokens)."""
         _no_jax("SwiGluExperts.forward_dispatched", d.x)
         code = _choice(_EXPERTS_STRATEGIES, strategy, "SwiGluExperts.forward_dispatched", "strategy")
         stream = d.stream if stream is None else stream
-        call = fw.Call("SwiGluExperts.forward_dispatched", {"x": d.x, "gate": self.gate}, stream)
-        y = call.empty(tuple(d.x.shape), call.dtype_name(d.x))
-        self._forward(call, d.x, d.offsets, y, None, None, code)
-        return y
+        return _experts_forward("SwiGluExperts.forward_dispatched", self.gate, self.up, self.down, d.x, d.offsets,
+                                code, False, stream)
 
     def forward_dispatched_training(self, d, strategy="auto", *, stream=None):
         """(y [N, H], MoeTrainingCache) for the backward."""
         _no_jax("SwiGluExperts.forward_dispatched_training", d.x)
         code = _choice(_EXPERTS_STRATEGIES, strategy, "SwiGluExperts.forward_dispatched_training", "strategy")
         stream = d.stream if stream is None else stream
-        call = fw.Call("SwiGluExperts.forward_dispatched_training", {"x": d.x, "gate": self.gate}, stream)
-        y = call.empty(tuple(d.x.shape), call.dtype_name(d.x))
-        inter = (int(d.x.shape[0]), int(self.gate.shape[1]))
-        gate_pre = call.empty(inter, call.dtype_name(d.x))
-        up_pre = call.empty(inter, call.dtype_name(d.x))
-        self._forward(call, d.x, d.offsets, y, gate_pre, up_pre, code)
+        y, gate_pre, up_pre = _experts_forward("SwiGluExperts.forward_dispatched_training", self.gate, self.up,
+                                               self.down, d.x, d.offsets, code, True, stream)
         return y, MoeTrainingCache(self, d, gate_pre, up_pre, stream)
 
     def __call__(self, x, logits, *, top_k, renormalize=True, strategy="auto", stream=None):
@@ -329,6 +275,94 @@ def selected_router_backward(logits, indices, grad_weights, scoring="softmax", r
 def _rows_cols(a):
     shape = tuple(int(s) for s in a.shape)
     return (shape[0], shape[1]) if len(shape) == 2 else (shape[0] if shape else 0, 0)
+
+
+# ---- functional core (shared by the classes above and rudnn.torch.moe) -----------------------
+
+def _dispatch_plan(call, expert_indices, num_experts):
+    """(offsets [E+1], token_of_row [T*k], row_of_slot [T, k]) int32 of a selection."""
+    T, k = (int(s) for s in expert_indices.shape)
+    offsets = call.empty((num_experts + 1,), "int32")
+    token_of_row = call.empty((T * k,), "int32")
+    row_of_slot = call.empty((T, k), "int32")
+
+    def args():
+        return (call.arg(expert_indices), num_experts, call.arg(offsets), call.arg(token_of_row), call.arg(row_of_slot))
+
+    nbytes = _C.moe_dispatch_plan_workspace_bytes(*args())
+    workspace = call.empty((nbytes,), "uint8") if nbytes else None
+    _C.moe_dispatch_plan(*args(), call.arg(workspace), call.stream)
+    return offsets, token_of_row, row_of_slot
+
+
+def _gather(call, x, token_of_row):
+    rows = call.empty((int(token_of_row.shape[0]), int(x.shape[1])), call.dtype_name(x))
+    _C.moe_gather_rows(call.arg(x), call.arg(token_of_row), call.arg(rows), call.stream)
+    return rows
+
+
+def _combine(op, y, row_of_slot, weights, num_tokens, stream):
+    """Weighted (or, without weights, plain) sum of each token's dispatched rows: [T, H]."""
+    _no_jax(op, y)
+    call = fw.Call(op, {"y": y, "row_of_slot": row_of_slot, "weights": weights}, stream)
+    hidden = int(y.shape[-1]) if len(y.shape) else 0
+    out = call.empty((num_tokens, hidden), call.dtype_name(y) if call.dtype_name(y) in fw.FLOAT_DTYPES else "float32")
+    _C.moe_combine(call.arg(y), call.arg(row_of_slot), call.arg(weights), call.arg(out), call.stream)
+    return out
+
+
+def _combine_backward(y, dout, row_of_slot, weights, code, stream):
+    _no_jax("moe.combine_backward", y, dout)
+    call = fw.Call("moe.combine_backward", {"y": y, "dout": dout, "row_of_slot": row_of_slot, "weights": weights},
+                   stream)
+    dy = call.empty(tuple(y.shape), call.dtype_name(y))
+    dweights = call.empty(tuple(row_of_slot.shape), "float32")
+    _C.moe_combine_backward(call.arg(y), call.arg(dout), call.arg(row_of_slot), call.arg(weights), call.arg(dy),
+                            call.arg(dweights), code, call.stream)
+    return dy, dweights
+
+
+def _run_experts(call, gate, up, down, x, offsets, y, gate_pre, up_pre, code):
+    def args():
+        return (call.arg(x), call.arg(offsets), call.arg(gate), call.arg(up), call.arg(down), call.arg(y),
+                call.arg(gate_pre), call.arg(up_pre), code)
+
+    nbytes = _C.moe_experts_forward_workspace_bytes(*args())
+    workspace = call.empty((nbytes,), "uint8") if nbytes else None
+    _C.moe_experts_forward(*args(), call.arg(workspace), call.stream)
+
+
+def _experts_forward(op, gate, up, down, x, offsets, code, training, stream):
+    """y [N, H] (and, for training, the pre-activations a, b [N, I])."""
+    _no_jax(op, x)
+    call = fw.Call(op, {"x": x, "offsets": offsets, "gate": gate, "up": up, "down": down}, stream)
+    dtype = call.dtype_name(x) if call.dtype_name(x) in fw.FLOAT_DTYPES else "float32"
+    y = call.empty(tuple(x.shape), dtype)
+    gate_pre = up_pre = None
+    if training:
+        inter = (int(x.shape[0]), int(gate.shape[1]))
+        gate_pre, up_pre = call.empty(inter, dtype), call.empty(inter, dtype)
+    _run_experts(call, gate, up, down, x, offsets, y, gate_pre, up_pre, code)
+    return (y, gate_pre, up_pre) if training else y
+
+
+def _experts_backward(gate, up, down, dy, x, offsets, gate_pre, up_pre, code, stream):
+    _no_jax("MoeTrainingCache.backward", dy)
+    call = fw.Call("MoeTrainingCache.backward", {"dy": dy, "x": x, "gate": gate}, stream)
+    dx = call.empty(tuple(x.shape), call.dtype_name(x))
+    dgate = call.empty(tuple(gate.shape), "float32")
+    dup = call.empty(tuple(up.shape), "float32")
+    ddown = call.empty(tuple(down.shape), "float32")
+
+    def args():
+        return (call.arg(dy), call.arg(x), call.arg(offsets), call.arg(gate), call.arg(up), call.arg(down),
+                call.arg(gate_pre), call.arg(up_pre), call.arg(dx), call.arg(dgate), call.arg(dup), call.arg(ddown),
+                code)
+
+    nbytes = _C.moe_experts_backward_workspace_bytes(*args())
+    workspace = call.empty((nbytes,), "uint8") if nbytes else None
+    _C.moe_experts_backward(*args(), call.arg(workspace), call.stream)
+    return dx, dgate, dup, ddown
 
 
 __all__ = ["route", "route_sigmoid_grouped", "RoutingPlan", "DispatchedTokens", "SwiGluExperts", "MoeTrainingCache",
