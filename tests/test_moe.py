@@ -229,6 +229,48 @@ def test_experts_forward_dispatched(device, dtype, strategy, T, E, k, H, I):
     assert_close_to_oracle(y, _same_dtype_experts(d, gate, up, down), _oracle_experts(d, gate, up, down), "y")
 
 
+TC_CASES = [  # (T, E, k, H, I): H, I multiples of 8 as TMA needs
+    (9, 8, 2, 64, 128),   # Mixtral-like
+    (6, 128, 8, 32, 16),  # Qwen3-MoE-like: most experts get no rows
+    (1, 4, 2, 16, 8),     # one token
+    (300, 4, 1, 128, 64), # long segments: several 128-row tiles per expert
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T, E, k, H, I", TC_CASES)
+def test_experts_tensor_core(dtype, T, E, k, H, I):
+    device = "cuda"
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the tensor_core strategy needs sm_90 in this build")
+    gate, up, down = _experts(E, I, H, dtype, device)
+    experts = moe.SwiGluExperts(gate, up, down)
+    plan = moe.route(rand((T, E), dtype, device, seed=4), k)
+    d = plan.dispatch(rand((T, H), dtype, device, seed=5))
+    y = experts.forward_dispatched(d, strategy="tensor_core")
+    assert_close_to_oracle(y, _same_dtype_experts(d, gate, up, down), _oracle_experts(d, gate, up, down), "y")
+    y_train, cache = experts.forward_dispatched_training(d, strategy="tensor_core")
+    torch.testing.assert_close(y_train, y, rtol=0, atol=0)
+    y_scalar, cache_scalar = experts.forward_dispatched_training(d, strategy="scalar")
+    assert_close_to_oracle(cache.gate_pre, cache_scalar.gate_pre, cache_scalar.gate_pre.double().cpu(), "a",
+                           scale=cache_scalar.gate_pre.abs().max().item())
+
+
+@pytest.mark.cuda
+def test_tensor_core_refuses_what_it_cannot_do():
+    gate, up, down = _experts(4, 8, 12, torch.bfloat16, "cuda")  # H = 12: not a multiple of 8
+    experts = moe.SwiGluExperts(gate, up, down)
+    d = moe.route(rand((3, 4), torch.bfloat16, "cuda"), 2).dispatch(rand((3, 12), torch.bfloat16, "cuda"))
+    with pytest.raises(rudnn.UnsupportedError, match="SwiGluExperts.forward_dispatched: strategy 'tensor_core' needs"):
+        experts.forward_dispatched(d, strategy="tensor_core")
+    assert experts.forward_dispatched(d).shape == (6, 12)  # "auto" falls back to "scalar"
+    gate, up, down = _experts(4, 8, 16, torch.float32, "cuda")
+    d = moe.route(rand((3, 4), torch.float32, "cuda"), 2).dispatch(rand((3, 16), torch.float32, "cuda"))
+    with pytest.raises(rudnn.UnsupportedError, match="strategy 'tensor_core' needs"):
+        moe.SwiGluExperts(gate, up, down).forward_dispatched(d, strategy="tensor_core")
+
+
 def _layer_check(out, x, logits, gate, up, down, indices, dtype, **route_opts):
     oracle = ref.moe_layer(x.cpu(), logits.cpu(), gate.cpu(), up.cpu(), down.cpu(), indices.cpu().long(),
                            **route_opts)

@@ -32,19 +32,47 @@ void check_workspace(const Tensor* workspace, std::size_t need, const std::strin
                                      std::to_string(have));
 }
 
-// "auto" -> the best strategy this device and dtype support. The tensor-core grouped GEMM
-// is not part of this build yet, so "tensor_core" is refused and "auto" means "scalar";
-// on the CPU every strategy but "tensor_core" runs the reference loops.
-MoeExpertsStrategy resolve_strategy(MoeExpertsStrategy requested, const Device& device, const std::string& op) {
-  if (requested == MoeExpertsStrategy::tensor_core) {
-    if (!device.is_cuda())
-      core::fail(ErrorKind::unsupported, op + ": strategy 'tensor_core' needs a CUDA device, got " + device.str());
+// The forward's strategy: "auto" takes the tensor-core grouped GEMM where this device, dtype
+// and layout support it and "scalar" otherwise; an explicit "tensor_core" that cannot run
+// says why. On the CPU every strategy but "tensor_core" runs the reference loops.
+MoeExpertsStrategy resolve_forward(const MoeExpertsForwardArgs& a, const moe::ExpertsProblem& p, const std::string& op) {
+  const bool explicit_tc = a.strategy == MoeExpertsStrategy::tensor_core;
+  if (!a.x.device.is_cuda()) {
+    if (explicit_tc)
+      core::fail(ErrorKind::unsupported, op + ": strategy 'tensor_core' needs a CUDA device, got " + a.x.device.str());
+    return MoeExpertsStrategy::scalar;
+  }
+#if RUDNN_WITH_CUDA
+  if (a.strategy == MoeExpertsStrategy::scalar) return MoeExpertsStrategy::scalar;
+  const char* why = moe::tensor_core_forward_unsupported(a, p);
+  if (explicit_tc && why) core::fail(ErrorKind::unsupported, op + ": strategy 'tensor_core' " + why);
+  return why ? MoeExpertsStrategy::scalar : MoeExpertsStrategy::tensor_core;
+#else
+  (void)p;
+  return MoeExpertsStrategy::scalar;
+#endif
+}
+
+// The backward runs the scalar kernels; its tensor-core grouped GEMMs are not written yet.
+MoeExpertsStrategy resolve_backward(const MoeExpertsBackwardArgs& a, const std::string& op) {
+  if (a.strategy == MoeExpertsStrategy::tensor_core) {
+    if (!a.x.device.is_cuda())
+      core::fail(ErrorKind::unsupported, op + ": strategy 'tensor_core' needs a CUDA device, got " + a.x.device.str());
     core::fail(ErrorKind::unsupported,
-               op + ": strategy 'tensor_core' (CUTLASS grouped GEMM) is not available in this build; use 'scalar' or "
-                    "'auto'");
+               op + ": strategy 'tensor_core' is not implemented for the backward yet; use 'scalar' or 'auto'");
   }
   return MoeExpertsStrategy::scalar;
 }
+
+#if RUDNN_WITH_CUDA
+std::size_t forward_workspace_cuda(const MoeExpertsForwardArgs& a, const moe::ExpertsProblem& p) {
+  if (p.strategy == MoeExpertsStrategy::tensor_core)
+    return moe::experts_forward_tensor_core_workspace_bytes(p, a.x.dtype, a.gate_pre != nullptr, a.x.device.index);
+  return moe::experts_forward_workspace_bytes_cuda(p, a.x.dtype);
+}
+#else
+std::size_t forward_workspace_cuda(const MoeExpertsForwardArgs&, const moe::ExpertsProblem&) { return 0; }
+#endif
 
 }  // namespace
 
@@ -101,27 +129,34 @@ void moe_combine_backward(const MoeCombineBackwardArgs& args, Stream stream) {
 }
 
 std::size_t moe_experts_forward_workspace_bytes(const MoeExpertsForwardArgs& args) {
-  const moe::ExpertsProblem p = moe::validate_experts_forward(args);
+  const std::string op =
+      args.gate_pre ? "SwiGluExperts.forward_dispatched_training" : "SwiGluExperts.forward_dispatched";
+  moe::ExpertsProblem p = moe::validate_experts_forward(args);
+  p.strategy = resolve_forward(args, p, op);
   std::size_t bytes = 0;
-  on_device(args.x.device, "SwiGluExperts.forward_dispatched", [] {},
-            [&] { bytes = moe::experts_forward_workspace_bytes_cuda(p, args.x.dtype); });
+  on_device(args.x.device, op.c_str(), [] {}, [&] { bytes = forward_workspace_cuda(args, p); });
   return bytes;
 }
 
 void moe_experts_forward(const MoeExpertsForwardArgs& args, Stream stream) {
+  const std::string op =
+      args.gate_pre ? "SwiGluExperts.forward_dispatched_training" : "SwiGluExperts.forward_dispatched";
   moe::ExpertsProblem p = moe::validate_experts_forward(args);
-  p.strategy = resolve_strategy(args.strategy, args.x.device, "SwiGluExperts.forward_dispatched");
+  p.strategy = resolve_forward(args, p, op);
   if (p.rows == 0) return;
-  on_device(args.x.device, "SwiGluExperts.forward_dispatched", [&] { moe::experts_forward_cpu(args, p); },
+  on_device(args.x.device, op.c_str(), [&] { moe::experts_forward_cpu(args, p); },
             [&] {
-              check_workspace(args.workspace, moe::experts_forward_workspace_bytes_cuda(p, args.x.dtype),
-                              "SwiGluExperts.forward_dispatched");
-              moe::experts_forward_cuda(args, p, stream);
+              check_workspace(args.workspace, forward_workspace_cuda(args, p), op);
+              if (p.strategy == MoeExpertsStrategy::tensor_core)
+                moe::experts_forward_tensor_core_cuda(args, p, stream);
+              else
+                moe::experts_forward_cuda(args, p, stream);
             });
 }
 
 std::size_t moe_experts_backward_workspace_bytes(const MoeExpertsBackwardArgs& args) {
   const moe::ExpertsProblem p = moe::validate_experts_backward(args);
+  resolve_backward(args, "MoeTrainingCache.backward");
   std::size_t bytes = 0;
   on_device(args.x.device, "MoeTrainingCache.backward", [] {},
             [&] { bytes = moe::experts_backward_workspace_bytes_cuda(p, args.x.dtype); });
@@ -130,7 +165,7 @@ std::size_t moe_experts_backward_workspace_bytes(const MoeExpertsBackwardArgs& a
 
 void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream) {
   moe::ExpertsProblem p = moe::validate_experts_backward(args);
-  p.strategy = resolve_strategy(args.strategy, args.x.device, "MoeTrainingCache.backward");
+  p.strategy = resolve_backward(args, "MoeTrainingCache.backward");
   // Weight gradients are written even without rows (zeros), so there is no early return.
   on_device(args.x.device, "MoeTrainingCache.backward", [&] { moe::experts_backward_cpu(args, p); },
             [&] {

@@ -94,6 +94,12 @@ void combine_cuda(const MoeCombineArgs& a, const CombineProblem& p, Stream s);
 void combine_backward_cuda(const MoeCombineBackwardArgs& a, const CombineProblem& p, Stream s);
 std::size_t experts_forward_workspace_bytes_cuda(const ExpertsProblem& p, DType dtype);
 void experts_forward_cuda(const MoeExpertsForwardArgs& a, const ExpertsProblem& p, Stream s);
+// The "tensor_core" forward (experts_tc_cuda.cu): nullptr when this device and these arrays
+// are supported, otherwise the reason.
+const char* tensor_core_forward_unsupported(const MoeExpertsForwardArgs& a, const ExpertsProblem& p);
+std::size_t experts_forward_tensor_core_workspace_bytes(const ExpertsProblem& p, DType dtype, bool training,
+                                                        int device);
+void experts_forward_tensor_core_cuda(const MoeExpertsForwardArgs& a, const ExpertsProblem& p, Stream s);
 std::size_t experts_backward_workspace_bytes_cuda(const ExpertsProblem& p, DType dtype);
 void experts_backward_cuda(const MoeExpertsBackwardArgs& a, const ExpertsProblem& p, Stream s);
 void selected_router_cuda(const MoeSelectedRouterArgs& a, const SelectedRouterProblem& p, Stream s);
