@@ -2,6 +2,7 @@
 with jax.custom_vjp, usable under jax.jit, jax.grad and jax.vmap. Same names, arguments and
 results as rudnn.<op>; rudnn.<op> called with JAX arrays comes here."""
 
+from . import moe
 from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
 
-__all__ = ["layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward"]
+__all__ = ["moe", "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward"]
