@@ -81,7 +81,28 @@ def _route(logits, k, opts, device):
 @pytest.mark.parametrize("combine_strategy", ["serial", "plane"])
 @pytest.mark.parametrize("case", list(CHAIN_CASES))
 def test_training_chain_gradients(device, dtype, combine_strategy, case):
-    T, E, k, H, I, opts = CHAIN_CASES[case]
+    _check_chain(device, dtype, combine_strategy, CHAIN_CASES[case], "auto")
+
+
+TC_CHAIN_CASES = {  # H, I multiples of 8 (TMA); some experts without rows
+    "mixtral": (10, 8, 2, 64, 128, dict(kind="softmax", renormalize=True)),
+    "qwen3": (4, 128, 8, 32, 16, dict(kind="softmax", renormalize=True)),
+    "deepseek_v3": (3, 256, 8, 16, 8, dict(kind="sigmoid", groups=8, selected_groups=4, scale=2.5)),
+    "long_segments": (300, 4, 1, 64, 32, dict(kind="softmax", renormalize=False)),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", list(TC_CHAIN_CASES))
+def test_training_chain_tensor_core(dtype, case):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the tensor_core strategy needs sm_90 in this build")
+    _check_chain("cuda", dtype, "plane", TC_CHAIN_CASES[case], "tensor_core")
+
+
+def _check_chain(device, dtype, combine_strategy, case, strategy):
+    T, E, k, H, I, opts = case
     x = rand((T, H), dtype, device, seed=1)
     logits = rand((T, E), dtype, device, seed=2)
     gate = rand((E, I, H), dtype, device, seed=3, scale=H ** -0.5)
@@ -95,11 +116,11 @@ def test_training_chain_gradients(device, dtype, combine_strategy, case):
     assert torch.equal(tplan.expert_indices, plan.expert_indices)
     d = tplan.dispatch(x)
     experts = moe.SwiGluExperts(gate, up, down)
-    y, cache = experts.forward_dispatched_training(d)
+    y, cache = experts.forward_dispatched_training(d, strategy=strategy)
     out = d.combine(y)
     dy, dweights = d.combine_backward(y, dout, strategy=combine_strategy)
     assert dweights.dtype == torch.float32
-    dx_d, dgate, dup, ddown = cache.backward(dy)
+    dx_d, dgate, dup, ddown = cache.backward(dy, strategy=strategy)
     assert dgate.dtype == dup.dtype == ddown.dtype == torch.float32 and dx_d.dtype == dtype
     dx = d.dispatch_backward(dx_d)
     dlogits = tplan.router_backward(dweights)

@@ -53,15 +53,24 @@ MoeExpertsStrategy resolve_forward(const MoeExpertsForwardArgs& a, const moe::Ex
 #endif
 }
 
-// The backward runs the scalar kernels; its tensor-core grouped GEMMs are not written yet.
-MoeExpertsStrategy resolve_backward(const MoeExpertsBackwardArgs& a, const std::string& op) {
-  if (a.strategy == MoeExpertsStrategy::tensor_core) {
-    if (!a.x.device.is_cuda())
+// The backward's strategy, chosen like the forward's.
+MoeExpertsStrategy resolve_backward(const MoeExpertsBackwardArgs& a, const moe::ExpertsProblem& p,
+                                    const std::string& op) {
+  const bool explicit_tc = a.strategy == MoeExpertsStrategy::tensor_core;
+  if (!a.x.device.is_cuda()) {
+    if (explicit_tc)
       core::fail(ErrorKind::unsupported, op + ": strategy 'tensor_core' needs a CUDA device, got " + a.x.device.str());
-    core::fail(ErrorKind::unsupported,
-               op + ": strategy 'tensor_core' is not implemented for the backward yet; use 'scalar' or 'auto'");
+    return MoeExpertsStrategy::scalar;
   }
+#if RUDNN_WITH_CUDA
+  if (a.strategy == MoeExpertsStrategy::scalar) return MoeExpertsStrategy::scalar;
+  const char* why = moe::tensor_core_backward_unsupported(a, p);
+  if (explicit_tc && why) core::fail(ErrorKind::unsupported, op + ": strategy 'tensor_core' " + why);
+  return why ? MoeExpertsStrategy::scalar : MoeExpertsStrategy::tensor_core;
+#else
+  (void)p;
   return MoeExpertsStrategy::scalar;
+#endif
 }
 
 #if RUDNN_WITH_CUDA
@@ -72,6 +81,16 @@ std::size_t forward_workspace_cuda(const MoeExpertsForwardArgs& a, const moe::Ex
 }
 #else
 std::size_t forward_workspace_cuda(const MoeExpertsForwardArgs&, const moe::ExpertsProblem&) { return 0; }
+#endif
+
+#if RUDNN_WITH_CUDA
+std::size_t backward_workspace_cuda(const MoeExpertsBackwardArgs& a, const moe::ExpertsProblem& p) {
+  if (p.strategy == MoeExpertsStrategy::tensor_core)
+    return moe::experts_backward_tensor_core_workspace_bytes(p, a.x.dtype, a.x.device.index);
+  return moe::experts_backward_workspace_bytes_cuda(p, a.x.dtype);
+}
+#else
+std::size_t backward_workspace_cuda(const MoeExpertsBackwardArgs&, const moe::ExpertsProblem&) { return 0; }
 #endif
 
 }  // namespace
@@ -155,23 +174,26 @@ void moe_experts_forward(const MoeExpertsForwardArgs& args, Stream stream) {
 }
 
 std::size_t moe_experts_backward_workspace_bytes(const MoeExpertsBackwardArgs& args) {
-  const moe::ExpertsProblem p = moe::validate_experts_backward(args);
-  resolve_backward(args, "MoeTrainingCache.backward");
+  const std::string op = "MoeTrainingCache.backward";
+  moe::ExpertsProblem p = moe::validate_experts_backward(args);
+  p.strategy = resolve_backward(args, p, op);
   std::size_t bytes = 0;
-  on_device(args.x.device, "MoeTrainingCache.backward", [] {},
-            [&] { bytes = moe::experts_backward_workspace_bytes_cuda(p, args.x.dtype); });
+  on_device(args.x.device, op.c_str(), [] {}, [&] { bytes = backward_workspace_cuda(args, p); });
   return bytes;
 }
 
 void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream) {
+  const std::string op = "MoeTrainingCache.backward";
   moe::ExpertsProblem p = moe::validate_experts_backward(args);
-  p.strategy = resolve_backward(args, "MoeTrainingCache.backward");
+  p.strategy = resolve_backward(args, p, op);
   // Weight gradients are written even without rows (zeros), so there is no early return.
-  on_device(args.x.device, "MoeTrainingCache.backward", [&] { moe::experts_backward_cpu(args, p); },
+  on_device(args.x.device, op.c_str(), [&] { moe::experts_backward_cpu(args, p); },
             [&] {
-              check_workspace(args.workspace, moe::experts_backward_workspace_bytes_cuda(p, args.x.dtype),
-                              "MoeTrainingCache.backward");
-              moe::experts_backward_cuda(args, p, stream);
+              check_workspace(args.workspace, backward_workspace_cuda(args, p), op);
+              if (p.strategy == MoeExpertsStrategy::tensor_core)
+                moe::experts_backward_tensor_core_cuda(args, p, stream);
+              else
+                moe::experts_backward_cuda(args, p, stream);
             });
 }
 

@@ -100,6 +100,9 @@ const char* tensor_core_forward_unsupported(const MoeExpertsForwardArgs& a, cons
 std::size_t experts_forward_tensor_core_workspace_bytes(const ExpertsProblem& p, DType dtype, bool training,
                                                         int device);
 void experts_forward_tensor_core_cuda(const MoeExpertsForwardArgs& a, const ExpertsProblem& p, Stream s);
+const char* tensor_core_backward_unsupported(const MoeExpertsBackwardArgs& a, const ExpertsProblem& p);
+std::size_t experts_backward_tensor_core_workspace_bytes(const ExpertsProblem& p, DType dtype, int device);
+void experts_backward_tensor_core_cuda(const MoeExpertsBackwardArgs& a, const ExpertsProblem& p, Stream s);
 std::size_t experts_backward_workspace_bytes_cuda(const ExpertsProblem& p, DType dtype);
 void experts_backward_cuda(const MoeExpertsBackwardArgs& a, const ExpertsProblem& p, Stream s);
 void selected_router_cuda(const MoeSelectedRouterArgs& a, const SelectedRouterProblem& p, Stream s);

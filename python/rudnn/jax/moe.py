@@ -209,10 +209,8 @@ def _experts_bwd(strategy, res, dy):
     f32 = jnp.float32
     results = (_ffi.sds(x.shape, x.dtype), _ffi.sds(gate.shape, f32), _ffi.sds(up.shape, f32),
                _ffi.sds(down.shape, f32))
-    # The backward has no tensor-core path yet: "tensor_core" is asked as "auto" there.
-    code = _EXPERTS_STRATEGIES["auto"] if strategy == _EXPERTS_STRATEGIES["tensor_core"] else strategy
     dx, dgate, dup, ddown = jax.ffi.ffi_call("rudnn_moe_experts_backward", results, vmap_method=_SEQ)(
-        dy, x, offsets, gate, up, down, a, b, strategy=np.int32(code))
+        dy, x, offsets, gate, up, down, a, b, strategy=np.int32(strategy))
     return dx, None, dgate.astype(gate.dtype), dup.astype(up.dtype), ddown.astype(down.dtype)
 
 

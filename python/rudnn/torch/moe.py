@@ -255,9 +255,8 @@ def _experts_setup(ctx, inputs, output):
 
 def _experts_autograd(ctx, dy, dgate_pre, dup_pre):
     x, offsets, gate, up, down, gate_pre, up_pre = ctx.saved_tensors
-    # The backward has no tensor-core path yet: "tensor_core" is asked as "auto" there.
-    strategy = _STRATEGY["auto"] if ctx.strategy == _STRATEGY["tensor_core"] else ctx.strategy
-    dx, dgate, dup, ddown = _experts_backward(dy.contiguous(), x, offsets, gate, up, down, gate_pre, up_pre, strategy)
+    dx, dgate, dup, ddown = _experts_backward(dy.contiguous(), x, offsets, gate, up, down, gate_pre, up_pre,
+                                              ctx.strategy)
     return dx, None, dgate.to(gate.dtype), dup.to(up.dtype), ddown.to(down.dtype), None
 
 
