@@ -76,3 +76,33 @@ def test_errors_at_trace_time():
         rj.moe.swiglu_experts(np.zeros((4, 6), np.float32), np.zeros(9, np.int32), gate, up[:, :, :5], down)
     with pytest.raises(rudnn.DTypeError, match="moe.selected_router_weights: indices: expected uint32, int32 or int64"):
         rj.moe.selected_router_weights(logits, np.zeros((3, 2), np.float32))
+
+
+@pytest.mark.parametrize("routing", ["softmax", "sigmoid"])
+def test_eager_api_with_jax_arrays(routing):
+    """rudnn.moe's plan objects take JAX arrays (through the FFI calls) and give the results
+    the NumPy path gives, for the forward and the whole training chain."""
+    T, E, k, H, I = 5, 8, 2, 6, 4
+    arrays = _inputs(T, E, H, I, seed=5)
+    dout = np.random.default_rng(6).standard_normal((T, H)).astype(np.float32)
+
+    def chain(x, logits, gate, up, down, dout):
+        if routing == "softmax":
+            plan = rudnn.moe.route(logits, k)
+        else:
+            plan = rudnn.moe.route_sigmoid_grouped(logits, top_k=k, groups=4, selected_groups=2, scale=1.5)
+        tplan = plan.into_training(logits)
+        d = tplan.dispatch(x)
+        experts = rudnn.moe.SwiGluExperts(gate, up, down)
+        y, cache = experts.forward_dispatched_training(d)
+        out = d.combine(y)
+        dy, dweights = d.combine_backward(y, dout, strategy="serial")
+        dx_d, dgate, dup, ddown = cache.backward(dy)
+        return (plan.expert_indices, plan.weights, d.offsets, experts.forward_dispatched(d), out,
+                d.dispatch_backward(dx_d), tplan.router_backward(dweights), dgate, dup, ddown)
+
+    ours = chain(*[jnp.asarray(a) for a in arrays], jnp.asarray(dout))
+    eager = chain(*arrays, dout)
+    assert all(isinstance(a, jax.Array) for a in ours)
+    for a, b in zip(ours, eager):
+        np.testing.assert_array_equal(np.asarray(a), b)

@@ -27,9 +27,16 @@ def _choice(table, value, op, name):
 
 
 def _no_jax(op, *arrays):
+    """The functional core below takes torch, CuPy and NumPy arrays; JAX arrays are routed to
+    rudnn.jax.moe (XLA FFI) by the public functions and methods before they get here."""
     if any(fw.is_jax(a) for a in arrays):
-        raise UnsupportedError(f"{op}: JAX arrays are not supported by rudnn.moe yet (no XLA FFI handlers); "
-                               "use torch, CuPy or NumPy arrays")
+        raise UnsupportedError(f"{op}: internal: JAX arrays must go through rudnn.jax.moe")
+
+
+def _rj():
+    from .jax import moe as rudnn_jax_moe
+
+    return rudnn_jax_moe
 
 
 class RoutingPlan:
@@ -59,14 +66,15 @@ class RoutingPlan:
 
     def dispatch(self, x, *, stream=None):
         """Copies the rows of x [T, H] into expert-grouped order: a DispatchedTokens."""
-        _no_jax("moe.dispatch", x)
-        call = fw.Call("moe.dispatch", {"x": x, "expert_indices": self.expert_indices}, stream)
         T, k, E = self.num_tokens, self.top_k, self.num_experts
         if len(x.shape) != 2 or int(x.shape[0]) != T:
             from .errors import ShapeError
 
             raise ShapeError(f"moe.dispatch: x: expected shape [{T}, H] (the tokens of the plan), "
                              f"got {list(x.shape)}")
+        if fw.is_jax(x) or fw.is_jax(self.expert_indices):
+            return DispatchedTokens(self, *_rj().dispatch(x, self.expert_indices, E))
+        call = fw.Call("moe.dispatch", {"x": x, "expert_indices": self.expert_indices}, stream)
         offsets, token_of_row, row_of_slot = _dispatch_plan(call, self.expert_indices, E)
         rows = _gather(call, x, token_of_row)
         return DispatchedTokens(self, rows, offsets, token_of_row, row_of_slot, stream)
@@ -110,20 +118,23 @@ class DispatchedTokens:
 
     def combine(self, y, *, stream=None):
         """out[t] = sum_j weights[t, j] * y[row of (t, j)]: float32 accumulation, y's dtype."""
-        _no_jax("moe.combine", y)
+        if fw.is_jax(y):
+            return _rj().combine(y, self.row_of_slot, self.plan.weights)
         stream = self.stream if stream is None else stream
         return _combine("moe.combine", y, self.row_of_slot, self.plan.weights, self.num_tokens, stream)
 
     def combine_backward(self, y, dout, strategy="plane", *, stream=None):
         """Gradients of `combine`: (dy [N, H] in y's dtype, dweights float32 [T, top_k])."""
-        _no_jax("moe.combine_backward", y, dout)
         code = _choice(_COMBINE_STRATEGIES, strategy, "moe.combine_backward", "strategy")
+        if fw.is_jax(y) or fw.is_jax(dout):
+            return _rj().combine_backward(y, dout, self.row_of_slot, self.plan.weights, strategy)
         stream = self.stream if stream is None else stream
         return _combine_backward(y, dout, self.row_of_slot, self.plan.weights, code, stream)
 
     def dispatch_backward(self, dx_dispatched, *, stream=None):
         """Gradient of `dispatch`: dx[t] = sum_j dx_dispatched[row of (t, j)], [T, H]."""
-        _no_jax("moe.dispatch_backward", dx_dispatched)
+        if fw.is_jax(dx_dispatched):
+            return _rj().dispatch_backward(dx_dispatched, self.row_of_slot)
         stream = self.stream if stream is None else stream
         return _combine("moe.dispatch_backward", dx_dispatched, self.row_of_slot, None, self.num_tokens, stream)
 
@@ -142,10 +153,12 @@ class MoeTrainingCache:
     def backward(self, dy, strategy="auto", *, stream=None):
         """(dx_dispatched [N, H], dgate, dup, ddown): weight gradients float32, reduced over
         each expert's rows in a fixed order."""
-        _no_jax("MoeTrainingCache.backward", dy)
         code = _choice(_EXPERTS_STRATEGIES, strategy, "MoeTrainingCache.backward", "strategy")
         stream = self.stream if stream is None else stream
         ex, d = self.experts, self.dispatched
+        if fw.is_jax(dy):
+            return _rj().swiglu_experts_backward(dy, d.x, d.offsets, ex.gate, ex.up, ex.down, self.gate_pre,
+                                                 self.up_pre, strategy)
         return _experts_backward(ex.gate, ex.up, ex.down, dy, d.x, d.offsets, self.gate_pre, self.up_pre, code, stream)
 
 
@@ -157,8 +170,14 @@ class SwiGluExperts:
     """
 
     def __init__(self, gate, up, down):
-        _no_jax("SwiGluExperts", gate, up, down)
         self.gate, self.up, self.down = gate, up, down
+        if fw.is_jax(gate):
+            from .jax import _ffi
+
+            _ffi.ensure_ready("SwiGluExperts")
+            H = int(gate.shape[-1]) if len(gate.shape) else 0
+            _C.jax_validate_moe_experts(((0, H), _ffi.spec(gate)[1]), _ffi.spec(gate), _ffi.spec(up), _ffi.spec(down))
+            return
         # Run the C++ checks once now (on zero rows: no work) so bad weights fail here.
         call = fw.Call("SwiGluExperts", {"gate": gate, "up": up, "down": down})
         if len(gate.shape) == 3:
@@ -178,17 +197,21 @@ class SwiGluExperts:
 
     def forward_dispatched(self, d, strategy="auto", *, stream=None):
         """Expert outputs [N, H] for the dispatched rows of d (a DispatchedTokens)."""
-        _no_jax("SwiGluExperts.forward_dispatched", d.x)
         code = _choice(_EXPERTS_STRATEGIES, strategy, "SwiGluExperts.forward_dispatched", "strategy")
+        if fw.is_jax(d.x):
+            return _rj().swiglu_experts(d.x, d.offsets, self.gate, self.up, self.down, strategy)
         stream = d.stream if stream is None else stream
         return _experts_forward("SwiGluExperts.forward_dispatched", self.gate, self.up, self.down, d.x, d.offsets,
                                 code, False, stream)
 
     def forward_dispatched_training(self, d, strategy="auto", *, stream=None):
         """(y [N, H], MoeTrainingCache) for the backward."""
-        _no_jax("SwiGluExperts.forward_dispatched_training", d.x)
         code = _choice(_EXPERTS_STRATEGIES, strategy, "SwiGluExperts.forward_dispatched_training", "strategy")
         stream = d.stream if stream is None else stream
+        if fw.is_jax(d.x):
+            y, gate_pre, up_pre = _rj().swiglu_experts_training(d.x, d.offsets, self.gate, self.up, self.down,
+                                                                strategy)
+            return y, MoeTrainingCache(self, d, gate_pre, up_pre, stream)
         y, gate_pre, up_pre = _experts_forward("SwiGluExperts.forward_dispatched_training", self.gate, self.up,
                                                self.down, d.x, d.offsets, code, True, stream)
         return y, MoeTrainingCache(self, d, gate_pre, up_pre, stream)
@@ -213,7 +236,10 @@ def route(logits, top_k, renormalize=True, *, stream=None):
     renormalization of the selected weights, weights in the logits dtype. A row with a NaN or
     +inf logit, or only -inf logits, gets NaN weights.
     """
-    _no_jax("moe.route", logits)
+    if fw.is_jax(logits):
+        indices, weights = _rj().route(logits, top_k, renormalize)
+        return RoutingPlan(indices, weights, int(logits.shape[1]), scoring="softmax", renormalize=renormalize,
+                           scale=1.0)
     call = fw.Call("moe.route", {"logits": logits}, stream)
     T, E = _rows_cols(logits)
     k = int(top_k)
@@ -230,7 +256,12 @@ def route_sigmoid_grouped(logits, bias=None, *, top_k, groups, selected_groups, 
     selection only; the best `selected_groups` of `groups` expert groups (scored by the sum of
     their two best corrected scores, or their best) are kept and top_k is taken among their
     experts. Weights are s (renormalized if asked) times `scale`, in the logits dtype."""
-    _no_jax("moe.route_sigmoid_grouped", logits, bias)
+    if fw.is_jax(logits):
+        indices, weights = _rj().route_sigmoid_grouped(logits, bias, top_k=top_k, groups=groups,
+                                                       selected_groups=selected_groups, group_top_two=group_top_two,
+                                                       renormalize=renormalize, scale=scale)
+        return RoutingPlan(indices, weights, int(logits.shape[1]), scoring="sigmoid", renormalize=renormalize,
+                           scale=scale)
     call = fw.Call("moe.route_sigmoid_grouped", {"logits": logits, "bias": bias}, stream)
     T, E = _rows_cols(logits)
     k = int(top_k)
@@ -247,7 +278,8 @@ def selected_router_weights(logits, indices, scoring="softmax", renormalize=True
     """float32 [T, k] weights of the experts `indices` [T, k] (uint32/int32/int64) chosen for
     logits [T, E]: softmax (over all E) or sigmoid scores, optionally renormalized over the k
     slots, times `scale`. A row with an index outside [0, E) is NaN."""
-    _no_jax("moe.selected_router_weights", logits, indices)
+    if fw.is_jax(logits):
+        return _rj().selected_router_weights(logits, indices, scoring, renormalize, scale)
     code = _choice(_SCORINGS, scoring, "moe.selected_router_weights", "scoring")
     call = fw.Call("moe.selected_router_weights", {"logits": logits, "indices": indices}, stream)
     shape = tuple(int(s) for s in indices.shape) if len(indices.shape) == 2 else (0, 0)
@@ -261,7 +293,8 @@ def selected_router_backward(logits, indices, grad_weights, scoring="softmax", r
                              stream=None):
     """d loss / d logits [T, E] in the logits dtype, given d loss / d weights [T, k] of
     `selected_router_weights` (the selection itself gets no gradient)."""
-    _no_jax("moe.selected_router_backward", logits, indices, grad_weights)
+    if fw.is_jax(logits):
+        return _rj().selected_router_backward(logits, indices, grad_weights, scoring, renormalize, scale)
     code = _choice(_SCORINGS, scoring, "moe.selected_router_backward", "scoring")
     call = fw.Call("moe.selected_router_backward", {"logits": logits, "indices": indices,
                                                     "grad_weights": grad_weights}, stream)

@@ -24,7 +24,8 @@ from ..moe import _COMBINE_STRATEGIES, _EXPERTS_STRATEGIES, _SCORINGS, _choice
 from . import _ffi
 
 __all__ = ["route", "route_sigmoid_grouped", "selected_router_weights", "selected_router_backward", "dispatch",
-           "combine", "swiglu_experts", "moe_layer", "moe_layer_sigmoid_grouped"]
+           "dispatch_backward", "combine", "combine_backward", "swiglu_experts", "swiglu_experts_training",
+           "swiglu_experts_backward", "moe_layer", "moe_layer_sigmoid_grouped"]
 
 _SEQ = "sequential"  # vmap: one call per batch element
 
@@ -170,9 +171,7 @@ def _combine_fwd(y, row_of_slot, weights):
 
 def _combine_bwd(res, dout):
     y, row_of_slot, weights = res
-    dy, dweights = jax.ffi.ffi_call(
-        "rudnn_moe_combine_backward", (_ffi.sds(y.shape, y.dtype), _ffi.sds(weights.shape, jnp.float32)),
-        vmap_method=_SEQ)(y, dout, row_of_slot, weights, strategy=np.int32(_COMBINE_STRATEGIES["plane"]))
+    dy, dweights = _combine_backward_call(y, dout, row_of_slot, weights, _COMBINE_STRATEGIES["plane"])
     return dy, None, dweights.astype(weights.dtype)
 
 
@@ -183,6 +182,26 @@ def combine(y, row_of_slot, weights):
     """out[t] = sum_j weights[t, j] * y[row_of_slot[t, j]]; differentiable in y and weights."""
     y, row_of_slot, weights = _ready("moe.combine", y=y, row_of_slot=row_of_slot, weights=weights)
     return _combine(y, row_of_slot, weights)
+
+
+def _combine_backward_call(y, dout, row_of_slot, weights, strategy):
+    return jax.ffi.ffi_call(
+        "rudnn_moe_combine_backward", (_ffi.sds(y.shape, y.dtype), _ffi.sds(row_of_slot.shape, jnp.float32)),
+        vmap_method=_SEQ)(y, dout, row_of_slot, weights, strategy=np.int32(strategy))
+
+
+def combine_backward(y, dout, row_of_slot, weights, strategy="plane"):
+    """Gradients of combine: (dy in y's dtype, dweights float32 [T, k])."""
+    op = "moe.combine_backward"
+    code = _choice(_COMBINE_STRATEGIES, strategy, op, "strategy")
+    y, dout, row_of_slot, weights = _ready(op, y=y, dout=dout, row_of_slot=row_of_slot, weights=weights)
+    return _combine_backward_call(y, dout, row_of_slot, weights, code)
+
+
+def dispatch_backward(dx_dispatched, row_of_slot):
+    """Gradient of dispatch: dx[t] = sum_j dx_dispatched[row_of_slot[t, j]]."""
+    dx_dispatched, row_of_slot = _ready("moe.dispatch_backward", dx_dispatched=dx_dispatched, row_of_slot=row_of_slot)
+    return _combine_call(dx_dispatched, row_of_slot, None)
 
 
 # ---- SwiGLU experts ---------------------------------------------------------------------------
@@ -204,13 +223,17 @@ def _experts_fwd(x, offsets, gate, up, down, strategy):
     return y, (x, offsets, gate, up, down, a, b)
 
 
-def _experts_bwd(strategy, res, dy):
-    x, offsets, gate, up, down, a, b = res
+def _experts_backward_call(dy, x, offsets, gate, up, down, a, b, strategy):
     f32 = jnp.float32
     results = (_ffi.sds(x.shape, x.dtype), _ffi.sds(gate.shape, f32), _ffi.sds(up.shape, f32),
                _ffi.sds(down.shape, f32))
-    dx, dgate, dup, ddown = jax.ffi.ffi_call("rudnn_moe_experts_backward", results, vmap_method=_SEQ)(
+    return jax.ffi.ffi_call("rudnn_moe_experts_backward", results, vmap_method=_SEQ)(
         dy, x, offsets, gate, up, down, a, b, strategy=np.int32(strategy))
+
+
+def _experts_bwd(strategy, res, dy):
+    x, offsets, gate, up, down, a, b = res
+    dx, dgate, dup, ddown = _experts_backward_call(dy, x, offsets, gate, up, down, a, b, strategy)
     return dx, None, dgate.astype(gate.dtype), dup.astype(up.dtype), ddown.astype(down.dtype)
 
 
@@ -224,6 +247,24 @@ def swiglu_experts(x_dispatched, offsets, gate, up, down, strategy="auto"):
     x, offsets, gate, up, down = _ready(op, x=x_dispatched, offsets=offsets, gate=gate, up=up, down=down)
     _C.jax_validate_moe_experts(_ffi.spec(x), _ffi.spec(gate), _ffi.spec(up), _ffi.spec(down))
     return _experts(x, offsets, gate, up, down, code)
+
+
+def swiglu_experts_training(x_dispatched, offsets, gate, up, down, strategy="auto"):
+    """(y, a, b): the expert outputs and the gate/up pre-activations the backward needs."""
+    op = "SwiGluExperts.forward_dispatched_training"
+    code = _choice(_EXPERTS_STRATEGIES, strategy, op, "strategy")
+    x, offsets, gate, up, down = _ready(op, x=x_dispatched, offsets=offsets, gate=gate, up=up, down=down)
+    _C.jax_validate_moe_experts(_ffi.spec(x), _ffi.spec(gate), _ffi.spec(up), _ffi.spec(down))
+    return _experts_call(x, offsets, gate, up, down, code)
+
+
+def swiglu_experts_backward(dy, x_dispatched, offsets, gate, up, down, gate_pre, up_pre, strategy="auto"):
+    """(dx_dispatched, dgate, dup, ddown), weight gradients float32."""
+    op = "MoeTrainingCache.backward"
+    code = _choice(_EXPERTS_STRATEGIES, strategy, op, "strategy")
+    arrays = _ready(op, dy=dy, x=x_dispatched, offsets=offsets, gate=gate, up=up, down=down, gate_pre=gate_pre,
+                    up_pre=up_pre)
+    return _experts_backward_call(*arrays, code)
 
 
 # ---- whole layers -----------------------------------------------------------------------------
