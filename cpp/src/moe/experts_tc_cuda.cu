@@ -4,16 +4,20 @@
 //   1. one grouped GEMM with 2E groups: a = x · gate_e^T and b = x · up_e^T (rounded to T),
 //   2. h = silu(a) * b (elementwise, rows up to offsets[E]),
 //   3. one grouped GEMM with E groups: y = h · down_e^T.
-// Backward (float32 GEMM outputs, rounded once):
+// On sm_80-class GPUs the forward's two GEMMs run a CUTLASS 2.x mma.sync grouped kernel instead
+// (grouped_gemm_sm80.hpp); RUDNN_MOE_SM80_ON_SM90=1 selects it on Hopper too (to test it there).
+// Backward (sm_90 only; float32 GEMM outputs, rounded once):
 //   1. dh = dy · down_e (E groups), 2. h, da, db from dh, a, b (elementwise),
 //   3. dx = da · gate_e + db · up_e (2E groups into two float32 partials, summed elementwise),
 //   4. dgate = da^T x, dup = db^T x, ddown = dy^T h (3E groups, K = the expert's rows; experts
 //      without rows keep the zeros written first).
 // (Fusing forward steps 1 and 2 into one GEMM with the SwiGLU in its epilogue is the next step.)
+#include <cstdlib>
 #include <string>
 
 #include "core/device.hpp"
 #include "moe/cuda_common.cuh"
+#include "moe/grouped_gemm_sm80.hpp"
 #include "moe/grouped_gemm_sm90.hpp"
 #include "moe/problem.hpp"
 
@@ -78,6 +82,31 @@ sm90::OperandSet weight_grad_set(const void* a, std::int64_t lda, const void* b,
   return s;
 }
 
+enum class Arch { sm80, sm90, none };
+
+Arch forward_arch(int device) {
+  const core::DeviceProps& props = core::device_props(device);
+  if (props.cc_major == 9 && props.cc_minor == 0) {
+    const char* force = std::getenv("RUDNN_MOE_SM80_ON_SM90");
+    return force && force[0] == '1' ? Arch::sm80 : Arch::sm90;
+  }
+  return props.cc_major == 8 ? Arch::sm80 : Arch::none;
+}
+
+// Workspace bytes and launch of one forward segment GEMM on the chosen architecture.
+std::size_t forward_gemm_bytes(Arch arch, DType dtype, int groups, int device) {
+  return arch == Arch::sm80 ? sm80::workspace_bytes(dtype, groups)
+                            : sm90::workspace_bytes(sm90::Layouts::nt, dtype, groups, device);
+}
+
+void run_forward_gemm(Arch arch, DType dtype, const sm90::SegmentGemm& g, void* ws, std::size_t bytes, int device,
+                      cudaStream_t stream) {
+  if (arch == Arch::sm80)
+    sm80::run(dtype, g, ws, bytes, stream);
+  else
+    sm90::run(sm90::Layouts::nt, dtype, g, ws, bytes, device, stream);
+}
+
 struct Layout {
   std::size_t gemm1, gemm2, buffer;  // bytes of each part
   int buffers;                       // [N, I] buffers: h, plus a and b when not training
@@ -85,8 +114,9 @@ struct Layout {
 
 Layout layout_of(const ExpertsProblem& p, DType dtype, bool training, int device) {
   Layout l;
-  l.gemm1 = align_up(sm90::workspace_bytes(sm90::Layouts::nt, dtype, 2 * p.experts, device));
-  l.gemm2 = align_up(sm90::workspace_bytes(sm90::Layouts::nt, dtype, p.experts, device));
+  const Arch arch = forward_arch(device);
+  l.gemm1 = align_up(forward_gemm_bytes(arch, dtype, 2 * p.experts, device));
+  l.gemm2 = align_up(forward_gemm_bytes(arch, dtype, p.experts, device));
   l.buffer = align_up(std::size_t(p.rows) * std::size_t(p.inter) * dtype_size(dtype));
   l.buffers = training ? 1 : 3;
   return l;
@@ -95,9 +125,8 @@ Layout layout_of(const ExpertsProblem& p, DType dtype, bool training, int device
 }  // namespace
 
 const char* tensor_core_forward_unsupported(const MoeExpertsForwardArgs& a, const ExpertsProblem& p) {
-  const core::DeviceProps& props = core::device_props(a.x.device.index);
-  if (props.cc_major != 9 || props.cc_minor != 0)
-    return "needs an sm_90 (Hopper) GPU in this build (the sm_80 grouped kernel is not implemented yet)";
+  if (forward_arch(a.x.device.index) == Arch::none)
+    return "needs an sm_80-class (Ampere, Ada) or sm_90 (Hopper) GPU in this build";
   if (a.x.dtype != DType::f16 && a.x.dtype != DType::bf16) return "needs float16 or bfloat16 (use 'scalar')";
   if (p.hidden % 8 != 0 || p.inter % 8 != 0) return "needs H and I to be multiples of 8 (16-byte rows for TMA)";
   if (p.x_stride % 8 != 0 || p.y_stride % 8 != 0) return "needs row strides of x and y that are multiples of 8";
@@ -132,7 +161,8 @@ void experts_forward_tensor_core_cuda(const MoeExpertsForwardArgs& a, const Expe
   sm90::SegmentGemm up_proj = segment_gemm(p, offsets, 2);
   up_proj.set[0] = rows_set(a.x.data, p.x_stride, a.gate.data, I * H, H, pre_a, I, I, H);
   up_proj.set[1] = rows_set(a.x.data, p.x_stride, a.up.data, I * H, H, pre_b, I, I, H);
-  sm90::run(sm90::Layouts::nt, a.x.dtype, up_proj, gemm1_ws, l.gemm1, device, stream);
+  const Arch arch = forward_arch(device);
+  run_forward_gemm(arch, a.x.dtype, up_proj, gemm1_ws, l.gemm1, device, stream);
 
   dispatch_float(a.x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -144,7 +174,7 @@ void experts_forward_tensor_core_cuda(const MoeExpertsForwardArgs& a, const Expe
 
   sm90::SegmentGemm down_proj = segment_gemm(p, offsets, 1);
   down_proj.set[0] = rows_set(h, I, a.down.data, H * I, I, a.y.data, p.y_stride, H, I);
-  sm90::run(sm90::Layouts::nt, a.x.dtype, down_proj, gemm2_ws, l.gemm2, device, stream);
+  run_forward_gemm(arch, a.x.dtype, down_proj, gemm2_ws, l.gemm2, device, stream);
 }
 
 }  // namespace rudnn::moe
@@ -211,7 +241,7 @@ BackwardLayout backward_layout(const ExpertsProblem& p, DType dtype, int device)
 const char* tensor_core_backward_unsupported(const MoeExpertsBackwardArgs& a, const ExpertsProblem& p) {
   const core::DeviceProps& props = core::device_props(a.x.device.index);
   if (props.cc_major != 9 || props.cc_minor != 0)
-    return "needs an sm_90 (Hopper) GPU in this build (the sm_80 grouped kernel is not implemented yet)";
+    return "needs an sm_90 (Hopper) GPU for the backward in this build (the sm_80 grouped kernels cover the forward)";
   if (a.x.dtype != DType::f16 && a.x.dtype != DType::bf16) return "needs float16 or bfloat16 (use 'scalar')";
   if (p.hidden % 8 != 0 || p.inter % 8 != 0) return "needs H and I to be multiples of 8 (16-byte rows for TMA)";
   if (p.x_stride % 8 != 0 || p.y_stride % 8 != 0 || p.dy_stride % 8 != 0)
