@@ -9,6 +9,7 @@ nanobind::dict ffi_targets() {
   nanobind::dict cpu, cuda, all;
   rudnn::jax_ffi::add_norm_targets(cpu, cuda);
   rudnn::jax_ffi::add_attention_targets(cpu, cuda);
+  rudnn::jax_ffi::add_moe_targets(cpu, cuda);
   all["cpu"] = cpu;
   all["CUDA"] = cuda;
   return all;
@@ -21,4 +22,5 @@ void register_jax_ffi(nanobind::module_& m) {
         "XLA FFI handlers of rudnn.jax as {platform: {target name: PyCapsule}}, for jax.ffi.register_ffi_target.");
   rudnn::jax_ffi::add_norm_validation(m);
   rudnn::jax_ffi::add_attention_validation(m);
+  rudnn::jax_ffi::add_moe_validation(m);
 }

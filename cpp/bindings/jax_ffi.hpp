@@ -17,5 +17,7 @@ void add_norm_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_norm_validation(nanobind::module_& m);
 void add_attention_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_attention_validation(nanobind::module_& m);
+void add_moe_targets(nanobind::dict& cpu, nanobind::dict& cuda);
+void add_moe_validation(nanobind::module_& m);
 
 }  // namespace rudnn::jax_ffi

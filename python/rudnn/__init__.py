@@ -3,6 +3,7 @@
 from .errors import (ArgumentError, CudaError, DeviceError, DTypeError, Error, FrameworkError, ShapeError,
                      UnsupportedError)
 from . import _C
+from . import moe
 from .attention import attention, attention_backward, attention_last_algorithm
 from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
 
@@ -20,6 +21,9 @@ def cmake_prefix() -> str:
 
 __all__ = [
     "Error", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "FrameworkError", "UnsupportedError",
-    "CudaError", "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward",
-    "softmax_backward", "attention", "attention_backward", "attention_last_algorithm", "has_cuda", "cmake_prefix",
+    "CudaError",
+    "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward",
+    "attention", "attention_backward", "attention_last_algorithm",
+    "moe",
+    "has_cuda", "cmake_prefix",
 ]

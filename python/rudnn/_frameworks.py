@@ -48,7 +48,8 @@ class _Torch:
 
         self.torch = torch
         self.dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                       "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64}
+                       "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
+                       "uint32": torch.uint32}
 
     def device(self, a):
         d = a.device

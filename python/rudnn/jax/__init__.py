@@ -2,7 +2,12 @@
 with jax.custom_vjp, usable under jax.jit, jax.grad and jax.vmap. Same names, arguments and
 results as rudnn.<op>; rudnn.<op> called with JAX arrays comes here."""
 
+from . import moe
 from .attention import attention, attention_backward
 from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
 
-__all__ = ["attention", "attention_backward", "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward"]
+__all__ = [
+    "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward",
+    "attention", "attention_backward",
+    "moe",
+]

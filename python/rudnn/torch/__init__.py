@@ -2,7 +2,12 @@
 torch.compile, autograd through the rudnn backward kernels. ``rudnn.torch.<op>`` takes the
 same arguments as ``rudnn.<op>``; with ``out=`` the call runs eagerly without autograd."""
 
+from . import moe
 from .attention import attention, attention_backward
 from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
 
-__all__ = ["attention", "attention_backward", "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward"]
+__all__ = [
+    "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward",
+    "attention", "attention_backward",
+    "moe",
+]

@@ -1,0 +1,214 @@
+// Public entry points of the MoE family: validate once, then run the backend of the
+// tensors' device (and, for the experts, the resolved strategy).
+#include <string>
+
+#include "core/check.hpp"
+#include "moe/problem.hpp"
+#if RUDNN_WITH_CUDA
+#include "core/device.hpp"
+#endif
+
+namespace rudnn {
+
+namespace {
+
+template <class Cpu, class Cuda>
+void on_device(const Device& device, const char* op, Cpu&& cpu, Cuda&& cuda) {
+  if (!device.is_cuda()) return cpu();
+#if RUDNN_WITH_CUDA
+  (void)op;
+  core::DeviceGuard guard(device.index);
+  cuda();
+#else
+  (void)cuda;
+  core::fail(ErrorKind::unsupported, std::string(op) + ": this libruDNN was built without CUDA (RUDNN_WITH_CUDA=OFF)");
+#endif
+}
+
+void check_workspace(const Tensor* workspace, std::size_t need, const std::string& op) {
+  const std::size_t have = workspace ? std::size_t(workspace->numel()) : 0;
+  if (have < need)
+    core::fail(ErrorKind::value, op + ": workspace: expected at least " + std::to_string(need) + " bytes, got " +
+                                     std::to_string(have));
+}
+
+// The forward's strategy: "auto" takes the tensor-core grouped GEMM where this device, dtype
+// and layout support it and "scalar" otherwise; an explicit "tensor_core" that cannot run
+// says why. On the CPU every strategy but "tensor_core" runs the reference loops.
+MoeExpertsStrategy resolve_forward(const MoeExpertsForwardArgs& a, const moe::ExpertsProblem& p, const std::string& op) {
+  const bool explicit_tc = a.strategy == MoeExpertsStrategy::tensor_core;
+  if (!a.x.device.is_cuda()) {
+    if (explicit_tc)
+      core::fail(ErrorKind::unsupported, op + ": strategy 'tensor_core' needs a CUDA device, got " + a.x.device.str());
+    return MoeExpertsStrategy::scalar;
+  }
+#if RUDNN_WITH_CUDA
+  if (a.strategy == MoeExpertsStrategy::scalar) return MoeExpertsStrategy::scalar;
+  const char* why = moe::tensor_core_forward_unsupported(a, p);
+  if (explicit_tc && why) core::fail(ErrorKind::unsupported, op + ": strategy 'tensor_core' " + why);
+  return why ? MoeExpertsStrategy::scalar : MoeExpertsStrategy::tensor_core;
+#else
+  (void)p;
+  return MoeExpertsStrategy::scalar;
+#endif
+}
+
+// The backward's strategy, chosen like the forward's.
+MoeExpertsStrategy resolve_backward(const MoeExpertsBackwardArgs& a, const moe::ExpertsProblem& p,
+                                    const std::string& op) {
+  const bool explicit_tc = a.strategy == MoeExpertsStrategy::tensor_core;
+  if (!a.x.device.is_cuda()) {
+    if (explicit_tc)
+      core::fail(ErrorKind::unsupported, op + ": strategy 'tensor_core' needs a CUDA device, got " + a.x.device.str());
+    return MoeExpertsStrategy::scalar;
+  }
+#if RUDNN_WITH_CUDA
+  if (a.strategy == MoeExpertsStrategy::scalar) return MoeExpertsStrategy::scalar;
+  const char* why = moe::tensor_core_backward_unsupported(a, p);
+  if (explicit_tc && why) core::fail(ErrorKind::unsupported, op + ": strategy 'tensor_core' " + why);
+  return why ? MoeExpertsStrategy::scalar : MoeExpertsStrategy::tensor_core;
+#else
+  (void)p;
+  return MoeExpertsStrategy::scalar;
+#endif
+}
+
+#if RUDNN_WITH_CUDA
+std::size_t forward_workspace_cuda(const MoeExpertsForwardArgs& a, const moe::ExpertsProblem& p) {
+  if (p.strategy == MoeExpertsStrategy::tensor_core)
+    return moe::experts_forward_tensor_core_workspace_bytes(p, a.x.dtype, a.gate_pre != nullptr, a.x.device.index);
+  return moe::experts_forward_workspace_bytes_cuda(p, a.x.dtype);
+}
+#else
+std::size_t forward_workspace_cuda(const MoeExpertsForwardArgs&, const moe::ExpertsProblem&) { return 0; }
+#endif
+
+#if RUDNN_WITH_CUDA
+std::size_t backward_workspace_cuda(const MoeExpertsBackwardArgs& a, const moe::ExpertsProblem& p) {
+  if (p.strategy == MoeExpertsStrategy::tensor_core)
+    return moe::experts_backward_tensor_core_workspace_bytes(p, a.x.dtype, a.x.device.index);
+  return moe::experts_backward_workspace_bytes_cuda(p, a.x.dtype);
+}
+#else
+std::size_t backward_workspace_cuda(const MoeExpertsBackwardArgs&, const moe::ExpertsProblem&) { return 0; }
+#endif
+
+}  // namespace
+
+void moe_route(const MoeRouteArgs& args, Stream stream) {
+  const moe::RouteProblem p = moe::validate_route(args);
+  if (p.tokens == 0) return;
+  on_device(args.logits.device, "moe.route", [&] { moe::route_cpu(args, p); },
+            [&] { moe::route_cuda(args, p, stream); });
+}
+
+void moe_route_sigmoid_grouped(const MoeRouteSigmoidGroupedArgs& args, Stream stream) {
+  const moe::RouteProblem p = moe::validate_route_sigmoid_grouped(args);
+  if (p.tokens == 0) return;
+  on_device(args.logits.device, "moe.route_sigmoid_grouped", [&] { moe::route_sigmoid_grouped_cpu(args, p); },
+            [&] { moe::route_sigmoid_grouped_cuda(args, p, stream); });
+}
+
+std::size_t moe_dispatch_plan_workspace_bytes(const MoeDispatchPlanArgs& args) {
+  const moe::DispatchPlanProblem p = moe::validate_dispatch_plan(args);
+  std::size_t bytes = 0;
+  on_device(args.expert_indices.device, "moe.dispatch", [] {},
+            [&] { bytes = moe::dispatch_plan_workspace_bytes_cuda(p); });
+  return bytes;
+}
+
+void moe_dispatch_plan(const MoeDispatchPlanArgs& args, Stream stream) {
+  const moe::DispatchPlanProblem p = moe::validate_dispatch_plan(args);
+  on_device(args.expert_indices.device, "moe.dispatch", [&] { moe::dispatch_plan_cpu(args, p); },
+            [&] {
+              check_workspace(args.workspace, moe::dispatch_plan_workspace_bytes_cuda(p), "moe.dispatch");
+              moe::dispatch_plan_cuda(args, p, stream);
+            });
+}
+
+void moe_gather_rows(const Tensor& x, const Tensor& token_of_row, const Tensor& x_dispatched, Stream stream) {
+  const moe::GatherProblem p = moe::validate_gather_rows(x, token_of_row, x_dispatched);
+  if (p.rows == 0 || p.hidden == 0) return;
+  on_device(x.device, "moe.dispatch", [&] { moe::gather_rows_cpu(x, token_of_row, x_dispatched, p); },
+            [&] { moe::gather_rows_cuda(x, token_of_row, x_dispatched, p, stream); });
+}
+
+void moe_combine(const MoeCombineArgs& args, Stream stream) {
+  const moe::CombineProblem p = moe::validate_combine(args);
+  if (p.tokens == 0 || p.hidden == 0) return;
+  on_device(args.y.device, "moe.combine", [&] { moe::combine_cpu(args, p); },
+            [&] { moe::combine_cuda(args, p, stream); });
+}
+
+void moe_combine_backward(const MoeCombineBackwardArgs& args, Stream stream) {
+  const moe::CombineProblem p = moe::validate_combine_backward(args);
+  if (p.rows == 0 && p.tokens == 0) return;
+  on_device(args.y.device, "moe.combine_backward", [&] { moe::combine_backward_cpu(args, p); },
+            [&] { moe::combine_backward_cuda(args, p, stream); });
+}
+
+std::size_t moe_experts_forward_workspace_bytes(const MoeExpertsForwardArgs& args) {
+  const std::string op =
+      args.gate_pre ? "SwiGluExperts.forward_dispatched_training" : "SwiGluExperts.forward_dispatched";
+  moe::ExpertsProblem p = moe::validate_experts_forward(args);
+  p.strategy = resolve_forward(args, p, op);
+  std::size_t bytes = 0;
+  on_device(args.x.device, op.c_str(), [] {}, [&] { bytes = forward_workspace_cuda(args, p); });
+  return bytes;
+}
+
+void moe_experts_forward(const MoeExpertsForwardArgs& args, Stream stream) {
+  const std::string op =
+      args.gate_pre ? "SwiGluExperts.forward_dispatched_training" : "SwiGluExperts.forward_dispatched";
+  moe::ExpertsProblem p = moe::validate_experts_forward(args);
+  p.strategy = resolve_forward(args, p, op);
+  if (p.rows == 0) return;
+  on_device(args.x.device, op.c_str(), [&] { moe::experts_forward_cpu(args, p); },
+            [&] {
+              check_workspace(args.workspace, forward_workspace_cuda(args, p), op);
+              if (p.strategy == MoeExpertsStrategy::tensor_core)
+                moe::experts_forward_tensor_core_cuda(args, p, stream);
+              else
+                moe::experts_forward_cuda(args, p, stream);
+            });
+}
+
+std::size_t moe_experts_backward_workspace_bytes(const MoeExpertsBackwardArgs& args) {
+  const std::string op = "MoeTrainingCache.backward";
+  moe::ExpertsProblem p = moe::validate_experts_backward(args);
+  p.strategy = resolve_backward(args, p, op);
+  std::size_t bytes = 0;
+  on_device(args.x.device, op.c_str(), [] {}, [&] { bytes = backward_workspace_cuda(args, p); });
+  return bytes;
+}
+
+void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream) {
+  const std::string op = "MoeTrainingCache.backward";
+  moe::ExpertsProblem p = moe::validate_experts_backward(args);
+  p.strategy = resolve_backward(args, p, op);
+  // Weight gradients are written even without rows (zeros), so there is no early return.
+  on_device(args.x.device, op.c_str(), [&] { moe::experts_backward_cpu(args, p); },
+            [&] {
+              check_workspace(args.workspace, backward_workspace_cuda(args, p), op);
+              if (p.strategy == MoeExpertsStrategy::tensor_core)
+                moe::experts_backward_tensor_core_cuda(args, p, stream);
+              else
+                moe::experts_backward_cuda(args, p, stream);
+            });
+}
+
+void moe_selected_router_weights(const MoeSelectedRouterArgs& args, Stream stream) {
+  const moe::SelectedRouterProblem p = moe::validate_selected_router(args);
+  if (p.tokens == 0) return;
+  on_device(args.logits.device, "moe.selected_router_weights", [&] { moe::selected_router_cpu(args, p); },
+            [&] { moe::selected_router_cuda(args, p, stream); });
+}
+
+void moe_selected_router_backward(const MoeSelectedRouterBackwardArgs& args, Stream stream) {
+  const moe::SelectedRouterProblem p = moe::validate_selected_router_backward(args);
+  if (p.tokens == 0) return;
+  on_device(args.logits.device, "moe.selected_router_backward", [&] { moe::selected_router_backward_cpu(args, p); },
+            [&] { moe::selected_router_backward_cuda(args, p, stream); });
+}
+
+}  // namespace rudnn

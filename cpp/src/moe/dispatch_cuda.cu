@@ -1,0 +1,297 @@
+// CUDA dispatch and combine. The dispatch plan is a stable counting sort of the T*k
+// (token, slot) pairs by expert, built without atomics so that the row order is the same on
+// every run: the flattened slots are cut into chunks, one warp per chunk counts its experts,
+// one block turns the counts into per-(chunk, expert) bases and the offsets, and the same
+// warps walk their chunk again placing each slot at its base plus its rank (ranks inside a
+// 32-slot step come from __match_any_sync, so token order is kept). Combine and the
+// backward kernels gather in a fixed order with float32 accumulation (no atomics either).
+#include <algorithm>
+
+#include "moe/cuda_common.cuh"
+#include "moe/problem.hpp"
+
+namespace rudnn::moe {
+
+using namespace cuda;
+
+namespace {
+
+constexpr std::int64_t kMinChunk = 256;  // slots per chunk
+constexpr std::int64_t kMaxChunks = 2048;  // bounds the count table at kMaxChunks * E ints
+
+struct Chunks {
+  std::int64_t slots = 0, size = 0, count = 0;
+};
+
+Chunks chunks_of(const DispatchPlanProblem& p) {
+  Chunks c;
+  c.slots = p.tokens * p.top_k;
+  c.size = std::max(kMinChunk, (c.slots + kMaxChunks - 1) / kMaxChunks);
+  c.size = (c.size + 31) / 32 * 32;
+  c.count = (c.slots + c.size - 1) / c.size;
+  return c;
+}
+
+template <class Idx>
+__device__ __forceinline__ int expert_of(const Idx* indices, std::int64_t stride, int k, int E, std::int64_t slot) {
+  const std::int64_t e = std::int64_t(indices[(slot / k) * stride + slot % k]);
+  return (e >= 0 && e < E) ? int(e) : -1;
+}
+
+// One warp walks one chunk of slots in order, 32 slots per step. kPlace = false: count the
+// chunk's slots per expert into counts[chunk][e]. kPlace = true: place every slot at
+// offsets[e] + counts[chunk][e] (the slots of earlier chunks) + its rank so far.
+template <class Idx, bool kPlace>
+__global__ void __launch_bounds__(32)
+    walk_chunks_kernel(const Idx* __restrict__ indices, std::int64_t stride, std::int64_t slots, int k, int E,
+                       std::int64_t chunk, int* __restrict__ counts, const int* __restrict__ offsets,
+                       int* __restrict__ token_of_row, int* __restrict__ row_of_slot) {
+  extern __shared__ int cursor[];  // [E]
+  const int lane = threadIdx.x;
+  const std::int64_t c = blockIdx.x;
+  for (int e = lane; e < E; e += 32) cursor[e] = kPlace ? offsets[e] + counts[c * E + e] : 0;
+  __syncwarp();
+  const std::int64_t begin = c * chunk, end = std::min(begin + chunk, slots);
+  const unsigned lanes_below = (1u << lane) - 1u;
+  for (std::int64_t base = begin; base < end; base += 32) {
+    const std::int64_t slot = base + lane;
+    const int e = slot < end ? expert_of(indices, stride, k, E, slot) : -2;  // -1: invalid, -2: past the end
+    const unsigned same = __match_any_sync(kFullMask, e);
+    const int rank = __popc(same & lanes_below);
+    if (kPlace && e >= 0) {
+      const int row = cursor[e] + rank;
+      token_of_row[row] = int(slot / k);
+      row_of_slot[slot] = row;
+    } else if (kPlace && e == -1) {
+      row_of_slot[slot] = -1;
+    }
+    __syncwarp();
+    if (e >= 0 && rank == 0) cursor[e] += __popc(same);  // one writer per expert
+    __syncwarp();
+  }
+  if (!kPlace)
+    for (int e = lane; e < E; e += 32) counts[c * E + e] = cursor[e];
+}
+
+// counts[c][e] -> the slots of expert e in chunks before c; offsets = exclusive scan of totals.
+__global__ void __launch_bounds__(kMoeMaxExperts)
+    scan_counts_kernel(int* __restrict__ counts, std::int64_t chunks, int E, int* __restrict__ offsets) {
+  __shared__ int totals[kMoeMaxExperts];
+  const int e = threadIdx.x;
+  if (e < E) {
+    int running = 0;
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const int v = counts[c * E + e];
+      counts[c * E + e] = running;
+      running += v;
+    }
+    totals[e] = running;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int acc = 0;
+    for (int i = 0; i < E; ++i) {
+      offsets[i] = acc;
+      acc += totals[i];
+    }
+    offsets[E] = acc;
+  }
+}
+
+// Rows past the last expert (slots with an invalid expert index) belong to no token.
+__global__ void mark_unused_rows_kernel(const int* __restrict__ offsets, int E, std::int64_t rows,
+                                        int* __restrict__ token_of_row) {
+  const std::int64_t used = offsets[E];
+  for (std::int64_t r = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; r < rows;
+       r += std::int64_t(gridDim.x) * blockDim.x)
+    if (r >= used) token_of_row[r] = -1;
+}
+
+template <class T>
+__global__ void gather_rows_kernel(const T* __restrict__ x, std::int64_t x_stride, std::int64_t tokens,
+                                   const int* __restrict__ token_of_row, T* __restrict__ out, std::int64_t out_stride,
+                                   std::int64_t hidden) {
+  const std::int64_t r = blockIdx.x;
+  const std::int64_t t = token_of_row[r];
+  T* dst = out + r * out_stride;
+  const bool valid = t >= 0 && t < tokens;
+  const T* src = x + (valid ? t : 0) * x_stride;
+  for (std::int64_t h = threadIdx.x; h < hidden; h += blockDim.x) dst[h] = valid ? src[h] : from_f<T>(0.0f);
+}
+
+struct CombineView {
+  const int* row_of_slot;
+  const void* weights;  // null: every weight is 1
+  DType weight_dtype;
+  std::int64_t weight_stride;
+};
+
+__device__ __forceinline__ float slot_weight(const CombineView& v, std::int64_t t, int j) {
+  return v.weights ? load_any(v.weights, v.weight_dtype, t * v.weight_stride + j) : 1.0f;
+}
+
+// out[t] = sum_j w[t, j] * y[row_of_slot[t, j]] in slot order; a bad row index gives NaN.
+template <class T>
+__global__ void combine_kernel(const T* __restrict__ y, std::int64_t y_stride, std::int64_t rows, CombineView v, int k,
+                               T* __restrict__ out, std::int64_t out_stride, std::int64_t hidden) {
+  const std::int64_t t = blockIdx.x;
+  const int* slot_rows = v.row_of_slot + t * k;
+  for (std::int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const std::int64_t r = slot_rows[j];
+      if (r < 0 || r >= rows) {
+        acc = kNaN;
+        break;
+      }
+      acc += slot_weight(v, t, j) * to_f(y[r * y_stride + h]);
+    }
+    out[t * out_stride + h] = from_f<T>(acc);
+  }
+}
+
+template <class T>
+__global__ void zero_rows_kernel(T* __restrict__ a, std::int64_t stride, std::int64_t hidden) {
+  T* row = a + blockIdx.x * stride;
+  for (std::int64_t h = threadIdx.x; h < hidden; h += blockDim.x) row[h] = from_f<T>(0.0f);
+}
+
+struct CombineBackwardView {
+  CombineView v;
+  std::int64_t rows, hidden, y_stride, dout_stride, dy_stride;
+};
+
+// "serial": one thread per (token, slot) reduces its dot product alone.
+template <class T>
+__global__ void combine_backward_serial_kernel(const T* __restrict__ y, const T* __restrict__ dout, T* __restrict__ dy,
+                                               float* __restrict__ dweights, CombineBackwardView b, std::int64_t slots,
+                                               int k) {
+  const std::int64_t s = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x;
+  if (s >= slots) return;
+  const std::int64_t t = s / k, r = b.v.row_of_slot[s];
+  if (r < 0 || r >= b.rows) {
+    dweights[s] = kNaN;
+    return;
+  }
+  const float w = slot_weight(b.v, t, int(s % k));
+  float dot = 0.0f;
+  for (std::int64_t h = 0; h < b.hidden; ++h) {
+    const float d = to_f(dout[t * b.dout_stride + h]);
+    dot += d * to_f(y[r * b.y_stride + h]);
+    dy[r * b.dy_stride + h] = from_f<T>(w * d);
+  }
+  dweights[s] = dot;
+}
+
+// "plane": one block per token; the hidden axis is spread over the block and each dot
+// product is reduced by a fixed-shape tree.
+constexpr int kPlaneThreads = 256;
+
+template <class T>
+__global__ void __launch_bounds__(kPlaneThreads)
+    combine_backward_plane_kernel(const T* __restrict__ y, const T* __restrict__ dout, T* __restrict__ dy,
+                                  float* __restrict__ dweights, CombineBackwardView b, int k) {
+  __shared__ float scratch[32];
+  const std::int64_t t = blockIdx.x;
+  for (int j = 0; j < k; ++j) {
+    const std::int64_t r = b.v.row_of_slot[t * k + j];  // the same for the whole block
+    if (r < 0 || r >= b.rows) {
+      if (threadIdx.x == 0) dweights[t * k + j] = kNaN;
+      continue;
+    }
+    const float w = slot_weight(b.v, t, j);
+    float part = 0.0f;
+    for (std::int64_t h = threadIdx.x; h < b.hidden; h += kPlaneThreads) {
+      const float d = to_f(dout[t * b.dout_stride + h]);
+      part += d * to_f(y[r * b.y_stride + h]);
+      dy[r * b.dy_stride + h] = from_f<T>(w * d);
+    }
+    const float dot = block_sum<kPlaneThreads>(part, scratch);
+    if (threadIdx.x == 0) dweights[t * k + j] = dot;
+  }
+}
+
+int row_threads(std::int64_t hidden) { return hidden >= 256 ? 256 : hidden >= 128 ? 128 : 64; }
+
+}  // namespace
+
+std::size_t dispatch_plan_workspace_bytes_cuda(const DispatchPlanProblem& p) {
+  return std::size_t(chunks_of(p).count) * std::size_t(p.experts) * sizeof(int);
+}
+
+void dispatch_plan_cuda(const MoeDispatchPlanArgs& a, const DispatchPlanProblem& p, Stream s) {
+  const Chunks c = chunks_of(p);
+  const cudaStream_t stream = as_cuda(s);
+  int* counts = c.count ? static_cast<int*>(a.workspace->data) : nullptr;
+  int* offsets = a.offsets.ptr<int>();
+  int* token_of_row = a.token_of_row.ptr<int>();
+  int* row_of_slot = a.row_of_slot.ptr<int>();
+  const std::size_t smem = std::size_t(p.experts) * sizeof(int);
+  dispatch_index(a.expert_indices.dtype, [&](auto tag) {
+    using Idx = typename decltype(tag)::type;
+    const Idx* indices = a.expert_indices.ptr<Idx>();
+    if (c.count) {
+      walk_chunks_kernel<Idx, false><<<unsigned(c.count), 32, smem, stream>>>(
+          indices, p.index_stride, c.slots, p.top_k, p.experts, c.size, counts, offsets, token_of_row, row_of_slot);
+      RUDNN_CUDA_CHECK_LAUNCH(walk_chunks_kernel);
+    }
+    scan_counts_kernel<<<1, (p.experts + 31) / 32 * 32, 0, stream>>>(counts, c.count, p.experts, offsets);
+    RUDNN_CUDA_CHECK_LAUNCH(scan_counts_kernel);
+    if (c.count) {
+      walk_chunks_kernel<Idx, true><<<unsigned(c.count), 32, smem, stream>>>(
+          indices, p.index_stride, c.slots, p.top_k, p.experts, c.size, counts, offsets, token_of_row, row_of_slot);
+      RUDNN_CUDA_CHECK_LAUNCH(walk_chunks_kernel);
+      mark_unused_rows_kernel<<<grid_1d(c.slots, 256, 4096), 256, 0, stream>>>(offsets, p.experts, c.slots,
+                                                                               token_of_row);
+      RUDNN_CUDA_CHECK_LAUNCH(mark_unused_rows_kernel);
+    }
+  });
+}
+
+void gather_rows_cuda(const Tensor& x, const Tensor& token_of_row, const Tensor& out, const GatherProblem& p,
+                      Stream s) {
+  dispatch_float(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    gather_rows_kernel<T><<<unsigned(p.rows), row_threads(p.hidden), 0, as_cuda(s)>>>(
+        x.ptr<T>(), p.x_stride, p.tokens, token_of_row.ptr<int>(), out.ptr<T>(), p.out_stride, p.hidden);
+    RUDNN_CUDA_CHECK_LAUNCH(gather_rows_kernel);
+  });
+}
+
+void combine_cuda(const MoeCombineArgs& a, const CombineProblem& p, Stream s) {
+  const CombineView v{a.row_of_slot.ptr<int>(), a.weights ? a.weights->data : nullptr,
+                      a.weights ? a.weights->dtype : DType::f32, p.weight_stride};
+  dispatch_float(a.y.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    combine_kernel<T><<<unsigned(p.tokens), row_threads(p.hidden), 0, as_cuda(s)>>>(
+        a.y.ptr<T>(), p.y_stride, p.rows, v, p.top_k, a.out.ptr<T>(), p.out_stride, p.hidden);
+    RUDNN_CUDA_CHECK_LAUNCH(combine_kernel);
+  });
+}
+
+void combine_backward_cuda(const MoeCombineBackwardArgs& a, const CombineProblem& p, Stream s) {
+  const cudaStream_t stream = as_cuda(s);
+  const CombineBackwardView b{{a.row_of_slot.ptr<int>(), a.weights.data, a.weights.dtype, p.weight_stride},
+                              p.rows, p.hidden, p.y_stride, p.dout_stride, p.dy_stride};
+  dispatch_float(a.y.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (p.rows > 0 && p.hidden > 0) {  // rows no slot points at get a zero gradient
+      zero_rows_kernel<T><<<unsigned(p.rows), row_threads(p.hidden), 0, stream>>>(a.dy.ptr<T>(), p.dy_stride,
+                                                                                  p.hidden);
+      RUDNN_CUDA_CHECK_LAUNCH(zero_rows_kernel);
+    }
+    const std::int64_t slots = p.tokens * p.top_k;
+    if (slots == 0) return;
+    if (a.strategy == MoeCombineBackwardStrategy::serial) {
+      combine_backward_serial_kernel<T><<<unsigned((slots + 127) / 128), 128, 0, stream>>>(
+          a.y.ptr<T>(), a.dout.ptr<T>(), a.dy.ptr<T>(), a.dweights.ptr<float>(), b, slots, p.top_k);
+      RUDNN_CUDA_CHECK_LAUNCH(combine_backward_serial_kernel);
+    } else {
+      combine_backward_plane_kernel<T><<<unsigned(p.tokens), kPlaneThreads, 0, stream>>>(
+          a.y.ptr<T>(), a.dout.ptr<T>(), a.dy.ptr<T>(), a.dweights.ptr<float>(), b, p.top_k);
+      RUDNN_CUDA_CHECK_LAUNCH(combine_backward_plane_kernel);
+    }
+  });
+}
+
+}  // namespace rudnn::moe

@@ -1,0 +1,12 @@
+// The bf16 instantiation of the sm80 grouped GEMM (one per translation unit).
+#include "moe/grouped_gemm_sm80.cuh"
+
+namespace rudnn::moe::sm80::detail {
+
+std::size_t workspace_bytes_nt_bf16(int groups) { return workspace_bytes_impl<cutlass::bfloat16_t>(groups); }
+
+void run_nt_bf16(const sm90::SegmentGemm& g, void* workspace, std::size_t workspace_size, cudaStream_t stream) {
+  run_impl<cutlass::bfloat16_t>(g, workspace, workspace_size, stream);
+}
+
+}  // namespace rudnn::moe::sm80::detail

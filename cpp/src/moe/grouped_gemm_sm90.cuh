@@ -1,0 +1,215 @@
+// The CUTLASS 3.x ptr-array grouped GEMM behind grouped_gemm_sm90.hpp. Included only by the
+// per-dtype instantiation files (template-heavy: one instantiation per translation unit).
+#pragma once
+
+#include <string>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+
+#include "core/cuda_check.hpp"
+#include "core/device.hpp"
+#include "moe/grouped_gemm_sm90.hpp"
+
+namespace rudnn::moe::sm90 {
+
+using namespace cute;
+
+// The CUTLASS layouts of each Layouts value (grouped_gemm_sm90.hpp), and the output type.
+template <Layouts L, class Element> struct LayoutsOf;
+template <class Element> struct LayoutsOf<Layouts::nt, Element> {
+  using A = cutlass::layout::RowMajor;     // [M, K], K contiguous
+  using B = cutlass::layout::ColumnMajor;  // K x N with K contiguous: the [N, K] expert weights
+  using ElementD = Element;
+};
+template <class Element> struct LayoutsOf<Layouts::nn, Element> {
+  using A = cutlass::layout::RowMajor;
+  using B = cutlass::layout::RowMajor;     // K x N with N contiguous
+  using ElementD = float;
+};
+template <class Element> struct LayoutsOf<Layouts::tn, Element> {
+  using A = cutlass::layout::ColumnMajor;  // M x K with M contiguous: rows of activations, transposed
+  using B = cutlass::layout::RowMajor;
+  using ElementD = float;
+};
+
+// D = A · B per group, fp32 accumulation, D row-major [M, N].
+template <Layouts L, class Element>
+struct GroupedGemmConfig {
+  using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M, N, K) per group
+  using LayoutA = typename LayoutsOf<L, Element>::A;
+  using LayoutB = typename LayoutsOf<L, Element>::B;
+  using LayoutD = cutlass::layout::RowMajor;
+  using ElementD = typename LayoutsOf<L, Element>::ElementD;
+  static constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte rows and bases
+  static constexpr int kAlignmentD = 16 / sizeof(ElementD);
+  // 128x128x64 tiles, two consumer warpgroups sharing each tile (cooperative), no cluster:
+  // MoE segments are short in M, and clusters would multicast across unrelated experts.
+  using TileShape = Shape<_128, _128, _64>;
+  using ClusterShape = Shape<_1, _1, _1>;
+  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      void, LayoutD*, kAlignmentD,  // no source C
+      ElementD, LayoutD*, kAlignmentD, EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlignment, Element, LayoutB*,
+      kAlignment, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+};
+
+// The per-group argument arrays, carved from the front of the workspace.
+template <class Config>
+struct GroupArrays {
+  using Element = typename Config::Gemm::ElementA;
+  using ElementD = typename Config::ElementD;
+  typename Config::Shape3* shapes;
+  const Element** a;
+  const Element** b;
+  ElementD** d;
+  typename Config::StrideA* stride_a;
+  typename Config::StrideB* stride_b;
+  typename Config::StrideD* stride_d;
+
+  static std::size_t align(std::size_t v) { return (v + 255) / 256 * 256; }
+  static std::size_t bytes(int groups) {
+    const std::size_t g = std::size_t(groups);
+    return align(g * sizeof(typename Config::Shape3)) + 3 * align(g * sizeof(void*)) +
+           align(g * sizeof(typename Config::StrideA)) + align(g * sizeof(typename Config::StrideB)) +
+           align(g * sizeof(typename Config::StrideD));
+  }
+  static GroupArrays carve(void* workspace, int groups) {
+    const std::size_t g = std::size_t(groups);
+    char* p = static_cast<char*>(workspace);
+    GroupArrays r;
+    auto take = [&](std::size_t n) {
+      char* q = p;
+      p += align(n);
+      return q;
+    };
+    r.shapes = reinterpret_cast<typename Config::Shape3*>(take(g * sizeof(typename Config::Shape3)));
+    r.a = reinterpret_cast<const Element**>(take(g * sizeof(void*)));
+    r.b = reinterpret_cast<const Element**>(take(g * sizeof(void*)));
+    r.d = reinterpret_cast<ElementD**>(take(g * sizeof(void*)));
+    r.stride_a = reinterpret_cast<typename Config::StrideA*>(take(g * sizeof(typename Config::StrideA)));
+    r.stride_b = reinterpret_cast<typename Config::StrideB*>(take(g * sizeof(typename Config::StrideB)));
+    r.stride_d = reinterpret_cast<typename Config::StrideD*>(take(g * sizeof(typename Config::StrideD)));
+    return r;
+  }
+};
+
+// A stride with its one dynamic mode (the leading dimension) set to `ld`; the other modes are
+// static (1 for the contiguous mode, 0 for the batch mode).
+template <class Stride>
+CUTE_HOST_DEVICE Stride leading_stride(std::int64_t ld) {
+  Stride s{};
+  if constexpr (cute::is_static<cute::remove_cvref_t<decltype(get<0>(s))>>::value)
+    get<1>(s) = ld;
+  else
+    get<0>(s) = ld;
+  return s;
+}
+
+template <class T>
+CUTE_HOST_DEVICE T* place(const Operand& op, int e, std::int64_t lo) {
+  char* base = static_cast<char*>(const_cast<void*>(op.base));
+  const std::int64_t offset = op.at == Placement::segment ? lo * op.ld : e * op.expert_stride;
+  return reinterpret_cast<T*>(base) + offset;
+}
+
+// One thread per group: problem size, pointers and strides of expert e = g % E, operand set
+// g / E. Offsets are clamped to [0, rows] and made non-decreasing (never trusted). A group
+// whose expert has no rows gets M = 0: no tiles, nothing read or written.
+template <class Config>
+__global__ void build_group_arrays_kernel(SegmentGemm g, GroupArrays<Config> arrays) {
+  using Element = typename GroupArrays<Config>::Element;
+  using ElementD = typename GroupArrays<Config>::ElementD;
+  const int group = blockIdx.x * blockDim.x + threadIdx.x;
+  if (group >= g.experts * g.sets) return;
+  const int e = group % g.experts;
+  const OperandSet& op = g.set[group / g.experts];
+  const std::int64_t lo = min(max(std::int64_t(g.offsets[e]), std::int64_t(0)), g.rows);
+  const std::int64_t hi = min(max(std::int64_t(g.offsets[e + 1]), lo), g.rows);
+  const int count = int(hi - lo);
+  const int m = count == 0 ? 0 : op.m < 0 ? count : op.m;
+  arrays.shapes[group] = typename Config::Shape3{m, op.n < 0 ? count : op.n, op.k < 0 ? count : op.k};
+  arrays.a[group] = place<const Element>(op.a, e, lo);
+  arrays.b[group] = place<const Element>(op.b, e, lo);
+  arrays.d[group] = place<ElementD>(op.d, e, lo);
+  arrays.stride_a[group] = leading_stride<typename Config::StrideA>(op.a.ld);
+  arrays.stride_b[group] = leading_stride<typename Config::StrideB>(op.b.ld);
+  arrays.stride_d[group] = leading_stride<typename Config::StrideD>(op.d.ld);
+}
+
+template <class Config>
+typename Config::Gemm::Arguments make_arguments(const GroupArrays<Config>& arrays, int groups, int device) {
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = device;
+  hw.sm_count = core::device_props(device).sm_count;
+  typename Config::Gemm::Arguments args;
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  args.problem_shape = {groups, arrays.shapes, nullptr};  // sizes live on the device only
+  args.mainloop = {arrays.a, arrays.stride_a, arrays.b, arrays.stride_b};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.dC = nullptr;
+  args.epilogue.ptr_D = arrays.d;
+  args.epilogue.dD = arrays.stride_d;
+  args.hw_info = hw;
+  return args;
+}
+
+inline void check_status(cutlass::Status status, const char* what) {
+  if (status != cutlass::Status::kSuccess)
+    throw Error(ErrorKind::cuda, std::string("SwiGluExperts (tensor_core): CUTLASS ") + what + " failed: " +
+                                     cutlassGetStatusString(status));
+}
+
+template <Layouts L, class Element>
+std::size_t workspace_bytes_impl(int groups, int device) {
+  using Config = GroupedGemmConfig<L, Element>;
+  const GroupArrays<Config> none{};
+  const auto args = make_arguments<Config>(none, groups, device);
+  return GroupArrays<Config>::bytes(groups) + GroupArrays<Config>::align(Config::Gemm::get_workspace_size(args));
+}
+
+template <Layouts L, class Element>
+void run_impl(const SegmentGemm& g, void* workspace, std::size_t workspace_size, int device, cudaStream_t stream) {
+  using Config = GroupedGemmConfig<L, Element>;
+  const int groups = g.experts * g.sets;
+  const GroupArrays<Config> arrays = GroupArrays<Config>::carve(workspace, groups);
+  build_group_arrays_kernel<Config><<<(groups + 127) / 128, 128, 0, stream>>>(g, arrays);
+  RUDNN_CUDA_CHECK_LAUNCH(build_group_arrays_kernel);
+  const auto args = make_arguments<Config>(arrays, groups, device);
+  const std::size_t arrays_bytes = GroupArrays<Config>::bytes(groups);
+  if (workspace_size < arrays_bytes + Config::Gemm::get_workspace_size(args))
+    throw Error(ErrorKind::value, "SwiGluExperts (tensor_core): workspace too small");
+  typename Config::Gemm gemm;
+  check_status(gemm.can_implement(args), "can_implement");
+  check_status(gemm.initialize(args, static_cast<char*>(workspace) + arrays_bytes, stream), "initialize");
+  check_status(gemm.run(stream), "run");
+  RUDNN_CUDA_CHECK_LAUNCH(grouped_gemm);
+}
+
+}  // namespace rudnn::moe::sm90

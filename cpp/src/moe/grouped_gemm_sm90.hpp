@@ -1,0 +1,93 @@
+// Grouped GEMM over expert segments for the "tensor_core" strategy: CUTLASS 3.x ptr-array
+// grouped kernel (sm90a: TMA loads, wgmma, warp-specialized cooperative schedule), built with
+// the collective builders. One instantiation per (layouts, dtype), each in its own .cu file.
+//
+// A "segment GEMM" is one grouped launch over the experts (and up to three operand sets):
+// for set s and expert e, D = A · B with fp32 accumulation, where each operand's base moves
+// either along the expert's rows (Placement::segment: base + offsets[e] * ld) or by a fixed
+// per-expert stride (Placement::expert: base + e * expert_stride), and each of M, N, K is
+// fixed or the expert's row count (-1). Problem sizes, pointers and strides are written on
+// the device by a small kernel from the device-side offsets, so nothing waits for the host.
+// An expert without rows gets an empty problem (no tiles): its D is left untouched.
+//
+// Three operand layouts (CUTLASS terms: A is M x K, B is N x K, D is M x N row-major):
+//   nt: A row-major, B K-contiguous, D in the input dtype   (forward: x · W^T)
+//   nn: A row-major, B N-contiguous, D float32               (backward: dy · W)
+//   tn: A M-contiguous, B N-contiguous, D float32            (weight gradients: da^T · x)
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "rudnn/tensor.hpp"
+
+namespace rudnn::moe::sm90 {
+
+enum class Layouts { nt, nn, tn };
+enum class Placement : unsigned char { segment, expert };
+
+struct Operand {
+  const void* base = nullptr;
+  std::int64_t ld = 0;                    // leading dimension (elements)
+  Placement at = Placement::segment;
+  std::int64_t expert_stride = 0;         // elements, for Placement::expert
+};
+
+struct OperandSet {
+  Operand a, b, d;
+  int m = -1, n = 0, k = 0;               // -1: the expert's row count
+};
+
+struct SegmentGemm {
+  int experts = 0;
+  int sets = 1;                           // 1..3 operand sets in one launch (sets * E groups)
+  OperandSet set[3];
+  const int* offsets = nullptr;           // [E + 1] on the device
+  std::int64_t rows = 0;                  // dispatched rows (offsets are clamped to them)
+};
+
+namespace detail {  // one pair per instantiation (grouped_gemm_sm90_<layouts>_<dtype>.cu)
+#define RUDNN_SM90_GEMM_DECL(L, D)                                                                     \
+  std::size_t workspace_bytes_##L##_##D(int groups, int device);                                       \
+  void run_##L##_##D(const SegmentGemm& g, void* workspace, std::size_t workspace_size, int device,     \
+                     cudaStream_t stream);
+RUDNN_SM90_GEMM_DECL(nt, bf16)
+RUDNN_SM90_GEMM_DECL(nt, f16)
+RUDNN_SM90_GEMM_DECL(nn, bf16)
+RUDNN_SM90_GEMM_DECL(nn, f16)
+RUDNN_SM90_GEMM_DECL(tn, bf16)
+RUDNN_SM90_GEMM_DECL(tn, f16)
+#undef RUDNN_SM90_GEMM_DECL
+}  // namespace detail
+
+// Device bytes one call with `groups` groups needs: argument arrays plus CUTLASS's workspace.
+inline std::size_t workspace_bytes(Layouts layouts, DType dtype, int groups, int device) {
+  const bool bf16 = dtype == DType::bf16;
+  switch (layouts) {
+    case Layouts::nt: return bf16 ? detail::workspace_bytes_nt_bf16(groups, device) : detail::workspace_bytes_nt_f16(groups, device);
+    case Layouts::nn: return bf16 ? detail::workspace_bytes_nn_bf16(groups, device) : detail::workspace_bytes_nn_f16(groups, device);
+    default: return bf16 ? detail::workspace_bytes_tn_bf16(groups, device) : detail::workspace_bytes_tn_f16(groups, device);
+  }
+}
+
+// Queues the grouped GEMM (inputs f16 or bf16) on `stream`. The caller has checked that the
+// device is sm_90 and that every leading dimension and base pointer suits TMA (16 bytes).
+inline void run(Layouts layouts, DType dtype, const SegmentGemm& g, void* workspace, std::size_t workspace_size,
+                int device, cudaStream_t stream) {
+  const bool bf16 = dtype == DType::bf16;
+  switch (layouts) {
+    case Layouts::nt:
+      return bf16 ? detail::run_nt_bf16(g, workspace, workspace_size, device, stream)
+                  : detail::run_nt_f16(g, workspace, workspace_size, device, stream);
+    case Layouts::nn:
+      return bf16 ? detail::run_nn_bf16(g, workspace, workspace_size, device, stream)
+                  : detail::run_nn_f16(g, workspace, workspace_size, device, stream);
+    default:
+      return bf16 ? detail::run_tn_bf16(g, workspace, workspace_size, device, stream)
+                  : detail::run_tn_f16(g, workspace, workspace_size, device, stream);
+  }
+}
+
+}  // namespace rudnn::moe::sm90

@@ -1,0 +1,344 @@
+"""rudnn.moe forward: routing, dispatch/combine and SwiGLU experts against the naive
+references of tests/reference/moe.py (float64 oracle; error budget: twice that of the same
+computation by torch in the input dtype, plus a few ulps)."""
+
+import numpy as np
+import pytest
+import torch
+
+import rudnn
+from rudnn import moe
+from reference import moe as ref
+from util import DEVICES, DTYPES, FLOOR, assert_close_to_oracle, rand
+
+# ulp-scale tolerance of a value rounded once to the dtype after float32 arithmetic
+ROUNDING = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def _experts(E, I, H, dtype, device, seed=10):
+    s = 1.0 / H ** 0.5
+    return (rand((E, I, H), dtype, device, seed=seed, scale=s), rand((E, I, H), dtype, device, seed=seed + 1, scale=s),
+            rand((E, H, I), dtype, device, seed=seed + 2, scale=1.0 / I ** 0.5))
+
+
+def _assert_weights(ours, ref64, dtype):
+    torch.testing.assert_close(ours.cpu().double(), ref64, rtol=ROUNDING[dtype], atol=ROUNDING[dtype] * 1e-2,
+                               equal_nan=True)
+
+
+# ---- routing -------------------------------------------------------------------------------
+
+ROUTE_CASES = [  # (T, E, top_k, renormalize)
+    (9, 8, 2, True),      # Mixtral-like
+    (6, 128, 8, True),    # Qwen3-MoE-like
+    (5, 8, 2, False),
+    (4, 5, 5, True),      # top_k = E
+    (3, 1, 1, True),      # E = 1
+    (1, 7, 3, False),     # one token, odd E
+    (0, 8, 2, True),      # no tokens
+    (2, 1024, 64, True),  # the largest supported case
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T, E, k, renorm", ROUTE_CASES)
+def test_route(device, dtype, T, E, k, renorm):
+    logits = rand((T, E), dtype, device, seed=T * 31 + E, scale=2.0)
+    plan = moe.route(logits, k, renormalize=renorm)
+    assert isinstance(plan, moe.RoutingPlan)
+    assert plan.expert_indices.dtype == torch.uint32 and tuple(plan.expert_indices.shape) == (T, k)
+    assert plan.weights.dtype == dtype and plan.weights.device == logits.device
+    idx64, w64 = ref.route_softmax(logits.cpu(), k, renorm)
+    assert torch.equal(plan.expert_indices.cpu().long(), idx64)
+    _assert_weights(plan.weights, w64, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_route_ties_go_to_the_lower_id(device):
+    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0], [-1.0, 5.0, -1.0, 5.0, -1.0]],
+                          device=device)
+    plan = moe.route(logits, 3)
+    assert plan.expert_indices.cpu().long().tolist() == [[1, 2, 4], [0, 1, 2], [1, 3, 0]]
+    torch.testing.assert_close(plan.weights[1].cpu(), torch.full((3,), 1 / 3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_route_non_finite_rows_give_nan(device, dtype):
+    inf = float("inf")
+    logits = torch.tensor([[0.5, float("nan"), 1.0, 0.0], [0.5, inf, 1.0, 0.0], [-inf, -inf, -inf, -inf],
+                           [-inf, 2.0, -inf, 1.0], [1.0, 2.0, 3.0, 4.0]], dtype=dtype, device=device)
+    plan = moe.route(logits, 2)
+    w = plan.weights.cpu().float()
+    assert torch.isnan(w[:3]).all()
+    assert plan.expert_indices[:3].cpu().long().tolist() == [[0, 1]] * 3
+    assert not torch.isnan(w[3:]).any()  # -inf logits alone are fine: they get weight 0
+    assert plan.expert_indices[3].cpu().long().tolist() == [1, 3]
+    idx64, w64 = ref.route_softmax(logits.cpu(), 2, True)
+    _assert_weights(plan.weights, w64, dtype)
+
+
+SIGMOID_CASES = [  # (T, E, groups, selected_groups, top_k, group_top_two, renormalize, scale, bias)
+    (6, 256, 8, 4, 8, True, True, 2.5, True),  # DeepSeek-V3-like
+    (5, 256, 8, 4, 8, False, True, 2.5, True),
+    (4, 64, 8, 3, 6, True, False, 1.0, True),
+    (5, 16, 1, 1, 4, True, True, 1.0, False),
+    (3, 12, 4, 2, 6, True, True, 0.5, True),   # top_k = all experts of the kept groups
+    (2, 6, 6, 2, 2, False, True, 1.0, True),   # one expert per group
+    (0, 16, 4, 2, 2, True, True, 1.0, True),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T, E, G, SG, k, top_two, renorm, scale, with_bias", SIGMOID_CASES)
+def test_route_sigmoid_grouped(device, dtype, T, E, G, SG, k, top_two, renorm, scale, with_bias):
+    logits = rand((T, E), dtype, device, seed=E + T, scale=2.0)
+    bias = rand((E,), torch.float32, device, seed=3, scale=0.2) if with_bias else None
+    plan = moe.route_sigmoid_grouped(logits, bias, top_k=k, groups=G, selected_groups=SG, group_top_two=top_two,
+                                     renormalize=renorm, scale=scale)
+    assert plan.expert_indices.dtype == torch.uint32 and plan.weights.dtype == dtype
+    idx64, w64 = ref.route_sigmoid_grouped(logits.cpu(), None if bias is None else bias.cpu(), k, G, SG, top_two,
+                                           renorm, scale)
+    assert torch.equal(plan.expert_indices.cpu().long(), idx64)
+    _assert_weights(plan.weights, w64, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_route_sigmoid_grouped_bias_selects_only(device):
+    # Expert 0 has the best score, but a bias moves expert 3 ahead; weights stay sigmoid(logits).
+    logits = torch.tensor([[3.0, 0.0, 0.0, 1.0]], device=device)
+    bias = torch.tensor([0.0, 0.0, 0.0, 0.5], device=device)
+    plan = moe.route_sigmoid_grouped(logits, bias, top_k=1, groups=1, selected_groups=1, renormalize=False)
+    assert plan.expert_indices.cpu().long().tolist() == [[3]]
+    torch.testing.assert_close(plan.weights.cpu(), torch.sigmoid(torch.tensor([[1.0]])))
+    nan_row = torch.tensor([[float("nan"), 0.0, 0.0, 1.0]], device=device)
+    plan = moe.route_sigmoid_grouped(nan_row, top_k=2, groups=2, selected_groups=1)
+    assert torch.isnan(plan.weights.cpu()).all()
+
+
+# ---- dispatch and combine -------------------------------------------------------------------
+
+def _check_layout(d, indices, E, x):
+    offsets, rows = ref.dispatch_layout(indices.cpu().long(), E)
+    assert d.offsets.cpu().tolist() == offsets
+    T, k = indices.shape
+    assert tuple(d.x.shape) == (T * k, x.shape[1])
+    for r, (t, j) in enumerate(rows):
+        assert int(d.token_of_row[r]) == t and int(d.row_of_slot[t, j]) == r
+    assert torch.equal(d.x.cpu(), x.cpu()[[t for t, _ in rows]])
+
+
+DISPATCH_CASES = [  # (T, E, k, H)
+    (9, 8, 2, 24), (6, 128, 8, 16), (1, 4, 2, 7), (5, 3, 3, 5), (4, 1, 1, 9), (0, 4, 2, 8), (33, 16, 4, 3)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T, E, k, H", DISPATCH_CASES)
+def test_dispatch_combine(device, dtype, T, E, k, H):
+    x = rand((T, H), dtype, device, seed=1)
+    plan = moe.route(rand((T, E), dtype, device, seed=2), k)
+    d = plan.dispatch(x)
+    _check_layout(d, plan.expert_indices, E, x)
+    y = rand((T * k, H), dtype, device, seed=3)
+    out = d.combine(y)
+    assert out.dtype == dtype and tuple(out.shape) == (T, H)
+    w = plan.weights.cpu().double()
+    oracle = torch.zeros(T, H, dtype=torch.float64)
+    same = torch.zeros(T, H, dtype=dtype)
+    for t in range(T):
+        for j in range(k):
+            r = int(d.row_of_slot[t, j])
+            oracle[t] += w[t, j] * y[r].cpu().double()
+            same[t] += plan.weights[t, j].cpu() * y[r].cpu()
+    assert_close_to_oracle(out, same, oracle, "combine")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dispatch_many_tokens_on_one_expert_and_empty_experts(device):
+    T, E, k, H = 40, 6, 2, 5
+    logits = torch.full((T, E), -5.0, device=device)
+    logits[:, 4] = 5.0  # every token picks expert 4 first
+    logits[::3, 1] = 4.0
+    logits[1::3, 0] = 4.0
+    logits[2::3, 5] = 4.0
+    x = rand((T, H), torch.float32, device)
+    plan = moe.route(logits, k)
+    d = plan.dispatch(x)
+    counts = np.diff(d.offsets.cpu().numpy())
+    assert counts.tolist() == [13, 14, 0, 0, 40, 13]
+    _check_layout(d, plan.expert_indices, E, x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dispatch_is_deterministic(device):
+    plan = moe.route(rand((300, 16), torch.float32, device, seed=5), 4)
+    x = rand((300, 8), torch.float32, device, seed=6)
+    a, b = plan.dispatch(x), plan.dispatch(x)
+    for name in ("x", "offsets", "token_of_row", "row_of_slot"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+# ---- SwiGLU experts -------------------------------------------------------------------------
+
+def _same_dtype_experts(d, gate, up, down):
+    """The expert outputs computed by torch in the input dtype (per-expert matmuls)."""
+    x = d.x.cpu()
+    y = torch.zeros_like(x)
+    off = d.offsets.cpu().tolist()
+    for e in range(gate.shape[0]):
+        xs = x[off[e]:off[e + 1]]
+        h = torch.nn.functional.silu(xs @ gate[e].cpu().T) * (xs @ up[e].cpu().T)
+        y[off[e]:off[e + 1]] = h @ down[e].cpu().T
+    return y
+
+
+def _oracle_experts(d, gate, up, down):
+    x = d.x.cpu()
+    y = torch.zeros(x.shape, dtype=torch.float64)
+    off = d.offsets.cpu().tolist()
+    for e in range(gate.shape[0]):
+        for n in range(off[e], off[e + 1]):
+            y[n] = ref.expert(x[n], gate[e].cpu(), up[e].cpu(), down[e].cpu())
+    return y
+
+
+EXPERT_CASES = [  # (T, E, k, H, I)
+    (9, 8, 2, 32, 48),    # Mixtral-like (small H, I)
+    (6, 128, 8, 16, 8),   # Qwen3-MoE-like
+    (5, 4, 2, 13, 7),     # H, I not multiples of 8
+    (1, 3, 1, 9, 5),      # one token
+    (0, 4, 2, 8, 8),      # no tokens
+    (7, 2, 2, 8, 24),     # top_k = E
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("strategy", ["auto", "scalar"])
+@pytest.mark.parametrize("T, E, k, H, I", EXPERT_CASES)
+def test_experts_forward_dispatched(device, dtype, strategy, T, E, k, H, I):
+    gate, up, down = _experts(E, I, H, dtype, device)
+    experts = moe.SwiGluExperts(gate, up, down)
+    plan = moe.route(rand((T, E), dtype, device, seed=4), k)
+    d = plan.dispatch(rand((T, H), dtype, device, seed=5))
+    y = experts.forward_dispatched(d, strategy=strategy)
+    assert y.dtype == dtype and tuple(y.shape) == (T * k, H)
+    assert_close_to_oracle(y, _same_dtype_experts(d, gate, up, down), _oracle_experts(d, gate, up, down), "y")
+
+
+TC_CASES = [  # (T, E, k, H, I): H, I multiples of 8 as TMA needs
+    (9, 8, 2, 64, 128),   # Mixtral-like
+    (6, 128, 8, 32, 16),  # Qwen3-MoE-like: most experts get no rows
+    (1, 4, 2, 16, 8),     # one token
+    (300, 4, 1, 128, 64), # long segments: several 128-row tiles per expert
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kernel", ["native", "sm80"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T, E, k, H, I", TC_CASES)
+def test_experts_tensor_core(monkeypatch, kernel, dtype, T, E, k, H, I):
+    device = "cuda"
+    cc = torch.cuda.get_device_capability()
+    if cc != (9, 0) and cc[0] != 8:
+        pytest.skip("the tensor_core strategy needs sm_80-class or sm_90 GPUs in this build")
+    if kernel == "sm80":
+        if cc != (9, 0):
+            pytest.skip("'native' already is the sm80 kernel here")
+        monkeypatch.setenv("RUDNN_MOE_SM80_ON_SM90", "1")  # the CUTLASS 2.x grouped kernel on Hopper
+    gate, up, down = _experts(E, I, H, dtype, device)
+    experts = moe.SwiGluExperts(gate, up, down)
+    plan = moe.route(rand((T, E), dtype, device, seed=4), k)
+    d = plan.dispatch(rand((T, H), dtype, device, seed=5))
+    y = experts.forward_dispatched(d, strategy="tensor_core")
+    assert_close_to_oracle(y, _same_dtype_experts(d, gate, up, down), _oracle_experts(d, gate, up, down), "y")
+    y_train, cache = experts.forward_dispatched_training(d, strategy="tensor_core")
+    torch.testing.assert_close(y_train, y, rtol=0, atol=0)
+    _, cache_scalar = experts.forward_dispatched_training(d, strategy="scalar")
+    assert_close_to_oracle(cache.gate_pre, cache_scalar.gate_pre, cache_scalar.gate_pre.double().cpu(), "a",
+                           scale=cache_scalar.gate_pre.abs().max().item())
+
+
+@pytest.mark.cuda
+def test_tensor_core_refuses_what_it_cannot_do():
+    gate, up, down = _experts(4, 8, 12, torch.bfloat16, "cuda")  # H = 12: not a multiple of 8
+    experts = moe.SwiGluExperts(gate, up, down)
+    d = moe.route(rand((3, 4), torch.bfloat16, "cuda"), 2).dispatch(rand((3, 12), torch.bfloat16, "cuda"))
+    with pytest.raises(rudnn.UnsupportedError, match="SwiGluExperts.forward_dispatched: strategy 'tensor_core' needs"):
+        experts.forward_dispatched(d, strategy="tensor_core")
+    assert experts.forward_dispatched(d).shape == (6, 12)  # "auto" falls back to "scalar"
+    gate, up, down = _experts(4, 8, 16, torch.float32, "cuda")
+    d = moe.route(rand((3, 4), torch.float32, "cuda"), 2).dispatch(rand((3, 16), torch.float32, "cuda"))
+    with pytest.raises(rudnn.UnsupportedError, match="strategy 'tensor_core' needs"):
+        moe.SwiGluExperts(gate, up, down).forward_dispatched(d, strategy="tensor_core")
+
+
+def _layer_check(out, x, logits, gate, up, down, indices, dtype, **route_opts):
+    oracle = ref.moe_layer(x.cpu(), logits.cpu(), gate.cpu(), up.cpu(), down.cpu(), indices.cpu().long(),
+                           **route_opts)
+    same = ref.moe_layer(x.cpu(), logits.cpu(), gate.cpu(), up.cpu(), down.cpu(), indices.cpu().long(),
+                         dtype=dtype, **route_opts)
+    assert out.dtype == dtype
+    assert_close_to_oracle(out, same, oracle, "moe layer")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T, E, k, H, I, renorm", [(12, 8, 2, 32, 40, True), (5, 128, 8, 16, 8, True),
+                                                   (4, 6, 3, 11, 13, False)])
+def test_moe_layer(device, dtype, T, E, k, H, I, renorm):
+    gate, up, down = _experts(E, I, H, dtype, device)
+    x = rand((T, H), dtype, device, seed=6)
+    logits = rand((T, E), dtype, device, seed=7)
+    out = moe.SwiGluExperts(gate, up, down)(x, logits, top_k=k, renormalize=renorm)
+    idx, _ = ref.route_softmax(logits.cpu(), k, renorm)
+    _layer_check(out, x, logits, gate, up, down, idx, dtype, renormalize=renorm)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_layer_sigmoid_grouped(device, dtype):
+    T, E, H, I = 4, 256, 16, 8  # DeepSeek-V3-like routing with a small expert size
+    gate, up, down = _experts(E, I, H, dtype, device)
+    x = rand((T, H), dtype, device, seed=8)
+    logits = rand((T, E), dtype, device, seed=9)
+    bias = rand((E,), torch.float32, device, seed=10, scale=0.1)
+    opts = dict(top_k=8, groups=8, selected_groups=4, scale=2.5)
+    out = moe.SwiGluExperts(gate, up, down).forward_sigmoid_grouped(x, logits, bias, **opts)
+    idx, _ = ref.route_sigmoid_grouped(logits.cpu(), bias.cpu(), 8, 8, 4, True, True, 2.5)
+    _layer_check(out, x, logits, gate, up, down, idx, dtype, scoring="sigmoid", scale=2.5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_numpy_inputs(dtype):
+    rng = np.random.default_rng(0)
+    T, E, k, H, I = 6, 8, 2, 12, 10
+    x = rng.standard_normal((T, H)).astype(dtype)
+    logits = rng.standard_normal((T, E)).astype(dtype)
+    gate = (rng.standard_normal((E, I, H)) / 4).astype(dtype)
+    up = (rng.standard_normal((E, I, H)) / 4).astype(dtype)
+    down = (rng.standard_normal((E, H, I)) / 4).astype(dtype)
+    plan = moe.route(logits, k)
+    assert isinstance(plan.expert_indices, np.ndarray) and plan.expert_indices.dtype == np.uint32
+    d = plan.dispatch(x)
+    assert isinstance(d.offsets, np.ndarray) and d.offsets.dtype == np.int32
+    out = d.combine(moe.SwiGluExperts(gate, up, down).forward_dispatched(d))
+    assert isinstance(out, np.ndarray) and out.dtype == np.dtype(dtype)
+    t = lambda a: torch.from_numpy(a)
+    _layer_check(t(out), t(x), t(logits), t(gate), t(up), t(down), t(plan.expert_indices.astype(np.int64)),
+                 getattr(torch, dtype))
+
+
+def test_strided_inputs():
+    # Row-strided views of logits and x are read in place (last axis contiguous).
+    big_logits = rand((5, 16), torch.float32, seed=1)
+    big_x = rand((5, 20), torch.float32, seed=2)
+    logits, x = big_logits[:, :8], big_x[:, 3:15]
+    gate, up, down = _experts(8, 6, 12, torch.float32, "cpu")
+    out = moe.SwiGluExperts(gate, up, down)(x, logits, top_k=2)
+    ref_out = moe.SwiGluExperts(gate, up, down)(x.contiguous(), logits.contiguous(), top_k=2)
+    assert torch.equal(out, ref_out)

@@ -1,0 +1,199 @@
+"""Every documented error of rudnn.moe: exception type and message."""
+
+import numpy as np
+import pytest
+import torch
+
+import rudnn
+from rudnn import moe
+from util import DEVICES
+
+f16, i32 = torch.float16, torch.int32
+
+
+def _t(shape, dtype=torch.float32, device="cpu"):
+    return torch.randn(shape, device=device).to(dtype)
+
+
+def _sg(d, E=16, **kw):
+    opts = dict(top_k=2, groups=4, selected_groups=2)
+    opts.update(kw)
+    bias = opts.pop("bias", None)
+    return moe.route_sigmoid_grouped(_t((3, E), device=d), bias, **opts)
+
+
+def _experts(d, E=4, I=6, H=8, dtype=torch.float32, up_shape=None, down_shape=None, down_dtype=None):
+    return moe.SwiGluExperts(_t((E, I, H), dtype, d), _t(up_shape or (E, I, H), dtype, d),
+                             _t(down_shape or (E, H, I), down_dtype or dtype, d))
+
+
+def _dispatched(d, T=3, E=4, k=2, H=8, training=False):
+    logits = _t((T, E), device=d)
+    plan = moe.route(logits, k)
+    if training:
+        plan = plan.into_training(logits)
+    return plan.dispatch(_t((T, H), device=d))
+
+
+def _cache(d):
+    dd = _dispatched(d, training=True)
+    return _experts(d).forward_dispatched_training(dd)[1]
+
+
+ROUTE_ERRORS = [
+    (lambda d: moe.route(_t((3, 8), i32, d), 2), rudnn.DTypeError,
+     "moe.route: logits: expected float32, float16 or bfloat16, got int32"),
+    (lambda d: moe.route(_t((8,), device=d), 2), rudnn.ShapeError, "moe.route: logits: expected 2 axes, got shape [8]"),
+    (lambda d: moe.route(_t((3, 0), device=d), 1), rudnn.ShapeError,
+     "moe.route: logits: expected at least one expert (E >= 1), got shape [3, 0]"),
+    (lambda d: moe.route(_t((8, 3), device=d).t(), 2), rudnn.ShapeError,
+     "moe.route: logits: the last axis must be contiguous (stride 1), got stride 3"),
+    (lambda d: moe.route(_t((3, 8), device=d), 0), rudnn.ArgumentError,
+     "moe.route: top_k: expected 1 <= top_k <= E (8), got 0"),
+    (lambda d: moe.route(_t((3, 8), device=d), 9), rudnn.ArgumentError,
+     "moe.route: top_k: expected 1 <= top_k <= E (8), got 9"),
+    (lambda d: moe.route(_t((3, 100), device=d), 65), rudnn.UnsupportedError,
+     "moe.route: top_k: at most 64 is supported, got 65"),
+    (lambda d: moe.route(_t((2, 1025), device=d), 2), rudnn.UnsupportedError,
+     "moe.route: at most 1024 experts are supported, got E = 1025"),
+    # grouped sigmoid routing
+    (lambda d: _sg(d, bias=_t((16,), f16, d)), rudnn.DTypeError,
+     "moe.route_sigmoid_grouped: bias: expected float32, got float16"),
+    (lambda d: _sg(d, bias=_t((15,), device=d)), rudnn.ShapeError,
+     "moe.route_sigmoid_grouped: bias: expected shape [16] (the experts of logits), got [15]"),
+    (lambda d: _sg(d, groups=0), rudnn.ArgumentError,
+     "moe.route_sigmoid_grouped: groups: expected 1 <= groups <= 128, got 0"),
+    (lambda d: _sg(d, E=258, groups=129), rudnn.ArgumentError,
+     "moe.route_sigmoid_grouped: groups: expected 1 <= groups <= 128, got 129"),
+    (lambda d: _sg(d, groups=3), rudnn.ArgumentError,
+     "moe.route_sigmoid_grouped: groups: expected a divisor of the number of experts (16), got 3"),
+    (lambda d: _sg(d, selected_groups=0), rudnn.ArgumentError,
+     "moe.route_sigmoid_grouped: selected_groups: expected 1 <= selected_groups <= groups (4), got 0"),
+    (lambda d: _sg(d, selected_groups=5), rudnn.ArgumentError,
+     "moe.route_sigmoid_grouped: selected_groups: expected 1 <= selected_groups <= groups (4), got 5"),
+    (lambda d: _sg(d, groups=16, selected_groups=4), rudnn.ArgumentError,
+     "moe.route_sigmoid_grouped: group_top_two needs at least 2 experts per group, got 1 (E = 16, groups = 16)"),
+    (lambda d: _sg(d, top_k=9), rudnn.ArgumentError,
+     "moe.route_sigmoid_grouped: top_k: expected 1 <= top_k <= the experts in the kept groups (8), got 9"),
+    (lambda d: _sg(d, E=256, groups=2, selected_groups=2, top_k=65), rudnn.UnsupportedError,
+     "moe.route_sigmoid_grouped: top_k: at most 64 is supported, got 65"),
+    (lambda d: _sg(d, E=1040, groups=8), rudnn.UnsupportedError,
+     "moe.route_sigmoid_grouped: at most 1024 experts are supported, got E = 1040"),
+    (lambda d: _sg(d, scale=0.0), rudnn.ArgumentError,
+     "moe.route_sigmoid_grouped: scale: expected a finite value > 0, got 0"),
+    (lambda d: _sg(d, scale=float("inf")), rudnn.ArgumentError,
+     "moe.route_sigmoid_grouped: scale: expected a finite value > 0, got inf"),
+    (lambda d: _sg(d, scale=float("nan")), rudnn.ArgumentError,
+     "moe.route_sigmoid_grouped: scale: expected a finite value > 0, got nan"),
+]
+
+DISPATCH_ERRORS = [
+    (lambda d: moe.route(_t((3, 4), device=d), 2).dispatch(_t((4, 8), device=d)), rudnn.ShapeError,
+     "moe.dispatch: x: expected shape [3, H] (the tokens of the plan), got [4, 8]"),
+    (lambda d: moe.route(_t((3, 4), device=d), 2).dispatch(_t((3, 8), i32, d)), rudnn.DTypeError,
+     "moe.dispatch: x: expected float32, float16 or bfloat16, got int32"),
+    (lambda d: _dispatched(d).combine(_t((6, 8), i32, d)), rudnn.DTypeError,
+     "moe.combine: y: expected float32, float16 or bfloat16, got int32"),
+    (lambda d: _dispatched(d).combine(_t((6,), device=d)), rudnn.ShapeError,
+     "moe.combine: y: expected 2 axes, got shape [6]"),
+    (lambda d: _dispatched(d).combine_backward(_t((6, 8), device=d), _t((3, 7), device=d)), rudnn.ShapeError,
+     "moe.combine_backward: dout: expected shape [3, 8] ([T, H]), got [3, 7]"),
+    (lambda d: _dispatched(d).combine_backward(_t((6, 8), device=d), _t((3, 8), f16, d)), rudnn.DTypeError,
+     "moe.combine_backward: dout: expected the dtype of y (float32), got float16"),
+    (lambda d: _dispatched(d).combine_backward(_t((6, 8), device=d), _t((3, 8), device=d), strategy="atomic"),
+     rudnn.ArgumentError, "moe.combine_backward: strategy: expected one of 'serial', 'plane', got 'atomic'"),
+    (lambda d: _dispatched(d).dispatch_backward(_t((6, 8), i32, d)), rudnn.DTypeError,
+     "moe.dispatch_backward: y: expected float32, float16 or bfloat16, got int32"),
+]
+
+EXPERT_ERRORS = [
+    (lambda d: moe.SwiGluExperts(_t((4, 6), device=d), _t((4, 6), device=d), _t((4, 6), device=d)),
+     rudnn.ShapeError, "SwiGluExperts: gate: expected 3 axes [E, I, H], got shape [4, 6]"),
+    (lambda d: _experts(d, dtype=i32), rudnn.DTypeError,
+     "SwiGluExperts.forward_dispatched: gate: expected float32, float16 or bfloat16, got int32"),
+    (lambda d: _experts(d, up_shape=(4, 6, 9)), rudnn.ShapeError,
+     "SwiGluExperts.forward_dispatched: up: expected shape [4, 6, 8] ([E, I, H] like gate), got [4, 6, 9]"),
+    (lambda d: _experts(d, down_shape=(4, 6, 8)), rudnn.ShapeError,
+     "SwiGluExperts.forward_dispatched: down: expected shape [4, 8, 6] ([E, H, I]), got [4, 6, 8]"),
+    (lambda d: _experts(d, down_dtype=f16), rudnn.DTypeError,
+     "SwiGluExperts.forward_dispatched: down: expected the dtype of x (float32), got float16"),
+    (lambda d: _experts(d, E=1025, I=1, H=1), rudnn.UnsupportedError,
+     "SwiGluExperts.forward_dispatched: at most 1024 experts are supported, got E = 1025"),
+    (lambda d: _experts(d, H=16).forward_dispatched(_dispatched(d, H=8)), rudnn.ShapeError,
+     "SwiGluExperts.forward_dispatched: x: expected 16 columns (H of the experts), got shape [6, 8]"),
+    (lambda d: _experts(d).forward_dispatched(_dispatched(d, E=5)), rudnn.ShapeError,
+     "SwiGluExperts.forward_dispatched: offsets: expected shape [5] ([E + 1]), got [6]"),
+    (lambda d: _experts(d).forward_dispatched(_dispatched(d), strategy="fast"), rudnn.ArgumentError,
+     "SwiGluExperts.forward_dispatched: strategy: expected one of 'auto', 'tensor_core', 'scalar', got 'fast'"),
+    (lambda d: _experts(d).forward_dispatched_training(_dispatched(d), strategy="fast"), rudnn.ArgumentError,
+     "SwiGluExperts.forward_dispatched_training: strategy: expected one of"),
+    (lambda d: _cache(d).backward(_t((6, 7), device=d)), rudnn.ShapeError,
+     "MoeTrainingCache.backward: dy: expected shape [6, 8] ([N, H] like x), got [6, 7]"),
+    (lambda d: _cache(d).backward(_t((6, 8), f16, d)), rudnn.DTypeError,
+     "MoeTrainingCache.backward: dy: expected the dtype of x (float32), got float16"),
+]
+
+ROUTER_ERRORS = [
+    (lambda d: moe.selected_router_weights(_t((3, 8), i32, d), torch.zeros(3, 2, dtype=i32, device=d)),
+     rudnn.DTypeError, "moe.selected_router_weights: logits: expected float32, float16 or bfloat16, got int32"),
+    (lambda d: moe.selected_router_weights(_t((3, 8), device=d), torch.zeros(3, 2, device=d)), rudnn.DTypeError,
+     "moe.selected_router_weights: indices: expected uint32, int32 or int64, got float32"),
+    (lambda d: moe.selected_router_weights(_t((3, 8), device=d), torch.zeros(4, 2, dtype=i32, device=d)),
+     rudnn.ShapeError, "moe.selected_router_weights: indices: expected 3 rows (the tokens of logits), got shape [4, 2]"),
+    (lambda d: moe.selected_router_weights(_t((3, 8), device=d), torch.zeros(3, 0, dtype=i32, device=d)),
+     rudnn.ShapeError, "moe.selected_router_weights: indices: expected at least one slot (k >= 1), got shape [3, 0]"),
+    (lambda d: moe.selected_router_weights(_t((3, 8), device=d), torch.zeros(3, dtype=i32, device=d)),
+     rudnn.ShapeError, "moe.selected_router_weights: indices: expected 2 axes, got shape [3]"),
+    (lambda d: moe.selected_router_weights(_t((3, 8), device=d), torch.zeros(3, 65, dtype=i32, device=d)),
+     rudnn.UnsupportedError, "moe.selected_router_weights: indices: at most 64 slots per token are supported, got 65"),
+    (lambda d: moe.selected_router_weights(_t((3, 8), device=d), torch.zeros(3, 2, dtype=i32, device=d),
+                                           scoring="relu"), rudnn.ArgumentError,
+     "moe.selected_router_weights: scoring: expected one of 'softmax', 'sigmoid', got 'relu'"),
+    (lambda d: moe.selected_router_weights(_t((3, 8), device=d), torch.zeros(3, 2, dtype=i32, device=d), scale=-1.0),
+     rudnn.ArgumentError, "moe.selected_router_weights: scale: expected a finite value > 0, got -1"),
+    (lambda d: moe.selected_router_backward(_t((3, 8), device=d), torch.zeros(3, 2, dtype=i32, device=d),
+                                            _t((3, 3), device=d)), rudnn.ShapeError,
+     "moe.selected_router_backward: grad_weights: expected shape [3, 2] ([T, k] like indices), got [3, 3]"),
+    (lambda d: moe.selected_router_backward(_t((3, 8), device=d), torch.zeros(3, 2, dtype=i32, device=d),
+                                            torch.zeros(3, 2, dtype=i32, device=d)), rudnn.DTypeError,
+     "moe.selected_router_backward: grad_weights: expected float32, float16 or bfloat16, got int32"),
+    (lambda d: moe.route(_t((3, 8), device=d), 2).router_backward(_t((3, 2), device=d)), rudnn.ArgumentError,
+     "RoutingPlan.router_backward: this plan has no logits; make it with into_training"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("call, exc, message", ROUTE_ERRORS + DISPATCH_ERRORS + EXPERT_ERRORS + ROUTER_ERRORS)
+def test_errors(device, call, exc, message):
+    with pytest.raises(exc) as info:
+        call(device)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_tensor_core_strategy_needs_cuda():
+    with pytest.raises(rudnn.UnsupportedError, match="strategy 'tensor_core' needs a CUDA device, got cpu"):
+        _experts("cpu").forward_dispatched(_dispatched("cpu"), strategy="tensor_core")
+    with pytest.raises(rudnn.UnsupportedError, match="strategy 'tensor_core' needs a CUDA device"):
+        _cache("cpu").backward(_t((6, 8)), strategy="tensor_core")
+
+
+def test_errors_are_builtin_exceptions():
+    with pytest.raises(ValueError):
+        moe.route(_t((3, 8)), 0)
+    with pytest.raises(TypeError):
+        moe.route(_t((3, 8), i32), 1)
+    with pytest.raises(NotImplementedError):
+        moe.route(_t((2, 1025)), 1)
+
+
+def test_mixed_frameworks():
+    with pytest.raises(rudnn.FrameworkError, match="one framework per call"):
+        moe.route(_t((3, 4)), 2).dispatch(np.zeros((3, 8), np.float32))
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_mixed_devices(device):
+    with pytest.raises(rudnn.DeviceError):
+        moe.route(_t((3, 4), device=device), 2).dispatch(_t((3, 8)))
+    with pytest.raises(rudnn.DeviceError):
+        moe.SwiGluExperts(_t((4, 6, 8), device=device), _t((4, 6, 8)), _t((4, 8, 6), device=device))

@@ -1,0 +1,82 @@
+"""rudnn.torch.moe: custom ops with fake implementations (opcheck) and autograd of the whole
+layer against torch autograd through the naive reference."""
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import rudnn.torch as rt
+from reference import moe as ref
+from util import DEVICES, DTYPES, assert_close_to_oracle, rand
+
+ops = torch.ops.rudnn
+
+
+def _layer_inputs(T, E, H, I, dtype, device):
+    return (rand((T, H), dtype, device, seed=1), rand((T, E), dtype, device, seed=2),
+            rand((E, I, H), dtype, device, seed=3, scale=H ** -0.5), rand((E, I, H), dtype, device, seed=4, scale=H ** -0.5),
+            rand((E, H, I), dtype, device, seed=5, scale=I ** -0.5))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("routing", ["softmax", "sigmoid"])
+def test_moe_layer_autograd(device, dtype, routing):
+    T, E, k, H, I = 6, 16, 4, 12, 10
+    inputs = [t.requires_grad_() for t in _layer_inputs(T, E, H, I, dtype, device)]
+    x, logits, gate, up, down = inputs
+    if routing == "softmax":
+        out = rt.moe.moe_layer(x, logits, gate, up, down, top_k=k)
+        indices, _ = rt.moe.route(logits.detach(), k)
+        opts = {}
+    else:
+        bias = rand((E,), torch.float32, device, seed=6, scale=0.1)
+        out = rt.moe.moe_layer_sigmoid_grouped(x, logits, gate, up, down, bias, top_k=k, groups=4, selected_groups=2,
+                                               scale=2.0)
+        indices, _ = rt.moe.route_sigmoid_grouped(logits.detach(), bias, top_k=k, groups=4, selected_groups=2,
+                                                  scale=2.0)
+        opts = dict(scoring="sigmoid", scale=2.0)
+    dout = rand((T, H), dtype, device, seed=7)
+    grads = torch.autograd.grad(out, inputs, dout)
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+    idx = indices.cpu().long()
+    leaves64 = [t.detach().cpu().double().requires_grad_() for t in inputs]
+    out64 = ref.moe_layer(*leaves64, idx, **opts)
+    grads64 = torch.autograd.grad(out64, leaves64, dout.cpu().double())
+    leaves = [t.detach().cpu().clone().requires_grad_() for t in inputs]
+    out_same = ref.moe_layer(*leaves, idx, dtype=dtype, **opts)
+    grads_same = torch.autograd.grad(out_same, leaves, dout.cpu())
+    assert_close_to_oracle(out, out_same, out64.detach(), "out")
+    for name, ours, same, oracle in zip(("dx", "dlogits", "dgate", "dup", "ddown"), grads, grads_same, grads64):
+        # weight gradients are float32 inside and rounded once to the weights' dtype
+        assert_close_to_oracle(ours, same, oracle, name)
+
+
+def test_opcheck():
+    T, E, k, H, I = 5, 8, 2, 6, 4
+    x, logits, gate, up, down = _layer_inputs(T, E, H, I, torch.float32, "cpu")
+    opcheck(ops.moe_route.default, (logits, k, True))
+    opcheck(ops.moe_route_sigmoid_grouped.default, (logits, torch.zeros(E), k, 4, 2, True, True, 1.5))
+    indices, _ = rt.moe.route(logits, k)
+    opcheck(ops.moe_selected_router_weights.default, (logits.requires_grad_(), indices, 0, True, 1.0))
+    opcheck(ops.moe_selected_router_backward.default, (logits.detach(), indices, torch.randn(T, k), 1, False, 2.0))
+    offsets, token_of_row, row_of_slot = ops.moe_dispatch_plan(indices, E)
+    opcheck(ops.moe_dispatch_plan.default, (indices, E))
+    opcheck(ops.moe_gather_rows.default, (x.requires_grad_(), token_of_row, row_of_slot))
+    xd = ops.moe_gather_rows(x.detach(), token_of_row, row_of_slot)
+    opcheck(ops.moe_dispatch_backward.default, (xd, row_of_slot))
+    w = torch.rand(T, k)
+    opcheck(ops.moe_combine.default, (xd.requires_grad_(), row_of_slot, w.requires_grad_()))
+    opcheck(ops.moe_combine_backward.default, (xd.detach(), torch.randn(T, H), row_of_slot, w.detach(), 0))
+    args = (xd.detach().requires_grad_(), offsets, gate.requires_grad_(), up.requires_grad_(), down.requires_grad_(), 2)
+    opcheck(ops.moe_experts.default, args)
+    y, a, b = ops.moe_experts(*(t.detach() if isinstance(t, torch.Tensor) else t for t in args))
+    opcheck(ops.moe_experts_backward.default,
+            (torch.randn_like(y), xd.detach(), offsets, gate.detach(), up.detach(), down.detach(), a, b, 0))
+
+
+def test_torch_compile_cpu():
+    T, E, k, H, I = 4, 8, 2, 6, 4
+    x, logits, gate, up, down = _layer_inputs(T, E, H, I, torch.float32, "cpu")
+    f = torch.compile(lambda *a: rt.moe.moe_layer(*a, top_k=k), backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(f(x, logits, gate, up, down), rt.moe.moe_layer(x, logits, gate, up, down, top_k=k))
