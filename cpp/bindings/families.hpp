@@ -6,5 +6,6 @@
 namespace rudnn::bindings {
 
 void register_norm(nanobind::module_& m);
+void register_gated_delta(nanobind::module_& m);
 
 }  // namespace rudnn::bindings

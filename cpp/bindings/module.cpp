@@ -28,4 +28,5 @@ NB_MODULE(_C, m) {
 #endif
 
   rudnn::bindings::register_norm(m);
+  rudnn::bindings::register_gated_delta(m);
 }

@@ -3,6 +3,8 @@
 from .errors import (ArgumentError, CudaError, DeviceError, DTypeError, Error, FrameworkError, ShapeError,
                      UnsupportedError)
 from . import _C
+from .gated_delta import (chunk_gated_delta_rule, chunk_gated_delta_rule_backward, gated_delta_rule,
+                          gated_delta_rule_backward)
 from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
 
 __version__ = "0.1.0"
@@ -20,5 +22,6 @@ def cmake_prefix() -> str:
 __all__ = [
     "Error", "ShapeError", "DTypeError", "DeviceError", "ArgumentError", "FrameworkError", "UnsupportedError",
     "CudaError", "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward",
-    "softmax_backward", "has_cuda", "cmake_prefix",
+    "softmax_backward", "chunk_gated_delta_rule", "gated_delta_rule",
+    "chunk_gated_delta_rule_backward", "gated_delta_rule_backward", "has_cuda", "cmake_prefix",
 ]
