@@ -16,6 +16,7 @@ template <class Cpu, class Cuda>
 void on_device(const Device& device, const char* op, Cpu&& cpu, Cuda&& cuda) {
   if (!device.is_cuda()) return cpu();
 #if RUDNN_WITH_CUDA
+  (void)op;
   core::DeviceGuard guard(device.index);
   cuda();
 #else

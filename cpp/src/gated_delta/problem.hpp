@@ -40,6 +40,9 @@ struct Problem {
 // Shared-memory limit the chunk_size check applies to CPU tensors: the opt-in maximum per
 // block of sm90 (H100/H200), so a chunk size the CPU accepts is one the largest GPU accepts.
 constexpr std::int64_t kCpuSharedMemoryLimit = 232448;
+// The CUDA kernels keep a [K, 32] state slice in the registers of K / 32 warps.
+constexpr std::int64_t kMaxCudaK = 256;
+
 inline std::int64_t chunk_workspace_bytes(std::int64_t c) { return 4 * (c * c + c); }
 
 Problem validate_forward(const GatedDeltaForwardArgs& args);

@@ -80,6 +80,9 @@ Problem check_inputs(const std::string& op, GatedDeltaAlgo algo, const Tensor& q
     fail(ErrorKind::shape, op + ": q: expected at least one head and K >= 1, got shape " + q.shape_str());
   core::expect_last_dim_contiguous(q, op + ": q");
   core::expect_data(q, op + ": q");
+  if (q.device.is_cuda() && p.K > kMaxCudaK)
+    fail(ErrorKind::unsupported, op + ": K = " + std::to_string(p.K) + " is not supported by the CUDA kernels (K <= " +
+                                     std::to_string(kMaxCudaK) + ")");
   check_seq4(k, q, {p.B, p.Hk, p.T, p.K}, op + ": k", "[B, H, T, K] (the shape of q)");
 
   core::expect_same_device(v, q, op + ": v", "q");
