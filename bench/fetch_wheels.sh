@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Fill the ignored .whl/ folder with the pure-Python wheels that bench/gpu_check.sh installs on the
+# device machine, which reaches no package registry (GPU.md rule 3). Run here, from any directory:
+#
+#     bash bench/fetch_wheels.sh
+#
+# Pins: nvidia-cutlass and nanobind are the versions pyproject.toml builds with; scikit-build-core
+# and pytest-timeout are the versions last checked. All four are py3-none-any (about 7 MB together,
+# well inside the 64 MiB that travels with a device call). Keep one version of each: two wheels of
+# one package stop the whole install there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+WHEELS=(nvidia-cutlass==4.2.0.0 nanobind==3.1.0 scikit-build-core==1.1.2 pytest-timeout==2.4.0)
+
+git check-ignore -q .whl/ || { echo "fetch_wheels: .whl/ is not ignored by git; add /.whl/ to .gitignore" >&2; exit 1; }
+rm -rf .whl
+mkdir -p .whl
+"$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 -d .whl "${WHEELS[@]}"
+ls -l .whl
