@@ -8,6 +8,7 @@ namespace {
 nanobind::dict ffi_targets() {
   nanobind::dict cpu, cuda, all;
   rudnn::jax_ffi::add_norm_targets(cpu, cuda);
+  rudnn::jax_ffi::add_gated_delta_targets(cpu, cuda);
   all["cpu"] = cpu;
   all["CUDA"] = cuda;
   return all;
@@ -19,4 +20,5 @@ void register_jax_ffi(nanobind::module_& m) {
   m.def("jax_ffi_targets", &ffi_targets,
         "XLA FFI handlers of rudnn.jax as {platform: {target name: PyCapsule}}, for jax.ffi.register_ffi_target.");
   rudnn::jax_ffi::add_norm_validation(m);
+  rudnn::jax_ffi::add_gated_delta_validation(m);
 }

@@ -15,5 +15,7 @@ namespace rudnn::jax_ffi {
 // the "cpu" and "CUDA" platforms, and its jax_validate_* functions into the module.
 void add_norm_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_norm_validation(nanobind::module_& m);
+void add_gated_delta_targets(nanobind::dict& cpu, nanobind::dict& cuda);
+void add_gated_delta_validation(nanobind::module_& m);
 
 }  // namespace rudnn::jax_ffi

@@ -45,8 +45,10 @@ constexpr std::int64_t kMaxCudaK = 256;
 
 inline std::int64_t chunk_workspace_bytes(std::int64_t c) { return 4 * (c * c + c); }
 
-Problem validate_forward(const GatedDeltaForwardArgs& args);
-Problem validate_backward(const GatedDeltaBackwardArgs& args);
+// read_offsets = false skips the checks of cu_seqlens' values (JAX trace-time validation,
+// where arrays have no data yet); device arrays are never read on the host anyway.
+Problem validate_forward(const GatedDeltaForwardArgs& args, bool read_offsets = true);
+Problem validate_backward(const GatedDeltaBackwardArgs& args, bool read_offsets = true);
 
 // CPU reference backend (cpu.cpp).
 void forward_cpu(const GatedDeltaForwardArgs& args, const Problem& p);

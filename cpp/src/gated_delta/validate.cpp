@@ -68,7 +68,7 @@ void check_seq4(const Tensor& t, const Tensor& q, std::initializer_list<std::int
 // The inputs shared by the forward and the backward; fills the sizes and input strides of p.
 Problem check_inputs(const std::string& op, GatedDeltaAlgo algo, const Tensor& q, const Tensor& k, const Tensor& v,
                      const Tensor& beta, const Tensor& g, const Tensor* initial, const Tensor* cu_seqlens,
-                     float scale, int chunk_size) {
+                     float scale, int chunk_size, bool read_offsets) {
   Problem p;
   core::expect_float(q, op + ": q");
   if (q.rank != 4) fail(ErrorKind::shape, op + ": q: expected 4 axes [B, H, T, K], got shape " + q.shape_str());
@@ -126,7 +126,7 @@ Problem check_inputs(const std::string& op, GatedDeltaAlgo algo, const Tensor& q
     p.N = cu.shape[0] - 1;
     // The offsets of device arrays are not read on the host (that would synchronize); the
     // CUDA kernels clamp them into [0, T] instead, so bad offsets cannot reach out of bounds.
-    if (!cu.device.is_cuda()) {
+    if (read_offsets && !cu.device.is_cuda()) {
       std::int64_t prev = 0;
       for (std::int64_t i = 0; i <= p.N; ++i) {
         const std::int64_t c = cu.dtype == DType::i32 ? std::int64_t(cu.ptr<std::int32_t>()[i * cu.strides[0]])
@@ -181,10 +181,10 @@ std::string op_name(GatedDeltaAlgo algo, bool backward) {
 
 }  // namespace
 
-Problem validate_forward(const GatedDeltaForwardArgs& a) {
+Problem validate_forward(const GatedDeltaForwardArgs& a, bool read_offsets) {
   const std::string op = op_name(a.algo, false);
   Problem p = check_inputs(op, a.algo, a.q, a.k, a.v, a.beta, a.log_decay, a.initial_state, a.cu_seqlens, a.scale,
-                           a.chunk_size);
+                           a.chunk_size, read_offsets);
   check_seq4(a.out, a.q, {p.B, p.Hv, p.T, p.V}, op + ": out", "[B, Hv, T, V]");
   check_state(a.final_state, a.q, p, op + ": final_state");
   p.out = seq_strides(a.out);
@@ -192,10 +192,10 @@ Problem validate_forward(const GatedDeltaForwardArgs& a) {
   return p;
 }
 
-Problem validate_backward(const GatedDeltaBackwardArgs& a) {
+Problem validate_backward(const GatedDeltaBackwardArgs& a, bool read_offsets) {
   const std::string op = op_name(a.algo, true);
   Problem p = check_inputs(op, a.algo, a.q, a.k, a.v, a.beta, a.log_decay, a.initial_state, a.cu_seqlens, a.scale,
-                           a.chunk_size);
+                           a.chunk_size, read_offsets);
   check_seq4(a.dout, a.q, {p.B, p.Hv, p.T, p.V}, op + ": dout", "[B, Hv, T, V] (the shape of out)");
   if (a.dfinal_state) {
     check_state(*a.dfinal_state, a.q, p, op + ": dfinal_state");

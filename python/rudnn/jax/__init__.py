@@ -2,6 +2,9 @@
 with jax.custom_vjp, usable under jax.jit, jax.grad and jax.vmap. Same names, arguments and
 results as rudnn.<op>; rudnn.<op> called with JAX arrays comes here."""
 
+from .gated_delta import (chunk_gated_delta_rule, chunk_gated_delta_rule_backward, gated_delta_rule,
+                          gated_delta_rule_backward)
 from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
 
-__all__ = ["layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward"]
+__all__ = ["layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward",
+           "chunk_gated_delta_rule", "gated_delta_rule", "chunk_gated_delta_rule_backward", "gated_delta_rule_backward"]
