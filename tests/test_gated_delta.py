@@ -79,8 +79,9 @@ def test_forward(device, dtype, entry, case):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("decay", DECAYS)
-@pytest.mark.parametrize("chunk_size", [16, 32, 64])
+@pytest.mark.parametrize("chunk_size", [1, 7, 16, 32, 64, 100])
 def test_forward_decay_scales_and_chunks(device, decay, chunk_size):
+    """T = 75 is no multiple of any chunk size (the last chunk is padded); 100 > T."""
     case = (1, 2, 4, 75, 16, 16)
     q, k, v, beta, g, state = make_inputs(*case, torch.bfloat16, device, decay=decay, seed=3)
     out, final = run("chunk", q, k, v, beta, g, state, 0.25, chunk_size)

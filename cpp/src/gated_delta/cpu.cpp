@@ -1,7 +1,8 @@
-// CPU reference backend of the gated delta rule: the plain token-by-token recurrence with a
-// float32 state and float32 arithmetic, for both entry points (chunk_size only shapes the
-// CUDA chunked kernel; the math is the same). The backward runs the recurrence in reverse
-// time, recomputing the forward states chunk by chunk from checkpoints.
+// CPU reference backend of the gated delta rule, float32 state and float32 arithmetic:
+// gated_delta_rule runs the plain token-by-token recurrence, chunk_gated_delta_rule the
+// chunked (WY / UT) form with chunk_size tokens per chunk, the algorithm of the CUDA chunked
+// kernel. The backward (both entry points) runs the recurrence in reverse time, recomputing
+// the forward states chunk by chunk from checkpoints.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -105,6 +106,97 @@ void forward_impl(const GatedDeltaForwardArgs& a, const Problem& p) {
           float acc = 0.0f;
           for (std::int64_t i = 0; i < K; ++i) acc += S[i * V + j] * qt[i];
           o[j] = from_float<T>(acc);
+        }
+      }
+      store_state(a.final_state, p.final_state, n, h, K, V, S.data());
+    }
+  }
+}
+
+// The chunked form (chunk_gated_delta_rule), the algorithm of the CUDA chunked kernel. Within a
+// chunk of C tokens with cumulative log decays G_i = g_1 + ... + g_i and start state S0:
+//   L_ij = beta_i e^(G_i - G_j) k_i.k_j (j < i),  T = (I + L)^-1 (unit lower triangular),
+//   W = T diag(beta e^G) K,  U = T diag(beta) V - W S0   (U row i: the value written at token i),
+//   O = scale (diag(e^G) Q S0 + (e^(G_i - G_j) [j <= i] * Q K^T) U),
+//   S = e^(G_last) S0 + K^T diag(e^(G_last - G)) U.
+// Every decay factor is one exp of a difference of cumulative sums (<= 0: nothing overflows).
+// The last chunk is padded with k = q = v = beta = g = 0 tokens, which add nothing to U, O or S.
+template <class T>
+void chunked_forward_impl(const GatedDeltaForwardArgs& a, const Problem& p) {
+  const std::int64_t K = p.K, V = p.V, C = p.chunk_size;
+  const auto q = view<T>(a.q, p.q), k = view<T>(a.k, p.k), v = view<T>(a.v, p.v), beta = view<T>(a.beta, p.beta);
+  const auto g = view<float>(a.log_decay, p.g);
+  std::vector<float> S(K * V), Kc(C * K), Qc(C * K), Vc(C * V), b(C), G(C), Tm(C * C), W(C * K), U(C * V), o(V);
+  for (std::int64_t n = 0; n < p.N; ++n) {
+    const Sequence sq = sequence(p, a.cu_seqlens, n);
+    for (std::int64_t h = 0; h < p.Hv; ++h) {
+      const std::int64_t hk = h / p.group;
+      load_state(a.initial_state, p.initial, n, h, K, V, S.data());
+      for (std::int64_t c0 = sq.bos; c0 < sq.eos; c0 += C) {
+        const std::int64_t c = std::min(C, sq.eos - c0);  // valid tokens; the rest is padding
+        std::fill(Kc.begin(), Kc.end(), 0.0f);
+        std::fill(Qc.begin(), Qc.end(), 0.0f);
+        std::fill(Vc.begin(), Vc.end(), 0.0f);
+        float cum = 0.0f;
+        for (std::int64_t i = 0; i < C; ++i) {
+          b[i] = 0.0f;
+          if (i < c) {
+            k.load(sq.b, hk, c0 + i, K, &Kc[i * K]);
+            q.load(sq.b, hk, c0 + i, K, &Qc[i * K]);
+            v.load(sq.b, h, c0 + i, V, &Vc[i * V]);
+            b[i] = beta.at(sq.b, h, c0 + i);
+            cum += g.at(sq.b, h, c0 + i);
+          }
+          G[i] = cum;
+        }
+        auto dot = [&](const float* x, const float* y) {
+          float acc = 0.0f;
+          for (std::int64_t e = 0; e < K; ++e) acc += x[e] * y[e];
+          return acc;
+        };
+        // T = (I + L)^-1 by forward substitution, row by row: T_i = e_i - sum_{m < i} L_im T_m.
+        std::fill(Tm.begin(), Tm.end(), 0.0f);
+        for (std::int64_t i = 0; i < C; ++i) {
+          Tm[i * C + i] = 1.0f;
+          for (std::int64_t m = 0; m < i; ++m) {
+            const float l = b[i] * std::exp(G[i] - G[m]) * dot(&Kc[i * K], &Kc[m * K]);
+            for (std::int64_t j = 0; j <= m; ++j) Tm[i * C + j] -= l * Tm[m * C + j];
+          }
+        }
+        // W = T diag(beta e^G) K;  U = T diag(beta) V - W S0.
+        for (std::int64_t i = 0; i < C; ++i) {
+          for (std::int64_t e = 0; e < K; ++e) W[i * K + e] = 0.0f;
+          for (std::int64_t e = 0; e < V; ++e) U[i * V + e] = 0.0f;
+          for (std::int64_t j = 0; j <= i; ++j) {
+            const float wk = Tm[i * C + j] * b[j] * std::exp(G[j]), wv = Tm[i * C + j] * b[j];
+            for (std::int64_t e = 0; e < K; ++e) W[i * K + e] += wk * Kc[j * K + e];
+            for (std::int64_t e = 0; e < V; ++e) U[i * V + e] += wv * Vc[j * V + e];
+          }
+          for (std::int64_t e = 0; e < K; ++e)
+            for (std::int64_t f = 0; f < V; ++f) U[i * V + f] -= W[i * K + e] * S[e * V + f];
+        }
+        // O = scale (diag(e^G) Q S0 + (decay * Q K^T) U), for the valid rows.
+        for (std::int64_t i = 0; i < c; ++i) {
+          const float eg = std::exp(G[i]);
+          for (std::int64_t f = 0; f < V; ++f) o[f] = 0.0f;
+          for (std::int64_t e = 0; e < K; ++e)
+            for (std::int64_t f = 0; f < V; ++f) o[f] += eg * Qc[i * K + e] * S[e * V + f];
+          for (std::int64_t j = 0; j <= i; ++j) {
+            const float qk = std::exp(G[i] - G[j]) * dot(&Qc[i * K], &Kc[j * K]);
+            for (std::int64_t f = 0; f < V; ++f) o[f] += qk * U[j * V + f];
+          }
+          T* out = a.out.ptr<T>() + sq.b * p.out.b + h * p.out.h + (c0 + i) * p.out.t;
+          for (std::int64_t f = 0; f < V; ++f) out[f] = from_float<T>(p.scale * o[f]);
+        }
+        // S = e^(G_last) S0 + K^T diag(e^(G_last - G)) U.
+        const float last = G[C - 1];
+        for (std::int64_t e = 0; e < K * V; ++e) S[e] *= std::exp(last);
+        for (std::int64_t j = 0; j < C; ++j) {
+          const float d = std::exp(last - G[j]);
+          for (std::int64_t e = 0; e < K; ++e) {
+            const float kd = Kc[j * K + e] * d;
+            for (std::int64_t f = 0; f < V; ++f) S[e * V + f] += kd * U[j * V + f];
+          }
         }
       }
       store_state(a.final_state, p.final_state, n, h, K, V, S.data());
@@ -230,7 +322,13 @@ void backward_impl(const GatedDeltaBackwardArgs& a, const Problem& p) {
 }  // namespace
 
 void forward_cpu(const GatedDeltaForwardArgs& a, const Problem& p) {
-  dispatch(p.dtype, [&](auto tag) { forward_impl<typename decltype(tag)::type>(a, p); });
+  dispatch(p.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (a.algo == GatedDeltaAlgo::chunked)
+      chunked_forward_impl<T>(a, p);
+    else
+      forward_impl<T>(a, p);
+  });
 }
 
 void backward_cpu(const GatedDeltaBackwardArgs& a, const Problem& p) {
