@@ -135,6 +135,9 @@ struct BackwardLayout {
 BackwardLayout backward_layout(const Problem& p);
 
 void recurrent_forward(const Params& params, DType dtype, cudaStream_t stream);
+// The tensor-core chunked forward (chunked_forward.cu): chunk_size 64, K <= 128, f16/bf16.
+bool chunked_forward_supported(const Problem& p, int max_smem_per_block);
+void chunked_forward(const Params& params, DType dtype, cudaStream_t stream);
 void recurrent_backward(const Params& params, const BackwardWorkspace& ws, DType dtype, void* dq, SeqStrides sdq,
                         void* dk, SeqStrides sdk, void* dbeta, SeqStrides sdbeta, float* dg, SeqStrides sdg,
                         cudaStream_t stream);

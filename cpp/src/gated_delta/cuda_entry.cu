@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/check.hpp"
+#include "core/device.hpp"
 #include "gated_delta/cuda_common.cuh"
 
 namespace rudnn::gated_delta {
@@ -54,8 +55,13 @@ void forward_cuda(const GatedDeltaForwardArgs& a, const Problem& p, Stream strea
   params.sout = p.out;
   params.final_state = a.final_state.ptr<float>();
   params.sfinal = p.final_state;
-  // The recurrent kernel serves both entry points for now; chunk_size does not change the math.
-  cuda::recurrent_forward(params, p.dtype, static_cast<cudaStream_t>(stream));
+  // Chunked prefill on tensor cores where the chunked kernel covers the case; otherwise (decode,
+  // float32, other chunk sizes, K > 128) the recurrent kernel, which computes the same function.
+  const int max_smem = core::device_props(a.q.device.index).max_smem_per_block_optin;
+  if (a.algo == GatedDeltaAlgo::chunked && cuda::chunked_forward_supported(p, max_smem))
+    cuda::chunked_forward(params, p.dtype, static_cast<cudaStream_t>(stream));
+  else
+    cuda::recurrent_forward(params, p.dtype, static_cast<cudaStream_t>(stream));
 }
 
 std::size_t backward_workspace_bytes_cuda(const Problem& p) {

@@ -1,0 +1,263 @@
+// Chunked gated delta rule forward on tensor cores (sm80 mma.sync through CuTe MMA atoms;
+// runs on Ampere, Ada and Hopper). The algorithm of cpu.cpp's chunked_forward_impl: per chunk
+// of C = 64 tokens with cumulative log decays G,
+//   L = strict_lower(diag(beta) (e^(G_i - G_j)) * K K^T),  T = (I + L)^-1,
+//   W = T diag(beta e^G) K,  U = T diag(beta) V - W S0,
+//   O = scale (diag(e^G) Q S0 + (e^(G_i - G_j) [j <= i] * Q K^T) U),
+//   S = e^(G_last) S0 + K^T diag(e^(G_last - G)) U.
+// One CTA (4 warps) owns one state column tile [K <= 128, 64 value columns] of one (sequence,
+// value head) and walks its chunks in order; the float32 state stays in the accumulator
+// registers of the K^T U product for the whole sequence (its bf16/f16 copy in shared memory
+// feeds the S0 products). Matrix products take the input dtype with float32 accumulation;
+// decays, the triangular solve and the state are float32. Padding rows of the last chunk are
+// zeros (k = q = v = beta = g = 0) and are never stored.
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm80.hpp>
+#include <cute/tensor.hpp>
+
+#include <type_traits>
+
+#include "core/cuda_check.hpp"
+#include "gated_delta/cuda_common.cuh"
+
+namespace rudnn::gated_delta::cuda {
+
+namespace {
+
+using namespace cute;
+
+constexpr int kC = 64;    // chunk length
+constexpr int kKt = 128;  // key dimension of the tile (K <= 128, zero padded)
+constexpr int kBV = 64;   // value columns per CTA
+constexpr int kThreads = 128;
+
+template <class E> struct MmaAtomFor;
+template <> struct MmaAtomFor<cute::half_t> { using type = SM80_16x8x16_F32F16F16F32_TN; };
+template <> struct MmaAtomFor<cute::bfloat16_t> { using type = SM80_16x8x16_F32BF16BF16F32_TN; };
+// The CUDA type of the same bits, for the global loads of cuda_common.cuh.
+template <class E>
+using StorageOf = std::conditional_t<std::is_same_v<E, cute::half_t>, __half, __nv_bfloat16>;
+
+// Shared memory of one CTA. f32 where the triangular solve needs it, E (half/bf16) for MMA operands.
+template <class E>
+struct ChunkSmem {
+  E k[kC * kKt];      // K rows of the chunk            [C][Kt]
+  E q[kC * kKt];      // Q rows                          [C][Kt]
+  E v[kC * kBV];      // V rows, then beta V in place    [C][BV]
+  E s[kKt * kBV];     // S0 in the operand dtype         [Kt][BV]
+  float l[kC * kC];   // L (f32); reused for diag(beta e^G) K as E after the solve
+  float t[kC * kC];   // T = (I + L)^-1 (f32): the triangular workspace, with g below
+  float g[kC];        // cumulative log decay G
+  float beta[kC];
+  E tb[kC * kC];      // T in the operand dtype
+  E w[kC * kKt];      // -W
+  E p[kC * kC];       // scale * e^(G_i - G_j) [j <= i] * Q K^T
+  E u[kC * kBV];      // U
+  E ud[kC * kBV];     // e^(G_last - G_j) U_j
+};
+
+// Row-major [rows][cols] view of a shared array.
+template <int Rows, int Cols, class E>
+__device__ __forceinline__ auto rows_view(E* p) {
+  return make_tensor(make_smem_ptr(p), make_layout(make_shape(Int<Rows>{}, Int<Cols>{}), make_stride(Int<Cols>{}, _1{})));
+}
+// The transpose of a row-major [Cols][Rows] array, seen as [Rows][Cols] (MN-major operand).
+template <int Rows, int Cols, class E>
+__device__ __forceinline__ auto cols_view(E* p) {
+  return make_tensor(make_smem_ptr(p), make_layout(make_shape(Int<Rows>{}, Int<Cols>{}), make_stride(_1{}, Int<Rows>{})));
+}
+
+// acc += A B^T with A (M, Kd) and B (N, Kd) in shared memory, any layouts.
+template <class Mma, class TA, class TB, class Acc>
+__device__ __forceinline__ void mma_from_smem(const Mma& mma, const TA& sA, const TB& sB, Acc& acc) {
+  auto thr = mma.get_thread_slice(threadIdx.x);
+  auto rA = thr.partition_fragment_A(sA);
+  auto rB = thr.partition_fragment_B(sB);
+  copy(thr.partition_A(sA), rA);
+  copy(thr.partition_B(sB), rB);
+  gemm(mma, rA, rB, acc);
+}
+
+template <class E>
+__global__ void __launch_bounds__(kThreads) chunked_forward_kernel(Params p, i64 vtiles) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<ChunkSmem<E>*>(smem_raw);
+  using Atom = typename MmaAtomFor<E>::type;
+  auto mma = make_tiled_mma(Atom{}, Layout<Shape<_2, _2, _1>>{});  // 4 warps: 32 x 16 per step
+  auto thr = mma.get_thread_slice(threadIdx.x);
+  const int tid = threadIdx.x;
+  using X = StorageOf<E>;
+
+  i64 id = blockIdx.x;
+  const i64 vt = id % vtiles;
+  id /= vtiles;
+  const i64 h = id % p.Hv, n = id / p.Hv, hk = h / p.group;
+  const i64 v0 = vt * kBV;
+  const Sequence s = sequence(p, n);
+
+  // The state tile [Kt][BV] in float32 accumulator registers.
+  auto acc_s = partition_fragment_C(mma, Shape<Int<kKt>, Int<kBV>>{});
+  auto coord_s = thr.partition_C(make_identity_tensor(Shape<Int<kKt>, Int<kBV>>{}));
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) {
+    const i64 row = get<0>(coord_s(i)), col = v0 + get<1>(coord_s(i));
+    acc_s(i) = (p.initial && row < p.K && col < p.V)
+                   ? p.initial[n * p.sinit.n + h * p.sinit.h + row * p.sinit.k + col] : 0.0f;
+  }
+  auto coord_cc = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kC>>{}));
+  auto coord_cv = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kBV>>{}));
+  auto coord_ck = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kKt>>{}));
+
+  for (i64 c0 = s.bos; c0 < s.eos; c0 += kC) {
+    const int valid = int(min(i64(kC), s.eos - c0));
+
+    // 1. Stage the chunk (zero padded) and the operand copy of S0.
+    for (int e = tid; e < kC * kKt; e += kThreads) {
+      const int i = e / kKt, col = e % kKt;
+      const bool ok = i < valid && col < p.K;
+      sm.k[e] = E(ok ? load<X>(p.k, p.sk, s.b, hk, c0 + i, col) : 0.0f);
+      sm.q[e] = E(ok ? load<X>(p.q, p.sq, s.b, hk, c0 + i, col) : 0.0f);
+    }
+    for (int e = tid; e < kC * kBV; e += kThreads) {
+      const int i = e / kBV, col = e % kBV;
+      const bool ok = i < valid && v0 + col < p.V;
+      sm.v[e] = E(ok ? load<X>(p.v, p.sv, s.b, h, c0 + i, v0 + col) : 0.0f);
+    }
+    if (tid < kC) {
+      sm.beta[tid] = tid < valid ? load<X>(p.beta, p.sbeta, s.b, h, c0 + tid) : 0.0f;
+      sm.g[tid] = tid < valid ? p.g[s.b * p.sg.b + h * p.sg.h + (c0 + tid) * p.sg.t] : 0.0f;
+    }
+    auto s_view = thr.partition_C(rows_view<kKt, kBV>(sm.s));
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) s_view(i) = E(acc_s(i));
+    __syncthreads();
+    if (tid == 0) {  // cumulative sum of 64 values: cheaper sequentially than a barrier-laden scan
+      float cum = 0.0f;
+      for (int i = 0; i < kC; ++i) sm.g[i] = cum += sm.g[i];
+    }
+    __syncthreads();
+
+    // 2. L = strict_lower(beta_i e^(G_i - G_j) k_i.k_j) and P = scale e^(G_i - G_j) [j <= i] q_i.k_j.
+    {
+      auto acc = partition_fragment_C(mma, Shape<Int<kC>, Int<kC>>{});
+      clear(acc);
+      mma_from_smem(mma, rows_view<kC, kKt>(sm.k), rows_view<kC, kKt>(sm.k), acc);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc); ++i) {
+        const int r = get<0>(coord_cc(i)), c = get<1>(coord_cc(i));
+        sm.l[r * kC + c] = c < r ? sm.beta[r] * expf(sm.g[r] - sm.g[c]) * acc(i) : 0.0f;
+      }
+      clear(acc);
+      mma_from_smem(mma, rows_view<kC, kKt>(sm.q), rows_view<kC, kKt>(sm.k), acc);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc); ++i) {
+        const int r = get<0>(coord_cc(i)), c = get<1>(coord_cc(i));
+        sm.p[r * kC + c] = E(c <= r ? p.scale * expf(sm.g[r] - sm.g[c]) * acc(i) : 0.0f);
+      }
+    }
+    __syncthreads();
+
+    // 3. T = (I + L)^-1, one column per thread: T_ij = [i == j] - sum_{j <= m < i} L_im T_mj.
+    //    Every thread walks the same (i, m) sequence, so the L reads are broadcasts.
+    if (tid < kC) {
+      const int j = tid;
+      for (int i = 0; i < kC; ++i) {
+        float acc = i == j ? 1.0f : 0.0f;
+        for (int m = j; m < i; ++m) acc -= sm.l[i * kC + m] * sm.t[m * kC + j];
+        sm.t[i * kC + j] = i >= j ? acc : 0.0f;
+      }
+    }
+    __syncthreads();
+    // Operands of W and U: T, diag(beta e^G) K (into l's space), diag(beta) V (in place).
+    E* kx = reinterpret_cast<E*>(sm.l);
+    for (int e = tid; e < kC * kC; e += kThreads) sm.tb[e] = E(sm.t[e]);
+    for (int e = tid; e < kC * kKt; e += kThreads) {
+      const int i = e / kKt;
+      kx[e] = E(sm.beta[i] * expf(sm.g[i]) * float(sm.k[e]));
+    }
+    for (int e = tid; e < kC * kBV; e += kThreads) sm.v[e] = E(sm.beta[e / kBV] * float(sm.v[e]));
+    __syncthreads();
+
+    // 4. -W = -T (diag(beta e^G) K) to shared memory; U' = T (diag(beta) V) in registers.
+    auto acc_u = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
+    {
+      auto acc_w = partition_fragment_C(mma, Shape<Int<kC>, Int<kKt>>{});
+      clear(acc_w);
+      mma_from_smem(mma, rows_view<kC, kC>(sm.tb), cols_view<kKt, kC>(kx), acc_w);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_w); ++i)
+        sm.w[get<0>(coord_ck(i)) * kKt + get<1>(coord_ck(i))] = E(-acc_w(i));
+      clear(acc_u);
+      mma_from_smem(mma, rows_view<kC, kC>(sm.tb), cols_view<kBV, kC>(sm.v), acc_u);
+    }
+    __syncthreads();
+
+    // 5. U = U' - W S0; keep U and e^(G_last - G_j) U_j as operands.
+    mma_from_smem(mma, rows_view<kC, kKt>(sm.w), cols_view<kBV, kKt>(sm.s), acc_u);
+    const float g_last = sm.g[kC - 1];
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_u); ++i) {
+      const int r = get<0>(coord_cv(i)), c = get<1>(coord_cv(i));
+      sm.u[r * kBV + c] = E(acc_u(i));
+      sm.ud[r * kBV + c] = E(expf(g_last - sm.g[r]) * acc_u(i));
+    }
+    __syncthreads();
+
+    // 6. O = scale e^G (Q S0) + P U, stored for the valid rows and columns.
+    {
+      auto acc_o = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
+      clear(acc_o);
+      mma_from_smem(mma, rows_view<kC, kKt>(sm.q), cols_view<kBV, kKt>(sm.s), acc_o);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= p.scale * expf(sm.g[get<0>(coord_cv(i))]);
+      mma_from_smem(mma, rows_view<kC, kC>(sm.p), cols_view<kBV, kC>(sm.u), acc_o);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_o); ++i) {
+        const int r = get<0>(coord_cv(i));
+        const i64 col = v0 + get<1>(coord_cv(i));
+        if (r < valid && col < p.V)
+          static_cast<E*>(p.out)[s.b * p.sout.b + h * p.sout.h + (c0 + r) * p.sout.t + col] = E(acc_o(i));
+      }
+    }
+
+    // 7. S = e^(G_last) S0 + K^T (e^(G_last - G) U), accumulated in float32 registers.
+    const float chunk_decay = expf(g_last);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= chunk_decay;
+    mma_from_smem(mma, cols_view<kKt, kC>(sm.k), cols_view<kBV, kC>(sm.ud), acc_s);
+    __syncthreads();  // the next chunk overwrites every shared array
+  }
+
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) {
+    const i64 row = get<0>(coord_s(i)), col = v0 + get<1>(coord_s(i));
+    if (row < p.K && col < p.V) p.final_state[n * p.sfinal.n + h * p.sfinal.h + row * p.sfinal.k + col] = acc_s(i);
+  }
+}
+
+}  // namespace
+
+std::size_t chunked_forward_smem_bytes() { return sizeof(ChunkSmem<cute::half_t>); }
+
+bool chunked_forward_supported(const Problem& p, int max_smem) {
+  return p.chunk_size == kC && p.K <= kKt && (p.dtype == DType::f16 || p.dtype == DType::bf16) &&
+         std::size_t(max_smem) >= chunked_forward_smem_bytes();
+}
+
+void chunked_forward(const Params& params, DType dtype, cudaStream_t stream) {
+  const i64 vtiles = (params.V + kBV - 1) / kBV;
+  const i64 blocks = params.N * params.Hv * vtiles;
+  if (blocks == 0) return;
+  const int smem = int(chunked_forward_smem_bytes());
+  auto launch = [&](auto kernel) {
+    RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<unsigned(blocks), kThreads, smem, stream>>>(params, vtiles);
+    RUDNN_CUDA_CHECK_LAUNCH(chunked_forward_kernel);
+  };
+  if (dtype == DType::bf16)
+    launch(chunked_forward_kernel<cute::bfloat16_t>);
+  else
+    launch(chunked_forward_kernel<cute::half_t>);
+}
+
+}  // namespace rudnn::gated_delta::cuda
