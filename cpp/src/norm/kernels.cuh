@@ -1,0 +1,359 @@
+// Private building blocks of the CUDA LayerNorm / RMSNorm / softmax kernels
+// (norm_fwd_cuda.cu, norm_bwd_cuda.cu, softmax_cuda.cu; host helpers in norm_cuda.cu).
+//
+// Every kernel of this family has the same shape (QuACK-style memory-bound kernels):
+//   * A row is cut into chunks of VEC elements; VEC * sizeof(T) = 16 bytes on the vector path
+//     (all row starts and strides 16-byte aligned, H % VEC == 0; checked on the host), VEC = 1
+//     otherwise, so any H works.
+//   * A *team* of `team.size` threads owns one row at a time. Thread `rank` of the team owns the
+//     chunks rank, rank + size, rank + 2*size, ... (coalesced: a warp touches consecutive 16-byte
+//     pieces). Team sizes are powers of two from 1 to 1024: sub-warp teams for short rows (several
+//     rows per warp), multi-warp teams for long rows. A block holds `team.count` teams.
+//   * "regs" kernels keep a thread's chunks in registers between the passes over the row (at most
+//     kSlots chunks per thread, so a row of up to kSlots * 1024 chunks; kPairSlots for kernels that
+//     hold two row tensors); "stream" kernels (longer rows) read the row twice from global memory,
+//     the second read mostly from L2.
+//   * Statistics are float32; reductions are warp butterflies, then shared memory across warps.
+//   * Rows are spread over a persistent grid: block b handles the contiguous rows
+//     [b * rows_per_block, (b + 1) * rows_per_block), its teams taking them in turn.
+//
+// The 16-byte accesses go through CuTe: a row is a cute::Tensor of shape (VEC, chunks), a thread's
+// registers are a cute::Tensor of shape (VEC, kSlots), and a chunk (one VEC-element column) is
+// recast to 16-byte pieces for single 128-bit loads and stores.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cute/tensor.hpp>
+#include <type_traits>
+#include <utility>
+
+#include "core/rows.hpp"
+#include "rudnn/tensor.hpp"
+
+namespace rudnn::norm::kern {
+
+using i64 = std::int64_t;
+
+// ---------------------------------------------------------------------------------------------
+// Tuning constants shared by the host planner and the kernels.
+
+constexpr int kSlots = 4;              // chunks per thread kept in registers ("regs" kernels, one row tensor)
+constexpr int kPairSlots = 2;          // the same for kernels that keep two row tensors (dy and x, dy and y)
+constexpr int kMaxTeam = 1024;         // largest team: one whole block
+constexpr int kStreamThreads = 512;    // block (= team) size of the "stream" kernels
+constexpr int kStreamUnroll = 4;       // chunks in flight per thread per step in "stream" kernels
+constexpr int kPairStreamUnroll = 2;   // the same for kernels that read two row tensors
+constexpr int kStreamMinBlocks = 2;    // stream kernels: >= 2 blocks per SM (<= 64 registers)
+constexpr int kRegsBlockTarget = 256;  // threads per block for short rows (several teams per block)
+constexpr int kFusedBlockMax = 512;    // fused norm backward: two such blocks per SM at <= 64 registers
+                                       // (a team of 1024 threads makes a block of its own)
+constexpr int kWgradColumns = 32;      // columns per block of the column-reduction kernel
+constexpr int kWgradRowLanes = 8;      // row lanes per block of the column-reduction kernel
+constexpr int kReduceThreads = 256;    // threads per block of the split-reduction kernel
+
+// Elements of T in one 16-byte access.
+template <class T>
+inline constexpr int kVec16 = 16 / int(sizeof(T));
+
+// ---------------------------------------------------------------------------------------------
+// Element conversions: all arithmetic is float32, results are rounded once to T.
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// exp for softmax. float32 outputs get the accurate expf; 16-bit outputs are rounded to 8 or 11
+// mantissa bits afterwards, so the one-instruction ex2.approx path (about 2 ulp of float32) is
+// invisible there and halves the arithmetic per element.
+template <class T>
+__device__ __forceinline__ float softmax_exp(float v) {
+  if constexpr (sizeof(T) == 4) {
+    return expf(v);
+  } else {
+    return exp2f(v * 1.4426950408889634f);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CuTe views for 16-byte accesses.
+
+// Row (or parameter vector) `row` seen as VEC-element chunks: shape (VEC, chunks), stride (1, VEC).
+template <int VEC, class T>
+__device__ __forceinline__ auto chunked_row(T* row, i64 chunks) {
+  return cute::make_tensor(cute::make_gmem_ptr(row), cute::make_layout(cute::make_shape(cute::Int<VEC>{}, chunks)));
+}
+
+// Per-thread register storage for N chunks: shape (VEC, N); column s is chunk slot s.
+template <class T, int VEC, int N>
+__device__ __forceinline__ auto chunk_registers() {
+  return cute::make_tensor<T>(cute::Shape<cute::Int<VEC>, cute::Int<N>>{});
+}
+
+// Chunks move in pieces of up to 16 bytes (uint4 for full 16-byte chunks): CuTe recasts of the
+// chunk tensors. Loads are plain (weak, coherent: no .nc, so rows that alias between inputs and
+// outputs stay correct; __isGlobal lets the compiler emit LDG rather than generic LD). Stores are
+// explicit st.global of the whole piece: a plain uint4 store is sometimes split into four 32-bit
+// stores after the compiler breaks the struct apart. The "memory" clobber keeps every load of the
+// same address (in-place rows) on its side of the store.
+template <int Bytes>
+struct PieceOf;
+template <>
+struct PieceOf<16> { using type = uint4; };
+template <>
+struct PieceOf<8> { using type = uint2; };
+template <>
+struct PieceOf<4> { using type = unsigned; };
+template <>
+struct PieceOf<2> { using type = unsigned short; };
+
+template <class Tensor>
+using ElementOf = std::remove_cv_t<typename std::decay_t<Tensor>::value_type>;
+
+template <class Tensor>
+inline constexpr int kChunkBytes = int(decltype(cute::size(std::declval<std::decay_t<Tensor>>()))::value) *
+                                   int(sizeof(ElementOf<Tensor>));
+
+template <class Tensor>
+using PieceFor = typename PieceOf<(kChunkBytes<Tensor> < 16 ? kChunkBytes<Tensor> : 16)>::type;
+
+__device__ __forceinline__ void st_global(uint4* p, const uint4& v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ void st_global(uint2* p, const uint2& v) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+}
+__device__ __forceinline__ void st_global(unsigned* p, unsigned v) {
+  asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_global(unsigned short* p, unsigned short v) {
+  asm volatile("st.global.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory");
+}
+
+// One chunk, global memory -> registers.
+template <class GTensor, class RTensor>
+__device__ __forceinline__ void load_chunk(const GTensor& global_chunk, RTensor&& registers) {
+  using Piece = PieceFor<GTensor>;
+  const auto src = cute::recast<const Piece>(global_chunk);
+  auto dst = cute::recast<Piece>(registers);
+#pragma unroll
+  for (int i = 0; i < int(cute::size(dst)); ++i) {
+    const Piece* address = &src(i);
+    __builtin_assume(__isGlobal(address));
+    dst(i) = *address;
+  }
+}
+
+// One chunk, registers -> global memory.
+template <class RTensor, class GTensor>
+__device__ __forceinline__ void store_chunk(const RTensor& registers, GTensor&& global_chunk) {
+  using Piece = PieceFor<RTensor>;
+  const auto src = cute::recast<const Piece>(registers);
+  auto dst = cute::recast<Piece>(global_chunk);
+#pragma unroll
+  for (int i = 0; i < int(cute::size(dst)); ++i) st_global(&dst(i), src(i));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Teams and reductions.
+
+struct Team {
+  int size;   // threads per row: 1, 2, 4, ..., 1024
+  int rank;   // this thread's index within its team
+  int index;  // this team's index within the block
+  int count;  // teams per block
+};
+
+__device__ __forceinline__ Team make_team(int size) {
+  const int t = int(threadIdx.x);
+  return Team{size, t % size, t / size, int(blockDim.x) / size};
+}
+
+// The slot-s chunk of a thread: chunks are dealt round-robin over the team.
+__device__ __forceinline__ i64 slot_chunk(const Team& team, int s) { return i64(team.rank) + i64(s) * team.size; }
+
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// All-reduce of K floats over each team. Every thread of a team ends with the same bits: a xor
+// butterfly combines the same two operands in both lanes of a pair (op is commutative), and the
+// cross-warp step has every lane read one shared list. Must be reached by every thread of the
+// block (teams larger than a warp synchronize the block).
+// `scratch` is __shared__ memory of at least K * 32 floats.
+template <int K, class Op>
+__device__ __forceinline__ void team_allreduce(float (&v)[K], const Team& team, float* scratch, Op op,
+                                               float identity) {
+  const int width = team.size < 32 ? team.size : 32;
+  for (int offset = width / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = op(v[k], __shfl_xor_sync(kFullMask, v[k], offset));
+  }
+  if (team.size <= 32) return;
+  const int lane = int(threadIdx.x) % 32;
+  const int warp = int(threadIdx.x) / 32;
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) scratch[k * 32 + warp] = v[k];
+  }
+  __syncthreads();
+  const int warps = team.size / 32;
+  const int first = team.index * warps;
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = lane < warps ? scratch[k * 32 + first + lane] : identity;
+  for (int offset = 16; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = op(v[k], __shfl_xor_sync(kFullMask, v[k], offset));
+  }
+  __syncthreads();  // scratch is free again for the next reduction
+}
+
+// Running mean and sum of squared deviations (Chan et al.), for the one-read variance of rows too
+// long for registers. Stable: no E[x^2] - E[x]^2 cancellation.
+struct MeanM2 {
+  float n, mean, m2;
+};
+
+__device__ __forceinline__ MeanM2 merge(const MeanM2& a, const MeanM2& b) {
+  const float n = a.n + b.n;
+  if (n == 0.f) return a;
+  const float delta = b.mean - a.mean;
+  const float wb = __fdividef(b.n, n);  // n is a small exact count; no need for IEEE division
+  return MeanM2{n, a.mean + delta * wb, a.m2 + b.m2 + delta * delta * a.n * wb};
+}
+
+__device__ __forceinline__ MeanM2 shfl_xor(const MeanM2& s, int offset) {
+  return MeanM2{__shfl_xor_sync(kFullMask, s.n, offset), __shfl_xor_sync(kFullMask, s.mean, offset),
+                __shfl_xor_sync(kFullMask, s.m2, offset)};
+}
+
+// Butterfly step for a non-commutative merge: both lanes of a pair merge (lower, upper), so both
+// get the same bits.
+__device__ __forceinline__ MeanM2 butterfly_merge(const MeanM2& s, int offset) {
+  const MeanM2 other = shfl_xor(s, offset);
+  const bool upper = (int(threadIdx.x) & offset) != 0;
+  return upper ? merge(other, s) : merge(s, other);
+}
+
+// All-reduce of MeanM2 over a team that is the whole block (stream kernels). Same contract as
+// team_allreduce; `scratch` holds at least 3 * 32 floats.
+__device__ __forceinline__ MeanM2 block_allreduce(MeanM2 s, float* scratch) {
+  for (int offset = 16; offset > 0; offset /= 2) s = butterfly_merge(s, offset);
+  const int lane = int(threadIdx.x) % 32;
+  const int warp = int(threadIdx.x) / 32;
+  if (lane == 0) {
+    scratch[warp] = s.n;
+    scratch[32 + warp] = s.mean;
+    scratch[64 + warp] = s.m2;
+  }
+  __syncthreads();
+  const int warps = int(blockDim.x) / 32;
+  s = lane < warps ? MeanM2{scratch[lane], scratch[32 + lane], scratch[64 + lane]} : MeanM2{0.f, 0.f, 0.f};
+  for (int offset = 16; offset > 0; offset /= 2) s = butterfly_merge(s, offset);
+  __syncthreads();
+  return s;
+}
+
+// Running (max, sum of exp(x - max)) for the one-read softmax of rows too long for registers.
+// A row that is all -inf keeps (-inf, 0) and later yields NaN (0/0 style), like torch.
+struct MaxSum {
+  float max, sum;
+};
+
+template <class T>
+__device__ __forceinline__ MaxSum merge_softmax(const MaxSum& a, const MaxSum& b) {
+  const float m = fmaxf(a.max, b.max);
+  if (m == -INFINITY) return MaxSum{m, 0.f};  // exp(-inf - -inf) would be NaN
+  return MaxSum{m, a.sum * softmax_exp<T>(a.max - m) + b.sum * softmax_exp<T>(b.max - m)};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row offsets: core::RowIndexer (one multiply for collapsed tensors; the general loop indexes the
+// kernel-parameter arrays directly, ptxas keeps them in the constant bank).
+
+template <class T>
+__device__ __forceinline__ T* row_ptr(T* base, const core::RowIndexer& ix, i64 row) {
+  return base + ix.offset(row);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows of a block: block b owns [b * rows_per_block, min(rows, (b + 1) * rows_per_block)).
+
+struct BlockRows {
+  i64 begin, end;
+};
+
+__device__ __forceinline__ BlockRows block_rows(i64 rows, i64 rows_per_block) {
+  const i64 begin = i64(blockIdx.x) * rows_per_block;
+  const i64 end = begin + rows_per_block < rows ? begin + rows_per_block : rows;
+  return BlockRows{begin, end};
+}
+
+}  // namespace rudnn::norm::kern
+
+// ---------------------------------------------------------------------------------------------
+// Host-side planning (norm_cuda.cu).
+
+namespace rudnn::norm::plan {
+
+using i64 = std::int64_t;
+
+// How one row kernel is launched.
+struct RowLaunch {
+  bool stream = false;     // row too long for registers: the two-read kernel
+  int team = 1;            // threads per row
+  int block = 1;           // threads per block
+  int grid = 0;            // blocks
+  i64 rows_per_block = 0;  // contiguous rows per block
+  std::size_t smem = 0;    // dynamic shared memory per block
+};
+
+// Team shape for a row of `chunks` chunks: each thread gets about `slot_target` chunks (at most
+// `max_slots`), teams of at most kMaxTeam threads; longer rows use the stream kernels.
+RowLaunch row_shape(i64 chunks, int slot_target, int max_slots);
+
+// Blocks of `kernel` (with `block` threads, `smem` dynamic bytes) resident per SM; raises the
+// kernel's dynamic shared-memory limit first when smem > 48 KB. Cached per device and kernel.
+int resident_blocks(const void* kernel, int block, std::size_t smem);
+
+// Fills grid / rows_per_block: the rows spread evenly over at most resident_blocks * SMs blocks,
+// each a multiple of `teams` rows.
+void spread_rows(RowLaunch& launch, i64 rows, const void* kernel);
+
+// True when a tensor's rows can be read with 16-byte accesses of `vec` elements.
+bool rows_vectorizable(const void* data, const core::RowIndexer& rows, int vec);
+bool aligned16(const void* data);
+
+// Weight-gradient plan of norm backward (shared by backward_cuda and the workspace query, so both
+// agree; it depends on rows, H and the device only). `fused`: the dx kernel also accumulates
+// dweight/dbias per block (two float32 rows of H per team in shared memory: up to ~28K columns on
+// sm90, one or two blocks per SM); otherwise a column kernel re-reads dy and x. `splits` partial
+// rows [2][splits][H] are reduced in a fixed order; splits == 1 writes dweight/dbias directly.
+struct WgradPlan {
+  bool fused = false;
+  i64 splits = 1;
+  i64 rows_per_split = 0;
+  std::size_t fused_smem_budget = 0;  // dynamic shared memory a fused block may use
+  std::size_t workspace_bytes = 0;
+};
+WgradPlan wgrad_plan(i64 rows, i64 hidden, int device);
+
+}  // namespace rudnn::norm::plan

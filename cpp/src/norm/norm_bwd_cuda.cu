@@ -1,0 +1,469 @@
+// LayerNorm / RMSNorm backward on CUDA.
+//
+// With xhat = (x - mean) * rstd (layer) or x * rstd (rms) and g = dy * w:
+//   layer: dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat))
+//   rms:   dx = rstd * (g - xhat * mean_j(g * xhat))        (the layer formula with mean = 0 and
+//                                                            without the mean_j(g) term)
+//   dweight[j] = sum_r dy[r, j] * xhat[r, j],  dbias[j] = sum_r dy[r, j]   (float32, deterministic)
+//
+// Weight gradients never use atomics. Either
+//   * fused (H small enough for two float32 rows per team in shared memory, H <= ~28K on sm90):
+//     the dx kernel runs `splits` blocks, block b owning a fixed contiguous range of rows; every
+//     team accumulates dy * xhat and dy for its own columns in its shared-memory rows, in row
+//     order; at the end the block adds its teams in order and writes one partial row per
+//     gradient; or
+//   * a column kernel (longer rows): blocks of 32 columns x 8 row lanes sum fixed row ranges.
+// and then, when splits > 1, a reduction kernel adds the partial rows [splits, H] in split order.
+// Every order is fixed by (rows, H, device), so results are bitwise identical run to run.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "core/cuda_check.hpp"
+#include "core/device.hpp"
+#include "core/dispatch.hpp"
+#include "norm/kernels.cuh"
+#include "norm/problem.hpp"
+
+namespace rudnn::norm {
+
+namespace {
+
+using namespace kern;
+
+template <class T, class P>
+struct BackwardParams {
+  const T* dy;
+  const T* x;
+  T* dx;
+  const P* weight;      // null: w = 1
+  const float* mean;    // per row; layer norm only
+  const float* rstd;    // per row
+  float* dweight_part;  // [gridDim.x][H] partial sums (the output itself when gridDim.x == 1); null: not wanted
+  float* dbias_part;    // same for dbias
+  core::RowIndexer dy_rows, x_rows, dx_rows, mean_rows, rstd_rows;
+  i64 rows, hidden, rows_per_block;
+  int team;
+  bool layer;
+};
+
+// Per-element pieces of the row math.
+struct RowStats {
+  float mean, rstd;
+};
+
+template <class T, class P>
+__device__ __forceinline__ RowStats row_stats(const BackwardParams<T, P>& p, i64 row) {
+  return RowStats{p.layer ? *row_ptr(p.mean, p.mean_rows, row) : 0.f, *row_ptr(p.rstd, p.rstd_rows, row)};
+}
+
+// The shared-memory weight-gradient rows of one team: [2][H] floats (dweight, then dbias), seen
+// as CuTe tensors of VEC-float chunks. Each thread only ever touches its own columns, so no
+// barrier is needed while accumulating.
+template <int VEC>
+__device__ __forceinline__ auto wgrad_chunk(float* team_rows, i64 hidden, i64 chunk) {
+  return cute::make_tensor(cute::make_smem_ptr(team_rows + chunk * VEC),
+                           cute::make_layout(cute::make_shape(cute::Int<VEC>{}, cute::Int<2>{}),
+                                             cute::make_stride(cute::Int<1>{}, hidden)));
+}
+
+// End of a fused block: zero-initialized team rows were accumulated; add the teams in order and
+// write this block's partial rows.
+template <class T, class P>
+__device__ __forceinline__ void write_wgrad_partials(const BackwardParams<T, P>& p, const float* team_rows,
+                                                     int teams) {
+  __syncthreads();
+  float* dw_out = p.dweight_part != nullptr ? p.dweight_part + i64(blockIdx.x) * p.hidden : nullptr;
+  float* db_out = p.dbias_part != nullptr ? p.dbias_part + i64(blockIdx.x) * p.hidden : nullptr;
+  for (i64 j = threadIdx.x; j < p.hidden; j += blockDim.x) {
+    float dw = 0.f, db = 0.f;
+    for (int t = 0; t < teams; ++t) {
+      dw += team_rows[i64(t) * 2 * p.hidden + j];
+      db += team_rows[i64(t) * 2 * p.hidden + p.hidden + j];
+    }
+    if (dw_out != nullptr) dw_out[j] = dw;
+    if (db_out != nullptr) db_out[j] = db;
+  }
+}
+
+__device__ __forceinline__ void zero_shared(float* data, i64 count) {
+  for (i64 i = threadIdx.x; i < count; i += blockDim.x) data[i] = 0.f;
+  __syncthreads();
+}
+
+// dx (and the weight-gradient terms) of the chunks in registers. Sums of the row are done.
+// Computes every slot first (global loads of w and shared-memory accumulators only), then stores dx,
+// so the loads of all slots can overlap.
+template <int VEC, int N, class T, class P, class Regs, class Chunk>
+__device__ __forceinline__ void store_dx(const BackwardParams<T, P>& p, T* dx_row, i64 chunks, Regs& dy, const Regs& x,
+                                         const bool (&valid)[N], Chunk chunk_of, RowStats st, float mean_g,
+                                         float mean_gx, float* team_rows) {
+  using cute::_;
+  const bool accumulate = team_rows != nullptr;
+  const auto gw = chunked_row<VEC>(p.weight, chunks);
+#pragma unroll
+  for (int s = 0; s < N; ++s) {
+    if (!valid[s]) continue;
+    auto w = chunk_registers<P, VEC, 1>();
+    if (p.weight != nullptr) load_chunk(gw(_, chunk_of(s)), w(_, 0));
+    // (VEC, 2): running dweight and dbias of this chunk's columns.
+    auto acc = chunk_registers<float, VEC, 2>();
+    if (accumulate) cute::copy_aligned(wgrad_chunk<VEC>(team_rows, p.hidden, chunk_of(s)), acc);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const float dyv = to_float(dy(v, s));
+      const float g = p.weight != nullptr ? dyv * to_float(w(v, 0)) : dyv;
+      const float xhat = (to_float(x(v, s)) - st.mean) * st.rstd;
+      acc(v, 0) += dyv * xhat;
+      acc(v, 1) += dyv;
+      dy(v, s) = from_float<T>(st.rstd * (g - mean_g - xhat * mean_gx));  // dy(v, s) is not needed again
+    }
+    if (accumulate) cute::copy_aligned(acc, wgrad_chunk<VEC>(team_rows, p.hidden, chunk_of(s)));
+  }
+  auto gdx = chunked_row<VEC>(dx_row, chunks);
+#pragma unroll
+  for (int s = 0; s < N; ++s)
+    if (valid[s]) store_chunk(dy(_, s), gdx(_, chunk_of(s)));
+}
+
+// Sum_j g and Sum_j g * xhat over the chunks in registers (this thread's share).
+template <int VEC, int N, class T, class P, class Regs, class Chunk>
+__device__ __forceinline__ void add_row_sums(const BackwardParams<T, P>& p, i64 chunks, const Regs& dy, const Regs& x,
+                                             const bool (&valid)[N], Chunk chunk_of, RowStats st, float (&sums)[2]) {
+  using cute::_;
+  const auto gw = chunked_row<VEC>(p.weight, chunks);
+#pragma unroll
+  for (int s = 0; s < N; ++s) {
+    if (!valid[s]) continue;
+    auto w = chunk_registers<P, VEC, 1>();
+    if (p.weight != nullptr) load_chunk(gw(_, chunk_of(s)), w(_, 0));
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const float dyv = to_float(dy(v, s));
+      const float g = p.weight != nullptr ? dyv * to_float(w(v, 0)) : dyv;
+      const float xhat = (to_float(x(v, s)) - st.mean) * st.rstd;
+      sums[0] += g;
+      sums[1] += g * xhat;
+    }
+  }
+}
+
+template <int VEC, int N, class T, class Regs, class Chunk>
+__device__ __forceinline__ void load_rows(const T* dy_row, const T* x_row, i64 chunks, Regs& dy, Regs& x,
+                                          const bool (&valid)[N], Chunk chunk_of) {
+  using cute::_;
+  const auto gdy = chunked_row<VEC>(dy_row, chunks);
+  const auto gx = chunked_row<VEC>(x_row, chunks);
+#pragma unroll
+  for (int s = 0; s < N; ++s)
+    if (valid[s]) {
+      load_chunk(gdy(_, chunk_of(s)), dy(_, s));
+      load_chunk(gx(_, chunk_of(s)), x(_, s));
+    }
+}
+
+// Rows of up to kPairSlots * team chunks: dy and x stay in registers between the row sums and dx.
+// With weight gradients wanted, dynamic shared memory holds [teams][2][H] float accumulators.
+template <class T, class P, int VEC>
+__global__ void __launch_bounds__(kMaxTeam) norm_backward_regs(const BackwardParams<T, P> p) {
+  extern __shared__ float4 wgrad_smem[];
+  __shared__ float scratch[2 * 32];
+  const Team team = make_team(p.team);
+  const i64 chunks = p.hidden / VEC;
+  const float hidden = float(p.hidden);
+  const auto chunk_of = [&](int s) { return slot_chunk(team, s); };
+  const bool accumulate = p.dweight_part != nullptr || p.dbias_part != nullptr;
+  float* all_rows = reinterpret_cast<float*>(wgrad_smem);
+  float* team_rows = accumulate ? all_rows + i64(team.index) * 2 * p.hidden : nullptr;
+  if (accumulate) zero_shared(all_rows, i64(team.count) * 2 * p.hidden);
+  const BlockRows mine = block_rows(p.rows, p.rows_per_block);
+
+  for (i64 base = mine.begin; base < mine.end; base += team.count) {
+    const i64 row = base + team.index;
+    const bool active = row < mine.end;
+    bool valid[kPairSlots];
+#pragma unroll
+    for (int s = 0; s < kPairSlots; ++s) valid[s] = active && chunk_of(s) < chunks;
+
+    auto dy = chunk_registers<T, VEC, kPairSlots>();
+    auto x = chunk_registers<T, VEC, kPairSlots>();
+    RowStats st{0.f, 0.f};
+    float sums[2] = {0.f, 0.f};
+    if (active) {
+      load_rows<VEC>(row_ptr(p.dy, p.dy_rows, row), row_ptr(p.x, p.x_rows, row), chunks, dy, x, valid, chunk_of);
+      st = row_stats(p, row);
+      add_row_sums<VEC>(p, chunks, dy, x, valid, chunk_of, st, sums);
+    }
+    team_allreduce(sums, team, scratch, SumOp{}, 0.f);
+    if (!active) continue;  // no barrier follows in this iteration
+    const float mean_g = p.layer ? sums[0] / hidden : 0.f;
+    const float mean_gx = sums[1] / hidden;
+    store_dx<VEC>(p, row_ptr(p.dx, p.dx_rows, row), chunks, dy, x, valid, chunk_of, st, mean_g, mean_gx, team_rows);
+  }
+  if (accumulate) write_wgrad_partials(p, all_rows, team.count);
+}
+
+// Rows too long for registers (one block per row at a time): pass 1 sums, pass 2 re-reads dy and
+// x (mostly from L2) and writes dx. Accumulates weight gradients like the regs kernel when asked
+// (one team: [2][H] floats of dynamic shared memory).
+template <class T, class P, int VEC>
+__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_backward_stream(const BackwardParams<T, P> p) {
+  constexpr int U = kPairStreamUnroll;
+  extern __shared__ float4 wgrad_smem[];
+  __shared__ float scratch[2 * 32];
+  const Team team = make_team(p.team);  // the whole block
+  const i64 chunks = p.hidden / VEC;
+  const float hidden = float(p.hidden);
+  const i64 step = i64(U) * team.size;
+  const bool accumulate = p.dweight_part != nullptr || p.dbias_part != nullptr;
+  float* team_rows = accumulate ? reinterpret_cast<float*>(wgrad_smem) : nullptr;
+  if (accumulate) zero_shared(team_rows, 2 * p.hidden);
+  const BlockRows mine = block_rows(p.rows, p.rows_per_block);
+
+  for (i64 row = mine.begin; row < mine.end; ++row) {
+    const T* dy_row = row_ptr(p.dy, p.dy_rows, row);
+    const T* x_row = row_ptr(p.x, p.x_rows, row);
+    const RowStats st = row_stats(p, row);
+    float sums[2] = {0.f, 0.f};
+    for (i64 first = team.rank; first < chunks; first += step) {
+      const auto chunk_of = [&](int u) { return first + i64(u) * team.size; };
+      bool valid[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
+      auto dy = chunk_registers<T, VEC, U>();
+      auto x = chunk_registers<T, VEC, U>();
+      load_rows<VEC>(dy_row, x_row, chunks, dy, x, valid, chunk_of);
+      add_row_sums<VEC>(p, chunks, dy, x, valid, chunk_of, st, sums);
+    }
+    team_allreduce(sums, team, scratch, SumOp{}, 0.f);
+    const float mean_g = p.layer ? sums[0] / hidden : 0.f;
+    const float mean_gx = sums[1] / hidden;
+
+    T* dx_row = row_ptr(p.dx, p.dx_rows, row);
+    for (i64 first = team.rank; first < chunks; first += step) {
+      const auto chunk_of = [&](int u) { return first + i64(u) * team.size; };
+      bool valid[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
+      auto dy = chunk_registers<T, VEC, U>();
+      auto x = chunk_registers<T, VEC, U>();
+      load_rows<VEC>(dy_row, x_row, chunks, dy, x, valid, chunk_of);
+      store_dx<VEC>(p, dx_row, chunks, dy, x, valid, chunk_of, st, mean_g, mean_gx, team_rows);
+    }
+  }
+  if (accumulate) write_wgrad_partials(p, team_rows, 1);
+}
+
+// Weight gradients for rows too long for the fused path: block (column tile, row split) sums
+// kWgradColumns columns over its rows; row lane k takes rows begin + k, begin + k + 8, ... in order,
+// then the 8 lanes are added in order. Runs before the dx kernel (dx may alias dy or x).
+template <class T>
+struct WgradParams {
+  const T* dy;
+  const T* x;
+  const float* mean;
+  const float* rstd;
+  float* dweight_part;  // [splits][H], or the output when splits == 1; null: not wanted
+  float* dbias_part;
+  core::RowIndexer dy_rows, x_rows, mean_rows, rstd_rows;
+  i64 rows, hidden, rows_per_split;
+  bool layer;
+};
+
+template <class T>
+__global__ void __launch_bounds__(kWgradColumns* kWgradRowLanes) norm_wgrad_columns(const WgradParams<T> p) {
+  __shared__ float partial[2][kWgradRowLanes][kWgradColumns];
+  const int lane = int(threadIdx.x) % kWgradColumns;
+  const int row_lane = int(threadIdx.x) / kWgradColumns;
+  const i64 col = i64(blockIdx.x) * kWgradColumns + lane;
+  const i64 begin = i64(blockIdx.y) * p.rows_per_split;
+  const i64 end = begin + p.rows_per_split < p.rows ? begin + p.rows_per_split : p.rows;
+  float dw = 0.f, db = 0.f;
+  if (col < p.hidden) {
+#pragma unroll 4
+    for (i64 row = begin + row_lane; row < end; row += kWgradRowLanes) {
+      const float mean = p.layer ? *row_ptr(p.mean, p.mean_rows, row) : 0.f;
+      const float rstd = *row_ptr(p.rstd, p.rstd_rows, row);
+      const float dyv = to_float(row_ptr(p.dy, p.dy_rows, row)[col]);
+      const float xhat = (to_float(row_ptr(p.x, p.x_rows, row)[col]) - mean) * rstd;
+      dw += dyv * xhat;
+      db += dyv;
+    }
+  }
+  partial[0][row_lane][lane] = dw;
+  partial[1][row_lane][lane] = db;
+  __syncthreads();
+  if (row_lane != 0 || col >= p.hidden) return;
+  dw = 0.f;
+  db = 0.f;
+#pragma unroll
+  for (int k = 0; k < kWgradRowLanes; ++k) {
+    dw += partial[0][k][lane];
+    db += partial[1][k][lane];
+  }
+  const i64 at = i64(blockIdx.y) * p.hidden + col;
+  if (p.dweight_part != nullptr) p.dweight_part[at] = dw;
+  if (p.dbias_part != nullptr) p.dbias_part[at] = db;
+}
+
+// out[j] = sum over splits s (in order) of part[s][j].
+__global__ void __launch_bounds__(kReduceThreads)
+    norm_wgrad_reduce(const float* dweight_part, const float* dbias_part, i64 splits, i64 hidden, float* dweight,
+                      float* dbias) {
+  const i64 j = i64(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= hidden) return;
+  if (dweight != nullptr) {
+    float sum = 0.f;
+#pragma unroll 8
+    for (i64 s = 0; s < splits; ++s) sum += dweight_part[s * hidden + j];
+    dweight[j] = sum;
+  }
+  if (dbias != nullptr) {
+    float sum = 0.f;
+#pragma unroll 8
+    for (i64 s = 0; s < splits; ++s) sum += dbias_part[s * hidden + j];
+    dbias[j] = sum;
+  }
+}
+
+template <class T, class P, int VEC>
+void run_backward(BackwardParams<T, P> p, const plan::WgradPlan& wgrad, cudaStream_t stream) {
+  const bool accumulate = p.dweight_part != nullptr || p.dbias_part != nullptr;
+  plan::RowLaunch launch = plan::row_shape(p.hidden / VEC, kPairSlots, kPairSlots);
+  const void* kernel = launch.stream ? reinterpret_cast<const void*>(&norm_backward_stream<T, P, VEC>)
+                                     : reinterpret_cast<const void*>(&norm_backward_regs<T, P, VEC>);
+  if (accumulate) {
+    // Fused weight gradients: one block per split (the plan the workspace was sized for: one wave
+    // of one or two blocks per SM), as many teams per block as the shared-memory budget and
+    // kFusedBlockMax threads allow, whole warps only.
+    const std::size_t team_bytes = std::size_t(p.hidden) * 2 * sizeof(float);
+    int teams = 1;
+    if (!launch.stream) {
+      teams = int(std::min<std::size_t>(std::max(1, kFusedBlockMax / launch.team),
+                                        wgrad.fused_smem_budget / team_bytes));
+      if (launch.team < 32) teams = std::max(teams - teams % (32 / launch.team), 32 / launch.team);
+      launch.block = teams * launch.team;
+    }
+    launch.smem = std::size_t(teams) * team_bytes;
+    launch.grid = int(wgrad.splits);
+    launch.rows_per_block = wgrad.rows_per_split;
+    plan::resident_blocks(kernel, launch.block, launch.smem);  // opts in to > 48 KB of shared memory
+  } else {
+    plan::spread_rows(launch, p.rows, kernel);
+  }
+  p.team = launch.team;
+  p.rows_per_block = launch.rows_per_block;
+  if (launch.stream) {
+    norm_backward_stream<T, P, VEC><<<launch.grid, launch.block, launch.smem, stream>>>(p);
+    RUDNN_CUDA_CHECK_LAUNCH("norm_backward_stream");
+  } else {
+    norm_backward_regs<T, P, VEC><<<launch.grid, launch.block, launch.smem, stream>>>(p);
+    RUDNN_CUDA_CHECK_LAUNCH("norm_backward_regs");
+  }
+}
+
+template <class T, class P>
+void launch_backward(const NormBackwardArgs& args, const BackwardProblem& pr, cudaStream_t stream) {
+  const bool layer = args.kind == NormKind::layer;
+  float* dweight = args.dweight != nullptr ? args.dweight->ptr<float>() : nullptr;
+  float* dbias = args.dbias != nullptr ? args.dbias->ptr<float>() : nullptr;
+  const bool want_wgrad = dweight != nullptr || dbias != nullptr;
+  const plan::WgradPlan wgrad = plan::wgrad_plan(pr.rows, pr.hidden, core::current_device());
+
+  // Partial rows [2][splits][H] in the workspace, or the outputs themselves for one split.
+  float* dweight_part = dweight;
+  float* dbias_part = dbias;
+  if (want_wgrad && wgrad.splits > 1) {
+    float* ws = args.workspace != nullptr ? args.workspace->ptr<float>() : nullptr;
+    // Partial sums are read and written as single floats: 4-byte alignment is all they need.
+    if (ws == nullptr || reinterpret_cast<std::uintptr_t>(ws) % alignof(float) != 0)
+      throw Error(ErrorKind::value, "norm backward: workspace must be a 4-byte aligned device buffer of " +
+                                        std::to_string(wgrad.workspace_bytes) + " bytes");
+    dweight_part = dweight != nullptr ? ws : nullptr;
+    dbias_part = dbias != nullptr ? ws + wgrad.splits * pr.hidden : nullptr;
+  }
+
+  if (want_wgrad && !wgrad.fused) {
+    WgradParams<T> w{};
+    w.dy = args.dy.ptr<const T>();
+    w.x = args.x.ptr<const T>();
+    w.mean = layer ? args.mean->ptr<const float>() : nullptr;
+    w.rstd = args.rstd.ptr<const float>();
+    w.dweight_part = dweight_part;
+    w.dbias_part = dbias_part;
+    w.dy_rows = pr.dy;
+    w.x_rows = pr.x;
+    w.mean_rows = pr.mean;
+    w.rstd_rows = pr.rstd;
+    w.rows = pr.rows;
+    w.hidden = pr.hidden;
+    w.rows_per_split = wgrad.rows_per_split;
+    w.layer = layer;
+    const dim3 grid(unsigned((pr.hidden + kWgradColumns - 1) / kWgradColumns), unsigned(wgrad.splits));
+    norm_wgrad_columns<T><<<grid, kWgradColumns * kWgradRowLanes, 0, stream>>>(w);
+    RUDNN_CUDA_CHECK_LAUNCH("norm_wgrad_columns");
+  }
+
+  BackwardParams<T, P> p{};
+  p.dy = args.dy.ptr<const T>();
+  p.x = args.x.ptr<const T>();
+  p.dx = args.dx.ptr<T>();
+  p.weight = args.weight != nullptr ? args.weight->ptr<const P>() : nullptr;
+  p.mean = layer ? args.mean->ptr<const float>() : nullptr;
+  p.rstd = args.rstd.ptr<const float>();
+  p.dweight_part = wgrad.fused ? dweight_part : nullptr;
+  p.dbias_part = wgrad.fused ? dbias_part : nullptr;
+  p.dy_rows = pr.dy;
+  p.x_rows = pr.x;
+  p.dx_rows = pr.dx;
+  p.mean_rows = pr.mean;
+  p.rstd_rows = pr.rstd;
+  p.rows = pr.rows;
+  p.hidden = pr.hidden;
+  p.layer = layer;
+
+  constexpr int kVec = kVec16<T>;
+  bool vec = pr.hidden % kVec == 0 && plan::rows_vectorizable(p.dy, pr.dy, kVec) &&
+             plan::rows_vectorizable(p.x, pr.x, kVec) && plan::rows_vectorizable(p.dx, pr.dx, kVec);
+  if (p.weight != nullptr) vec = vec && plan::aligned16(p.weight);
+  if (vec) {
+    run_backward<T, P, kVec>(p, wgrad, stream);
+  } else {
+    run_backward<T, P, 1>(p, wgrad, stream);
+  }
+
+  if (want_wgrad && wgrad.splits > 1) {
+    const unsigned blocks = unsigned((pr.hidden + kReduceThreads - 1) / kReduceThreads);
+    norm_wgrad_reduce<<<blocks, kReduceThreads, 0, stream>>>(dweight_part, dbias_part, wgrad.splits, pr.hidden,
+                                                             dweight, dbias);
+    RUDNN_CUDA_CHECK_LAUNCH("norm_wgrad_reduce");
+  }
+}
+
+}  // namespace
+
+std::size_t backward_workspace_bytes_cuda(const BackwardProblem& p, int device) {
+  return plan::wgrad_plan(p.rows, p.hidden, device).workspace_bytes;
+}
+
+void backward_cuda(const NormBackwardArgs& args, const BackwardProblem& p, Stream stream) {
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (p.rows == 0) {
+    // Sums over no rows: the weight gradients are zero; there is no dx to write.
+    if (args.dweight != nullptr)
+      RUDNN_CUDA_CHECK(cudaMemsetAsync(args.dweight->data, 0, std::size_t(p.hidden) * sizeof(float), cuda_stream));
+    if (args.dbias != nullptr)
+      RUDNN_CUDA_CHECK(cudaMemsetAsync(args.dbias->data, 0, std::size_t(p.hidden) * sizeof(float), cuda_stream));
+    return;
+  }
+  core::dispatch_float<__half, __nv_bfloat16>(args.x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (p.param_dtype == DType::f32) {
+      launch_backward<T, float>(args, p, cuda_stream);
+    } else {
+      launch_backward<T, T>(args, p, cuda_stream);
+    }
+  });
+}
+
+}  // namespace rudnn::norm

@@ -1,0 +1,132 @@
+// Host-side planning shared by the CUDA norm / softmax kernels: team shapes, grid sizes,
+// alignment checks and the weight-gradient plan (kernels.cuh explains the kernel design).
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/cuda_check.hpp"
+#include "core/device.hpp"
+#include "norm/kernels.cuh"
+
+namespace rudnn::norm::plan {
+
+namespace {
+
+constexpr std::size_t kDefaultSmemLimit = 48 * 1024;  // dynamic smem a kernel gets without opting in
+constexpr std::size_t kFusedSmemCap = 96 * 1024;      // a fused block's accumulators when two share an SM
+constexpr std::size_t kWorkspaceCap = std::size_t(64) << 20;
+
+i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
+
+int next_pow2(i64 v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+RowLaunch row_shape(i64 chunks, int slot_target, int max_slots) {
+  RowLaunch launch;
+  if (chunks > i64(max_slots) * kern::kMaxTeam) {
+    launch.stream = true;
+    launch.team = kern::kStreamThreads;
+    launch.block = kern::kStreamThreads;
+    return launch;
+  }
+  // A power of two, so that sub-warp teams tile a warp; at most max_slots chunks per thread
+  // (slot_target <= max_slots, and a team capped at kMaxTeam has chunks <= max_slots * kMaxTeam).
+  launch.team = std::min(next_pow2(ceil_div(chunks, slot_target)), kern::kMaxTeam);
+  launch.block = std::max(launch.team, kern::kRegsBlockTarget);
+  return launch;
+}
+
+int resident_blocks(const void* kernel, int block, std::size_t smem) {
+  using Key = std::tuple<int, const void*, int, std::size_t>;
+  static std::mutex mutex;
+  static std::map<Key, int> cache;
+  static std::map<std::pair<int, const void*>, bool> opted_in;
+
+  const int device = core::current_device();
+  std::lock_guard<std::mutex> lock(mutex);
+  const Key key{device, kernel, block, smem};
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+
+  if (smem > kDefaultSmemLimit && !opted_in[{device, kernel}]) {
+    // Raise the limit once to everything the device allows next to the kernel's static smem.
+    cudaFuncAttributes attrs{};
+    RUDNN_CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernel));
+    const int optin = core::device_props(device).max_smem_per_block_optin;
+    RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          optin - int(attrs.sharedSizeBytes)));
+    opted_in[{device, kernel}] = true;
+  }
+  int blocks = 0;
+  RUDNN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block, smem));
+  cache.emplace(key, blocks);
+  return blocks;
+}
+
+void spread_rows(RowLaunch& launch, i64 rows, const void* kernel) {
+  const int teams = launch.block / launch.team;
+  const int sm_count = core::device_props(core::current_device()).sm_count;
+  const i64 max_blocks = i64(std::max(1, resident_blocks(kernel, launch.block, launch.smem))) * sm_count;
+  const i64 groups = ceil_div(rows, teams);  // rows in units of one row per team
+  const i64 blocks = std::min(groups, max_blocks);
+  launch.rows_per_block = ceil_div(groups, blocks) * teams;
+  launch.grid = int(ceil_div(rows, launch.rows_per_block));
+}
+
+bool aligned16(const void* data) { return (reinterpret_cast<std::uintptr_t>(data) & 15u) == 0; }
+
+bool rows_vectorizable(const void* data, const core::RowIndexer& rows, int vec) {
+  if (!aligned16(data)) return false;
+  for (int d = 0; d < rows.ndims; ++d)
+    if (rows.strides[d] % vec != 0) return false;
+  return true;
+}
+
+WgradPlan wgrad_plan(i64 rows, i64 hidden, int device) {
+  const core::DeviceProps& props = core::device_props(device);
+  WgradPlan plan;
+  // Shared memory of a fused block: two per SM when two blocks' accumulators fit (at most 96 KB
+  // each), else one per SM with all the opt-in memory. 2 KB per block stay free for the kernels'
+  // static shared memory and the per-block reservation.
+  const std::size_t optin = std::size_t(props.max_smem_per_block_optin);
+  const std::size_t two_per_sm = std::min<std::size_t>(kFusedSmemCap, optin / 2 - 2048);
+  const std::size_t one_per_sm = optin - 2048;
+  const std::size_t two_rows = std::size_t(hidden) * 2 * sizeof(float);  // one team's dweight + dbias
+  int blocks_per_sm = 0;
+  if (two_rows <= two_per_sm) {
+    blocks_per_sm = 2;
+    plan.fused_smem_budget = two_per_sm;
+  } else if (two_rows <= one_per_sm) {
+    blocks_per_sm = 1;
+    plan.fused_smem_budget = one_per_sm;
+  }
+  plan.fused = blocks_per_sm > 0;
+  if (rows == 0) {
+    plan.splits = 0;
+    return plan;
+  }
+  // Each split writes one partial row per gradient; cap them so the workspace stays bounded.
+  const i64 cap = std::max<i64>(1, i64(kWorkspaceCap / two_rows));
+  i64 target;
+  if (plan.fused) {
+    // One split per block of the dx kernel, one wave of resident blocks.
+    target = std::min<i64>(rows, i64(blocks_per_sm) * props.sm_count);
+  } else {
+    // Column kernel: enough (column tile, row split) blocks to fill the GPU, >= 64 rows per split.
+    const i64 column_tiles = ceil_div(hidden, kern::kWgradColumns);
+    target = std::clamp<i64>(ceil_div(8 * i64(props.sm_count), column_tiles), 1, ceil_div(rows, 64));
+  }
+  target = std::min(target, cap);
+  plan.rows_per_split = ceil_div(rows, target);
+  plan.splits = ceil_div(rows, plan.rows_per_split);
+  plan.workspace_bytes = plan.splits > 1 ? std::size_t(plan.splits) * two_rows : 0;
+  return plan;
+}
+
+}  // namespace rudnn::norm::plan

@@ -1,0 +1,325 @@
+// LayerNorm / RMSNorm forward on CUDA (with the optional fused residual add).
+//
+// h = x (+ residual, rounded to T and written to residual_out)
+// layer: y = T((h - mean) * rstd * w + b), rstd = 1/sqrt(var + eps), var = mean((h - mean)^2)
+// rms:   y = T(h * rstd * w),              rstd = 1/sqrt(mean(h^2) + eps)
+// RMSNorm runs the LayerNorm code with mean = 0 and no bias, which is exactly its definition.
+#include "core/cuda_check.hpp"
+#include "core/device.hpp"
+#include "core/dispatch.hpp"
+#include "norm/kernels.cuh"
+#include "norm/problem.hpp"
+
+namespace rudnn::norm {
+
+namespace {
+
+using namespace kern;
+
+template <class T, class P>
+struct ForwardParams {
+  const T* x;
+  const T* residual;  // null: no residual add
+  T* y;
+  T* residual_out;    // receives h when residual is set
+  const P* weight;    // null: w = 1
+  const P* bias;      // null: b = 0 (always null for RMSNorm)
+  float* mean;        // per-row outputs, optional
+  float* rstd;
+  core::RowIndexer x_rows, residual_rows, y_rows, residual_out_rows, mean_rows, rstd_rows;
+  i64 rows, hidden, rows_per_block;
+  int team;
+  float eps;
+  bool layer;
+};
+
+// Where h of one row comes from and goes to.
+template <class T>
+struct RowH {
+  const T* x;         // x, or residual_out when re-reading h
+  const T* residual;  // null: h = x
+  T* residual_out;
+};
+
+// Loads h for the given chunks into registers; with a residual, also rounds x + residual to T and
+// writes it to residual_out. Each thread writes only the chunks it has just read, so in-place
+// aliasing of residual_out with x or residual is safe.
+template <int VEC, int N, class T, class Regs, class Chunk>
+__device__ __forceinline__ void load_h(const RowH<T>& src, i64 chunks, Regs& h, const bool (&valid)[N],
+                                       Chunk chunk_of) {
+  using cute::_;
+  const auto gx = chunked_row<VEC>(src.x, chunks);
+#pragma unroll
+  for (int s = 0; s < N; ++s)
+    if (valid[s]) load_chunk(gx(_, chunk_of(s)), h(_, s));
+  if (src.residual == nullptr) return;
+  const auto gr = chunked_row<VEC>(src.residual, chunks);
+  auto gout = chunked_row<VEC>(src.residual_out, chunks);
+  auto r = chunk_registers<T, VEC, N>();
+#pragma unroll
+  for (int s = 0; s < N; ++s)
+    if (valid[s]) load_chunk(gr(_, chunk_of(s)), r(_, s));
+#pragma unroll
+  for (int s = 0; s < N; ++s) {
+    if (!valid[s]) continue;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) h(v, s) = from_float<T>(to_float(h(v, s)) + to_float(r(v, s)));
+    store_chunk(h(_, s), gout(_, chunk_of(s)));
+  }
+}
+
+template <class T, class P>
+__device__ __forceinline__ RowH<T> row_h(const ForwardParams<T, P>& p, i64 row) {
+  if (p.residual == nullptr) return RowH<T>{row_ptr(p.x, p.x_rows, row), nullptr, nullptr};
+  return RowH<T>{row_ptr(p.x, p.x_rows, row), row_ptr(p.residual, p.residual_rows, row),
+                 row_ptr(p.residual_out, p.residual_out_rows, row)};
+}
+
+// y for the chunks in registers: normalizes in place, then stores. The parameters are loaded one
+// slot at a time (they are shared by all rows and hit L1/L2; holding all slots' float32 weight and
+// bias at once would take 64 registers). No store sits between those loads, so the compiler can
+// overlap them; all stores come after.
+template <int VEC, int N, class T, class P, class Regs, class Chunk>
+__device__ __forceinline__ void store_y(const ForwardParams<T, P>& p, T* y_row, i64 chunks, Regs& h,
+                                        const bool (&valid)[N], Chunk chunk_of, float mean, float rstd) {
+  using cute::_;
+  const auto gw = chunked_row<VEC>(p.weight, chunks);
+  const auto gb = chunked_row<VEC>(p.bias, chunks);
+#pragma unroll
+  for (int s = 0; s < N; ++s) {
+    if (!valid[s]) continue;
+    auto w = chunk_registers<P, VEC, 1>();
+    auto b = chunk_registers<P, VEC, 1>();
+    if (p.weight != nullptr) load_chunk(gw(_, chunk_of(s)), w(_, 0));
+    if (p.bias != nullptr) load_chunk(gb(_, chunk_of(s)), b(_, 0));
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      float out = (to_float(h(v, s)) - mean) * rstd;
+      if (p.weight != nullptr) out *= to_float(w(v, 0));
+      if (p.bias != nullptr) out += to_float(b(v, 0));
+      h(v, s) = from_float<T>(out);
+    }
+  }
+  auto gy = chunked_row<VEC>(y_row, chunks);
+#pragma unroll
+  for (int s = 0; s < N; ++s)
+    if (valid[s]) store_chunk(h(_, s), gy(_, chunk_of(s)));
+}
+
+template <class T, class P>
+__device__ __forceinline__ void store_stats(const ForwardParams<T, P>& p, i64 row, float mean, float rstd) {
+  if (p.layer && p.mean != nullptr) *row_ptr(p.mean, p.mean_rows, row) = mean;
+  if (p.rstd != nullptr) *row_ptr(p.rstd, p.rstd_rows, row) = rstd;
+}
+
+// Rows of up to kSlots * team chunks: the row stays in registers between the two reductions
+// (sum, then sum of squared deviations: the exact two-pass variance) and the output pass.
+template <class T, class P, int VEC>
+__global__ void __launch_bounds__(kMaxTeam) norm_forward_regs(const ForwardParams<T, P> p) {
+  __shared__ float scratch[32];
+  const Team team = make_team(p.team);
+  const i64 chunks = p.hidden / VEC;
+  const float hidden = float(p.hidden);
+  const auto chunk_of = [&](int s) { return slot_chunk(team, s); };
+  const BlockRows mine = block_rows(p.rows, p.rows_per_block);
+
+  // Every thread runs the same number of iterations (teams past the end idle), so the barriers
+  // inside team_allreduce are reached by the whole block.
+  for (i64 base = mine.begin; base < mine.end; base += team.count) {
+    const i64 row = base + team.index;
+    const bool active = row < mine.end;
+    bool valid[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) valid[s] = active && chunk_of(s) < chunks;
+
+    // h is a T value by definition, so keeping it as T in registers loses nothing.
+    auto h = chunk_registers<T, VEC, kSlots>();
+    if (active) load_h<VEC>(row_h(p, row), chunks, h, valid, chunk_of);
+
+    float stat[1];
+    float mean = 0.f;
+    if (p.layer) {
+      stat[0] = 0.f;
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s)
+        if (valid[s]) {
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) stat[0] += to_float(h(v, s));
+        }
+      team_allreduce(stat, team, scratch, SumOp{}, 0.f);
+      mean = stat[0] / hidden;
+    }
+    stat[0] = 0.f;
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s)
+      if (valid[s]) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const float d = to_float(h(v, s)) - mean;
+          stat[0] += d * d;
+        }
+      }
+    team_allreduce(stat, team, scratch, SumOp{}, 0.f);
+    const float rstd = rsqrtf(stat[0] / hidden + p.eps);
+
+    if (!active) continue;  // no barrier follows in this iteration
+    if (team.rank == 0) store_stats(p, row, mean, rstd);
+    store_y<VEC>(p, row_ptr(p.y, p.y_rows, row), chunks, h, valid, chunk_of, mean, rstd);
+  }
+}
+
+// Rows too long for registers (one block per row at a time). Pass 1 reads h once and merges
+// per-step (count, mean, M2) statistics (Chan et al.; stable); pass 2 reads h again (from L2 when
+// the rows in flight fit there; from residual_out when a residual was added, which holds the
+// rounded h) and writes y.
+template <class T, class P, int VEC>
+__global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_forward_stream(const ForwardParams<T, P> p) {
+  constexpr int U = kStreamUnroll;
+  __shared__ float scratch[3 * 32];
+  const Team team = make_team(p.team);  // the whole block
+  const i64 chunks = p.hidden / VEC;
+  const float hidden = float(p.hidden);
+  const i64 step = i64(U) * team.size;
+  const BlockRows mine = block_rows(p.rows, p.rows_per_block);
+
+  for (i64 row = mine.begin; row < mine.end; ++row) {
+    const RowH<T> src = row_h(p, row);
+    MeanM2 moments{0.f, 0.f, 0.f};
+    float sum_sq = 0.f;
+    for (i64 first = team.rank; first < chunks; first += step) {
+      const auto chunk_of = [&](int u) { return first + i64(u) * team.size; };
+      bool valid[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
+      auto h = chunk_registers<T, VEC, U>();
+      load_h<VEC>(src, chunks, h, valid, chunk_of);
+      if (p.layer) {
+        // Exact two-pass statistics of this step's chunks, merged into the running ones.
+        float n = 0.f, sum = 0.f;
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (valid[u]) {
+            n += float(VEC);
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) sum += to_float(h(v, u));
+          }
+        const float step_mean = __fdividef(sum, n);  // n >= VEC: chunk 0 of a step is always valid
+        float m2 = 0.f;
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (valid[u]) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+              const float d = to_float(h(v, u)) - step_mean;
+              m2 += d * d;
+            }
+          }
+        moments = merge(moments, MeanM2{n, step_mean, m2});
+      } else {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (valid[u]) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) sum_sq += to_float(h(v, u)) * to_float(h(v, u));
+          }
+      }
+    }
+
+    float mean = 0.f, rstd;
+    if (p.layer) {
+      moments = block_allreduce(moments, scratch);
+      mean = moments.mean;
+      rstd = rsqrtf(moments.m2 / hidden + p.eps);
+    } else {
+      float stat[1] = {sum_sq};
+      team_allreduce(stat, team, scratch, SumOp{}, 0.f);
+      rstd = rsqrtf(stat[0] / hidden + p.eps);
+    }
+    if (team.rank == 0) store_stats(p, row, mean, rstd);
+
+    // Pass 2: read h back (this thread's own chunks only), write y.
+    const RowH<T> again{src.residual != nullptr ? src.residual_out : src.x, nullptr, nullptr};
+    T* y_row = row_ptr(p.y, p.y_rows, row);
+    for (i64 first = team.rank; first < chunks; first += step) {
+      const auto chunk_of = [&](int u) { return first + i64(u) * team.size; };
+      bool valid[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
+      auto h = chunk_registers<T, VEC, U>();
+      load_h<VEC>(again, chunks, h, valid, chunk_of);
+      store_y<VEC>(p, y_row, chunks, h, valid, chunk_of, mean, rstd);
+    }
+  }
+}
+
+template <class T, class P, int VEC>
+void run_forward(ForwardParams<T, P> p, cudaStream_t stream) {
+  plan::RowLaunch launch = plan::row_shape(p.hidden / VEC, kSlots, kSlots);
+  const void* kernel = launch.stream ? reinterpret_cast<const void*>(&norm_forward_stream<T, P, VEC>)
+                                     : reinterpret_cast<const void*>(&norm_forward_regs<T, P, VEC>);
+  plan::spread_rows(launch, p.rows, kernel);
+  p.team = launch.team;
+  p.rows_per_block = launch.rows_per_block;
+  if (launch.stream) {
+    norm_forward_stream<T, P, VEC><<<launch.grid, launch.block, 0, stream>>>(p);
+    RUDNN_CUDA_CHECK_LAUNCH("norm_forward_stream");
+  } else {
+    norm_forward_regs<T, P, VEC><<<launch.grid, launch.block, 0, stream>>>(p);
+    RUDNN_CUDA_CHECK_LAUNCH("norm_forward_regs");
+  }
+}
+
+template <class T, class P>
+void launch_forward(const NormForwardArgs& args, const ForwardProblem& pr, cudaStream_t stream) {
+  const bool layer = args.kind == NormKind::layer;
+  ForwardParams<T, P> p{};
+  p.x = args.x.ptr<const T>();
+  p.y = args.y.ptr<T>();
+  p.residual = args.residual != nullptr ? args.residual->ptr<const T>() : nullptr;
+  p.residual_out = args.residual != nullptr ? args.residual_out->ptr<T>() : nullptr;
+  p.weight = args.weight != nullptr ? args.weight->ptr<const P>() : nullptr;
+  p.bias = layer && args.bias != nullptr ? args.bias->ptr<const P>() : nullptr;
+  p.mean = layer && args.mean != nullptr ? args.mean->ptr<float>() : nullptr;
+  p.rstd = args.rstd != nullptr ? args.rstd->ptr<float>() : nullptr;
+  p.x_rows = pr.x;
+  p.residual_rows = pr.residual;
+  p.y_rows = pr.y;
+  p.residual_out_rows = pr.residual_out;
+  p.mean_rows = pr.mean;
+  p.rstd_rows = pr.rstd;
+  p.rows = pr.rows;
+  p.hidden = pr.hidden;
+  p.eps = args.eps;
+  p.layer = layer;
+
+  constexpr int kVec = kVec16<T>;
+  bool vec = pr.hidden % kVec == 0 && plan::rows_vectorizable(p.x, pr.x, kVec) &&
+             plan::rows_vectorizable(p.y, pr.y, kVec);
+  if (p.residual != nullptr)
+    vec = vec && plan::rows_vectorizable(p.residual, pr.residual, kVec) &&
+          plan::rows_vectorizable(p.residual_out, pr.residual_out, kVec);
+  if (p.weight != nullptr) vec = vec && plan::aligned16(p.weight);
+  if (p.bias != nullptr) vec = vec && plan::aligned16(p.bias);
+  if (vec) {
+    run_forward<T, P, kVec>(p, stream);
+  } else {
+    run_forward<T, P, 1>(p, stream);
+  }
+}
+
+}  // namespace
+
+void forward_cuda(const NormForwardArgs& args, const ForwardProblem& p, Stream stream) {
+  if (p.rows == 0) return;
+  core::dispatch_float<__half, __nv_bfloat16>(args.x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Parameters are float32 or x's dtype (for float32 x both are float).
+    if (p.param_dtype == DType::f32) {
+      launch_forward<T, float>(args, p, static_cast<cudaStream_t>(stream));
+    } else {
+      launch_forward<T, T>(args, p, static_cast<cudaStream_t>(stream));
+    }
+  });
+}
+
+}  // namespace rudnn::norm
