@@ -107,13 +107,13 @@ def test_forward_f32_decays_without_initial_state(device, entry, decay):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fla_layout_bthk(device, entry, dtype):
     """[B, T, H, K] memory through strides: same result as the dense [B, H, T, K] layout."""
-    case = (2, 2, 4, 33, 16, 8)
+    case = (2, 2, 4, 70, 16, 8)
     args = make_inputs(*case, dtype, device, layout="bthk", seed=7)
     assert args[0].stride(-2) == 2 * 16 and args[3].stride(-1) == 4  # really the FLA layout
-    out, final = run(entry, *args, 0.25, 16)
+    out, final = run(entry, *args, 0.25, 64)
     check_forward(out, final, *args, 0.25, tensor_cores=entry == "chunk" and device == "cuda")
     dense = [a.contiguous() for a in args]
-    out_dense, final_dense = run(entry, *dense, 0.25, 16)
+    out_dense, final_dense = run(entry, *dense, 0.25, 64)
     torch.testing.assert_close(out, out_dense, rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
     torch.testing.assert_close(final, final_dense, rtol=1e-5, atol=1e-5)
 
@@ -124,15 +124,32 @@ def test_fla_layout_bthk(device, entry, dtype):
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_varlen(device, entry, dtype, index_dtype):
     """Packed sequences with one state each, including a length-0 and a length-1 sequence."""
-    lengths = [5, 0, 1, 40, 17]
+    lengths = [5, 0, 1, 70, 17]
     cu = torch.tensor([0] + np.cumsum(lengths).tolist(), dtype=index_dtype)
     T = int(cu[-1])
     q, k, v, beta, g, state = make_inputs(1, 2, 4, T, 16, 8, dtype, device, seed=11, cu_seqlens=cu)
-    out, final = run(entry, q, k, v, beta, g, state, 0.25, 16, cu.to(device))
+    out, final = run(entry, q, k, v, beta, g, state, 0.25, 64, cu.to(device))
     assert final.shape == (len(lengths), 4, 16, 8)
     check_forward(out, final, q, k, v, beta, g, state, 0.25, cu, tensor_cores=entry == "chunk" and device == "cuda")
     # The length-0 sequence passes its state through unchanged.
     torch.testing.assert_close(final[1], state[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("strategy", ["auto", "chunked", "recurrent"])
+def test_strategies(device, dtype, strategy):
+    """Every kernel of chunk_gated_delta_rule computes the same function. On CUDA the chunked
+    (tensor-core) kernel takes float16/bfloat16 only."""
+    case = (1, 2, 4, 70, 32, 16)
+    q, k, v, beta, g, state = make_inputs(*case, dtype, device, seed=37)
+    call = lambda: rudnn.chunk_gated_delta_rule(q, k, v, beta, g, state, scale=0.3, strategy=strategy)
+    if device == "cuda" and strategy == "chunked" and dtype == torch.float32:
+        with pytest.raises(rudnn.UnsupportedError, match="the CUDA chunked kernel needs chunk_size 64, K <= 128"):
+            call()
+        return
+    out, final = call()
+    check_forward(out, final, q, k, v, beta, g, state, 0.3, tensor_cores=device == "cuda" and strategy != "recurrent")
 
 
 @pytest.mark.parametrize("device", DEVICES)

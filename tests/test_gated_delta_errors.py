@@ -129,6 +129,13 @@ def test_cu_seqlens_values(cu, message):
     assert f"{OP}: {message}" in str(info.value)
 
 
+def test_unknown_strategy():
+    a = inputs("cpu")
+    with pytest.raises(rudnn.ArgumentError) as info:
+        rudnn.chunk_gated_delta_rule(*a.values(), scale=0.5, strategy="fast")
+    assert "chunk_gated_delta_rule: strategy: expected 'auto', 'chunked' or 'recurrent', got 'fast'" in str(info.value)
+
+
 def test_scale_is_required():
     a = inputs("cpu")
     with pytest.raises(TypeError, match="scale"):

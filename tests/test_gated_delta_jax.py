@@ -79,3 +79,14 @@ def test_trace_time_errors(device):
         rj.gated_delta_rule_backward(args[0], *args, scale=0.5)
     with pytest.raises(rudnn.ArgumentError, match="scale: expected a Python float"):
         jax.jit(lambda s: rj.gated_delta_rule(*args, scale=s))(0.5)
+
+
+def test_strategy_reaches_the_kernel():
+    """On the CPU the two strategies are different algorithms: each matches the torch path bitwise."""
+    args = make_inputs(1, 1, 2, 40, 8, 8, torch.float32, seed=79)
+    for strategy in ("chunked", "recurrent"):
+        want = rudnn.chunk_gated_delta_rule(*args, scale=0.5, chunk_size=16, strategy=strategy)
+        got = rj.chunk_gated_delta_rule(*[J(t) for t in args], scale=0.5, chunk_size=16, strategy=strategy)
+        assert torch.equal(T(got[0]), want[0]) and torch.equal(T(got[1]), want[1])
+    chunked = rudnn.chunk_gated_delta_rule(*args, scale=0.5, chunk_size=16, strategy="chunked")
+    assert not torch.equal(chunked[0], want[0])  # really two algorithms (rounding differs)

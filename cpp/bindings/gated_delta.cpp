@@ -14,6 +14,9 @@ namespace rudnn::bindings {
 namespace {
 
 GatedDeltaAlgo as_algo(int a) { return a == 0 ? GatedDeltaAlgo::chunked : GatedDeltaAlgo::recurrent; }
+GatedDeltaKernel as_kernel(int k) {
+  return k == 1 ? GatedDeltaKernel::chunked : k == 2 ? GatedDeltaKernel::recurrent : GatedDeltaKernel::automatic;
+}
 
 GatedDeltaBackwardArgs backward_args(int algo, const In& q, const In& k, const In& v, const In& beta, const In& g,
                                      const OptIn& initial, const OptIn& cu_seqlens, float scale, int chunk_size,
@@ -48,11 +51,12 @@ void register_gated_delta(nb::module_& m) {
   m.def(
       "gated_delta_forward",
       [](int algo, const In& q, const In& k, const In& v, const In& beta, const In& g, const OptIn& initial,
-         const OptIn& cu_seqlens, float scale, int chunk_size, const Out& out, const Out& final_state,
+         const OptIn& cu_seqlens, float scale, int chunk_size, const Out& out, const Out& final_state, int kernel,
          std::uintptr_t stream) {
         std::optional<Tensor> keep[2];
         GatedDeltaForwardArgs a;
         a.algo = as_algo(algo);
+        a.kernel = as_kernel(kernel);
         a.q = to_tensor(q, "q");
         a.k = to_tensor(k, "k");
         a.v = to_tensor(v, "v");
@@ -69,7 +73,7 @@ void register_gated_delta(nb::module_& m) {
       },
       nb::arg("algo"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("beta"), nb::arg("log_decay"),
       nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("scale"), nb::arg("chunk_size"),
-      nb::arg("out"), nb::arg("final_state"), nb::arg("stream"));
+      nb::arg("out"), nb::arg("final_state"), nb::arg("kernel"), nb::arg("stream"));
 
   m.def(
       "gated_delta_backward_workspace_bytes",

@@ -4,7 +4,7 @@
 //   rudnn_gated_delta_forward   (q, k, v, beta, log_decay, [initial_state], [cu_seqlens])
 //                               -> (out, final_state)
 //                               [algo: i32 0=chunked 1=recurrent, scale: f32, chunk_size: i32,
-//                                has_initial, has_cu: bool]
+//                                kernel: i32 0=auto 1=chunked 2=recurrent, has_initial, has_cu: bool]
 //   rudnn_gated_delta_backward  (dout, q, k, v, beta, log_decay, [initial_state], [dfinal_state],
 //                                [cu_seqlens]) -> (dq, dk, dv, dbeta, dlog_decay, [dinitial_state])
 //                               [algo, scale, chunk_size, has_initial, has_dfinal, has_cu,
@@ -29,6 +29,13 @@ rudnn::GatedDeltaAlgo algo_of(std::int32_t algo) {
   return algo == 0 ? rudnn::GatedDeltaAlgo::chunked : rudnn::GatedDeltaAlgo::recurrent;
 }
 
+rudnn::GatedDeltaKernel kernel_of(std::int32_t kernel) {
+  if (kernel < 0 || kernel > 2)
+    fail(ErrorKind::value, "gated_delta: internal: kernel attribute must be 0, 1 or 2, got " + std::to_string(kernel));
+  return kernel == 1 ? rudnn::GatedDeltaKernel::chunked
+                     : kernel == 2 ? rudnn::GatedDeltaKernel::recurrent : rudnn::GatedDeltaKernel::automatic;
+}
+
 const char* op_name(std::int32_t algo, bool backward) {
   if (algo == 0) return backward ? "chunk_gated_delta_rule_backward" : "chunk_gated_delta_rule";
   return backward ? "gated_delta_rule_backward" : "gated_delta_rule";
@@ -37,11 +44,13 @@ const char* op_name(std::int32_t algo, bool backward) {
 ffi::Error gated_delta_forward(const Place& place, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                                ffi::AnyBuffer beta, ffi::AnyBuffer g, ffi::RemainingArgs args,
                                ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> final_state,
-                               std::int32_t algo, float scale, std::int32_t chunk_size, bool has_initial, bool has_cu) {
+                               std::int32_t algo, float scale, std::int32_t chunk_size, std::int32_t kernel,
+                               bool has_initial, bool has_cu) {
   return guarded([&] {
     const std::string op = op_name(algo, false);
     rudnn::GatedDeltaForwardArgs a;
     a.algo = algo_of(algo);
+    a.kernel = kernel_of(kernel);
     a.q = view(q, place, op + ": q");
     a.k = view(k, place, op + ": k");
     a.v = view(v, place, op + ": v");
@@ -124,6 +133,7 @@ auto bind_forward(B&& b) {
       .template Attr<std::int32_t>("algo")
       .template Attr<float>("scale")
       .template Attr<std::int32_t>("chunk_size")
+      .template Attr<std::int32_t>("kernel")
       .template Attr<bool>("has_initial")
       .template Attr<bool>("has_cu");
 }
@@ -179,7 +189,7 @@ AbstractInputs abstract_inputs(const std::string& op, const Spec& q, const Spec&
 
 void validate_forward(std::int32_t algo, const Spec& q, const Spec& k, const Spec& v, const Spec& beta, const Spec& g,
                       const std::optional<Spec>& initial, const std::optional<Spec>& cu, double scale,
-                      std::int32_t chunk_size, const Spec& out, const Spec& final_state) {
+                      std::int32_t chunk_size, std::int32_t kernel, const Spec& out, const Spec& final_state) {
   const std::string op = op_name(algo, false);
   AbstractInputs in = abstract_inputs(op, q, k, v, beta, g, initial, cu);
   rudnn::GatedDeltaForwardArgs a;
@@ -189,6 +199,7 @@ void validate_forward(std::int32_t algo, const Spec& q, const Spec& k, const Spe
   if (in.has_cu) a.cu_seqlens = &in.cu;
   a.scale = float(scale);
   a.chunk_size = chunk_size;
+  a.kernel = kernel_of(kernel);
   a.out = abstract(out, op + ": out");
   a.final_state = abstract(final_state, op + ": final_state");
   rudnn::gated_delta::validate_forward(a, /*read_offsets=*/false);
@@ -229,7 +240,7 @@ void add_gated_delta_targets(nb::dict& cpu, nb::dict& cuda) {
 void add_gated_delta_validation(nb::module_& m) {
   m.def("jax_validate_gated_delta_forward", &validate_forward, nb::arg("algo"), nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("beta"), nb::arg("log_decay"), nb::arg("initial_state").none(),
-        nb::arg("cu_seqlens").none(), nb::arg("scale"), nb::arg("chunk_size"), nb::arg("out"),
+        nb::arg("cu_seqlens").none(), nb::arg("scale"), nb::arg("chunk_size"), nb::arg("kernel"), nb::arg("out"),
         nb::arg("final_state"), "Runs the checks of (chunk_)gated_delta_rule on (shape, dtype name) specs.");
   m.def("jax_validate_gated_delta_backward", &validate_backward, nb::arg("algo"), nb::arg("dout"), nb::arg("q"),
         nb::arg("k"), nb::arg("v"), nb::arg("beta"), nb::arg("log_decay"), nb::arg("initial_state").none(),

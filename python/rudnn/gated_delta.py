@@ -31,8 +31,17 @@ from __future__ import annotations
 
 from . import _C
 from . import _frameworks as fw
+from .errors import ArgumentError
 
 _CHUNKED, _RECURRENT = 0, 1
+STRATEGIES = {"auto": 0, "chunked": 1, "recurrent": 2}  # the kernel attribute of libruDNN
+
+
+def kernel_code(op, strategy):
+    try:
+        return STRATEGIES[strategy]
+    except (KeyError, TypeError):
+        raise ArgumentError(f"{op}: strategy: expected 'auto', 'chunked' or 'recurrent', got {strategy!r}") from None
 
 
 def _jax():
@@ -59,7 +68,7 @@ def _sizes(q, v, cu_seqlens):
     return (B, Hv, T, V), (N, Hv, K, V)
 
 
-def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_size, cu_seqlens, stream):
+def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_size, cu_seqlens, stream, kernel=0):
     call = fw.Call(op, {"q": q, "k": k, "v": v, "beta": beta, "log_decay": log_decay,
                         "initial_state": initial_state, "cu_seqlens": cu_seqlens}, stream)
     out_shape, state_shape = _sizes(q, v, cu_seqlens)
@@ -67,23 +76,30 @@ def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_siz
     final_state = call.empty(state_shape, "float32")
     _C.gated_delta_forward(algo, call.arg(q), call.arg(k), call.arg(v), call.arg(beta), call.arg(log_decay),
                            call.arg(initial_state), call.arg(cu_seqlens), float(scale), int(chunk_size),
-                           call.arg(out), call.arg(final_state), call.stream)
+                           call.arg(out), call.arg(final_state), int(kernel), call.stream)
     return out, final_state
 
 
 def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, chunk_size=64, cu_seqlens=None,
-                           stream=None):
+                           strategy="auto", stream=None):
     """Chunked prefill of the gated delta rule: (out, final_state). See the module docstring.
 
     chunk_size > 0, and its triangular workspace 4 * (c^2 + c) bytes must fit the device's
     shared memory per block (on the CPU: 232448 bytes, the sm90 limit). The last chunk is
     padded internally. The result does not depend on chunk_size beyond rounding.
+
+    strategy: "auto" (the chunked kernel where it applies, else the recurrent one), "chunked"
+    (the chunked WY/UT form; on CUDA the tensor-core kernel, which needs chunk_size 64, K <= 128
+    and float16/bfloat16 inputs, UnsupportedError otherwise) or "recurrent" (token by token).
+    The CUDA chunked kernel multiplies in the input dtype with float32 accumulation and a
+    float32 state, like FLA; the others compute in float32 throughout. log_decay must be finite.
     """
+    kernel = kernel_code("chunk_gated_delta_rule", strategy)
     if fw.is_jax(q):
         return _jax().chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state, scale=scale,
-                                             chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+                                             chunk_size=chunk_size, cu_seqlens=cu_seqlens, strategy=strategy)
     return _forward("chunk_gated_delta_rule", _CHUNKED, q, k, v, beta, log_decay, initial_state, scale, chunk_size,
-                    cu_seqlens, stream)
+                    cu_seqlens, stream, kernel)
 
 
 def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_seqlens=None, stream=None):

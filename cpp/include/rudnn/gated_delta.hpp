@@ -27,8 +27,18 @@ enum class GatedDeltaAlgo {
   recurrent,  // gated_delta_rule: token by token (decode)
 };
 
+// The kernel of a forward call (Python's strategy=). Every kernel computes the same function;
+// only rounding differs.
+enum class GatedDeltaKernel {
+  automatic,  // chunk_gated_delta_rule: the chunked kernel where it applies, else the recurrent one
+  chunked,    // the chunked WY/UT form (CUDA: tensor cores, chunk_size 64, K <= 128, f16/bf16 only;
+              // UnsupportedError elsewhere); chunk_gated_delta_rule only
+  recurrent,  // token by token
+};
+
 struct GatedDeltaForwardArgs {
   GatedDeltaAlgo algo = GatedDeltaAlgo::chunked;
+  GatedDeltaKernel kernel = GatedDeltaKernel::automatic;
   Tensor q, k, v, beta, log_decay;
   const Tensor* initial_state = nullptr;  // optional (zeros); read only, never written
   const Tensor* cu_seqlens = nullptr;     // optional varlen packing

@@ -324,7 +324,7 @@ void backward_impl(const GatedDeltaBackwardArgs& a, const Problem& p) {
 void forward_cpu(const GatedDeltaForwardArgs& a, const Problem& p) {
   dispatch(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (a.algo == GatedDeltaAlgo::chunked)
+    if (a.algo == GatedDeltaAlgo::chunked && p.kernel != GatedDeltaKernel::recurrent)
       chunked_forward_impl<T>(a, p);
     else
       forward_impl<T>(a, p);

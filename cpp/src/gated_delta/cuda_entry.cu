@@ -58,7 +58,14 @@ void forward_cuda(const GatedDeltaForwardArgs& a, const Problem& p, Stream strea
   // Chunked prefill on tensor cores where the chunked kernel covers the case; otherwise (decode,
   // float32, other chunk sizes, K > 128) the recurrent kernel, which computes the same function.
   const int max_smem = core::device_props(a.q.device.index).max_smem_per_block_optin;
-  if (a.algo == GatedDeltaAlgo::chunked && cuda::chunked_forward_supported(p, max_smem))
+  const bool chunked_fits = cuda::chunked_forward_supported(p, max_smem);
+  if (p.kernel == GatedDeltaKernel::chunked && !chunked_fits)
+    core::fail(ErrorKind::unsupported,
+               "chunk_gated_delta_rule: the CUDA chunked kernel needs chunk_size 64, K <= 128 and float16 or "
+               "bfloat16 inputs, got chunk_size " + std::to_string(p.chunk_size) + ", K " + std::to_string(p.K) +
+                   ", " + dtype_name(p.dtype));
+  const bool chunked = a.algo == GatedDeltaAlgo::chunked && p.kernel != GatedDeltaKernel::recurrent && chunked_fits;
+  if (chunked)
     cuda::chunked_forward(params, p.dtype, static_cast<cudaStream_t>(stream));
   else
     cuda::recurrent_forward(params, p.dtype, static_cast<cudaStream_t>(stream));

@@ -28,6 +28,7 @@ struct Problem {
   DType cu_dtype = DType::i32;   // cu_seqlens
   float scale = 1.0f;
   int chunk_size = 64;
+  GatedDeltaKernel kernel = GatedDeltaKernel::automatic;
   SeqStrides q, k, v, beta, g, out;
   bool has_initial = false;
   StateStrides initial, final_state;

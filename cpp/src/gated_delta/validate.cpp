@@ -185,6 +185,9 @@ Problem validate_forward(const GatedDeltaForwardArgs& a, bool read_offsets) {
   const std::string op = op_name(a.algo, false);
   Problem p = check_inputs(op, a.algo, a.q, a.k, a.v, a.beta, a.log_decay, a.initial_state, a.cu_seqlens, a.scale,
                            a.chunk_size, read_offsets);
+  if (a.algo == GatedDeltaAlgo::recurrent && a.kernel == GatedDeltaKernel::chunked)
+    fail(ErrorKind::value, op + ": the chunked kernel serves chunk_gated_delta_rule only");
+  p.kernel = a.kernel;
   check_seq4(a.out, a.q, {p.B, p.Hv, p.T, p.V}, op + ": out", "[B, Hv, T, V]");
   check_state(a.final_state, a.q, p, op + ": final_state");
   p.out = seq_strides(a.out);

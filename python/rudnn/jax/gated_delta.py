@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _C
+from ..gated_delta import kernel_code
 from . import _ffi
 
 __all__ = ["chunk_gated_delta_rule", "gated_delta_rule", "chunk_gated_delta_rule_backward",
@@ -32,7 +33,7 @@ def _shapes(q, v, cu_seqlens):
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_call(algo, scale, chunk_size, has_initial, has_cu):
+def _forward_call(algo, scale, chunk_size, kernel, has_initial, has_cu):
     """f(q, k, v, beta, log_decay, *[initial_state], [cu_seqlens]) -> (out, final_state)."""
 
     def call(q, k, v, beta, g, *operands):
@@ -40,7 +41,7 @@ def _forward_call(algo, scale, chunk_size, has_initial, has_cu):
         results = (_ffi.sds(out_shape, q.dtype), _ffi.sds(state_shape, jnp.float32))
         return jax.ffi.ffi_call("rudnn_gated_delta_forward", results, vmap_method="sequential")(
             q, k, v, beta, g, *operands, algo=np.int32(algo), scale=np.float32(scale), chunk_size=np.int32(chunk_size),
-            has_initial=has_initial, has_cu=has_cu)
+            kernel=np.int32(kernel), has_initial=has_initial, has_cu=has_cu)
 
     return call
 
@@ -63,9 +64,9 @@ def _backward_call(algo, scale, chunk_size, has_initial, has_dfinal, has_cu):
 
 
 @functools.lru_cache(maxsize=None)
-def _op(algo, scale, chunk_size, has_initial, has_cu):
+def _op(algo, scale, chunk_size, kernel, has_initial, has_cu):
     """custom_vjp f(q, k, v, beta, log_decay, *[initial_state], [cu_seqlens]) -> (out, final_state)."""
-    forward = _forward_call(algo, scale, chunk_size, has_initial, has_cu)
+    forward = _forward_call(algo, scale, chunk_size, kernel, has_initial, has_cu)
     backward = _backward_call(algo, scale, chunk_size, has_initial, True, has_cu)
 
     def fwd(*args):
@@ -91,7 +92,7 @@ def _arrays(op, q, k, v, beta, log_decay, initial_state, cu_seqlens):
     return arrays, _ffi.array(initial_state, op, "initial_state"), _ffi.array(cu_seqlens, op, "cu_seqlens")
 
 
-def _validate_forward(op, algo, arrays, initial, cu, scale, chunk_size):
+def _validate_forward(op, algo, arrays, initial, cu, scale, chunk_size, kernel):
     q, _, v = arrays[:3]
     _ffi.ensure_ready(op)
     out_spec = state_spec = ((0,), "float32")
@@ -99,25 +100,26 @@ def _validate_forward(op, algo, arrays, initial, cu, scale, chunk_size):
         out_shape, state_shape = _shapes(q, v, cu)
         out_spec, state_spec = (out_shape, jnp.dtype(q.dtype).name), (state_shape, "float32")
     _C.jax_validate_gated_delta_forward(algo, *(_ffi.spec(a) for a in arrays), _ffi.spec(initial), _ffi.spec(cu),
-                                        scale, chunk_size, out_spec, state_spec)
+                                        scale, chunk_size, kernel, out_spec, state_spec)
 
 
-def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_size, cu_seqlens):
+def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_size, cu_seqlens, strategy="auto"):
+    kernel = kernel_code(op, strategy)
     arrays, initial, cu = _arrays(op, q, k, v, beta, log_decay, initial_state, cu_seqlens)
     scale = _ffi.static_float(scale, op, "scale")
     chunk_size = int(chunk_size)
-    _validate_forward(op, algo, arrays, initial, cu, scale, chunk_size)
-    f = _op(algo, scale, chunk_size, initial is not None, cu is not None)
+    _validate_forward(op, algo, arrays, initial, cu, scale, chunk_size, kernel)
+    f = _op(algo, scale, chunk_size, kernel, initial is not None, cu is not None)
     return tuple(f(*arrays, *_ffi.present(initial, cu)))
 
 
 def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, chunk_size=64, cu_seqlens=None,
-                           stream=None):
+                           strategy="auto", stream=None):
     """Chunked gated delta rule: (out, final_state). Differentiable with respect to q, k, v,
     beta, log_decay and initial_state (see rudnn.gated_delta for the arguments)."""
     del stream  # XLA provides the stream
     return _forward("chunk_gated_delta_rule", _CHUNKED, q, k, v, beta, log_decay, initial_state, scale, chunk_size,
-                    cu_seqlens)
+                    cu_seqlens, strategy)
 
 
 def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_seqlens=None, stream=None):

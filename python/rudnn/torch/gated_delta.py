@@ -24,14 +24,15 @@ def _state_shape(q, v, cu_seqlens):
 
 @torch.library.custom_op("rudnn::gated_delta_forward", mutates_args=())
 def _forward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor, initial_state: Optional[Tensor],
-             cu_seqlens: Optional[Tensor], scale: float, chunk_size: int, algo: int) -> tuple[Tensor, Tensor]:
-    """Returns (out, final_state)."""
+             cu_seqlens: Optional[Tensor], scale: float, chunk_size: int, algo: int,
+             kernel: int = 0) -> tuple[Tensor, Tensor]:
+    """Returns (out, final_state). kernel: 0 auto, 1 chunked, 2 recurrent."""
     return _gd._forward("rudnn.torch.gated_delta_forward", algo, q, k, v, beta, log_decay, initial_state, scale,
-                        chunk_size, cu_seqlens, None)
+                        chunk_size, cu_seqlens, None, kernel)
 
 
 @_forward.register_fake
-def _(q, k, v, beta, log_decay, initial_state, cu_seqlens, scale, chunk_size, algo):
+def _(q, k, v, beta, log_decay, initial_state, cu_seqlens, scale, chunk_size, algo, kernel=0):
     out = q.new_empty((q.shape[0], v.shape[1], q.shape[2], v.shape[3]))
     return out, q.new_empty(_state_shape(q, v, cu_seqlens), dtype=torch.float32)
 
@@ -56,7 +57,7 @@ def _(dout, q, k, v, beta, log_decay, initial_state, dfinal_state, cu_seqlens, s
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, beta, log_decay, initial_state, cu_seqlens, scale, chunk_size, algo = inputs
+    q, k, v, beta, log_decay, initial_state, cu_seqlens, scale, chunk_size, algo, kernel = inputs
     ctx.save_for_backward(q, k, v, beta, log_decay, initial_state, cu_seqlens)
     ctx.scale, ctx.chunk_size, ctx.algo = scale, chunk_size, algo
 
@@ -73,19 +74,21 @@ def _autograd_backward(ctx, dout, dfinal):
     dq, dk, dv, dbeta, dlog_decay, dinitial = _backward(_dense_last(dout), q, k, v, beta, log_decay, initial_state,
                                                         _dense_last(dfinal), cu_seqlens, ctx.scale, ctx.chunk_size,
                                                         ctx.algo)
-    return dq, dk, dv, dbeta, dlog_decay, dinitial if initial_state is not None else None, None, None, None, None
+    return dq, dk, dv, dbeta, dlog_decay, dinitial if initial_state is not None else None, None, None, None, None, None
 
 
 torch.library.register_autograd("rudnn::gated_delta_forward", _autograd_backward, setup_context=_setup_context)
 
 
 def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, chunk_size=64, cu_seqlens=None,
-                           stream=None):
+                           strategy="auto", stream=None):
     """rudnn.chunk_gated_delta_rule as a differentiable, torch.compile-able custom op."""
     if stream is not None:
         return _gd.chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state, scale=scale, chunk_size=chunk_size,
-                                          cu_seqlens=cu_seqlens, stream=stream)
-    return _forward(q, k, v, beta, log_decay, initial_state, cu_seqlens, float(scale), int(chunk_size), _CHUNKED)
+                                          cu_seqlens=cu_seqlens, strategy=strategy, stream=stream)
+    kernel = _gd.kernel_code("chunk_gated_delta_rule", strategy)
+    return _forward(q, k, v, beta, log_decay, initial_state, cu_seqlens, float(scale), int(chunk_size), _CHUNKED,
+                    kernel)
 
 
 def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_seqlens=None, stream=None):
