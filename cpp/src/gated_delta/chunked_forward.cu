@@ -5,7 +5,7 @@
 //   W = T diag(beta e^G) K,  U = T diag(beta) V - W S0,
 //   O = scale (diag(e^G) Q S0 + (e^(G_i - G_j) [j <= i] * Q K^T) U),
 //   S = e^(G_last) S0 + K^T diag(e^(G_last - G)) U.
-// One CTA (4 warps) owns one state column tile [K <= 128, 64 value columns] of one (sequence,
+// One CTA (4 warps) owns one state column tile [K <= 128, 32 value columns] of one (sequence,
 // value head) and walks its chunks in order; the float32 state stays in the accumulator
 // registers of the K^T U product for the whole sequence (its bf16/f16 copy in shared memory
 // feeds the S0 products). Matrix products take the input dtype with float32 accumulation;
@@ -28,7 +28,9 @@ using namespace cute;
 
 constexpr int kC = 64;    // chunk length
 constexpr int kKt = 128;  // key dimension of the tile (K <= 128, zero padded)
-constexpr int kBV = 64;   // value columns per CTA
+constexpr int kBV = 32;   // value columns per CTA (B = 1, 32 value heads, V = 128: 128 CTAs fill an H200)
+constexpr int kB = 16;    // block size of the blocked triangular inverse
+constexpr int kNB = kC / kB;
 constexpr int kThreads = 128;
 
 template <class E> struct MmaAtomFor;
@@ -49,6 +51,7 @@ struct ChunkSmem {
   float t[kC * kC];   // T = (I + L)^-1 (f32): the triangular workspace, with g below
   float g[kC];        // cumulative log decay G
   float beta[kC];
+  float y[(kNB - 1) * kB * kB];  // off-diagonal block products of the blocked inverse
   E tb[kC * kC];      // T in the operand dtype
   E w[kC * kKt];      // -W
   E p[kC * kC];       // scale * e^(G_i - G_j) [j <= i] * Q K^T
@@ -157,17 +160,38 @@ __global__ void __launch_bounds__(kThreads) chunked_forward_kernel(Params p, i64
     }
     __syncthreads();
 
-    // 3. T = (I + L)^-1, one column per thread: T_ij = [i == j] - sum_{j <= m < i} L_im T_mj.
-    //    Every thread walks the same (i, m) sequence, so the L reads are broadcasts.
+    // 3. T = (I + L)^-1 in 16 x 16 blocks (the dependency chain is 16 long, not 64): the diagonal
+    //    blocks by forward substitution, one column per thread, then the blocks at distance
+    //    d = 1, 2, 3 below the diagonal: T_ab = -T_aa sum_{b <= m < a} L_am T_mb, which reads
+    //    only blocks nearer the diagonal. Blocks above the diagonal are zero.
     if (tid < kC) {
-      const int j = tid;
-      for (int i = 0; i < kC; ++i) {
-        float acc = i == j ? 1.0f : 0.0f;
-        for (int m = j; m < i; ++m) acc -= sm.l[i * kC + m] * sm.t[m * kC + j];
-        sm.t[i * kC + j] = i >= j ? acc : 0.0f;
+      const int base = (tid / kB) * kB, jj = tid % kB;
+      for (int i = 0; i < kB; ++i) {
+        float acc = i == jj ? 1.0f : 0.0f;
+        for (int m = jj; m < i; ++m) acc -= sm.l[(base + i) * kC + base + m] * sm.t[(base + m) * kC + base + jj];
+        sm.t[(base + i) * kC + base + jj] = i >= jj ? acc : 0.0f;
       }
     }
+    for (int e = tid; e < kC * kC; e += kThreads)
+      if ((e % kC) / kB > (e / kC) / kB) sm.t[e] = 0.0f;
     __syncthreads();
+    for (int d = 1; d < kNB; ++d) {
+      const int count = (kNB - d) * kB * kB;  // the blocks (a, b = a - d)
+      for (int e = tid; e < count; e += kThreads) {
+        const int b = e / (kB * kB), r = (e / kB) % kB, c = e % kB, a = b + d;
+        float acc = 0.0f;
+        for (int m = b * kB; m < a * kB; ++m) acc += sm.l[(a * kB + r) * kC + m] * sm.t[m * kC + b * kB + c];
+        sm.y[e] = acc;
+      }
+      __syncthreads();
+      for (int e = tid; e < count; e += kThreads) {
+        const int b = e / (kB * kB), r = (e / kB) % kB, c = e % kB, a = b + d;
+        float acc = 0.0f;
+        for (int m = 0; m < kB; ++m) acc -= sm.t[(a * kB + r) * kC + a * kB + m] * sm.y[b * kB * kB + m * kB + c];
+        sm.t[(a * kB + r) * kC + b * kB + c] = acc;
+      }
+      __syncthreads();
+    }
     // Operands of W and U: T, diag(beta e^G) K (into l's space), diag(beta) V (in place).
     E* kx = reinterpret_cast<E*>(sm.l);
     for (int e = tid; e < kC * kC; e += kThreads) sm.tb[e] = E(sm.t[e]);

@@ -113,6 +113,47 @@ void forward_impl(const GatedDeltaForwardArgs& a, const Problem& p) {
   }
 }
 
+// T = (I + L)^-1 for a strictly lower triangular L [C, C]. With C a multiple of 16 it runs the
+// blocked scheme of the CUDA chunked kernel: 16 x 16 diagonal blocks by forward substitution,
+// then the blocks at distance d below the diagonal, T_ab = -T_aa sum_{b <= m < a} L_am T_mb.
+// Otherwise plain forward substitution, row by row: T_i = e_i - sum_{m < i} L_im T_m.
+void invert_unit_lower(const float* L, float* T, std::int64_t C) {
+  constexpr std::int64_t B = 16;
+  std::fill(T, T + C * C, 0.0f);
+  if (C % B != 0) {
+    for (std::int64_t i = 0; i < C; ++i) {
+      T[i * C + i] = 1.0f;
+      for (std::int64_t m = 0; m < i; ++m)
+        for (std::int64_t j = 0; j <= m; ++j) T[i * C + j] -= L[i * C + m] * T[m * C + j];
+    }
+    return;
+  }
+  for (std::int64_t base = 0; base < C; base += B)
+    for (std::int64_t jj = 0; jj < B; ++jj)
+      for (std::int64_t i = jj; i < B; ++i) {
+        float acc = i == jj ? 1.0f : 0.0f;
+        for (std::int64_t m = jj; m < i; ++m) acc -= L[(base + i) * C + base + m] * T[(base + m) * C + base + jj];
+        T[(base + i) * C + base + jj] = acc;
+      }
+  std::vector<float> y(B * B);
+  for (std::int64_t d = 1; d < C / B; ++d)
+    for (std::int64_t b = 0; b + d < C / B; ++b) {
+      const std::int64_t a = b + d;
+      for (std::int64_t r = 0; r < B; ++r)
+        for (std::int64_t c = 0; c < B; ++c) {
+          float acc = 0.0f;
+          for (std::int64_t m = b * B; m < a * B; ++m) acc += L[(a * B + r) * C + m] * T[m * C + b * B + c];
+          y[r * B + c] = acc;
+        }
+      for (std::int64_t r = 0; r < B; ++r)
+        for (std::int64_t c = 0; c < B; ++c) {
+          float acc = 0.0f;
+          for (std::int64_t m = 0; m < B; ++m) acc -= T[(a * B + r) * C + a * B + m] * y[m * B + c];
+          T[(a * B + r) * C + b * B + c] = acc;
+        }
+    }
+}
+
 // The chunked form (chunk_gated_delta_rule), the algorithm of the CUDA chunked kernel. Within a
 // chunk of C tokens with cumulative log decays G_i = g_1 + ... + g_i and start state S0:
 //   L_ij = beta_i e^(G_i - G_j) k_i.k_j (j < i),  T = (I + L)^-1 (unit lower triangular),
@@ -126,7 +167,8 @@ void chunked_forward_impl(const GatedDeltaForwardArgs& a, const Problem& p) {
   const std::int64_t K = p.K, V = p.V, C = p.chunk_size;
   const auto q = view<T>(a.q, p.q), k = view<T>(a.k, p.k), v = view<T>(a.v, p.v), beta = view<T>(a.beta, p.beta);
   const auto g = view<float>(a.log_decay, p.g);
-  std::vector<float> S(K * V), Kc(C * K), Qc(C * K), Vc(C * V), b(C), G(C), Tm(C * C), W(C * K), U(C * V), o(V);
+  std::vector<float> S(K * V), Kc(C * K), Qc(C * K), Vc(C * V), b(C), G(C), Lm(C * C), Tm(C * C), W(C * K), U(C * V),
+      o(V);
   for (std::int64_t n = 0; n < p.N; ++n) {
     const Sequence sq = sequence(p, a.cu_seqlens, n);
     for (std::int64_t h = 0; h < p.Hv; ++h) {
@@ -154,15 +196,10 @@ void chunked_forward_impl(const GatedDeltaForwardArgs& a, const Problem& p) {
           for (std::int64_t e = 0; e < K; ++e) acc += x[e] * y[e];
           return acc;
         };
-        // T = (I + L)^-1 by forward substitution, row by row: T_i = e_i - sum_{m < i} L_im T_m.
-        std::fill(Tm.begin(), Tm.end(), 0.0f);
-        for (std::int64_t i = 0; i < C; ++i) {
-          Tm[i * C + i] = 1.0f;
-          for (std::int64_t m = 0; m < i; ++m) {
-            const float l = b[i] * std::exp(G[i] - G[m]) * dot(&Kc[i * K], &Kc[m * K]);
-            for (std::int64_t j = 0; j <= m; ++j) Tm[i * C + j] -= l * Tm[m * C + j];
-          }
-        }
+        for (std::int64_t i = 0; i < C; ++i)
+          for (std::int64_t m = 0; m < C; ++m)
+            Lm[i * C + m] = m < i ? b[i] * std::exp(G[i] - G[m]) * dot(&Kc[i * K], &Kc[m * K]) : 0.0f;
+        invert_unit_lower(Lm.data(), Tm.data(), C);
         // W = T diag(beta e^G) K;  U = T diag(beta) V - W S0.
         for (std::int64_t i = 0; i < C; ++i) {
           for (std::int64_t e = 0; e < K; ++e) W[i * K + e] = 0.0f;
