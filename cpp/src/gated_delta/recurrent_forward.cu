@@ -28,13 +28,29 @@ __global__ void __launch_bounds__(kColsPerBlock * kMaxRowGroups)
   float S[kRowsPerThread];
   load_state_slice(S, p.initial, p.sinit, n, h, row0, j, p.K, p.V);
 
+  // This thread's inputs of one token, loaded one token ahead so that their latency overlaps
+  // the current token's arithmetic.
+  struct Token {
+    float k, q, g, beta, v;
+  };
+  const bool row_ok = staged_row < p.K;
+  auto fetch = [&](i64 t) {
+    Token x;
+    x.k = row_ok ? load<T>(p.k, p.sk, s.b, hk, t, staged_row) : 0.0f;
+    x.q = row_ok ? load<T>(p.q, p.sq, s.b, hk, t, staged_row) : 0.0f;
+    x.g = p.g[s.b * p.sg.b + h * p.sg.h + t * p.sg.t];
+    x.beta = load<T>(p.beta, p.sbeta, s.b, h, t);
+    x.v = col_ok ? load<T>(p.v, p.sv, s.b, h, t, j) : 0.0f;
+    return x;
+  };
+  Token next = s.bos < s.eos ? fetch(s.bos) : Token{};
+
   for (i64 t = s.bos; t < s.eos; ++t) {
-    const bool row_ok = staged_row < p.K;
-    s_k[staged_row] = row_ok ? load<T>(p.k, p.sk, s.b, hk, t, staged_row) : 0.0f;
-    s_q[staged_row] = row_ok ? p.scale * load<T>(p.q, p.sq, s.b, hk, t, staged_row) : 0.0f;
-    const float decay = expf(p.g[s.b * p.sg.b + h * p.sg.h + t * p.sg.t]);
-    const float beta = load<T>(p.beta, p.sbeta, s.b, h, t);
-    const float vj = col_ok ? load<T>(p.v, p.sv, s.b, h, t, j) : 0.0f;
+    const Token cur = next;
+    if (t + 1 < s.eos) next = fetch(t + 1);
+    s_k[staged_row] = cur.k;
+    s_q[staged_row] = p.scale * cur.q;
+    const float decay = expf(cur.g), beta = cur.beta, vj = cur.v;
     __syncthreads();
 
     // S = exp(g) S, then the prediction S^T k of this column, summed over the warps.
