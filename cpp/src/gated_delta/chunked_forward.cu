@@ -62,12 +62,14 @@ struct ChunkSmem {
 // Row-major [rows][cols] view of a shared array.
 template <int Rows, int Cols, class E>
 __device__ __forceinline__ auto rows_view(E* p) {
-  return make_tensor(make_smem_ptr(p), make_layout(make_shape(Int<Rows>{}, Int<Cols>{}), make_stride(Int<Cols>{}, _1{})));
+  return make_tensor(make_smem_ptr(p),
+                     make_layout(make_shape(Int<Rows>{}, Int<Cols>{}), make_stride(Int<Cols>{}, _1{})));
 }
 // The transpose of a row-major [Cols][Rows] array, seen as [Rows][Cols] (MN-major operand).
 template <int Rows, int Cols, class E>
 __device__ __forceinline__ auto cols_view(E* p) {
-  return make_tensor(make_smem_ptr(p), make_layout(make_shape(Int<Rows>{}, Int<Cols>{}), make_stride(_1{}, Int<Rows>{})));
+  return make_tensor(make_smem_ptr(p),
+                     make_layout(make_shape(Int<Rows>{}, Int<Cols>{}), make_stride(_1{}, Int<Rows>{})));
 }
 
 // acc += A B^T with A (M, Kd) and B (N, Kd) in shared memory, any layouts.

@@ -69,7 +69,8 @@ void load_state(const Tensor* t, const StateStrides& s, std::int64_t n, std::int
 
 void store_state(const Tensor& t, const StateStrides& s, std::int64_t n, std::int64_t h, std::int64_t K,
                  std::int64_t V, const float* S) {
-  for (std::int64_t i = 0; i < K; ++i) std::copy(S + i * V, S + (i + 1) * V, t.ptr<float>() + n * s.n + h * s.h + i * s.k);
+  for (std::int64_t i = 0; i < K; ++i)
+    std::copy(S + i * V, S + (i + 1) * V, t.ptr<float>() + n * s.n + h * s.h + i * s.k);
 }
 
 // One forward step on the state S [K, V]: decay, delta-rule update. Returns nothing; `u`
