@@ -192,6 +192,19 @@ def test_empty(device):
     assert out.shape == (0, 1, 3, 4) and final.shape == (0, 1, 8, 4)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_out_argument(device, entry):
+    """out= receives the output, also as a strided [B, T, H, V] view."""
+    q, k, v, beta, g, state = make_inputs(1, 1, 2, 9, 8, 8, torch.float32, device, seed=19)
+    want, _ = run(entry, q, k, v, beta, g, state, 0.3)
+    out = torch.full((1, 9, 2, 8), float("nan"), device=device).transpose(1, 2)
+    kw = {"chunk_size": 64} if entry == "chunk" else {}
+    fn = rudnn.chunk_gated_delta_rule if entry == "chunk" else rudnn.gated_delta_rule
+    got, _ = fn(q, k, v, beta, g, state, scale=0.3, out=out, **kw)
+    assert got is out and torch.equal(out, want)
+
+
 def test_numpy():
     q, k, v, beta, g, state = make_inputs(1, 1, 2, 9, 8, 8, torch.float32, seed=19)
     out, final = rudnn.chunk_gated_delta_rule(*(t.numpy() for t in (q, k, v, beta, g, state)), scale=0.3,

@@ -92,6 +92,11 @@ CASES = [
     (lambda d: chunk(d, cu_seqlens=torch.tensor([0, 3, 8])), rudnn.ShapeError,
      f"{OP}: initial_state: expected shape [2, 2, 8, 4] [N, Hv, K, V] (one state per sequence of cu_seqlens), "
      "got [1, 2, 8, 4]"),
+    (lambda d: rudnn.gated_delta_rule(*inputs(d).values(), scale=0.5, out=torch.zeros(1, 2, 8, 5, device=d)),
+     rudnn.ShapeError, "gated_delta_rule: out: expected shape [1, 2, 8, 4] [B, Hv, T, V], got [1, 2, 8, 5]"),
+    (lambda d: rudnn.gated_delta_rule(*inputs(d).values(), scale=0.5,
+                                      out=torch.zeros(1, 2, 8, 4, dtype=F16, device=d)),
+     rudnn.DTypeError, "gated_delta_rule: out: expected the dtype of q (float32), got float16"),
     (lambda d: chunk(d, k=np.zeros((1, 2, 8, 8), np.float32)), rudnn.FrameworkError,
      f"{OP}: k: expected a torch.Tensor like q (one framework per call), got numpy.ndarray"),
     (lambda d: backward(d, dout=torch.zeros(1, 2, 8, 5)), rudnn.ShapeError,

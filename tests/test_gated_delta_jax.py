@@ -77,6 +77,8 @@ def test_trace_time_errors(device):
         rj.chunk_gated_delta_rule(*args, scale=0.5, chunk_size=0)
     with pytest.raises(rudnn.ShapeError, match="gated_delta_rule_backward: dout: expected shape"):
         rj.gated_delta_rule_backward(args[0], *args, scale=0.5)
+    with pytest.raises(rudnn.UnsupportedError, match="out= is not supported for JAX arrays"):
+        rj.gated_delta_rule(*args, scale=0.5, out=args[2])
     with pytest.raises(rudnn.ArgumentError, match="scale: expected a Python float"):
         jax.jit(lambda s: rj.gated_delta_rule(*args, scale=s))(0.5)
 

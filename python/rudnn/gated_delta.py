@@ -68,11 +68,13 @@ def _sizes(q, v, cu_seqlens):
     return (B, Hv, T, V), (N, Hv, K, V)
 
 
-def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_size, cu_seqlens, stream, kernel=0):
+def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_size, cu_seqlens, stream, kernel=0,
+             out=None):
     call = fw.Call(op, {"q": q, "k": k, "v": v, "beta": beta, "log_decay": log_decay,
-                        "initial_state": initial_state, "cu_seqlens": cu_seqlens}, stream)
+                        "initial_state": initial_state, "cu_seqlens": cu_seqlens, "out": out}, stream)
     out_shape, state_shape = _sizes(q, v, cu_seqlens)
-    out = call.empty(out_shape, call.dtype_name(q))
+    if out is None:
+        out = call.empty(out_shape, call.dtype_name(q))
     final_state = call.empty(state_shape, "float32")
     _C.gated_delta_forward(algo, call.arg(q), call.arg(k), call.arg(v), call.arg(beta), call.arg(log_decay),
                            call.arg(initial_state), call.arg(cu_seqlens), float(scale), int(chunk_size),
@@ -81,7 +83,7 @@ def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_siz
 
 
 def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, chunk_size=64, cu_seqlens=None,
-                           strategy="auto", stream=None):
+                           strategy="auto", out=None, stream=None):
     """Chunked prefill of the gated delta rule: (out, final_state). See the module docstring.
 
     chunk_size > 0, and its triangular workspace 4 * (c^2 + c) bytes must fit the device's
@@ -93,22 +95,25 @@ def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scal
     and float16/bfloat16 inputs, UnsupportedError otherwise) or "recurrent" (token by token).
     The CUDA chunked kernel multiplies in the input dtype with float32 accumulation and a
     float32 state, like FLA; the others compute in float32 throughout. log_decay must be finite.
+    out= (torch, CuPy, NumPy) receives the output [B, Hv, T, V] in q's dtype (any strides with a
+    dense last axis); the returned out is that array.
     """
     kernel = kernel_code("chunk_gated_delta_rule", strategy)
     if fw.is_jax(q):
         return _jax().chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state, scale=scale,
-                                             chunk_size=chunk_size, cu_seqlens=cu_seqlens, strategy=strategy)
+                                             chunk_size=chunk_size, cu_seqlens=cu_seqlens, strategy=strategy, out=out)
     return _forward("chunk_gated_delta_rule", _CHUNKED, q, k, v, beta, log_decay, initial_state, scale, chunk_size,
-                    cu_seqlens, stream, kernel)
+                    cu_seqlens, stream, kernel, out)
 
 
-def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_seqlens=None, stream=None):
+def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_seqlens=None, out=None, stream=None):
     """Token-by-token gated delta rule (the decode path; T = 1 is the common case):
     (out, final_state). Same arguments and results as chunk_gated_delta_rule."""
     if fw.is_jax(q):
-        return _jax().gated_delta_rule(q, k, v, beta, log_decay, initial_state, scale=scale, cu_seqlens=cu_seqlens)
+        return _jax().gated_delta_rule(q, k, v, beta, log_decay, initial_state, scale=scale, cu_seqlens=cu_seqlens,
+                                       out=out)
     return _forward("gated_delta_rule", _RECURRENT, q, k, v, beta, log_decay, initial_state, scale, 64, cu_seqlens,
-                    stream)
+                    stream, 0, out)
 
 
 def _backward(op, algo, dout, q, k, v, beta, log_decay, initial_state, dfinal_state, scale, chunk_size, cu_seqlens,

@@ -103,7 +103,9 @@ def _validate_forward(op, algo, arrays, initial, cu, scale, chunk_size, kernel):
                                         scale, chunk_size, kernel, out_spec, state_spec)
 
 
-def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_size, cu_seqlens, strategy="auto"):
+def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_size, cu_seqlens, strategy="auto",
+             out=None):
+    _ffi.no_out(op, out)
     kernel = kernel_code(op, strategy)
     arrays, initial, cu = _arrays(op, q, k, v, beta, log_decay, initial_state, cu_seqlens)
     scale = _ffi.static_float(scale, op, "scale")
@@ -114,18 +116,19 @@ def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_siz
 
 
 def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, chunk_size=64, cu_seqlens=None,
-                           strategy="auto", stream=None):
+                           strategy="auto", out=None, stream=None):
     """Chunked gated delta rule: (out, final_state). Differentiable with respect to q, k, v,
     beta, log_decay and initial_state (see rudnn.gated_delta for the arguments)."""
     del stream  # XLA provides the stream
     return _forward("chunk_gated_delta_rule", _CHUNKED, q, k, v, beta, log_decay, initial_state, scale, chunk_size,
-                    cu_seqlens, strategy)
+                    cu_seqlens, strategy, out)
 
 
-def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_seqlens=None, stream=None):
+def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_seqlens=None, out=None, stream=None):
     """Token-by-token gated delta rule (decode): (out, final_state). Differentiable."""
     del stream
-    return _forward("gated_delta_rule", _RECURRENT, q, k, v, beta, log_decay, initial_state, scale, 64, cu_seqlens)
+    return _forward("gated_delta_rule", _RECURRENT, q, k, v, beta, log_decay, initial_state, scale, 64, cu_seqlens,
+                    out=out)
 
 
 def _backward(op, algo, dout, q, k, v, beta, log_decay, initial_state, dfinal_state, scale, chunk_size, cu_seqlens):

@@ -81,21 +81,23 @@ torch.library.register_autograd("rudnn::gated_delta_forward", _autograd_backward
 
 
 def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, chunk_size=64, cu_seqlens=None,
-                           strategy="auto", stream=None):
-    """rudnn.chunk_gated_delta_rule as a differentiable, torch.compile-able custom op."""
-    if stream is not None:
+                           strategy="auto", out=None, stream=None):
+    """rudnn.chunk_gated_delta_rule as a differentiable, torch.compile-able custom op
+    (with out= or stream= it runs eagerly, without autograd)."""
+    if out is not None or stream is not None:
         return _gd.chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state, scale=scale, chunk_size=chunk_size,
-                                          cu_seqlens=cu_seqlens, strategy=strategy, stream=stream)
+                                          cu_seqlens=cu_seqlens, strategy=strategy, out=out, stream=stream)
     kernel = _gd.kernel_code("chunk_gated_delta_rule", strategy)
     return _forward(q, k, v, beta, log_decay, initial_state, cu_seqlens, float(scale), int(chunk_size), _CHUNKED,
                     kernel)
 
 
-def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_seqlens=None, stream=None):
-    """rudnn.gated_delta_rule as a differentiable, torch.compile-able custom op."""
-    if stream is not None:
+def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_seqlens=None, out=None, stream=None):
+    """rudnn.gated_delta_rule as a differentiable, torch.compile-able custom op
+    (with out= or stream= it runs eagerly, without autograd)."""
+    if out is not None or stream is not None:
         return _gd.gated_delta_rule(q, k, v, beta, log_decay, initial_state, scale=scale, cu_seqlens=cu_seqlens,
-                                    stream=stream)
+                                    out=out, stream=stream)
     return _forward(q, k, v, beta, log_decay, initial_state, cu_seqlens, float(scale), 64, _RECURRENT)
 
 
