@@ -59,10 +59,13 @@ def _kernels_source():
     bwd = _namespace_block(bwd_src, "emu_rb")
     layout = re.search(r"BackwardLayout backward_layout\(const Problem& p\) \{.*?\n\}\n", bwd_src, re.S).group(0)
     bwd = bwd[:-2] + layout + "}\n"
-    chunk = _namespace_block(read("chunked_forward.cu"), "emu_ch")
+    chunk_src = read("chunked_forward.cu")
+    chunk = _namespace_block(chunk_src, "emu_ch")
+    layout = re.search(r"ChunkLayout chunked_forward_layout\(const Problem& p\) \{.*?\n\}\n", chunk_src, re.S).group(0)
+    chunk = chunk[:-2] + layout + "}\n"
     edits = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "unsigned char* smem_raw = emu_smem;"),
-             ("auto mma = make_tiled_mma(Atom{}, Layout<Shape<_2, _2, _1>>{});",
-              "auto mma = make_tiled_mma(UniversalFMA<float, float, float, float>{}, Layout<Shape<_16, _8, _1>>{});")]
+             ("return make_tiled_mma(typename MmaAtomFor<E>::type{}, Layout<Shape<_2, _2, _1>>{});",
+              "return make_tiled_mma(UniversalFMA<float, float, float, float>{}, Layout<Shape<_16, _8, _1>>{});")]
     for old, new in edits:
         assert old in chunk, f"emulation edit no longer applies: {old}"
         chunk = chunk.replace(old, new)

@@ -47,33 +47,56 @@ GatedDeltaBackwardArgs backward_args(int algo, const In& q, const In& k, const I
 
 }  // namespace
 
+GatedDeltaForwardArgs forward_args(int algo, const In& q, const In& k, const In& v, const In& beta, const In& g,
+                                   const OptIn& initial, const OptIn& cu_seqlens, float scale, int chunk_size,
+                                   const Out& out, const Out& final_state, int kernel,
+                                   std::optional<Tensor> (&keep)[3]) {
+  GatedDeltaForwardArgs a;
+  a.algo = as_algo(algo);
+  a.kernel = as_kernel(kernel);
+  a.q = to_tensor(q, "q");
+  a.k = to_tensor(k, "k");
+  a.v = to_tensor(v, "v");
+  a.beta = to_tensor(beta, "beta");
+  a.log_decay = to_tensor(g, "log_decay");
+  a.initial_state = opt_tensor(initial, "initial_state", keep[0]);
+  a.cu_seqlens = opt_tensor(cu_seqlens, "cu_seqlens", keep[1]);
+  a.scale = scale;
+  a.chunk_size = chunk_size;
+  a.out = to_tensor(out, "out");
+  a.final_state = to_tensor(final_state, "final_state");
+  return a;
+}
+
 void register_gated_delta(nb::module_& m) {
+  m.def(
+      "gated_delta_forward_workspace_bytes",
+      [](int algo, const In& q, const In& k, const In& v, const In& beta, const In& g, const OptIn& initial,
+         const OptIn& cu_seqlens, float scale, int chunk_size, const Out& out, const Out& final_state, int kernel) {
+        std::optional<Tensor> keep[3];
+        const GatedDeltaForwardArgs a = forward_args(algo, q, k, v, beta, g, initial, cu_seqlens, scale, chunk_size,
+                                                     out, final_state, kernel, keep);
+        return gated_delta_forward_workspace_bytes(a);
+      },
+      nb::arg("algo"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("beta"), nb::arg("log_decay"),
+      nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("scale"), nb::arg("chunk_size"),
+      nb::arg("out"), nb::arg("final_state"), nb::arg("kernel"));
+
   m.def(
       "gated_delta_forward",
       [](int algo, const In& q, const In& k, const In& v, const In& beta, const In& g, const OptIn& initial,
          const OptIn& cu_seqlens, float scale, int chunk_size, const Out& out, const Out& final_state, int kernel,
-         std::uintptr_t stream) {
-        std::optional<Tensor> keep[2];
-        GatedDeltaForwardArgs a;
-        a.algo = as_algo(algo);
-        a.kernel = as_kernel(kernel);
-        a.q = to_tensor(q, "q");
-        a.k = to_tensor(k, "k");
-        a.v = to_tensor(v, "v");
-        a.beta = to_tensor(beta, "beta");
-        a.log_decay = to_tensor(g, "log_decay");
-        a.initial_state = opt_tensor(initial, "initial_state", keep[0]);
-        a.cu_seqlens = opt_tensor(cu_seqlens, "cu_seqlens", keep[1]);
-        a.scale = scale;
-        a.chunk_size = chunk_size;
-        a.out = to_tensor(out, "out");
-        a.final_state = to_tensor(final_state, "final_state");
+         const OptOut& workspace, std::uintptr_t stream) {
+        std::optional<Tensor> keep[3];
+        GatedDeltaForwardArgs a = forward_args(algo, q, k, v, beta, g, initial, cu_seqlens, scale, chunk_size, out,
+                                               final_state, kernel, keep);
+        a.workspace = opt_tensor(workspace, "workspace", keep[2]);
         nb::gil_scoped_release release;
         gated_delta_forward(a, as_stream(stream));
       },
       nb::arg("algo"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("beta"), nb::arg("log_decay"),
       nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("scale"), nb::arg("chunk_size"),
-      nb::arg("out"), nb::arg("final_state"), nb::arg("kernel"), nb::arg("stream"));
+      nb::arg("out"), nb::arg("final_state"), nb::arg("kernel"), nb::arg("workspace").none(), nb::arg("stream"));
 
   m.def(
       "gated_delta_backward_workspace_bytes",

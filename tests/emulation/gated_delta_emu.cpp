@@ -159,8 +159,20 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
     } else {
       if constexpr (!std::is_same_v<T, float>) {
         using E = std::conditional_t<std::is_same_v<T, __half>, cute::half_t, cute::bfloat16_t>;
-        const i64 vtiles = (V + emu_ch::kBV - 1) / emu_ch::kBV;
-        launch(N * Hv * vtiles, emu_ch::kThreads, 1, sizeof(emu_ch::ChunkSmem<E>), [&] { emu_ch::chunked_forward_kernel<E>(p, vtiles); });
+        const ChunkLayout l = emu_ch::chunked_forward_layout(pr);
+        std::vector<unsigned char> buffer(std::size_t(l.g_bytes + l.p_bytes + l.w_bytes + l.u_bytes), 0xff);
+        ChunkWorkspace ws;
+        unsigned char* at = buffer.data();
+        ws.g = reinterpret_cast<float*>(at);
+        ws.p = at += l.g_bytes;
+        ws.w = at += l.p_bytes;
+        ws.u = at + l.w_bytes;
+        ws.vp = l.vp;
+        ws.chunks_per_batch = l.chunks_per_batch;
+        launch(l.slots * Hv, emu_ch::kThreads, 1, sizeof(emu_ch::PrepSmem<E>),
+               [&] { emu_ch::chunk_prep_kernel<E>(p, ws, l.vtiles); });
+        launch(N * Hv * l.vtiles, emu_ch::kThreads, 1, sizeof(emu_ch::StateSmem<E>),
+               [&] { emu_ch::chunk_state_kernel<E>(p, ws, l.vtiles); });
       }
     }
     write(dir + "/out.bin", out);

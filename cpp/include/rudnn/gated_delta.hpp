@@ -46,8 +46,12 @@ struct GatedDeltaForwardArgs {
   int chunk_size = 64;                    // > 0 and 4 * (c^2 + c) bytes fit the device's shared memory per block
   Tensor out;                             // output [B, Hv, T, V]
   Tensor final_state;                     // output [N, Hv, K, V] float32
+  const Tensor* workspace = nullptr;      // u8, >= gated_delta_forward_workspace_bytes(args)
 };
 
+// Bytes of scratch memory gated_delta_forward needs on args' device (the CUDA chunked kernel's
+// per-chunk G, P, W and U'; 0 on the CPU and for the recurrent kernel).
+std::size_t gated_delta_forward_workspace_bytes(const GatedDeltaForwardArgs& args);
 void gated_delta_forward(const GatedDeltaForwardArgs& args, Stream stream = nullptr);
 
 // Gradients of gated_delta_forward given d(out) and, optionally, d(final_state).

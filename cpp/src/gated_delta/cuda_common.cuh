@@ -136,8 +136,22 @@ BackwardLayout backward_layout(const Problem& p);
 
 void recurrent_forward(const Params& params, DType dtype, cudaStream_t stream);
 // The tensor-core chunked forward (chunked_forward.cu): chunk_size 64, K <= 128, f16/bf16.
+// Its workspace holds, per (chunk slot, value head), G (f32), P, -W and U' (operand dtype).
+struct ChunkWorkspace {
+  float* g = nullptr;
+  void* p = nullptr;
+  void* w = nullptr;
+  void* u = nullptr;
+  i64 vp = 0;                // U' row length: V rounded up to the 32-column tiles
+  i64 chunks_per_batch = 0;  // ceil(T / 64) without varlen
+};
+struct ChunkLayout {
+  i64 vtiles, vp, chunks_per_batch, slots;  // slots: ceil(T / 64) per batch row, or T / 64 + N with varlen
+  i64 g_bytes, p_bytes, w_bytes, u_bytes;   // each a multiple of 256
+};
+ChunkLayout chunked_forward_layout(const Problem& p);
 bool chunked_forward_supported(const Problem& p, int max_smem_per_block);
-void chunked_forward(const Params& params, DType dtype, cudaStream_t stream);
+void chunked_forward(const Params& params, const Problem& problem, void* workspace, DType dtype, cudaStream_t stream);
 void recurrent_backward(const Params& params, const BackwardWorkspace& ws, DType dtype, void* dq, SeqStrides sdq,
                         void* dk, SeqStrides sdk, void* dbeta, SeqStrides sdbeta, float* dg, SeqStrides sdg,
                         cudaStream_t stream);

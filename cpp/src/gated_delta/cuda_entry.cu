@@ -48,6 +48,28 @@ i64 aligned(i64 floats) { return (floats + 63) / 64 * 64; }
 
 }  // namespace cuda
 
+namespace {
+
+// Whether the forward runs the chunked kernel (after the strategy check).
+bool use_chunked(const GatedDeltaForwardArgs& a, const Problem& p) {
+  const int max_smem = core::device_props(a.q.device.index).max_smem_per_block_optin;
+  const bool chunked_fits = cuda::chunked_forward_supported(p, max_smem);
+  if (p.kernel == GatedDeltaKernel::chunked && !chunked_fits)
+    core::fail(ErrorKind::unsupported,
+               "chunk_gated_delta_rule: the CUDA chunked kernel needs chunk_size 64, K <= 128 and float16 or "
+               "bfloat16 inputs, got chunk_size " + std::to_string(p.chunk_size) + ", K " + std::to_string(p.K) +
+                   ", " + dtype_name(p.dtype));
+  return a.algo == GatedDeltaAlgo::chunked && p.kernel != GatedDeltaKernel::recurrent && chunked_fits;
+}
+
+}  // namespace
+
+std::size_t forward_workspace_bytes_cuda(const GatedDeltaForwardArgs& a, const Problem& p) {
+  if (!use_chunked(a, p)) return 0;
+  const cuda::ChunkLayout l = cuda::chunked_forward_layout(p);
+  return std::size_t(l.g_bytes + l.p_bytes + l.w_bytes + l.u_bytes);
+}
+
 void forward_cuda(const GatedDeltaForwardArgs& a, const Problem& p, Stream stream) {
   cuda::check_grid(p, "gated_delta_forward");
   cuda::Params params = cuda::make_params(p, a.q, a.k, a.v, a.beta, a.log_decay, a.initial_state, a.cu_seqlens);
@@ -57,16 +79,9 @@ void forward_cuda(const GatedDeltaForwardArgs& a, const Problem& p, Stream strea
   params.sfinal = p.final_state;
   // Chunked prefill on tensor cores where the chunked kernel covers the case; otherwise (decode,
   // float32, other chunk sizes, K > 128) the recurrent kernel, which computes the same function.
-  const int max_smem = core::device_props(a.q.device.index).max_smem_per_block_optin;
-  const bool chunked_fits = cuda::chunked_forward_supported(p, max_smem);
-  if (p.kernel == GatedDeltaKernel::chunked && !chunked_fits)
-    core::fail(ErrorKind::unsupported,
-               "chunk_gated_delta_rule: the CUDA chunked kernel needs chunk_size 64, K <= 128 and float16 or "
-               "bfloat16 inputs, got chunk_size " + std::to_string(p.chunk_size) + ", K " + std::to_string(p.K) +
-                   ", " + dtype_name(p.dtype));
-  const bool chunked = a.algo == GatedDeltaAlgo::chunked && p.kernel != GatedDeltaKernel::recurrent && chunked_fits;
-  if (chunked)
-    cuda::chunked_forward(params, p.dtype, static_cast<cudaStream_t>(stream));
+  if (use_chunked(a, p))
+    cuda::chunked_forward(params, p, a.workspace ? a.workspace->data : nullptr, p.dtype,
+                          static_cast<cudaStream_t>(stream));
   else
     cuda::recurrent_forward(params, p.dtype, static_cast<cudaStream_t>(stream));
 }

@@ -27,10 +27,25 @@ void on_device(const Device& device, const char* op, Cpu&& cpu, Cuda&& cuda) {
 
 }  // namespace
 
+std::size_t gated_delta_forward_workspace_bytes(const GatedDeltaForwardArgs& args) {
+  const gated_delta::Problem p = gated_delta::validate_forward(args);
+  std::size_t bytes = 0;
+  on_device(args.q.device, "gated_delta_forward", [] {},
+            [&] { bytes = gated_delta::forward_workspace_bytes_cuda(args, p); });
+  return bytes;
+}
+
 void gated_delta_forward(const GatedDeltaForwardArgs& args, Stream stream) {
   const gated_delta::Problem p = gated_delta::validate_forward(args);
   on_device(args.q.device, "gated_delta_forward", [&] { gated_delta::forward_cpu(args, p); },
-            [&] { gated_delta::forward_cuda(args, p, stream); });
+            [&] {
+              const std::size_t need = gated_delta::forward_workspace_bytes_cuda(args, p);
+              const std::size_t have = args.workspace ? std::size_t(args.workspace->numel()) : 0;
+              if (have < need)
+                core::fail(ErrorKind::value, "gated_delta_forward: workspace: expected at least " +
+                                                 std::to_string(need) + " bytes, got " + std::to_string(have));
+              gated_delta::forward_cuda(args, p, stream);
+            });
 }
 
 std::size_t gated_delta_backward_workspace_bytes(const GatedDeltaBackwardArgs& args) {

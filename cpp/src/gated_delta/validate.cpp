@@ -190,6 +190,10 @@ Problem validate_forward(const GatedDeltaForwardArgs& a, bool read_offsets) {
   p.kernel = a.kernel;
   check_seq4(a.out, a.q, {p.B, p.Hv, p.T, p.V}, op + ": out", "[B, Hv, T, V]");
   check_state(a.final_state, a.q, p, op + ": final_state");
+  if (a.workspace) {
+    core::expect_same_device(*a.workspace, a.q, op + ": workspace", "q");
+    core::expect_dtype(*a.workspace, DType::u8, op + ": workspace");
+  }
   p.out = seq_strides(a.out);
   p.final_state = state_strides(a.final_state);
   return p;
