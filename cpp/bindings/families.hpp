@@ -8,5 +8,6 @@ namespace rudnn::bindings {
 void register_norm(nanobind::module_& m);
 void register_attention(nanobind::module_& m);
 void register_moe(nanobind::module_& m);
+void register_gated_delta(nanobind::module_& m);
 
 }  // namespace rudnn::bindings

@@ -10,6 +10,7 @@ nanobind::dict ffi_targets() {
   rudnn::jax_ffi::add_norm_targets(cpu, cuda);
   rudnn::jax_ffi::add_attention_targets(cpu, cuda);
   rudnn::jax_ffi::add_moe_targets(cpu, cuda);
+  rudnn::jax_ffi::add_gated_delta_targets(cpu, cuda);
   all["cpu"] = cpu;
   all["CUDA"] = cuda;
   return all;
@@ -23,4 +24,5 @@ void register_jax_ffi(nanobind::module_& m) {
   rudnn::jax_ffi::add_norm_validation(m);
   rudnn::jax_ffi::add_attention_validation(m);
   rudnn::jax_ffi::add_moe_validation(m);
+  rudnn::jax_ffi::add_gated_delta_validation(m);
 }

@@ -19,5 +19,7 @@ void add_attention_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_attention_validation(nanobind::module_& m);
 void add_moe_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_moe_validation(nanobind::module_& m);
+void add_gated_delta_targets(nanobind::dict& cpu, nanobind::dict& cuda);
+void add_gated_delta_validation(nanobind::module_& m);
 
 }  // namespace rudnn::jax_ffi

@@ -5,6 +5,8 @@ from .errors import (ArgumentError, CudaError, DeviceError, DTypeError, Error, F
 from . import _C
 from . import moe
 from .attention import attention, attention_backward, attention_last_algorithm
+from .gated_delta import (chunk_gated_delta_rule, chunk_gated_delta_rule_backward, gated_delta_rule,
+                          gated_delta_rule_backward)
 from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
 
 __version__ = "0.1.0"
@@ -25,5 +27,6 @@ __all__ = [
     "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward",
     "attention", "attention_backward", "attention_last_algorithm",
     "moe",
+    "chunk_gated_delta_rule", "gated_delta_rule", "chunk_gated_delta_rule_backward", "gated_delta_rule_backward",
     "has_cuda", "cmake_prefix",
 ]

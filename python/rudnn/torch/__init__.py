@@ -4,10 +4,13 @@ same arguments as ``rudnn.<op>``; with ``out=`` the call runs eagerly without au
 
 from . import moe
 from .attention import attention, attention_backward
+from .gated_delta import (chunk_gated_delta_rule, chunk_gated_delta_rule_backward, gated_delta_rule,
+                          gated_delta_rule_backward)
 from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
 
 __all__ = [
     "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward",
     "attention", "attention_backward",
     "moe",
+    "chunk_gated_delta_rule", "gated_delta_rule", "chunk_gated_delta_rule_backward", "gated_delta_rule_backward",
 ]

@@ -1,0 +1,416 @@
+// Chunked gated delta rule forward on tensor cores (sm80 mma.sync through CuTe MMA atoms;
+// runs on Ampere, Ada and Hopper). The algorithm of cpu.cpp's chunked_forward_impl: per chunk
+// of C = 64 tokens with cumulative log decays G,
+//   L = strict_lower(diag(beta) (e^(G_i - G_j)) * K K^T),  T = (I + L)^-1,
+//   W = T diag(beta e^G) K,  U' = T diag(beta) V,  P = scale e^(G_i - G_j) [j <= i] * Q K^T,
+//   U = U' - W S0,  O = scale diag(e^G) Q S0 + P U,  S = e^(G_last) S0 + K^T diag(e^(G_last - G)) U.
+// Two kernels, one per stage:
+//  * chunk_prep_kernel, one CTA per (chunk, value head), all chunks in parallel: everything that
+//    does not depend on the state (G, P, -W, U') into the caller's workspace;
+//  * chunk_state_kernel, one CTA per (sequence, value head, 32 value columns), walking the
+//    chunks in order: U, the output and the state update. The float32 state stays in the
+//    accumulator registers of the K^T U product for the whole sequence (its bf16/f16 copy in
+//    shared memory feeds the S0 products).
+// Matrix products take the input dtype with float32 accumulation; decays, the triangular solve
+// and the state are float32. Padding rows of the last chunk are zeros (k = q = v = beta = g = 0)
+// and are never stored.
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm80.hpp>
+#include <cute/tensor.hpp>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "core/cuda_check.hpp"
+#include "gated_delta/cuda_common.cuh"
+
+namespace rudnn::gated_delta::cuda {
+
+namespace {
+
+using namespace cute;
+
+constexpr int kC = 64;    // chunk length
+constexpr int kKt = 128;  // key dimension of the tile (K <= 128, zero padded)
+constexpr int kBV = 32;   // value columns per CTA (B = 1, 32 value heads, V = 128: 128 CTAs fill an H200)
+constexpr int kB = 16;    // block size of the blocked triangular inverse
+constexpr int kNB = kC / kB;
+constexpr int kThreads = 128;
+
+template <class E> struct MmaAtomFor;
+template <> struct MmaAtomFor<cute::half_t> { using type = SM80_16x8x16_F32F16F16F32_TN; };
+template <> struct MmaAtomFor<cute::bfloat16_t> { using type = SM80_16x8x16_F32BF16BF16F32_TN; };
+// The CUDA type of the same bits, for the global loads of cuda_common.cuh.
+template <class E>
+using StorageOf = std::conditional_t<std::is_same_v<E, cute::half_t>, __half, __nv_bfloat16>;
+
+// Shared memory of the prep kernel. f32 where the triangular solve needs it, E (half/bf16) for
+// MMA operands.
+template <class E>
+struct PrepSmem {
+  E k[kC * kKt];      // K rows of the chunk            [C][Kt]
+  E q[kC * kKt];      // Q rows                          [C][Kt]
+  E v[kC * kBV];      // beta V, one value tile          [C][BV]
+  float l[kC * kC];   // L (f32); reused for diag(beta e^G) K as E after the solve
+  float t[kC * kC];   // T = (I + L)^-1 (f32): the triangular workspace, with g below
+  float g[kC];        // cumulative log decay G
+  float beta[kC];
+  float y[(kNB - 1) * kB * kB];  // off-diagonal block products of the blocked inverse
+  E tb[kC * kC];      // T in the operand dtype
+};
+
+// Shared memory of the state kernel.
+template <class E>
+struct StateSmem {
+  E k[kC * kKt];      // K rows of the chunk            [C][Kt]
+  E q[kC * kKt];      // Q rows                          [C][Kt]
+  E s[kKt * kBV];     // S0 in the operand dtype         [Kt][BV]
+  E w[kC * kKt];      // -W
+  E p[kC * kC];       // P
+  E u[kC * kBV];      // U
+  E ud[kC * kBV];     // e^(G_last - G_j) U_j
+  float g[kC];
+};
+
+// Row-major [rows][cols] view of a shared array.
+template <int Rows, int Cols, class E>
+__device__ __forceinline__ auto rows_view(E* p) {
+  return make_tensor(make_smem_ptr(p),
+                     make_layout(make_shape(Int<Rows>{}, Int<Cols>{}), make_stride(Int<Cols>{}, _1{})));
+}
+// The transpose of a row-major [Cols][Rows] array, seen as [Rows][Cols] (MN-major operand).
+template <int Rows, int Cols, class E>
+__device__ __forceinline__ auto cols_view(E* p) {
+  return make_tensor(make_smem_ptr(p),
+                     make_layout(make_shape(Int<Rows>{}, Int<Cols>{}), make_stride(_1{}, Int<Rows>{})));
+}
+
+// acc += A B^T with A (M, Kd) and B (N, Kd) in shared memory, any layouts.
+template <class Mma, class TA, class TB, class Acc>
+__device__ __forceinline__ void mma_from_smem(const Mma& mma, const TA& sA, const TB& sB, Acc& acc) {
+  auto thr = mma.get_thread_slice(threadIdx.x);
+  auto rA = thr.partition_fragment_A(sA);
+  auto rB = thr.partition_fragment_B(sB);
+  copy(thr.partition_A(sA), rA);
+  copy(thr.partition_B(sB), rB);
+  gemm(mma, rA, rB, acc);
+}
+
+template <class E>
+__device__ __forceinline__ auto make_chunk_mma() {
+  return make_tiled_mma(typename MmaAtomFor<E>::type{}, Layout<Shape<_2, _2, _1>>{});  // 4 warps: 32 x 16 per step
+}
+
+// The workspace of one (chunk slot, value head): G [C] f32, P [C][C], -W [C][Kt], U' [C][Vp].
+template <class E>
+struct ChunkSlot {
+  float* g;
+  E* p;
+  E* w;
+  E* u;
+};
+
+template <class E>
+__device__ __forceinline__ ChunkSlot<E> chunk_slot(const ChunkWorkspace& ws, i64 slot, i64 h, i64 Hv) {
+  const i64 i = slot * Hv + h;
+  return {ws.g + i * kC, static_cast<E*>(ws.p) + i * kC * kC, static_cast<E*>(ws.w) + i * kC * kKt,
+          static_cast<E*>(ws.u) + i * kC * ws.vp};
+}
+
+// First workspace slot of sequence n (the slot of its chunk ch is first_slot + ch): ceil(T / C)
+// per batch row, or bos / C + n with varlen, which never overlaps the previous sequence's slots.
+__device__ __forceinline__ i64 first_slot(const Params& p, const ChunkWorkspace& ws, i64 n, const Sequence& s) {
+  return p.cu_seqlens ? s.bos / kC + n : n * ws.chunks_per_batch;
+}
+
+// Stage 1: one CTA per (chunk slot, value head); slots without a chunk return at once.
+template <class E>
+__global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWorkspace ws, i64 vtiles) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<PrepSmem<E>*>(smem_raw);
+  auto mma = make_chunk_mma<E>();
+  auto thr = mma.get_thread_slice(threadIdx.x);
+  const int tid = threadIdx.x;
+  using X = StorageOf<E>;
+
+  if (p.N == 0) return;
+  const i64 slot = blockIdx.x / p.Hv, h = blockIdx.x % p.Hv, hk = h / p.group;
+  // The sequence owning the slot: first_slot is increasing in n, so a binary search finds it.
+  i64 n = 0;
+  if (p.cu_seqlens) {
+    i64 lo = 0, hi = p.N - 1;
+    while (lo < hi) {
+      const i64 mid = (lo + hi + 1) / 2;
+      if (first_slot(p, ws, mid, sequence(p, mid)) <= slot) lo = mid; else hi = mid - 1;
+    }
+    n = lo;
+  } else {
+    n = slot / ws.chunks_per_batch;
+  }
+  const Sequence s = sequence(p, n);
+  const i64 c0 = s.bos + (slot - first_slot(p, ws, n, s)) * kC;
+  if (c0 >= s.eos) return;  // a slot no chunk uses (varlen slack)
+  const int valid = int(min(i64(kC), s.eos - c0));
+  const ChunkSlot<E> out = chunk_slot<E>(ws, slot, h, p.Hv);
+
+  // 1. Stage the chunk (zero padded), G = cumsum(g).
+  for (int e = tid; e < kC * kKt; e += kThreads) {
+    const int i = e / kKt, col = e % kKt;
+    const bool ok = i < valid && col < p.K;
+    sm.k[e] = E(ok ? load<X>(p.k, p.sk, s.b, hk, c0 + i, col) : 0.0f);
+    sm.q[e] = E(ok ? load<X>(p.q, p.sq, s.b, hk, c0 + i, col) : 0.0f);
+  }
+  if (tid < kC) {
+    sm.beta[tid] = tid < valid ? load<X>(p.beta, p.sbeta, s.b, h, c0 + tid) : 0.0f;
+    sm.g[tid] = tid < valid ? p.g[s.b * p.sg.b + h * p.sg.h + (c0 + tid) * p.sg.t] : 0.0f;
+  }
+  __syncthreads();
+  if (tid == 0) {  // cumulative sum of 64 values: cheaper sequentially than a barrier-laden scan
+    float cum = 0.0f;
+    for (int i = 0; i < kC; ++i) sm.g[i] = cum += sm.g[i];
+  }
+  __syncthreads();
+  if (tid < kC) out.g[tid] = sm.g[tid];
+
+  // 2. L = strict_lower(beta_i e^(G_i - G_j) k_i.k_j) to shared memory, P to the workspace.
+  {
+    auto coord_cc = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kC>>{}));
+    auto acc = partition_fragment_C(mma, Shape<Int<kC>, Int<kC>>{});
+    clear(acc);
+    mma_from_smem(mma, rows_view<kC, kKt>(sm.k), rows_view<kC, kKt>(sm.k), acc);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) {
+      const int r = get<0>(coord_cc(i)), c = get<1>(coord_cc(i));
+      sm.l[r * kC + c] = c < r ? sm.beta[r] * expf(sm.g[r] - sm.g[c]) * acc(i) : 0.0f;
+    }
+    clear(acc);
+    mma_from_smem(mma, rows_view<kC, kKt>(sm.q), rows_view<kC, kKt>(sm.k), acc);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) {
+      const int r = get<0>(coord_cc(i)), c = get<1>(coord_cc(i));
+      out.p[r * kC + c] = E(c <= r ? p.scale * expf(sm.g[r] - sm.g[c]) * acc(i) : 0.0f);
+    }
+  }
+  __syncthreads();
+
+  // 3. T = (I + L)^-1 in 16 x 16 blocks (the dependency chain is 16 long, not 64): the diagonal
+  //    blocks by forward substitution, one column per thread, then the blocks at distance
+  //    d = 1, 2, 3 below the diagonal: T_ab = -T_aa sum_{b <= m < a} L_am T_mb, which reads
+  //    only blocks nearer the diagonal. Blocks above the diagonal are zero.
+  if (tid < kC) {
+    const int base = (tid / kB) * kB, jj = tid % kB;
+    for (int i = 0; i < kB; ++i) {
+      float acc = i == jj ? 1.0f : 0.0f;
+      for (int m = jj; m < i; ++m) acc -= sm.l[(base + i) * kC + base + m] * sm.t[(base + m) * kC + base + jj];
+      sm.t[(base + i) * kC + base + jj] = i >= jj ? acc : 0.0f;
+    }
+  }
+  for (int e = tid; e < kC * kC; e += kThreads)
+    if ((e % kC) / kB > (e / kC) / kB) sm.t[e] = 0.0f;
+  __syncthreads();
+  for (int d = 1; d < kNB; ++d) {
+    const int count = (kNB - d) * kB * kB;  // the blocks (a, b = a - d)
+    for (int e = tid; e < count; e += kThreads) {
+      const int b = e / (kB * kB), r = (e / kB) % kB, c = e % kB, a = b + d;
+      float acc = 0.0f;
+      for (int m = b * kB; m < a * kB; ++m) acc += sm.l[(a * kB + r) * kC + m] * sm.t[m * kC + b * kB + c];
+      sm.y[e] = acc;
+    }
+    __syncthreads();
+    for (int e = tid; e < count; e += kThreads) {
+      const int b = e / (kB * kB), r = (e / kB) % kB, c = e % kB, a = b + d;
+      float acc = 0.0f;
+      for (int m = 0; m < kB; ++m) acc -= sm.t[(a * kB + r) * kC + a * kB + m] * sm.y[b * kB * kB + m * kB + c];
+      sm.t[(a * kB + r) * kC + b * kB + c] = acc;
+    }
+    __syncthreads();
+  }
+  // Operands of W and U': T and diag(beta e^G) K (into l's space).
+  E* kx = reinterpret_cast<E*>(sm.l);
+  for (int e = tid; e < kC * kC; e += kThreads) sm.tb[e] = E(sm.t[e]);
+  for (int e = tid; e < kC * kKt; e += kThreads) {
+    const int i = e / kKt;
+    kx[e] = E(sm.beta[i] * expf(sm.g[i]) * float(sm.k[e]));
+  }
+  __syncthreads();
+
+  // 4. -W = -T (diag(beta e^G) K) to the workspace.
+  {
+    auto coord_ck = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kKt>>{}));
+    auto acc_w = partition_fragment_C(mma, Shape<Int<kC>, Int<kKt>>{});
+    clear(acc_w);
+    mma_from_smem(mma, rows_view<kC, kC>(sm.tb), cols_view<kKt, kC>(kx), acc_w);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_w); ++i) out.w[get<0>(coord_ck(i)) * kKt + get<1>(coord_ck(i))] = E(-acc_w(i));
+  }
+
+  // 5. U' = T (diag(beta) V), one value tile at a time, to the workspace.
+  auto coord_cv = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kBV>>{}));
+  for (i64 vt = 0; vt < vtiles; ++vt) {
+    const i64 v0 = vt * kBV;
+    for (int e = tid; e < kC * kBV; e += kThreads) {
+      const int i = e / kBV, col = e % kBV;
+      const bool ok = i < valid && v0 + col < p.V;
+      sm.v[e] = E(ok ? sm.beta[i] * load<X>(p.v, p.sv, s.b, h, c0 + i, v0 + col) : 0.0f);
+    }
+    __syncthreads();
+    auto acc_u = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
+    clear(acc_u);
+    mma_from_smem(mma, rows_view<kC, kC>(sm.tb), cols_view<kBV, kC>(sm.v), acc_u);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_u); ++i)
+      out.u[get<0>(coord_cv(i)) * ws.vp + v0 + get<1>(coord_cv(i))] = E(acc_u(i));
+    __syncthreads();  // sm.v is restaged for the next tile
+  }
+}
+
+// Stage 2: one CTA per (sequence, value head, 32 value columns), the chunks in order.
+template <class E>
+__global__ void __launch_bounds__(kThreads) chunk_state_kernel(Params p, ChunkWorkspace ws, i64 vtiles) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<StateSmem<E>*>(smem_raw);
+  auto mma = make_chunk_mma<E>();
+  auto thr = mma.get_thread_slice(threadIdx.x);
+  const int tid = threadIdx.x;
+  using X = StorageOf<E>;
+
+  i64 id = blockIdx.x;
+  const i64 vt = id % vtiles;
+  id /= vtiles;
+  const i64 h = id % p.Hv, n = id / p.Hv, hk = h / p.group;
+  const i64 v0 = vt * kBV;
+  const Sequence s = sequence(p, n);
+  const i64 slot0 = first_slot(p, ws, n, s);
+
+  // The state tile [Kt][BV] in float32 accumulator registers.
+  auto acc_s = partition_fragment_C(mma, Shape<Int<kKt>, Int<kBV>>{});
+  auto coord_s = thr.partition_C(make_identity_tensor(Shape<Int<kKt>, Int<kBV>>{}));
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) {
+    const i64 row = get<0>(coord_s(i)), col = v0 + get<1>(coord_s(i));
+    acc_s(i) = (p.initial && row < p.K && col < p.V)
+                   ? p.initial[n * p.sinit.n + h * p.sinit.h + row * p.sinit.k + col] : 0.0f;
+  }
+  auto coord_cv = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kBV>>{}));
+
+  for (i64 c0 = s.bos, slot = slot0; c0 < s.eos; c0 += kC, ++slot) {
+    const int valid = int(min(i64(kC), s.eos - c0));
+    const ChunkSlot<E> in = chunk_slot<E>(ws, slot, h, p.Hv);
+
+    // 1. Stage K, Q, -W, P, G and the operand copy of S0; U' straight into the accumulators.
+    for (int e = tid; e < kC * kKt; e += kThreads) {
+      const int i = e / kKt, col = e % kKt;
+      const bool ok = i < valid && col < p.K;
+      sm.k[e] = E(ok ? load<X>(p.k, p.sk, s.b, hk, c0 + i, col) : 0.0f);
+      sm.q[e] = E(ok ? load<X>(p.q, p.sq, s.b, hk, c0 + i, col) : 0.0f);
+      sm.w[e] = in.w[e];
+    }
+    for (int e = tid; e < kC * kC; e += kThreads) sm.p[e] = in.p[e];
+    if (tid < kC) sm.g[tid] = in.g[tid];
+    auto acc_u = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_u); ++i) acc_u(i) = float(in.u[get<0>(coord_cv(i)) * ws.vp + v0 + get<1>(coord_cv(i))]);
+    auto s_view = thr.partition_C(rows_view<kKt, kBV>(sm.s));
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) s_view(i) = E(acc_s(i));
+    __syncthreads();
+
+    // 2. U = U' - W S0; keep U and e^(G_last - G_j) U_j as operands.
+    mma_from_smem(mma, rows_view<kC, kKt>(sm.w), cols_view<kBV, kKt>(sm.s), acc_u);
+    const float g_last = sm.g[kC - 1];
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_u); ++i) {
+      const int r = get<0>(coord_cv(i)), c = get<1>(coord_cv(i));
+      sm.u[r * kBV + c] = E(acc_u(i));
+      sm.ud[r * kBV + c] = E(expf(g_last - sm.g[r]) * acc_u(i));
+    }
+    __syncthreads();
+
+    // 3. O = scale e^G (Q S0) + P U, stored for the valid rows and columns.
+    {
+      auto acc_o = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
+      clear(acc_o);
+      mma_from_smem(mma, rows_view<kC, kKt>(sm.q), cols_view<kBV, kKt>(sm.s), acc_o);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= p.scale * expf(sm.g[get<0>(coord_cv(i))]);
+      mma_from_smem(mma, rows_view<kC, kC>(sm.p), cols_view<kBV, kC>(sm.u), acc_o);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_o); ++i) {
+        const int r = get<0>(coord_cv(i));
+        const i64 col = v0 + get<1>(coord_cv(i));
+        if (r < valid && col < p.V)
+          static_cast<E*>(p.out)[s.b * p.sout.b + h * p.sout.h + (c0 + r) * p.sout.t + col] = E(acc_o(i));
+      }
+    }
+
+    // 4. S = e^(G_last) S0 + K^T (e^(G_last - G) U), accumulated in float32 registers.
+    const float chunk_decay = expf(g_last);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= chunk_decay;
+    mma_from_smem(mma, cols_view<kKt, kC>(sm.k), cols_view<kBV, kC>(sm.ud), acc_s);
+    __syncthreads();  // the next chunk overwrites every shared array
+  }
+
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) {
+    const i64 row = get<0>(coord_s(i)), col = v0 + get<1>(coord_s(i));
+    if (row < p.K && col < p.V) p.final_state[n * p.sfinal.n + h * p.sfinal.h + row * p.sfinal.k + col] = acc_s(i);
+  }
+}
+
+}  // namespace
+
+ChunkLayout chunked_forward_layout(const Problem& p) {
+  ChunkLayout l{};
+  l.vtiles = (p.V + kBV - 1) / kBV;
+  l.vp = l.vtiles * kBV;
+  l.chunks_per_batch = (p.T + kC - 1) / kC;
+  l.slots = p.varlen ? p.T / kC + p.N : p.N * l.chunks_per_batch;
+  const i64 units = l.slots * p.Hv;
+  auto aligned = [](i64 bytes) { return (bytes + 255) / 256 * 256; };
+  l.g_bytes = aligned(units * kC * 4);
+  l.p_bytes = aligned(units * kC * kC * 2);
+  l.w_bytes = aligned(units * kC * kKt * 2);
+  l.u_bytes = aligned(units * kC * l.vp * 2);
+  return l;
+}
+
+bool chunked_forward_supported(const Problem& p, int max_smem) {
+  const std::size_t smem = std::max(sizeof(PrepSmem<cute::half_t>), sizeof(StateSmem<cute::half_t>));
+  return p.chunk_size == kC && p.K <= kKt && (p.dtype == DType::f16 || p.dtype == DType::bf16) &&
+         std::size_t(max_smem) >= smem;
+}
+
+void chunked_forward(const Params& params, const Problem& problem, void* workspace, DType dtype, cudaStream_t stream) {
+  const ChunkLayout l = chunked_forward_layout(problem);
+  ChunkWorkspace ws;
+  char* at = static_cast<char*>(workspace);
+  ws.g = reinterpret_cast<float*>(at);
+  ws.p = at += l.g_bytes;
+  ws.w = at += l.p_bytes;
+  ws.u = at + l.w_bytes;
+  ws.vp = l.vp;
+  ws.chunks_per_batch = l.chunks_per_batch;
+  const i64 prep_blocks = l.slots * params.Hv, state_blocks = params.N * params.Hv * l.vtiles;
+  auto run = [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    if (prep_blocks > 0) {
+      const int smem = int(sizeof(PrepSmem<E>));
+      RUDNN_CUDA_CHECK(cudaFuncSetAttribute(chunk_prep_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      chunk_prep_kernel<E><<<unsigned(prep_blocks), kThreads, smem, stream>>>(params, ws, l.vtiles);
+      RUDNN_CUDA_CHECK_LAUNCH(chunk_prep_kernel);
+    }
+    if (state_blocks > 0) {
+      const int smem = int(sizeof(StateSmem<E>));
+      RUDNN_CUDA_CHECK(cudaFuncSetAttribute(chunk_state_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      chunk_state_kernel<E><<<unsigned(state_blocks), kThreads, smem, stream>>>(params, ws, l.vtiles);
+      RUDNN_CUDA_CHECK_LAUNCH(chunk_state_kernel);
+    }
+  };
+  if (dtype == DType::bf16)
+    run(core::Tag<cute::bfloat16_t>{});
+  else
+    run(core::Tag<cute::half_t>{});
+}
+
+}  // namespace rudnn::gated_delta::cuda

@@ -1,0 +1,128 @@
+// Host side of the gated delta CUDA backend: kernel parameters from the validated problem,
+// workspace carving, and the choice of kernel.
+#include <climits>
+#include <string>
+
+#include "core/check.hpp"
+#include "core/device.hpp"
+#include "gated_delta/cuda_common.cuh"
+
+namespace rudnn::gated_delta {
+
+namespace cuda {
+
+Params make_params(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                   const Tensor& g, const Tensor* initial, const Tensor* cu_seqlens) {
+  Params a;
+  a.q = q.data;
+  a.k = k.data;
+  a.v = v.data;
+  a.beta = beta.data;
+  a.g = g.ptr<float>();
+  a.initial = initial ? initial->ptr<float>() : nullptr;
+  if (cu_seqlens) {
+    a.cu_seqlens = cu_seqlens->data;
+    a.cu_int64 = cu_seqlens->dtype == DType::i64;
+    a.cu_stride = cu_seqlens->strides[0];
+  }
+  a.B = p.B, a.T = p.T, a.Hk = p.Hk, a.Hv = p.Hv, a.K = p.K, a.V = p.V, a.N = p.N, a.group = p.group;
+  a.scale = p.scale;
+  a.sq = p.q, a.sk = p.k, a.sv = p.v, a.sbeta = p.beta, a.sg = p.g;
+  a.sinit = p.initial;
+  return a;
+}
+
+namespace {
+
+void check_grid(const Problem& p, const char* op) {
+  const i64 blocks = p.N * p.Hv * value_tiles(p.V);
+  if (blocks > INT_MAX)
+    core::fail(ErrorKind::unsupported, std::string(op) + ": " + std::to_string(blocks) +
+                                           " thread blocks (N * Hv * ceil(V / 32)) exceed the CUDA grid limit");
+}
+
+// 256-byte aligned float regions of the backward workspace.
+i64 aligned(i64 floats) { return (floats + 63) / 64 * 64; }
+
+}  // namespace
+
+}  // namespace cuda
+
+namespace {
+
+// Whether the forward runs the chunked kernel (after the strategy check).
+bool use_chunked(const GatedDeltaForwardArgs& a, const Problem& p) {
+  const int max_smem = core::device_props(a.q.device.index).max_smem_per_block_optin;
+  const bool chunked_fits = cuda::chunked_forward_supported(p, max_smem);
+  if (p.kernel == GatedDeltaKernel::chunked && !chunked_fits)
+    core::fail(ErrorKind::unsupported,
+               "chunk_gated_delta_rule: the CUDA chunked kernel needs chunk_size 64, K <= 128 and float16 or "
+               "bfloat16 inputs, got chunk_size " + std::to_string(p.chunk_size) + ", K " + std::to_string(p.K) +
+                   ", " + dtype_name(p.dtype));
+  return a.algo == GatedDeltaAlgo::chunked && p.kernel != GatedDeltaKernel::recurrent && chunked_fits;
+}
+
+}  // namespace
+
+std::size_t forward_workspace_bytes_cuda(const GatedDeltaForwardArgs& a, const Problem& p) {
+  if (!use_chunked(a, p)) return 0;
+  const cuda::ChunkLayout l = cuda::chunked_forward_layout(p);
+  return std::size_t(l.g_bytes + l.p_bytes + l.w_bytes + l.u_bytes);
+}
+
+void forward_cuda(const GatedDeltaForwardArgs& a, const Problem& p, Stream stream) {
+  cuda::check_grid(p, "gated_delta_forward");
+  cuda::Params params = cuda::make_params(p, a.q, a.k, a.v, a.beta, a.log_decay, a.initial_state, a.cu_seqlens);
+  params.out = a.out.data;
+  params.sout = p.out;
+  params.final_state = a.final_state.ptr<float>();
+  params.sfinal = p.final_state;
+  // Chunked prefill on tensor cores where the chunked kernel covers the case; otherwise (decode,
+  // float32, other chunk sizes, K > 128) the recurrent kernel, which computes the same function.
+  if (use_chunked(a, p))
+    cuda::chunked_forward(params, p, a.workspace ? a.workspace->data : nullptr, p.dtype,
+                          static_cast<cudaStream_t>(stream));
+  else
+    cuda::recurrent_forward(params, p.dtype, static_cast<cudaStream_t>(stream));
+}
+
+std::size_t backward_workspace_bytes_cuda(const Problem& p) {
+  const cuda::BackwardLayout l = cuda::backward_layout(p);
+  const cuda::i64 floats = cuda::aligned(l.checkpoints) + cuda::aligned(l.chunk_states) + cuda::aligned(l.dq_part) +
+                           cuda::aligned(l.dk_part) + cuda::aligned(l.dbeta_part) + cuda::aligned(l.dg_part);
+  return std::size_t(floats) * sizeof(float);
+}
+
+void backward_cuda(const GatedDeltaBackwardArgs& a, const Problem& p, Stream stream) {
+  cuda::check_grid(p, "gated_delta_backward");
+  cuda::Params params = cuda::make_params(p, a.q, a.k, a.v, a.beta, a.log_decay, a.initial_state, a.cu_seqlens);
+  params.dout = a.dout.data;
+  params.sdout = p.dout;
+  params.dfinal = a.dfinal_state ? a.dfinal_state->ptr<float>() : nullptr;
+  params.sdfinal = p.dfinal;
+  params.out = a.dv.data;  // the backward kernel writes dv where the forward writes out
+  params.sout = p.dv;
+  params.final_state = a.dinitial_state ? a.dinitial_state->ptr<float>() : nullptr;
+  params.sfinal = p.dinitial;
+
+  const cuda::BackwardLayout l = cuda::backward_layout(p);
+  cuda::BackwardWorkspace ws;
+  float* at = a.workspace ? a.workspace->ptr<float>() : nullptr;
+  auto take = [&](cuda::i64 floats) {
+    float* region = at;
+    at += cuda::aligned(floats);
+    return region;
+  };
+  ws.checkpoints = take(l.checkpoints);
+  ws.chunk_states = take(l.chunk_states);
+  ws.dq_part = take(l.dq_part);
+  ws.dk_part = take(l.dk_part);
+  ws.dbeta_part = take(l.dbeta_part);
+  ws.dg_part = take(l.dg_part);
+  ws.slots = l.slots;
+  ws.chunks_per_batch = l.chunks_per_batch;
+  cuda::recurrent_backward(params, ws, p.dtype, a.dq.data, p.dq, a.dk.data, p.dk, a.dbeta.data, p.dbeta,
+                           a.dlog_decay.ptr<float>(), p.dg, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace rudnn::gated_delta

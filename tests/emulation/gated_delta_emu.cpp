@@ -1,0 +1,224 @@
+// Host emulator of the gated delta CUDA kernels (tests/test_gated_delta_emulation.py builds it).
+//
+// The kernels' own source text (the anonymous namespaces of cpp/src/gated_delta/*.cu, extracted
+// by the test into kernels.inc) runs on the CPU: every CUDA thread of a block is a std::thread,
+// __syncthreads is a block-wide std::barrier, __shfl_xor_sync a warp-wide exchange, __shared__
+// variables are shared by the block's threads (blocks run one after another). The chunked
+// kernel's SM80 MMA atom is replaced by a scalar FMA atom tiled over the same 128 threads (the
+// test's only source edit besides the shared-memory pointer), so its partitioning, staging,
+// barriers, triangular solve and epilogues are the real code.
+//
+//   gated_delta_emu <recurrent_forward|chunked_forward|recurrent_backward> <dir>
+// reads <dir>/meta.txt ("B T Hk Hv K V N has_initial has_cu has_dfinal bf16 scale") and raw
+// little-endian arrays (q k v beta: float32 or bfloat16 bits; g, initial, dfinal: float32;
+// cu: int32), all dense [B, H, T, X] / [N, Hv, K, V]; writes out/final (forward) or
+// dq dk dv dbeta dg dinit (backward) in the same formats.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cute/atom/mma_atom.hpp>
+#include <cute/tensor.hpp>
+
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct EmuDim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+thread_local EmuDim3 threadIdx, blockIdx, blockDim, gridDim;
+thread_local int emu_lane = 0, emu_warp = 0;
+unsigned char* emu_smem = nullptr;  // dynamic shared memory of the running block
+std::barrier<>* emu_block_barrier = nullptr;
+
+struct EmuWarp {
+  std::unique_ptr<std::barrier<>> barrier;
+  float value[32];
+};
+std::vector<EmuWarp>* emu_warps = nullptr;
+
+inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  EmuWarp& w = (*emu_warps)[emu_warp];
+  w.value[emu_lane] = v;
+  w.barrier->arrive_and_wait();
+  const float r = w.value[emu_lane ^ lane_mask];
+  w.barrier->arrive_and_wait();
+  return r;
+}
+
+#include "core/dispatch.hpp"
+#include "gated_delta/problem.hpp"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(n)
+
+namespace rudnn::gated_delta::cuda {
+using i64 = std::int64_t;
+inline i64 min(i64 a, i64 b) { return a < b ? a : b; }
+inline i64 max(i64 a, i64 b) { return a > b ? a : b; }
+}  // namespace rudnn::gated_delta::cuda
+
+// cuda_common.cuh without its CUDA headers (already included above, before the macros).
+#include "gated_delta/cuda_common.cuh"
+
+// namespace rudnn::gated_delta::cuda { namespace emu_rf {...} namespace emu_rb {...} namespace emu_ch {...} }
+#include "kernels.inc"
+
+using namespace rudnn;
+using namespace rudnn::gated_delta;
+using namespace rudnn::gated_delta::cuda;
+
+namespace {
+
+template <class T>
+std::vector<T> read(const std::string& path, std::size_t n) {
+  std::vector<T> v(n);
+  std::ifstream f(path, std::ios::binary);
+  if (n && !f.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * sizeof(T)))) {
+    std::fprintf(stderr, "cannot read %s\n", path.c_str());
+    std::exit(2);
+  }
+  return v;
+}
+
+template <class T>
+void write(const std::string& path, const std::vector<T>& v) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(T)));
+}
+
+// Runs kernel(block) for every block of the grid with blockDim (bx, by) threads.
+template <class Kernel>
+void launch(i64 blocks, unsigned bx, unsigned by, std::size_t dyn_smem, Kernel kernel) {
+  const unsigned threads = bx * by;
+  std::vector<unsigned char> smem(dyn_smem + 128);
+  for (i64 b = 0; b < blocks; ++b) {
+    std::fill(smem.begin(), smem.end(), 0xff);  // poison: NaN bit patterns
+    emu_smem = smem.data();
+    std::barrier<> block_barrier(threads);
+    emu_block_barrier = &block_barrier;
+    std::vector<EmuWarp> warps((threads + 31) / 32);
+    for (auto& w : warps) w.barrier = std::make_unique<std::barrier<>>(32);
+    emu_warps = &warps;
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        threadIdx = {t % bx, t / bx, 0};
+        blockIdx = {unsigned(b), 0, 0};
+        blockDim = {bx, by, 1};
+        gridDim = {unsigned(blocks), 1, 1};
+        emu_lane = int(t % 32);
+        emu_warp = int(t / 32);
+        kernel();
+      });
+    for (auto& th : pool) th.join();
+  }
+}
+
+SeqStrides dense(i64 H, i64 T, i64 X) { return {H * T * X, T * X, X}; }
+StateStrides dense_state(i64 H, i64 K, i64 V) { return {H * K * V, K * V, V}; }
+
+template <class T, class Bits>
+int run(const std::string& which, const std::string& dir, Problem pr, bool has_init, bool has_cu, bool has_dfinal) {
+  const i64 B = pr.B, T_ = pr.T, Hk = pr.Hk, Hv = pr.Hv, K = pr.K, V = pr.V, N = pr.N;
+  auto q = read<Bits>(dir + "/q.bin", B * Hk * T_ * K), k = read<Bits>(dir + "/k.bin", B * Hk * T_ * K);
+  auto v = read<Bits>(dir + "/v.bin", B * Hv * T_ * V), beta = read<Bits>(dir + "/beta.bin", B * Hv * T_);
+  auto g = read<float>(dir + "/g.bin", B * Hv * T_);
+  auto init = has_init ? read<float>(dir + "/init.bin", N * Hv * K * V) : std::vector<float>();
+  auto cu = has_cu ? read<std::int32_t>(dir + "/cu.bin", N + 1) : std::vector<std::int32_t>();
+  Params p;
+  p.q = q.data(), p.k = k.data(), p.v = v.data(), p.beta = beta.data(), p.g = g.data();
+  p.initial = has_init ? init.data() : nullptr;
+  p.cu_seqlens = has_cu ? cu.data() : nullptr;
+  p.B = B, p.T = T_, p.Hk = Hk, p.Hv = Hv, p.K = K, p.V = V, p.N = N, p.group = Hv / Hk, p.scale = pr.scale;
+  p.sq = p.sk = dense(Hk, T_, K), p.sv = p.sout = p.sdout = dense(Hv, T_, V), p.sbeta = p.sg = dense(Hv, T_, 1);
+  p.sinit = p.sfinal = p.sdfinal = dense_state(Hv, K, V);
+  pr.varlen = has_cu;
+
+  if (which == "recurrent_forward" || which == "chunked_forward") {
+    std::vector<Bits> out(B * Hv * T_ * V);
+    std::vector<float> fin(N * Hv * K * V, NAN);
+    p.out = out.data(), p.final_state = fin.data();
+    if (which == "recurrent_forward") {
+      const i64 vtiles = value_tiles(V);
+      launch(N * Hv * vtiles, kColsPerBlock, unsigned(row_groups(K)), 0,
+             [&] { emu_rf::recurrent_forward_kernel<T>(p, vtiles); });
+    } else {
+      if constexpr (!std::is_same_v<T, float>) {
+        using E = std::conditional_t<std::is_same_v<T, __half>, cute::half_t, cute::bfloat16_t>;
+        const ChunkLayout l = emu_ch::chunked_forward_layout(pr);
+        std::vector<unsigned char> buffer(std::size_t(l.g_bytes + l.p_bytes + l.w_bytes + l.u_bytes), 0xff);
+        ChunkWorkspace ws;
+        unsigned char* at = buffer.data();
+        ws.g = reinterpret_cast<float*>(at);
+        ws.p = at += l.g_bytes;
+        ws.w = at += l.p_bytes;
+        ws.u = at + l.w_bytes;
+        ws.vp = l.vp;
+        ws.chunks_per_batch = l.chunks_per_batch;
+        launch(l.slots * Hv, emu_ch::kThreads, 1, sizeof(emu_ch::PrepSmem<E>),
+               [&] { emu_ch::chunk_prep_kernel<E>(p, ws, l.vtiles); });
+        launch(N * Hv * l.vtiles, emu_ch::kThreads, 1, sizeof(emu_ch::StateSmem<E>),
+               [&] { emu_ch::chunk_state_kernel<E>(p, ws, l.vtiles); });
+      }
+    }
+    write(dir + "/out.bin", out);
+    write(dir + "/final.bin", fin);
+    return 0;
+  }
+  // recurrent_backward
+  auto dout = read<Bits>(dir + "/dout.bin", B * Hv * T_ * V);
+  auto dfinal = has_dfinal ? read<float>(dir + "/dfinal.bin", N * Hv * K * V) : std::vector<float>();
+  std::vector<Bits> dq(B * Hk * T_ * K), dk(B * Hk * T_ * K), dv(B * Hv * T_ * V), dbeta(B * Hv * T_);
+  std::vector<float> dg(B * Hv * T_), dinit(N * Hv * K * V, NAN);
+  p.dout = dout.data(), p.dfinal = has_dfinal ? dfinal.data() : nullptr;
+  p.out = dv.data(), p.final_state = dinit.data();
+  const BackwardLayout l = emu_rb::backward_layout(pr);
+  std::vector<float> ck(l.checkpoints), st(l.chunk_states), dqp(l.dq_part), dkp(l.dk_part), dbp(l.dbeta_part),
+      dgp(l.dg_part);
+  BackwardWorkspace ws{ck.data(), st.data(), dqp.data(), dkp.data(), dbp.data(), dgp.data(), l.slots,
+                       l.chunks_per_batch};
+  const i64 vtiles = value_tiles(V);
+  launch(N * Hv * vtiles, kColsPerBlock, unsigned(row_groups(K)), 0,
+         [&] { emu_rb::recurrent_backward_kernel<T>(p, ws, vtiles); });
+  launch(4, 256, 1, 0, [&] {
+    emu_rb::reduce_partials_kernel<T>(p, ws, vtiles, reinterpret_cast<T*>(dq.data()), dense(Hk, T_, K),
+                              reinterpret_cast<T*>(dk.data()), dense(Hk, T_, K), reinterpret_cast<T*>(dbeta.data()),
+                              dense(Hv, T_, 1), dg.data(), dense(Hv, T_, 1));
+  });
+  write(dir + "/dq.bin", dq);
+  write(dir + "/dk.bin", dk);
+  write(dir + "/dv.bin", dv);
+  write(dir + "/dbeta.bin", dbeta);
+  write(dir + "/dg.bin", dg);
+  write(dir + "/dinit.bin", dinit);
+  return 0;
+}
+
+}  // namespace
+
+// backward_layout is host code of recurrent_backward.cu, extracted with the kernels.
+int main(int argc, char** argv) {
+  if (argc != 3) return 2;
+  std::ifstream meta(std::string(argv[2]) + "/meta.txt");
+  Problem pr;
+  int has_init = 0, has_cu = 0, has_dfinal = 0, bf16 = 0;
+  meta >> pr.B >> pr.T >> pr.Hk >> pr.Hv >> pr.K >> pr.V >> pr.N >> has_init >> has_cu >> has_dfinal >> bf16 >>
+      pr.scale;
+  if (!meta) return 2;
+  if (bf16) return run<__nv_bfloat16, std::uint16_t>(argv[1], argv[2], pr, has_init, has_cu, has_dfinal);
+  return run<float, float>(argv[1], argv[2], pr, has_init, has_cu, has_dfinal);
+}

@@ -1,0 +1,171 @@
+"""The gated delta CUDA kernels' own source, run on the CPU by a host emulator
+(tests/emulation/gated_delta_emu.cpp: std::threads for CUDA threads, barriers for
+__syncthreads and warp shuffles, a scalar FMA atom in place of the SM80 MMA atom), against the
+float64 reference and torch autograd through it. It checks the kernels' indexing, staging,
+barriers, padding, varlen handling, triangular solve and reductions without a GPU; the MMA
+instructions themselves and timing are left to the GPU run. Skipped when g++ (C++20), the CUDA
+toolkit's headers or CUTLASS's headers are missing."""
+
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from test_gated_delta import make_inputs, oracle_grads
+from reference import gated_delta as ref
+from util import assert_close_to_oracle
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SRC = os.path.join(ROOT, "cpp", "src", "gated_delta")
+
+
+def _cuda_include():
+    for root in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+        inc = os.path.join(root, "include") if root else ""
+        if inc and os.path.exists(os.path.join(inc, "cuda_fp16.h")):
+            return inc
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        inc = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include")
+        if os.path.exists(os.path.join(inc, "cuda_fp16.h")):
+            return inc
+    return None
+
+
+def _cutlass_include():
+    try:
+        import cutlass_library
+    except ImportError:
+        return None
+    inc = os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include")
+    return inc if os.path.exists(os.path.join(inc, "cute", "tensor.hpp")) else None
+
+
+def _namespace_block(src, name):
+    """The anonymous namespace of a .cu file (its kernels), renamed `name`."""
+    start = src.index("namespace {\n")
+    end = src.index("}  // namespace\n", start)
+    return f"namespace {name} {{\n" + src[start + len("namespace {\n"):end] + "}\n"
+
+
+def _kernels_source():
+    read = lambda f: open(os.path.join(SRC, f)).read()
+    fwd = _namespace_block(read("recurrent_forward.cu"), "emu_rf")
+    bwd_src = read("recurrent_backward.cu")
+    bwd = _namespace_block(bwd_src, "emu_rb")
+    layout = re.search(r"BackwardLayout backward_layout\(const Problem& p\) \{.*?\n\}\n", bwd_src, re.S).group(0)
+    bwd = bwd[:-2] + layout + "}\n"
+    chunk_src = read("chunked_forward.cu")
+    chunk = _namespace_block(chunk_src, "emu_ch")
+    layout = re.search(r"ChunkLayout chunked_forward_layout\(const Problem& p\) \{.*?\n\}\n", chunk_src, re.S).group(0)
+    chunk = chunk[:-2] + layout + "}\n"
+    edits = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "unsigned char* smem_raw = emu_smem;"),
+             ("return make_tiled_mma(typename MmaAtomFor<E>::type{}, Layout<Shape<_2, _2, _1>>{});",
+              "return make_tiled_mma(UniversalFMA<float, float, float, float>{}, Layout<Shape<_16, _8, _1>>{});")]
+    for old, new in edits:
+        assert old in chunk, f"emulation edit no longer applies: {old}"
+        chunk = chunk.replace(old, new)
+    return "namespace rudnn::gated_delta::cuda {\n" + fwd + bwd + chunk + "}\n"
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    cxx, cuda_inc, cutlass_inc = shutil.which("g++"), _cuda_include(), _cutlass_include()
+    if not (cxx and cuda_inc and cutlass_inc):
+        pytest.skip("needs g++, the CUDA toolkit headers and CUTLASS headers")
+    build = tmp_path_factory.mktemp("gd_emu")
+    (build / "kernels.inc").write_text(_kernels_source())
+    exe = build / "gated_delta_emu"
+    cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-w", f"-I{build}", f"-I{os.path.join(ROOT, 'cpp', 'src')}",
+           f"-I{os.path.join(ROOT, 'cpp', 'include')}", f"-I{cuda_inc}", f"-I{os.path.join(cuda_inc, 'cccl')}",
+           f"-I{cutlass_inc}", os.path.join(ROOT, "tests", "emulation", "gated_delta_emu.cpp"),
+           os.path.join(ROOT, "cpp", "src", "core", "tensor.cpp"), "-o", str(exe)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return exe
+
+
+def _bits(t):
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+    return t.contiguous().float().numpy()
+
+
+def _from_bits(path, shape, dtype):
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(np.fromfile(path, np.uint16).astype(np.int16)).view(torch.bfloat16).reshape(shape)
+    return torch.from_numpy(np.fromfile(path, np.float32)).reshape(shape)
+
+
+def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=None, dfinal=None):
+    B, Hk, T, K = q.shape
+    Hv, V = v.shape[1], v.shape[3]
+    N = B if cu is None else len(cu) - 1
+    bf16 = q.dtype == torch.bfloat16
+    meta = [B, T, Hk, Hv, K, V, N, int(state is not None), int(cu is not None), int(dfinal is not None), int(bf16)]
+    (tmp_path / "meta.txt").write_text(" ".join(map(str, meta)) + f" {scale!r}\n")
+    for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta), ("dout", dout)):
+        if t is not None:
+            _bits(t).tofile(tmp_path / f"{name}.bin")
+    for name, t in (("g", g), ("init", state), ("dfinal", dfinal)):
+        if t is not None:
+            t.contiguous().float().numpy().tofile(tmp_path / f"{name}.bin")
+    if cu is not None:
+        np.asarray(cu, np.int32).tofile(tmp_path / "cu.bin")
+    result = subprocess.run([str(exe), kernel, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    f = lambda name, shape, dtype: _from_bits(tmp_path / f"{name}.bin", shape, dtype)
+    if kernel != "recurrent_backward":
+        return f("out", (B, Hv, T, V), q.dtype), f("final", (N, Hv, K, V), torch.float32)
+    grads = [f("dq", q.shape, q.dtype), f("dk", k.shape, q.dtype), f("dv", v.shape, q.dtype),
+             f("dbeta", beta.shape, q.dtype), f("dg", g.shape, torch.float32), f("dinit", (N, Hv, K, V), torch.float32)]
+    return grads
+
+
+# (B, Hk, Hv, T, K, V): K and V not multiples of the tiles, grouped heads, several chunks.
+CASES = [(1, 1, 1, 1, 8, 8), (2, 1, 2, 37, 40, 48), (1, 2, 4, 70, 32, 16)]
+LENGTHS = [5, 0, 1, 70, 17]
+
+
+@pytest.mark.parametrize("kernel, dtype", [("recurrent_forward", torch.float32),
+                                           ("recurrent_forward", torch.bfloat16),
+                                           ("chunked_forward", torch.bfloat16)])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_forward_kernels(emulator, tmp_path, kernel, dtype, varlen):
+    tensor_cores = kernel == "chunked_forward"
+    for n, case in enumerate(CASES[1:] if varlen else CASES):
+        cu = None
+        if varlen:
+            cu = [0] + np.cumsum(LENGTHS).tolist()
+            case = (1, case[1], case[2], cu[-1], case[4], case[5])
+        q, k, v, beta, g, state = make_inputs(*case, dtype, seed=101 + n, decay=[8.0, 0.0, -6.0][n % 3],
+                                              cu_seqlens=cu)
+        out, final = _run(emulator, tmp_path, kernel, q, k, v, beta, g, state, 0.3, cu)
+        o64, s64 = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, cu, torch.float64)
+        peer_dtype = dtype if tensor_cores else torch.float32
+        o_peer, s_peer = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, cu, peer_dtype)
+        assert_close_to_oracle(out, o_peer.to(dtype), o64, f"{kernel} out {case}")
+        assert_close_to_oracle(final, s_peer.float(), s64, f"{kernel} final_state {case}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_recurrent_backward_kernel(emulator, tmp_path, dtype, varlen):
+    case, cu = (2, 1, 2, 37, 40, 48), None
+    if varlen:
+        cu = [0] + np.cumsum(LENGTHS).tolist()
+        case = (1, 2, 4, cu[-1], 32, 16)
+    q, k, v, beta, g, state = make_inputs(*case, dtype, seed=7, cu_seqlens=cu)
+    gen = torch.Generator().manual_seed(8)
+    dout = torch.randn(v.shape, generator=gen).to(dtype)
+    dfinal = torch.randn(state.shape, generator=gen)
+    ours = _run(emulator, tmp_path, "recurrent_backward", q, k, v, beta, g, state, 0.3, cu, dout, dfinal)
+    g64 = oracle_grads(q, k, v, beta, g, state, dout, dfinal, 0.3, cu, torch.float64)
+    g32 = oracle_grads(q, k, v, beta, g, state, dout, dfinal, 0.3, cu, torch.float32)
+    for name, mine, o64, o32, x in zip(["dq", "dk", "dv", "dbeta", "dlog_decay", "dinitial_state"], ours, g64, g32,
+                                       (q, k, v, beta, g, state)):
+        assert_close_to_oracle(mine, o32.to(x.dtype), o64, name)
