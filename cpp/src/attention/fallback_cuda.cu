@@ -31,7 +31,7 @@ constexpr int kWarps = kThreads / 32;
 template <class T>
 __device__ __forceinline__ float dot(const float* a, const T* b, std::int64_t n) {
   float s = 0.0f;
-  for (std::int64_t d = 0; d < n; ++d) s = fmaf(a[d], to_f(b[d]), s);
+  for (std::int64_t d = 0; d < n; ++d) s = fmaf(a[d], to_float(b[d]), s);
   return s;
 }
 
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads)
   float* acc = q_s + p.d;     // [Dv] sum_j P_ij v_j
   float* prob = acc + p.dv;   // [kThreads] P of the current key chunk
   const T* q_row = q + p.q.at(b, h, q0 + i);
-  for (std::int64_t d = tid; d < p.d; d += kThreads) q_s[d] = to_f(q_row[d]);
+  for (std::int64_t d = tid; d < p.d; d += kThreads) q_s[d] = to_float(q_row[d]);
   for (std::int64_t d = tid; d < p.dv; d += kThreads) acc[d] = 0.0f;
   __syncthreads();
 
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads)
   block_merge(m, l);
   T* o = out + p.out.at(b, h, q0 + i);
   if (m == -INFINITY) {  // no visible key (uniform over the block): out 0, lse -inf
-    for (std::int64_t d = tid; d < p.dv; d += kThreads) o[d] = from_f<T>(0.0f);
+    for (std::int64_t d = tid; d < p.dv; d += kThreads) o[d] = from_float<T>(0.0f);
     if (lse && tid == 0) lse[p.lse.at(b, h, q0 + i)] = -INFINITY;
     return;
   }
@@ -117,12 +117,12 @@ __global__ void __launch_bounds__(kThreads)
     for (std::int64_t d = tid; d < p.dv; d += kThreads) {
       float a = acc[d];
       for (int u = 0; u < n; ++u)
-        if (prob[u] != 0.0f) a = fmaf(prob[u], to_f(v[p.v.at(b, hk, k0 + c + u) + d]), a);
+        if (prob[u] != 0.0f) a = fmaf(prob[u], to_float(v[p.v.at(b, hk, k0 + c + u) + d]), a);
       acc[d] = a;
     }
     __syncthreads();
   }
-  for (std::int64_t d = tid; d < p.dv; d += kThreads) o[d] = from_f<T>(acc[d]);
+  for (std::int64_t d = tid; d < p.dv; d += kThreads) o[d] = from_float<T>(acc[d]);
   if (lse && tid == 0) lse[p.lse.at(b, h, q0 + i)] = row_lse;
 }
 
@@ -155,17 +155,17 @@ __global__ void __launch_bounds__(kThreads)
   const T* do_row = dout + bp.dout.at(b, h, q0 + i);
   const T* o_row = out + p.out.at(b, h, q0 + i);
   float partial = 0.0f;
-  for (std::int64_t d = tid; d < p.d; d += kThreads) q_s[d] = to_f(q_row[d]), acc[d] = 0.0f;
+  for (std::int64_t d = tid; d < p.d; d += kThreads) q_s[d] = to_float(q_row[d]), acc[d] = 0.0f;
   for (std::int64_t d = tid; d < p.dv; d += kThreads) {
-    do_s[d] = to_f(do_row[d]);
-    partial = fmaf(do_s[d], to_f(o_row[d]), partial);
+    do_s[d] = to_float(do_row[d]);
+    partial = fmaf(do_s[d], to_float(o_row[d]), partial);
   }
   const float delta = block_sum(partial);  // also orders the shared-memory writes above
   if (tid == 0) delta_ws[delta_index(p, b, h, q0 + i)] = delta;
   const float row_lse = lse[p.lse.at(b, h, q0 + i)];
   T* dq_row = dq + bp.dq.at(b, h, q0 + i);
   if (row_lse == -INFINITY) {  // the row saw no key: no gradient
-    for (std::int64_t d = tid; d < p.d; d += kThreads) dq_row[d] = from_f<T>(0.0f);
+    for (std::int64_t d = tid; d < p.d; d += kThreads) dq_row[d] = from_float<T>(0.0f);
     return;
   }
 
@@ -184,12 +184,12 @@ __global__ void __launch_bounds__(kThreads)
     for (std::int64_t d = tid; d < p.d; d += kThreads) {
       float a = acc[d];
       for (int u = 0; u < n; ++u)
-        if (ds_s[u] != 0.0f) a = fmaf(ds_s[u], to_f(k[p.k.at(b, hk, k0 + c + u) + d]), a);
+        if (ds_s[u] != 0.0f) a = fmaf(ds_s[u], to_float(k[p.k.at(b, hk, k0 + c + u) + d]), a);
       acc[d] = a;
     }
     __syncthreads();
   }
-  for (std::int64_t d = tid; d < p.d; d += kThreads) dq_row[d] = from_f<T>(acc[d]);
+  for (std::int64_t d = tid; d < p.d; d += kThreads) dq_row[d] = from_float<T>(acc[d]);
 }
 
 template <class T>
@@ -213,8 +213,8 @@ __global__ void __launch_bounds__(kThreads)
   float* p_s = ds_s + kThreads;  // [kThreads]
   const T* k_row = k + p.k.at(b, hk, k0 + j);
   const T* v_row = v + p.v.at(b, hk, k0 + j);
-  for (std::int64_t d = tid; d < p.d; d += kThreads) k_s[d] = to_f(k_row[d]), dk_acc[d] = 0.0f;
-  for (std::int64_t d = tid; d < p.dv; d += kThreads) v_s[d] = to_f(v_row[d]), dv_acc[d] = 0.0f;
+  for (std::int64_t d = tid; d < p.d; d += kThreads) k_s[d] = to_float(k_row[d]), dk_acc[d] = 0.0f;
+  for (std::int64_t d = tid; d < p.dv; d += kThreads) v_s[d] = to_float(v_row[d]), dv_acc[d] = 0.0f;
   __syncthreads();
 
   float t;
@@ -239,13 +239,13 @@ __global__ void __launch_bounds__(kThreads)
       for (std::int64_t d = tid; d < p.d; d += kThreads) {
         float a = dk_acc[d];
         for (int u = 0; u < n; ++u)
-          if (ds_s[u] != 0.0f) a = fmaf(ds_s[u], to_f(q[p.q.at(b, h, q0 + c + u) + d]), a);
+          if (ds_s[u] != 0.0f) a = fmaf(ds_s[u], to_float(q[p.q.at(b, h, q0 + c + u) + d]), a);
         dk_acc[d] = a;
       }
       for (std::int64_t d = tid; d < p.dv; d += kThreads) {
         float a = dv_acc[d];
         for (int u = 0; u < n; ++u)
-          if (p_s[u] != 0.0f) a = fmaf(p_s[u], to_f(dout[bp.dout.at(b, h, q0 + c + u) + d]), a);
+          if (p_s[u] != 0.0f) a = fmaf(p_s[u], to_float(dout[bp.dout.at(b, h, q0 + c + u) + d]), a);
         dv_acc[d] = a;
       }
       __syncthreads();
@@ -253,8 +253,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   T* dk_row = dk + bp.dk.at(b, hk, k0 + j);
   T* dv_row = dv + bp.dv.at(b, hk, k0 + j);
-  for (std::int64_t d = tid; d < p.d; d += kThreads) dk_row[d] = from_f<T>(dk_acc[d]);
-  for (std::int64_t d = tid; d < p.dv; d += kThreads) dv_row[d] = from_f<T>(dv_acc[d]);
+  for (std::int64_t d = tid; d < p.d; d += kThreads) dk_row[d] = from_float<T>(dk_acc[d]);
+  for (std::int64_t d = tid; d < p.dv; d += kThreads) dv_row[d] = from_float<T>(dv_acc[d]);
 }
 
 // One block per (row, head, batch); the grid limits are checked here, not assumed.

@@ -8,41 +8,13 @@
 
 namespace rudnn::attention {
 
+using core::expect_dtype_of;
+using core::expect_shape;
 using core::fail;
+using core::has_shape;
+using core::shape_str;
 
 namespace {
-
-std::string shape_str(std::initializer_list<std::int64_t> dims) {
-  std::string s = "[";
-  bool first = true;
-  for (std::int64_t d : dims) {
-    if (!first) s += ", ";
-    s += std::to_string(d);
-    first = false;
-  }
-  return s + "]";
-}
-
-bool has_shape(const Tensor& t, std::initializer_list<std::int64_t> dims) {
-  if (t.rank != int(dims.size())) return false;
-  int d = 0;
-  for (std::int64_t n : dims)
-    if (t.shape[d++] != n) return false;
-  return true;
-}
-
-void expect_shape(const Tensor& t, std::initializer_list<std::int64_t> dims, const std::string& name,
-                  const std::string& what) {
-  if (!has_shape(t, dims))
-    fail(ErrorKind::shape, name + ": expected shape " + shape_str(dims) + (what.empty() ? "" : " " + what) +
-                               ", got " + t.shape_str());
-}
-
-void expect_dtype_of(const Tensor& t, const Tensor& ref, const std::string& name, const std::string& ref_name) {
-  if (t.dtype != ref.dtype)
-    fail(ErrorKind::dtype, name + ": expected the dtype of " + ref_name + " (" + dtype_name(ref.dtype) + "), got " +
-                               dtype_name(t.dtype));
-}
 
 // cu_seqlens: int32 [B + 1], dense; on the CPU its values are checked too (on CUDA the
 // host never reads device memory; kernels clamp the values to the packed length instead).

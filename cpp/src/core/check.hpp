@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "rudnn/error.hpp"
@@ -27,6 +29,34 @@ inline void expect_same_device(const Tensor& t, const Tensor& ref, const std::st
   if (t.device != ref.device)
     fail(ErrorKind::device, name + ": expected the device of " + ref_name + " (" + ref.device.str() + "), got " +
                                 t.device.str());
+}
+
+inline void expect_dtype_of(const Tensor& t, const Tensor& ref, const std::string& name, const std::string& ref_name) {
+  if (t.dtype != ref.dtype)
+    fail(ErrorKind::dtype, name + ": expected the dtype of " + ref_name + " (" + dtype_name(ref.dtype) + "), got " +
+                               dtype_name(t.dtype));
+}
+
+inline std::string shape_str(std::initializer_list<std::int64_t> dims) {
+  std::string s = "[";
+  for (auto it = dims.begin(); it != dims.end(); ++it) s += (it == dims.begin() ? "" : ", ") + std::to_string(*it);
+  return s + "]";
+}
+
+inline bool has_shape(const Tensor& t, std::initializer_list<std::int64_t> dims) {
+  if (t.rank != int(dims.size())) return false;
+  int d = 0;
+  for (std::int64_t n : dims)
+    if (t.shape[d++] != n) return false;
+  return true;
+}
+
+// "name: expected shape [2, 3] <what>, got [2, 4]" (what: how the expected shape arises, may be empty).
+inline void expect_shape(const Tensor& t, std::initializer_list<std::int64_t> dims, const std::string& name,
+                         const std::string& what) {
+  if (!has_shape(t, dims))
+    fail(ErrorKind::shape, name + ": expected shape " + shape_str(dims) + (what.empty() ? "" : " " + what) +
+                               ", got " + t.shape_str());
 }
 
 inline void expect_same_shape(const Tensor& t, const Tensor& ref, const std::string& name,

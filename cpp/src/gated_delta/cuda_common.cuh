@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "core/convert.cuh"
 #include "core/dispatch.hpp"
 #include "gated_delta/problem.hpp"
 
@@ -43,18 +44,12 @@ decltype(auto) dispatch(DType dtype, F&& f) {
   return core::dispatch_float<__half, __nv_bfloat16>(dtype, std::forward<F>(f));
 }
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <class T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+using core::from_float;
+using core::to_float;
 
 template <class T>
 __device__ __forceinline__ float load(const void* base, const SeqStrides& s, i64 b, i64 h, i64 t, i64 i = 0) {
-  return to_f32(static_cast<const T*>(base)[b * s.b + h * s.h + t * s.t + i]);
+  return to_float(static_cast<const T*>(base)[b * s.b + h * s.h + t * s.t + i]);
 }
 
 // Token range [bos, eos) and batch row of sequence n. Device-side cu_seqlens are not checked

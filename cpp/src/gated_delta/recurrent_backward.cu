@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kColsPerBlock * kMaxRowGroups)
       for (int w = 0; w < c.groups; ++w) du += sh.part[w][c.lane];
       if (c.warp == 0) {
         if (c.col_ok) static_cast<T*>(p.out)[c.s.b * p.sout.b + c.h * p.sout.h + t * p.sout.t + c.j] =
-            from_f32<T>(beta * du);
+            from_float<T>(beta * du);
         const float dbeta = warp_sum(c.col_ok ? du * resid : 0.0f);
         if (c.lane == 0) ws.dbeta_part[part_row] = dbeta;
       }
@@ -229,8 +229,8 @@ __global__ void reduce_partials_kernel(Params p, BackwardWorkspace ws, i64 vtile
         sq += ws.dq_part[at];
         sk += ws.dk_part[at];
       }
-    dq[b * sdq.b + hk * sdq.h + t * sdq.t + i] = from_f32<T>(sq);
-    dk[b * sdk.b + hk * sdk.h + t * sdk.t + i] = from_f32<T>(sk);
+    dq[b * sdq.b + hk * sdq.h + t * sdq.t + i] = from_float<T>(sq);
+    dk[b * sdk.b + hk * sdk.h + t * sdk.t + i] = from_float<T>(sk);
   }
   for (i64 e = i64(blockIdx.x) * blockDim.x + threadIdx.x; e < head_elems; e += stride) {
     const i64 t = e % p.T, h = (e / p.T) % p.Hv, b = e / p.T / p.Hv;
@@ -239,7 +239,7 @@ __global__ void reduce_partials_kernel(Params p, BackwardWorkspace ws, i64 vtile
       sb += ws.dbeta_part[vt * head_elems + e];
       sg += ws.dg_part[vt * head_elems + e];
     }
-    dbeta[b * sdbeta.b + h * sdbeta.h + t * sdbeta.t] = from_f32<T>(sb);
+    dbeta[b * sdbeta.b + h * sdbeta.h + t * sdbeta.t] = from_float<T>(sb);
     dg[b * sdg.b + h * sdg.h + t * sdg.t] = sg;
   }
 }

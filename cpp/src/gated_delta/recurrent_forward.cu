@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kColsPerBlock * kMaxRowGroups)
     if (warp == 0 && col_ok) {
       float sum = 0.0f;
       for (int w = 0; w < groups; ++w) sum += s_o[w][lane];
-      static_cast<T*>(p.out)[s.b * p.sout.b + h * p.sout.h + t * p.sout.t + j] = from_f32<T>(sum);
+      static_cast<T*>(p.out)[s.b * p.sout.b + h * p.sout.h + t * p.sout.t + j] = from_float<T>(sum);
     }
   }
   store_state_slice(S, p.final_state, p.sfinal, n, h, row0, j, p.K, p.V);

@@ -12,35 +12,13 @@
 
 namespace rudnn::gated_delta {
 
+using core::expect_dtype_of;
+using core::expect_shape;
 using core::fail;
+using core::has_shape;
+using core::shape_str;
 
 namespace {
-
-std::string shape_of(std::initializer_list<std::int64_t> dims) {
-  std::string s = "[";
-  for (auto it = dims.begin(); it != dims.end(); ++it) s += (it == dims.begin() ? "" : ", ") + std::to_string(*it);
-  return s + "]";
-}
-
-bool has_shape(const Tensor& t, std::initializer_list<std::int64_t> dims) {
-  if (t.rank != int(dims.size())) return false;
-  int d = 0;
-  for (std::int64_t n : dims)
-    if (t.shape[d++] != n) return false;
-  return true;
-}
-
-void expect_shape(const Tensor& t, std::initializer_list<std::int64_t> dims, const std::string& name,
-                  const std::string& what) {
-  if (!has_shape(t, dims))
-    fail(ErrorKind::shape, name + ": expected shape " + shape_of(dims) + " " + what + ", got " + t.shape_str());
-}
-
-void expect_dtype_of(const Tensor& t, const Tensor& ref, const std::string& name, const std::string& ref_name) {
-  if (t.dtype != ref.dtype)
-    fail(ErrorKind::dtype, name + ": expected the dtype of " + ref_name + " (" + dtype_name(ref.dtype) + "), got " +
-                               dtype_name(t.dtype));
-}
 
 SeqStrides seq_strides(const Tensor& t) { return {t.strides[0], t.strides[1], t.strides[2]}; }
 StateStrides state_strides(const Tensor& t) { return {t.strides[0], t.strides[1], t.strides[2]}; }

@@ -10,32 +10,19 @@
 #include <climits>
 #include <limits>
 
+#include "core/convert.cuh"
 #include "core/cuda_check.hpp"
 #include "core/dispatch.hpp"
 #include "rudnn/tensor.hpp"
 
 namespace rudnn::moe::cuda {
 
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <class T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+using core::from_float;
+using core::load_as_float;
+using core::to_float;
 
 // v rounded to T and back: the value a kernel stores in T and a later kernel reloads.
-template <class T> __device__ __forceinline__ float round_to(float v) { return to_f(from_f<T>(v)); }
-
-// A float of any rudnn float dtype (grad_weights, combine weights) read at runtime.
-__device__ __forceinline__ float load_any(const void* p, DType dtype, std::int64_t i) {
-  switch (dtype) {
-    case DType::f16: return to_f(static_cast<const __half*>(p)[i]);
-    case DType::bf16: return to_f(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
+template <class T> __device__ __forceinline__ float round_to(float v) { return to_float(from_float<T>(v)); }
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 

@@ -2,35 +2,12 @@
 // tensors' device (and, for the experts, the resolved strategy).
 #include <string>
 
-#include "core/check.hpp"
+#include "core/backend.hpp"
 #include "moe/problem.hpp"
-#if RUDNN_WITH_CUDA
-#include "core/device.hpp"
-#endif
 
 namespace rudnn {
 
 namespace {
-
-template <class Cpu, class Cuda>
-void on_device(const Device& device, const char* op, Cpu&& cpu, Cuda&& cuda) {
-  if (!device.is_cuda()) return cpu();
-#if RUDNN_WITH_CUDA
-  (void)op;
-  core::DeviceGuard guard(device.index);
-  cuda();
-#else
-  (void)cuda;
-  core::fail(ErrorKind::unsupported, std::string(op) + ": this libruDNN was built without CUDA (RUDNN_WITH_CUDA=OFF)");
-#endif
-}
-
-void check_workspace(const Tensor* workspace, std::size_t need, const std::string& op) {
-  const std::size_t have = workspace ? std::size_t(workspace->numel()) : 0;
-  if (have < need)
-    core::fail(ErrorKind::value, op + ": workspace: expected at least " + std::to_string(need) + " bytes, got " +
-                                     std::to_string(have));
-}
 
 // The forward's strategy: "auto" takes the tensor-core grouped GEMM where this device, dtype
 // and layout support it and "scalar" otherwise; an explicit "tensor_core" that cannot run
@@ -98,30 +75,31 @@ std::size_t backward_workspace_cuda(const MoeExpertsBackwardArgs&, const moe::Ex
 void moe_route(const MoeRouteArgs& args, Stream stream) {
   const moe::RouteProblem p = moe::validate_route(args);
   if (p.tokens == 0) return;
-  on_device(args.logits.device, "moe.route", [&] { moe::route_cpu(args, p); },
+  core::on_device(args.logits.device, "moe.route", [&] { moe::route_cpu(args, p); },
             [&] { moe::route_cuda(args, p, stream); });
 }
 
 void moe_route_sigmoid_grouped(const MoeRouteSigmoidGroupedArgs& args, Stream stream) {
   const moe::RouteProblem p = moe::validate_route_sigmoid_grouped(args);
   if (p.tokens == 0) return;
-  on_device(args.logits.device, "moe.route_sigmoid_grouped", [&] { moe::route_sigmoid_grouped_cpu(args, p); },
+  core::on_device(args.logits.device, "moe.route_sigmoid_grouped", [&] { moe::route_sigmoid_grouped_cpu(args, p); },
             [&] { moe::route_sigmoid_grouped_cuda(args, p, stream); });
 }
 
 std::size_t moe_dispatch_plan_workspace_bytes(const MoeDispatchPlanArgs& args) {
   const moe::DispatchPlanProblem p = moe::validate_dispatch_plan(args);
   std::size_t bytes = 0;
-  on_device(args.expert_indices.device, "moe.dispatch", [] {},
+  core::on_device(args.expert_indices.device, "moe.dispatch", [] {},
             [&] { bytes = moe::dispatch_plan_workspace_bytes_cuda(p); });
   return bytes;
 }
 
 void moe_dispatch_plan(const MoeDispatchPlanArgs& args, Stream stream) {
   const moe::DispatchPlanProblem p = moe::validate_dispatch_plan(args);
-  on_device(args.expert_indices.device, "moe.dispatch", [&] { moe::dispatch_plan_cpu(args, p); },
+  core::on_device(args.expert_indices.device, "moe.dispatch", [&] { moe::dispatch_plan_cpu(args, p); },
             [&] {
-              check_workspace(args.workspace, moe::dispatch_plan_workspace_bytes_cuda(p), "moe.dispatch");
+              core::expect_workspace(args.workspace, args.expert_indices, "expert_indices", moe::dispatch_plan_workspace_bytes_cuda(p),
+                                     "moe.dispatch");
               moe::dispatch_plan_cuda(args, p, stream);
             });
 }
@@ -129,21 +107,21 @@ void moe_dispatch_plan(const MoeDispatchPlanArgs& args, Stream stream) {
 void moe_gather_rows(const Tensor& x, const Tensor& token_of_row, const Tensor& x_dispatched, Stream stream) {
   const moe::GatherProblem p = moe::validate_gather_rows(x, token_of_row, x_dispatched);
   if (p.rows == 0 || p.hidden == 0) return;
-  on_device(x.device, "moe.dispatch", [&] { moe::gather_rows_cpu(x, token_of_row, x_dispatched, p); },
+  core::on_device(x.device, "moe.dispatch", [&] { moe::gather_rows_cpu(x, token_of_row, x_dispatched, p); },
             [&] { moe::gather_rows_cuda(x, token_of_row, x_dispatched, p, stream); });
 }
 
 void moe_combine(const MoeCombineArgs& args, Stream stream) {
   const moe::CombineProblem p = moe::validate_combine(args);
   if (p.tokens == 0 || p.hidden == 0) return;
-  on_device(args.y.device, "moe.combine", [&] { moe::combine_cpu(args, p); },
+  core::on_device(args.y.device, "moe.combine", [&] { moe::combine_cpu(args, p); },
             [&] { moe::combine_cuda(args, p, stream); });
 }
 
 void moe_combine_backward(const MoeCombineBackwardArgs& args, Stream stream) {
   const moe::CombineProblem p = moe::validate_combine_backward(args);
   if (p.rows == 0 && p.tokens == 0) return;
-  on_device(args.y.device, "moe.combine_backward", [&] { moe::combine_backward_cpu(args, p); },
+  core::on_device(args.y.device, "moe.combine_backward", [&] { moe::combine_backward_cpu(args, p); },
             [&] { moe::combine_backward_cuda(args, p, stream); });
 }
 
@@ -153,7 +131,7 @@ std::size_t moe_experts_forward_workspace_bytes(const MoeExpertsForwardArgs& arg
   moe::ExpertsProblem p = moe::validate_experts_forward(args);
   p.strategy = resolve_forward(args, p, op);
   std::size_t bytes = 0;
-  on_device(args.x.device, op.c_str(), [] {}, [&] { bytes = forward_workspace_cuda(args, p); });
+  core::on_device(args.x.device, op.c_str(), [] {}, [&] { bytes = forward_workspace_cuda(args, p); });
   return bytes;
 }
 
@@ -163,9 +141,9 @@ void moe_experts_forward(const MoeExpertsForwardArgs& args, Stream stream) {
   moe::ExpertsProblem p = moe::validate_experts_forward(args);
   p.strategy = resolve_forward(args, p, op);
   if (p.rows == 0) return;
-  on_device(args.x.device, op.c_str(), [&] { moe::experts_forward_cpu(args, p); },
+  core::on_device(args.x.device, op.c_str(), [&] { moe::experts_forward_cpu(args, p); },
             [&] {
-              check_workspace(args.workspace, forward_workspace_cuda(args, p), op);
+              core::expect_workspace(args.workspace, args.x, "x", forward_workspace_cuda(args, p), op);
               if (p.strategy == MoeExpertsStrategy::tensor_core)
                 moe::experts_forward_tensor_core_cuda(args, p, stream);
               else
@@ -178,7 +156,7 @@ std::size_t moe_experts_backward_workspace_bytes(const MoeExpertsBackwardArgs& a
   moe::ExpertsProblem p = moe::validate_experts_backward(args);
   p.strategy = resolve_backward(args, p, op);
   std::size_t bytes = 0;
-  on_device(args.x.device, op.c_str(), [] {}, [&] { bytes = backward_workspace_cuda(args, p); });
+  core::on_device(args.x.device, op.c_str(), [] {}, [&] { bytes = backward_workspace_cuda(args, p); });
   return bytes;
 }
 
@@ -187,9 +165,9 @@ void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream) {
   moe::ExpertsProblem p = moe::validate_experts_backward(args);
   p.strategy = resolve_backward(args, p, op);
   // Weight gradients are written even without rows (zeros), so there is no early return.
-  on_device(args.x.device, op.c_str(), [&] { moe::experts_backward_cpu(args, p); },
+  core::on_device(args.x.device, op.c_str(), [&] { moe::experts_backward_cpu(args, p); },
             [&] {
-              check_workspace(args.workspace, backward_workspace_cuda(args, p), op);
+              core::expect_workspace(args.workspace, args.x, "x", backward_workspace_cuda(args, p), op);
               if (p.strategy == MoeExpertsStrategy::tensor_core)
                 moe::experts_backward_tensor_core_cuda(args, p, stream);
               else
@@ -200,14 +178,14 @@ void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream) {
 void moe_selected_router_weights(const MoeSelectedRouterArgs& args, Stream stream) {
   const moe::SelectedRouterProblem p = moe::validate_selected_router(args);
   if (p.tokens == 0) return;
-  on_device(args.logits.device, "moe.selected_router_weights", [&] { moe::selected_router_cpu(args, p); },
+  core::on_device(args.logits.device, "moe.selected_router_weights", [&] { moe::selected_router_cpu(args, p); },
             [&] { moe::selected_router_cuda(args, p, stream); });
 }
 
 void moe_selected_router_backward(const MoeSelectedRouterBackwardArgs& args, Stream stream) {
   const moe::SelectedRouterProblem p = moe::validate_selected_router_backward(args);
   if (p.tokens == 0) return;
-  on_device(args.logits.device, "moe.selected_router_backward", [&] { moe::selected_router_backward_cpu(args, p); },
+  core::on_device(args.logits.device, "moe.selected_router_backward", [&] { moe::selected_router_backward_cpu(args, p); },
             [&] { moe::selected_router_backward_cuda(args, p, stream); });
 }
 

@@ -116,7 +116,7 @@ __global__ void gather_rows_kernel(const T* __restrict__ x, std::int64_t x_strid
   T* dst = out + r * out_stride;
   const bool valid = t >= 0 && t < tokens;
   const T* src = x + (valid ? t : 0) * x_stride;
-  for (std::int64_t h = threadIdx.x; h < hidden; h += blockDim.x) dst[h] = valid ? src[h] : from_f<T>(0.0f);
+  for (std::int64_t h = threadIdx.x; h < hidden; h += blockDim.x) dst[h] = valid ? src[h] : from_float<T>(0.0f);
 }
 
 struct CombineView {
@@ -127,7 +127,7 @@ struct CombineView {
 };
 
 __device__ __forceinline__ float slot_weight(const CombineView& v, std::int64_t t, int j) {
-  return v.weights ? load_any(v.weights, v.weight_dtype, t * v.weight_stride + j) : 1.0f;
+  return v.weights ? load_as_float(v.weights, v.weight_dtype, t * v.weight_stride + j) : 1.0f;
 }
 
 // out[t] = sum_j w[t, j] * y[row_of_slot[t, j]] in slot order; a bad row index gives NaN.
@@ -144,16 +144,16 @@ __global__ void combine_kernel(const T* __restrict__ y, std::int64_t y_stride, s
         acc = kNaN;
         break;
       }
-      acc += slot_weight(v, t, j) * to_f(y[r * y_stride + h]);
+      acc += slot_weight(v, t, j) * to_float(y[r * y_stride + h]);
     }
-    out[t * out_stride + h] = from_f<T>(acc);
+    out[t * out_stride + h] = from_float<T>(acc);
   }
 }
 
 template <class T>
 __global__ void zero_rows_kernel(T* __restrict__ a, std::int64_t stride, std::int64_t hidden) {
   T* row = a + blockIdx.x * stride;
-  for (std::int64_t h = threadIdx.x; h < hidden; h += blockDim.x) row[h] = from_f<T>(0.0f);
+  for (std::int64_t h = threadIdx.x; h < hidden; h += blockDim.x) row[h] = from_float<T>(0.0f);
 }
 
 struct CombineBackwardView {
@@ -176,9 +176,9 @@ __global__ void combine_backward_serial_kernel(const T* __restrict__ y, const T*
   const float w = slot_weight(b.v, t, int(s % k));
   float dot = 0.0f;
   for (std::int64_t h = 0; h < b.hidden; ++h) {
-    const float d = to_f(dout[t * b.dout_stride + h]);
-    dot += d * to_f(y[r * b.y_stride + h]);
-    dy[r * b.dy_stride + h] = from_f<T>(w * d);
+    const float d = to_float(dout[t * b.dout_stride + h]);
+    dot += d * to_float(y[r * b.y_stride + h]);
+    dy[r * b.dy_stride + h] = from_float<T>(w * d);
   }
   dweights[s] = dot;
 }
@@ -202,9 +202,9 @@ __global__ void __launch_bounds__(kPlaneThreads)
     const float w = slot_weight(b.v, t, j);
     float part = 0.0f;
     for (std::int64_t h = threadIdx.x; h < b.hidden; h += kPlaneThreads) {
-      const float d = to_f(dout[t * b.dout_stride + h]);
-      part += d * to_f(y[r * b.y_stride + h]);
-      dy[r * b.dy_stride + h] = from_f<T>(w * d);
+      const float d = to_float(dout[t * b.dout_stride + h]);
+      part += d * to_float(y[r * b.y_stride + h]);
+      dy[r * b.dy_stride + h] = from_float<T>(w * d);
     }
     const float dot = block_sum<kPlaneThreads>(part, scratch);
     if (threadIdx.x == 0) dweights[t * k + j] = dot;

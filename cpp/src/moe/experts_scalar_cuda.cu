@@ -83,14 +83,14 @@ __device__ float tile_product(const T* __restrict__ a, std::int64_t a_stride, st
   for (std::int64_t k0 = 0; k0 < K; k0 += kTile) {
     {
       const std::int64_t n = row0 + ty, k = k0 + tx;
-      As[ty][tx] = (n < row_end && k < K) ? to_f(a[n * a_stride + k]) : 0.0f;
+      As[ty][tx] = (n < row_end && k < K) ? to_float(a[n * a_stride + k]) : 0.0f;
     }
     if (kWeightKMajor) {  // read along k (contiguous), store transposed
       const std::int64_t c = col0 + ty, k = k0 + tx;
-      Bs[tx][ty] = (c < C && k < K) ? to_f(w[c * K + k]) : 0.0f;
+      Bs[tx][ty] = (c < C && k < K) ? to_float(w[c * K + k]) : 0.0f;
     } else {  // read along c (contiguous)
       const std::int64_t k = k0 + ty, c = col0 + tx;
-      Bs[ty][tx] = (k < K && c < C) ? to_f(w[k * C + c]) : 0.0f;
+      Bs[ty][tx] = (k < K && c < C) ? to_float(w[k * C + c]) : 0.0f;
     }
     __syncthreads();
 #pragma unroll
@@ -125,10 +125,10 @@ __global__ void __launch_bounds__(kTileThreads)
   const std::int64_t n = rt.row0 + threadIdx.x / kTile, i = col0 + threadIdx.x % kTile;
   if (n >= rt.row_end || i >= I) return;
   const float a = round_to<T>(a_acc), b = round_to<T>(b_acc);
-  h[n * I + i] = from_f<T>(a * sigmoid(a) * b);
+  h[n * I + i] = from_float<T>(a * sigmoid(a) * b);
   if (gate_pre) {
-    gate_pre[n * I + i] = from_f<T>(a);
-    up_pre[n * I + i] = from_f<T>(b);
+    gate_pre[n * I + i] = from_float<T>(a);
+    up_pre[n * I + i] = from_float<T>(b);
   }
 }
 
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kTileThreads)
     acc += tile_product<T, kWeightKMajor>(a2, a_stride, rt.row0, rt.row_end, w2 + rt.expert * expert_size, K, C,
                                           col0, As, Bs);
   const std::int64_t n = rt.row0 + threadIdx.x / kTile, c = col0 + threadIdx.x % kTile;
-  if (n < rt.row_end && c < C) out[n * out_stride + c] = from_f<T>(acc);
+  if (n < rt.row_end && c < C) out[n * out_stride + c] = from_float<T>(acc);
 }
 
 // dh = dy · down[e] ([H, I] seen as B(k = h, c = i)), then the SwiGLU backward:
@@ -168,11 +168,11 @@ __global__ void __launch_bounds__(kTileThreads)
                                           As, Bs);
   const std::int64_t n = rt.row0 + threadIdx.x / kTile, i = col0 + threadIdx.x % kTile;
   if (n >= rt.row_end || i >= I) return;
-  const float a = to_f(gate_pre[n * I + i]), b = to_f(up_pre[n * I + i]);
+  const float a = to_float(gate_pre[n * I + i]), b = to_float(up_pre[n * I + i]);
   const float sig = sigmoid(a);
-  h[n * I + i] = from_f<T>(a * sig * b);
-  da[n * I + i] = from_f<T>(dh * b * sig * (1.0f + a * (1.0f - sig)));
-  db[n * I + i] = from_f<T>(dh * a * sig);
+  h[n * I + i] = from_float<T>(a * sig * b);
+  da[n * I + i] = from_float<T>(dh * b * sig * (1.0f + a * (1.0f - sig)));
+  db[n * I + i] = from_float<T>(dh * a * sig);
 }
 
 // out[e][r, c] = sum over the rows n of expert e of A[n, r] * B[n, c], in row order
@@ -190,8 +190,8 @@ __global__ void __launch_bounds__(kTileThreads)
   float acc = 0.0f;
   for (std::int64_t n0 = s.begin; n0 < s.end; n0 += kTile) {
     const std::int64_t n = n0 + ty;
-    As[ty][tx] = (n < s.end && r0 + tx < R) ? to_f(a[n * a_stride + r0 + tx]) : 0.0f;
-    Bs[ty][tx] = (n < s.end && c0 + tx < C) ? to_f(b[n * b_stride + c0 + tx]) : 0.0f;
+    As[ty][tx] = (n < s.end && r0 + tx < R) ? to_float(a[n * a_stride + r0 + tx]) : 0.0f;
+    Bs[ty][tx] = (n < s.end && c0 + tx < C) ? to_float(b[n * b_stride + c0 + tx]) : 0.0f;
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < kTile; ++kk) acc += As[kk][ty] * Bs[kk][tx];

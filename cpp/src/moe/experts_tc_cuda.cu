@@ -40,8 +40,8 @@ __global__ void swiglu_rows_kernel(const T* __restrict__ a, const T* __restrict_
   const std::int64_t n = used * inter;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const float av = to_f(a[i]), bv = to_f(b[i]);
-    h[i] = from_f<T>(av * sigmoid(av) * bv);
+    const float av = to_float(a[i]), bv = to_float(b[i]);
+    h[i] = from_float<T>(av * sigmoid(av) * bv);
   }
 }
 
@@ -195,11 +195,11 @@ __global__ void swiglu_backward_rows_kernel(const float* __restrict__ dh, const 
   const std::int64_t n = used * inter;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const float a = to_f(a_pre[i]), b = to_f(b_pre[i]), g = dh[i];
+    const float a = to_float(a_pre[i]), b = to_float(b_pre[i]), g = dh[i];
     const float sig = sigmoid(a);
-    h[i] = from_f<T>(a * sig * b);
-    da[i] = from_f<T>(g * b * sig * (1.0f + a * (1.0f - sig)));
-    db[i] = from_f<T>(g * a * sig);
+    h[i] = from_float<T>(a * sig * b);
+    da[i] = from_float<T>(g * b * sig * (1.0f + a * (1.0f - sig)));
+    db[i] = from_float<T>(g * a * sig);
   }
 }
 
@@ -213,7 +213,7 @@ __global__ void sum_partials_kernel(const float* __restrict__ p0, const float* _
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x) {
     const std::int64_t r = i / hidden, c = i % hidden;
-    dx[r * dx_stride + c] = from_f<T>(p0[i] + p1[i]);
+    dx[r * dx_stride + c] = from_float<T>(p0[i] + p1[i]);
   }
 }
 

@@ -18,7 +18,7 @@ template <class T>
 __device__ void write_nan_row(std::uint32_t* idx, T* w, int k) {
   for (int j = threadIdx.x; j < k; j += kThreads) {
     idx[j] = std::uint32_t(j);
-    w[j] = from_f<T>(kNaN);
+    w[j] = from_float<T>(kNaN);
   }
 }
 
@@ -31,7 +31,7 @@ __device__ void write_selection(const int* chosen, const float* selected, int k,
   for (int j = 0; j < k; ++j) sum += selected[j];
   for (int j = 0; j < k; ++j) {
     idx[j] = std::uint32_t(chosen[j]);
-    w[j] = from_f<T>((renormalize ? selected[j] / sum : selected[j]) * scale);
+    w[j] = from_float<T>((renormalize ? selected[j] / sum : selected[j]) * scale);
   }
 }
 
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kThreads)
   float m = -kInf;
   int bad = 0;
   for (int e = threadIdx.x; e < E; e += kThreads) {
-    const float v = to_f(row[e]);
+    const float v = to_float(row[e]);
     keys[e] = v;
     eligible[e] = 1;
     bad |= isnan(v) || v == kInf;
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads)
 
   int bad = 0;
   for (int e = threadIdx.x; e < E; e += kThreads) {
-    const float s = sigmoid(to_f(row[e]));
+    const float s = sigmoid(to_float(row[e]));
     const float c = s + (bias ? bias[e] : 0.0f);
     scores[e] = s;
     corrected[e] = c;
@@ -170,10 +170,10 @@ __device__ RouterRow softmax_stats(const T* row, int E, MoeScoring scoring, floa
   RouterRow r;
   if (scoring != MoeScoring::softmax) return r;
   float m = -kInf;
-  for (int e = threadIdx.x; e < E; e += kThreads) m = fmaxf(m, to_f(row[e]));
+  for (int e = threadIdx.x; e < E; e += kThreads) m = fmaxf(m, to_float(row[e]));
   r.m = block_max<kThreads>(m, scratch);
   float part = 0.0f;
-  for (int e = threadIdx.x; e < E; e += kThreads) part += expf(to_f(row[e]) - r.m);
+  for (int e = threadIdx.x; e < E; e += kThreads) part += expf(to_float(row[e]) - r.m);
   r.z = block_sum<kThreads>(part, scratch);
   return r;
 }
@@ -199,9 +199,9 @@ __global__ void __launch_bounds__(kThreads)
   const RouterRow r = softmax_stats(row, E, scoring, scratch);
   if (threadIdx.x == 0) {
     float sum = 0.0f;
-    for (int j = 0; j < k; ++j) sum += score(to_f(row[sel[j]]), r, scoring);
+    for (int j = 0; j < k; ++j) sum += score(to_float(row[sel[j]]), r, scoring);
     for (int j = 0; j < k; ++j) {
-      const float q = score(to_f(row[sel[j]]), r, scoring);
+      const float q = score(to_float(row[sel[j]]), r, scoring);
       w[j] = (renormalize ? q / sum : q) * scale;
     }
   }
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t t = blockIdx.x;
   T* dl = dlogits + t * dlogits_stride;
   if (!load_selection(indices + t * index_stride, k, E, sel)) {
-    for (int e = threadIdx.x; e < E; e += kThreads) dl[e] = from_f<T>(kNaN);
+    for (int e = threadIdx.x; e < E; e += kThreads) dl[e] = from_float<T>(kNaN);
     return;
   }
   const T* row = logits + t * logits_stride;
@@ -228,10 +228,10 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) {
     // weights_j = scale * p_j / S (renormalized): d/dp_m = scale * (delta_jm - q_j) / S.
     float sum = 0.0f, gq = 0.0f;
-    for (int j = 0; j < k; ++j) sum += score(to_f(row[sel[j]]), r, scoring);
-    for (int j = 0; j < k; ++j) gq += load_any(grad, grad_dtype, t * grad_stride + j) * score(to_f(row[sel[j]]), r, scoring) / sum;
+    for (int j = 0; j < k; ++j) sum += score(to_float(row[sel[j]]), r, scoring);
+    for (int j = 0; j < k; ++j) gq += load_as_float(grad, grad_dtype, t * grad_stride + j) * score(to_float(row[sel[j]]), r, scoring) / sum;
     for (int j = 0; j < k; ++j) {
-      const float g = load_any(grad, grad_dtype, t * grad_stride + j);
+      const float g = load_as_float(grad, grad_dtype, t * grad_stride + j);
       dp[j] = renormalize ? scale * (g - gq) / sum : scale * g;
     }
   }
@@ -245,17 +245,17 @@ __global__ void __launch_bounds__(kThreads)
   };
   if (scoring == MoeScoring::sigmoid) {
     for (int e = threadIdx.x; e < E; e += kThreads) {
-      const float p = sigmoid(to_f(row[e]));
-      dl[e] = from_f<T>(gp_of(e) * p * (1.0f - p));
+      const float p = sigmoid(to_float(row[e]));
+      dl[e] = from_float<T>(gp_of(e) * p * (1.0f - p));
     }
     return;
   }
   float part = 0.0f;
-  for (int e = threadIdx.x; e < E; e += kThreads) part += gp_of(e) * score(to_f(row[e]), r, scoring);
+  for (int e = threadIdx.x; e < E; e += kThreads) part += gp_of(e) * score(to_float(row[e]), r, scoring);
   const float dot = block_sum<kThreads>(part, scratch);
   for (int e = threadIdx.x; e < E; e += kThreads) {
-    const float p = score(to_f(row[e]), r, scoring);
-    dl[e] = from_f<T>(p * (gp_of(e) - dot));
+    const float p = score(to_float(row[e]), r, scoring);
+    dl[e] = from_float<T>(p * (gp_of(e) - dot));
   }
 }
 

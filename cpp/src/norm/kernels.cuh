@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/convert.cuh"
 #include "core/rows.hpp"
 #include "rudnn/tensor.hpp"
 
@@ -63,18 +64,8 @@ inline constexpr int kVec16 = 16 / int(sizeof(T));
 // ---------------------------------------------------------------------------------------------
 // Element conversions: all arithmetic is float32, results are rounded once to T.
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <class T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+using core::from_float;
+using core::to_float;
 
 // exp for softmax. float32 outputs get the accurate expf; 16-bit outputs are rounded to 8 or 11
 // mantissa bits afterwards, so the one-instruction ex2.approx path (about 2 ulp of float32) is
