@@ -112,6 +112,97 @@ __host__ __device__ __forceinline__ void key_block_range(const Problem& p, std::
   last = (hi + block_n - 1) / block_n;
 }
 
+// The steps of the forward main loop that the sm80 and sm90a kernels share (they differ only in
+// how S = Q K^T is computed), all on the mma.sync accumulator layout.
+
+// Scores of one key block, in place: scale, softcap, bias, masks; -inf where hidden or outside
+// the sequences. coords(i) is the (row, col) of accumulator element i within the tile.
+template <class Acc, class Coords>
+__device__ __forceinline__ void mask_scores(Acc& acc_s, const Coords& coords, const Problem& p, std::int64_t b,
+                                            std::int64_t h, std::int64_t m0, std::int64_t n0, std::int64_t len_q,
+                                            std::int64_t len_k) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) {
+    const std::int64_t row = m0 + get<0>(coords(i)), col = n0 + get<1>(coords(i));
+    float s = -INFINITY;
+    if (row < len_q && col < len_k && !cuda::hidden(p, b, h, row, col, len_q, len_k)) {
+      float t;
+      s = cuda::logit(p, acc_s(i), b, h, row, col, &t);
+    }
+    acc_s(i) = s;
+  }
+}
+
+// Online softmax over one key block: new row maxima; what was accumulated (acc_o, row_sum)
+// rescaled by exp(old max - new max); scores replaced by exp(score - max).
+template <int kRows, class Acc, class AccO>
+__device__ __forceinline__ void online_softmax_step(Acc& acc_s, AccO& acc_o_rc, float (&row_max)[kRows],
+                                                    float (&row_sum)[kRows]) {
+  cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    float mx = row_max[r];
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
+    mx = quad_max(mx);
+    const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays 0
+    const float correction = expf(row_max[r] - base);
+    row_max[r] = mx;
+    row_sum[r] *= correction;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(acc_o_rc); ++c) acc_o_rc(r, c) *= correction;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(s_rc); ++c) {
+      const float e = expf(s_rc(r, c) - base);
+      s_rc(r, c) = e;
+      row_sum[r] += e;
+    }
+  }
+}
+
+// O += P V for one key block: P (the exponentiated scores) rounded to Element and reused in
+// registers as the A operand; V read from shared memory once its copy has landed.
+template <class Element, class Acc, class Mma, class CopyV, class SrcV, class ViewV, class FragV, class AccO>
+__device__ __forceinline__ void accumulate_pv(const Acc& acc_s, Mma& mma, const CopyV& copy_v, const SrcV& tOsVt,
+                                              ViewV& tOrVt_view, FragV& tOrVt, AccO& acc_o) {
+  cute::Tensor rP = make_tensor_like<Element>(acc_s);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) rP(i) = static_cast<Element>(acc_s(i));
+  cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
+
+  cp_async_wait<0>();  // V has landed
+  __syncthreads();
+  CUTE_UNROLL
+  for (int kk = 0; kk < size<2>(tOrP); ++kk) {
+    cute::copy(copy_v, tOsVt(_, _, kk), tOrVt_view(_, _, kk));
+    cute::gemm(mma, tOrP(_, _, kk), tOrVt(_, _, kk), acc_o);
+  }
+  __syncthreads();  // every warp is done with sK / sV before the next block overwrites them
+}
+
+// Epilogue: out = acc / sum, lse = max + log(sum); rows that saw nothing: 0 and -inf.
+template <class Element, int kRows, class AccO, class Coords>
+__device__ __forceinline__ void store_forward_output(const AccO& acc_o_rc, const Coords& tOcO_rc,
+                                                     const float (&row_max)[kRows], const float (&row_sum)[kRows],
+                                                     const Problem& p, std::int64_t b, std::int64_t h,
+                                                     std::int64_t q0, std::int64_t m0, std::int64_t len_q,
+                                                     Element* out, float* lse, int tid) {
+  Element* o_base = out + p.out.at(b, h, q0);
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const float sum = quad_sum(row_sum[r]);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const std::int64_t row = m0 + get<0>(tOcO_rc(r, 0));
+    if (row < len_q) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc_o_rc); ++c)
+        o_base[row * p.out.s + get<1>(tOcO_rc(r, c))] = static_cast<Element>(acc_o_rc(r, c) * inv);
+      if (lse != nullptr && tid % 4 == 0)
+        lse[p.lse.at(b, h, q0 + row)] = sum > 0.0f ? row_max[r] + logf(sum) : -INFINITY;
+    }
+  }
+}
+
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
     forward_sm80_kernel(const Problem p, const Element* __restrict__ q, const Element* __restrict__ k,
@@ -214,71 +305,13 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
       cute::gemm(mma, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s);
     }
 
-    // Scores: scale, softcap, bias, masks; -inf where hidden or outside the sequences.
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_s); ++i) {
-      const std::int64_t row = m0 + get<0>(tScS(i)), col = n0 + get<1>(tScS(i));
-      float s = -INFINITY;
-      if (row < len_q && col < len_k && !cuda::hidden(p, b, h, row, col, len_q, len_k)) {
-        float t;
-        s = cuda::logit(p, acc_s(i), b, h, row, col, &t);
-      }
-      acc_s(i) = s;
-    }
-
-    // Online softmax: rescale what was accumulated by exp(old max - new max).
-    cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float mx = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
-      mx = quad_max(mx);
-      const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays 0
-      const float correction = expf(row_max[r] - base);
-      row_max[r] = mx;
-      row_sum[r] *= correction;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(acc_o_rc); ++c) acc_o_rc(r, c) *= correction;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s_rc); ++c) {
-        const float e = expf(s_rc(r, c) - base);
-        s_rc(r, c) = e;
-        row_sum[r] += e;
-      }
-    }
-
-    cute::Tensor rP = make_tensor_like<Element>(acc_s);
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_s); ++i) rP(i) = static_cast<Element>(acc_s(i));
-    cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
-
-    cp_async_wait<0>();  // V has landed
-    __syncthreads();
-    CUTE_UNROLL
-    for (int kk = 0; kk < size<2>(tOrP); ++kk) {
-      cute::copy(copy_v, tOsVt(_, _, kk), tOrVt_view(_, _, kk));
-      cute::gemm(mma, tOrP(_, _, kk), tOrVt(_, _, kk), acc_o);
-    }
-    __syncthreads();  // every warp is done with sK / sV before the next block overwrites them
+    mask_scores(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
+    online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
+    accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o);
   }
   cp_async_wait<0>();  // no copy may outlive the CTA (the Q load when no key block was visible)
 
-  // Epilogue: out = acc / sum, lse = max + log(sum); rows that saw nothing: 0 and -inf.
-  Element* o_base = out + p.out.at(b, h, q0);
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    const float sum = quad_sum(row_sum[r]);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const std::int64_t row = m0 + get<0>(tOcO_rc(r, 0));
-    if (row < len_q) {
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(acc_o_rc); ++c)
-        o_base[row * p.out.s + get<1>(tOcO_rc(r, c))] = static_cast<Element>(acc_o_rc(r, c) * inv);
-      if (lse != nullptr && tid % 4 == 0)
-        lse[p.lse.at(b, h, q0 + row)] = sum > 0.0f ? row_max[r] + logf(sum) : -INFINITY;
-    }
-  }
+  store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, p, b, h, q0, m0, len_q, out, lse, tid);
 }
 
 }  // namespace rudnn::attention::flash

@@ -135,68 +135,13 @@ __global__ void __launch_bounds__(128)
     warpgroup_fence_operand(acc_s90);
     cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
 
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_s); ++i) {
-      const std::int64_t row = m0 + get<0>(tScS(i)), col = n0 + get<1>(tScS(i));
-      float s = -INFINITY;
-      if (row < len_q && col < len_k && !cuda::hidden(p, b, h, row, col, len_q, len_k)) {
-        float t;
-        s = cuda::logit(p, acc_s(i), b, h, row, col, &t);
-      }
-      acc_s(i) = s;
-    }
-
-    cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float mx = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
-      mx = quad_max(mx);
-      const float base = mx == -INFINITY ? 0.0f : mx;
-      const float correction = expf(row_max[r] - base);
-      row_max[r] = mx;
-      row_sum[r] *= correction;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(acc_o_rc); ++c) acc_o_rc(r, c) *= correction;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s_rc); ++c) {
-        const float e = expf(s_rc(r, c) - base);
-        s_rc(r, c) = e;
-        row_sum[r] += e;
-      }
-    }
-
-    cute::Tensor rP = make_tensor_like<Element>(acc_s);
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_s); ++i) rP(i) = static_cast<Element>(acc_s(i));
-    cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
-
-    cp_async_wait<0>();
-    __syncthreads();
-    CUTE_UNROLL
-    for (int kk = 0; kk < size<2>(tOrP); ++kk) {
-      cute::copy(copy_v, tOsVt(_, _, kk), tOrVt_view(_, _, kk));
-      cute::gemm(mma, tOrP(_, _, kk), tOrVt(_, _, kk), acc_o);
-    }
-    __syncthreads();
+    mask_scores(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
+    online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
+    accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o);
   }
   cp_async_wait<0>();
 
-  Element* o_base = out + p.out.at(b, h, q0);
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    const float sum = quad_sum(row_sum[r]);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const std::int64_t row = m0 + get<0>(tOcO_rc(r, 0));
-    if (row < len_q) {
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(acc_o_rc); ++c)
-        o_base[row * p.out.s + get<1>(tOcO_rc(r, c))] = static_cast<Element>(acc_o_rc(r, c) * inv);
-      if (lse != nullptr && tid % 4 == 0)
-        lse[p.lse.at(b, h, q0 + row)] = sum > 0.0f ? row_max[r] + logf(sum) : -INFINITY;
-    }
-  }
+  store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, p, b, h, q0, m0, len_q, out, lse, tid);
 #else
   (void)p, (void)q, (void)k, (void)v, (void)out, (void)lse;  // compiled for sm_90a only
 #endif
