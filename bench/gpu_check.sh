@@ -19,7 +19,7 @@
 #
 # Knobs (environment): OUT, PYTHON (python3), GC_SITE (/tmp/site), GC_JOBS (nproc), GC_ARCHS (90a),
 # GC_BUILD_DIR (build/gpu), GC_BUDGET (510), GC_T_BUILD (330), GC_T_TEST (170), GC_T_BENCH (150),
-# GC_PER_TEST (90), GC_CMAKE_ARGS (more -C options for the build, e.g. -Ccmake.define.RUDNN_WITH_CUDA=OFF
+# GC_PER_TEST (90), GC_PYTEST_ARGS (more pytest arguments, e.g. "-k cuda"), GC_CMAKE_ARGS (more -C options for the build, e.g. -Ccmake.define.RUDNN_WITH_CUDA=OFF
 # to try the script on a machine without nvcc), GC_SKIP_BUILD (1: use the rudnn already importable).
 # Exit status: 0 when the build, every test and every benchmark check passed; 1 otherwise.
 set -u
@@ -277,6 +277,8 @@ say "build: $BUILD_STATUS (${BUILD_S}s)"
 if [ "$BUILD_STATUS" = ok ] || [ "$BUILD_STATUS" = "skipped (importable)" ]; then
   t=$(now)
   PT=(-m pytest tests -v -rfE --color=no -p no:cacheprovider "--junitxml=$OUT/junit.xml")
+  # GC_PYTEST_ARGS narrows the run, e.g. "-k cuda" for the CUDA variants alone (CI runs the rest).
+  [ -n "${GC_PYTEST_ARGS:-}" ] && read -r -a EXTRA <<< "$GC_PYTEST_ARGS" && PT+=("${EXTRA[@]}")
   : > "$OUT/pytest.log"
   if timeout 60 "$PY" -m pytest --help 2>/dev/null | grep -q -- '--timeout='; then
     # thread: ends even a test stuck inside a CUDA call (the signal method cannot), by ending pytest;
