@@ -43,6 +43,8 @@ PER_TEST=${GC_PER_TEST:-90}
 RESERVE=15          # seconds kept for the summary
 export PYTHONUNBUFFERED=1
 export PYTHONDONTWRITEBYTECODE=1
+# A crash then prints the Python stack of every thread (pytest, the bench parent and its workers).
+export PYTHONFAULTHANDLER=1
 # JAX would otherwise take 75% of the GPU's memory at its first use, leaving torch's tests little.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 
@@ -309,7 +311,9 @@ if [ "$BUILD_STATUS" = ok ] || [ "$BUILD_STATUS" = "skipped (importable)" ]; the
     # pytest -v printed each test's id as it started: the last one is the culprit.
     why="killed pytest (exit $rc)"
     grep -q "+ Timeout +" /tmp/gc_pytest_run.log && why="hung past the ${PER_TEST} s per-test limit"
-    hung=$(grep -oE '^tests/[^ ]+::[^ ]+' /tmp/gc_pytest_run.log | tail -1)
+    # Test ids can hold spaces (parametrize ids): take the whole line and cut what pytest wrote after the id.
+    hung=$(grep -E '^tests/[^ ]+::' /tmp/gc_pytest_run.log | tail -1 |
+           sed -E 's/ (Fatal Python error|PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)([ :].*)?$//; s/ +$//')
     if [ -z "$hung" ] || [ ${#HUNG[@]} -ge 3 ]; then TEST_STATUS="pytest ended early (exit $rc; $why)"; break; fi
     say "test $hung $why; rerunning the suite without it"
     HUNG+=("$hung	$why")

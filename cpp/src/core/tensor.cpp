@@ -1,4 +1,4 @@
-#include <sstream>
+#include <string>
 
 #include "rudnn/error.hpp"
 #include "rudnn/tensor.hpp"
@@ -79,11 +79,10 @@ bool Tensor::is_contiguous() const {
 }
 
 std::string Tensor::shape_str() const {
-  std::ostringstream s;
-  s << '[';
-  for (int d = 0; d < rank; ++d) s << (d ? ", " : "") << shape[d];
-  s << ']';
-  return s.str();
+  // Plain string building: no iostreams in the library (nothing else needs their locale machinery).
+  std::string s = "[";
+  for (int d = 0; d < rank; ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  return s + "]";
 }
 
 }  // namespace rudnn
