@@ -52,11 +52,16 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
 
-COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null)
-if [ -n "$COMMIT" ]; then
-  git diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+dirty"
-else
-  COMMIT=${RUDNN_COMMIT:-unknown (no .git here; pass RUDNN_COMMIT=<sha>)}
+# RUDNN_COMMIT first: the device machine's copy may carry a .git that is not the tested tree's
+# (the 2026-11-30 runs reported an older HEAD "+dirty" there).
+COMMIT=${RUDNN_COMMIT:-}
+if [ -z "$COMMIT" ]; then
+  COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null)
+  if [ -n "$COMMIT" ]; then
+    git diff --quiet HEAD 2>/dev/null || COMMIT="$COMMIT+dirty"
+  else
+    COMMIT="unknown (no .git here; pass RUDNN_COMMIT=<sha>)"
+  fi
 fi
 export RUDNN_COMMIT="$COMMIT"
 

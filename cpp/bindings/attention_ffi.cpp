@@ -48,19 +48,6 @@ rudnn::AttentionOptions read_options(const OptionAttrs& o, Inputs& in, Tensor (&
   return opt;
 }
 
-// Scratch memory from XLA (CUDA) for a workspace of `bytes`; nullptr when none is needed.
-const Tensor* scratch(const Place& place, std::size_t bytes, Tensor& slot, const char* op) {
-  if (bytes == 0) return nullptr;
-  if (place.scratch == nullptr)
-    fail(ErrorKind::unsupported, std::string(op) + ": internal: a workspace is needed but XLA gave no scratch allocator");
-  std::optional<void*> memory = place.scratch->Allocate(bytes, 256);
-  if (!memory.has_value() || *memory == nullptr)
-    fail(ErrorKind::cuda, std::string(op) + ": XLA could not allocate " + std::to_string(bytes) + " bytes of scratch memory");
-  const std::int64_t size = std::int64_t(bytes);
-  slot = Tensor::contiguous(*memory, DType::u8, place.device, &size, 1);
-  return &slot;
-}
-
 ffi::Error attention_forward(const Place& place, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                              ffi::RemainingArgs args, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse,
                              bool has_mask, bool has_bias, bool varlen, bool has_scale, bool causal, float scale,
@@ -80,7 +67,7 @@ ffi::Error attention_forward(const Place& place, ffi::AnyBuffer q, ffi::AnyBuffe
     a.out = view(*out, place, "attention: out");
     lse_t = view(*lse, place, "attention: lse");
     a.lse = &lse_t;
-    const Tensor* w = scratch(place, rudnn::attention_forward_workspace_bytes(a), ws, op);
+    const Tensor* w = scratch_workspace(place, rudnn::attention_forward_workspace_bytes(a), ws, op);
     rudnn::attention_forward(a, w, place.stream);
   });
 }
@@ -109,7 +96,7 @@ ffi::Error attention_backward(const Place& place, ffi::AnyBuffer dout, ffi::AnyB
     a.dq = view(*dq, place, "attention_backward: dq");
     a.dk = view(*dk, place, "attention_backward: dk");
     a.dv = view(*dv, place, "attention_backward: dv");
-    const Tensor* w = scratch(place, rudnn::attention_backward_workspace_bytes(a), ws, op);
+    const Tensor* w = scratch_workspace(place, rudnn::attention_backward_workspace_bytes(a), ws, op);
     rudnn::attention_backward(a, w, place.stream);
   });
 }

@@ -41,20 +41,6 @@ const char* op_name(std::int32_t algo, bool backward) {
   return backward ? "gated_delta_rule_backward" : "gated_delta_rule";
 }
 
-// A workspace of `bytes` from XLA's scratch allocator (nullptr when none is needed).
-const Tensor* scratch(const Place& place, std::size_t bytes, const std::string& op, Tensor& slot) {
-  if (bytes == 0) return nullptr;
-  if (place.scratch == nullptr)
-    fail(ErrorKind::unsupported, op + ": internal: a workspace is needed but XLA gave no scratch allocator");
-  std::optional<void*> memory = place.scratch->Allocate(bytes, 256);
-  if (!memory.has_value() || *memory == nullptr)
-    fail(ErrorKind::cuda, op + ": XLA could not allocate " + std::to_string(bytes) +
-                              " bytes of scratch memory for the workspace");
-  const std::int64_t size = std::int64_t(bytes);
-  slot = Tensor::contiguous(*memory, DType::u8, place.device, &size, 1);
-  return &slot;
-}
-
 ffi::Error gated_delta_forward(const Place& place, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                                ffi::AnyBuffer beta, ffi::AnyBuffer g, ffi::RemainingArgs args,
                                ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> final_state,
@@ -79,7 +65,7 @@ ffi::Error gated_delta_forward(const Place& place, ffi::AnyBuffer q, ffi::AnyBuf
     if (has_initial) a.initial_state = &(initial = in.next("initial_state"));
     if (has_cu) a.cu_seqlens = &(cu = in.next("cu_seqlens"));
     in.finish();
-    a.workspace = scratch(place, rudnn::gated_delta_forward_workspace_bytes(a), op, workspace);
+    a.workspace = scratch_workspace(place, rudnn::gated_delta_forward_workspace_bytes(a), workspace, op);
     rudnn::gated_delta_forward(a, place.stream);
   });
 }
@@ -118,7 +104,7 @@ ffi::Error gated_delta_backward(const Place& place, ffi::AnyBuffer dout, ffi::An
     if (has_dinitial) a.dinitial_state = &(dinitial = res.next("dinitial_state"));
     res.finish();
 
-    a.workspace = scratch(place, rudnn::gated_delta_backward_workspace_bytes(a), op, workspace);
+    a.workspace = scratch_workspace(place, rudnn::gated_delta_backward_workspace_bytes(a), workspace, op);
     rudnn::gated_delta_backward(a, place.stream);
   });
 }

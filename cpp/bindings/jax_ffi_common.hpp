@@ -149,6 +149,27 @@ inline ffi::ErrorCode xla_error_code(ErrorKind kind) {
   }
 }
 
+// A u8 workspace of `bytes` from XLA's scratch allocator, or nullptr when none is needed.
+// XLA_FFI_DeviceMemory_Allocate refuses alignments above 16 (the GPU check of 2026-11-30 failed
+// every JAX op with a workspace while this asked for 256), so ask for 16 and 256 bytes more, and
+// start the workspace at the next 256-byte boundary: the workspace layouts (CUTLASS's
+// device-built grouped-GEMM arguments among them) assume that alignment.
+inline const Tensor* scratch_workspace(const Place& place, std::size_t bytes, Tensor& slot, const std::string& op) {
+  constexpr std::size_t kXlaMaxAlignment = 16, kWorkspaceAlignment = 256;
+  if (bytes == 0) return nullptr;
+  if (place.scratch == nullptr)
+    fail(ErrorKind::unsupported, op + ": internal: a workspace is needed but XLA gave no scratch allocator");
+  std::optional<void*> memory = place.scratch->Allocate(bytes + kWorkspaceAlignment, kXlaMaxAlignment);
+  if (!memory.has_value() || *memory == nullptr)
+    fail(ErrorKind::cuda, op + ": XLA could not allocate " + std::to_string(bytes + kWorkspaceAlignment) +
+                              " bytes of scratch memory for the workspace");
+  const std::uintptr_t raw = reinterpret_cast<std::uintptr_t>(*memory);
+  const std::uintptr_t aligned = (raw + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+  const std::int64_t size = std::int64_t(bytes);
+  slot = Tensor::contiguous(reinterpret_cast<void*>(aligned), DType::u8, place.device, &size, 1);
+  return &slot;
+}
+
 // Runs `body`, turning every C++ exception into an ffi::Error (nothing may unwind into XLA).
 template <class Body>
 ffi::Error guarded(Body&& body) {

@@ -32,19 +32,6 @@ namespace {
 using B = ffi::AnyBuffer;
 using R = ffi::Result<ffi::AnyBuffer>;
 
-// `bytes` of XLA scratch memory as a u8 tensor (none needed: nullptr).
-const Tensor* scratch(const Place& place, std::size_t bytes, Tensor& slot, const std::string& op) {
-  if (bytes == 0) return nullptr;
-  if (place.scratch == nullptr)
-    fail(ErrorKind::unsupported, op + ": internal: a workspace is needed but XLA gave no scratch allocator");
-  std::optional<void*> memory = place.scratch->Allocate(bytes, 256);
-  if (!memory.has_value() || *memory == nullptr)
-    fail(ErrorKind::cuda, op + ": XLA could not allocate " + std::to_string(bytes) + " bytes of scratch memory");
-  const std::int64_t size = std::int64_t(bytes);
-  slot = Tensor::contiguous(*memory, DType::u8, place.device, &size, 1);
-  return &slot;
-}
-
 ffi::Error route(const Place& place, B logits, R indices, R weights, std::int32_t top_k, bool renormalize) {
   return guarded([&] {
     MoeRouteArgs a;
@@ -120,7 +107,7 @@ ffi::Error dispatch(const Place& place, B x, B indices, R x_dispatched, R offset
     a.token_of_row = view(*token_of_row, place, op + ": token_of_row");
     a.row_of_slot = view(*row_of_slot, place, op + ": row_of_slot");
     Tensor ws;
-    a.workspace = scratch(place, moe_dispatch_plan_workspace_bytes(a), ws, op);
+    a.workspace = scratch_workspace(place, moe_dispatch_plan_workspace_bytes(a), ws, op);
     moe_dispatch_plan(a, place.stream);
     moe_gather_rows(view(x, place, op + ": x"), a.token_of_row, view(*x_dispatched, place, op + ": x_dispatched"),
                     place.stream);
@@ -173,7 +160,7 @@ ffi::Error experts_forward(const Place& place, B x, B offsets, B gate, B up, B d
     a.gate_pre = &a_pre;
     a.up_pre = &b_pre;
     a.strategy = static_cast<MoeExpertsStrategy>(strategy);
-    a.workspace = scratch(place, moe_experts_forward_workspace_bytes(a), ws, op);
+    a.workspace = scratch_workspace(place, moe_experts_forward_workspace_bytes(a), ws, op);
     moe_experts_forward(a, place.stream);
   });
 }
@@ -197,7 +184,7 @@ ffi::Error experts_backward(const Place& place, B dy, B x, B offsets, B gate, B 
     a.ddown = view(*ddown, place, op + ": ddown");
     a.strategy = static_cast<MoeExpertsStrategy>(strategy);
     Tensor ws;
-    a.workspace = scratch(place, moe_experts_backward_workspace_bytes(a), ws, op);
+    a.workspace = scratch_workspace(place, moe_experts_backward_workspace_bytes(a), ws, op);
     moe_experts_backward(a, place.stream);
   });
 }

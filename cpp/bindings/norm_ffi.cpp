@@ -74,18 +74,7 @@ ffi::Error norm_backward(const Place& place, ffi::AnyBuffer dy, ffi::AnyBuffer x
     if (has_dbias) a.dbias = &(dbias = out.next("dbias"));
     out.finish();
 
-    const std::size_t bytes = rudnn::norm_backward_workspace_bytes(a);
-    if (bytes > 0) {
-      if (place.scratch == nullptr)
-        fail(ErrorKind::unsupported, std::string(op) + ": internal: a workspace is needed but XLA gave no scratch allocator");
-      std::optional<void*> memory = place.scratch->Allocate(bytes, 256);
-      if (!memory.has_value() || *memory == nullptr)
-        fail(ErrorKind::cuda, std::string(op) + ": XLA could not allocate " + std::to_string(bytes) +
-                                  " bytes of scratch memory for the workspace");
-      const std::int64_t size = std::int64_t(bytes);
-      workspace = Tensor::contiguous(*memory, DType::u8, place.device, &size, 1);
-      a.workspace = &workspace;
-    }
+    a.workspace = scratch_workspace(place, rudnn::norm_backward_workspace_bytes(a), workspace, op);
     rudnn::norm_backward(a, place.stream);
   });
 }

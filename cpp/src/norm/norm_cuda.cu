@@ -54,10 +54,13 @@ int resident_blocks(const void* kernel, int block, std::size_t smem) {
   const Key key{device, kernel, block, smem};
   if (auto it = cache.find(key); it != cache.end()) return it->second;
 
-  if (smem > kDefaultSmemLimit && !opted_in[{device, kernel}]) {
+  // Static and dynamic shared memory share the 48 KB a kernel gets without opting in: a block of
+  // exactly 48 KB of dynamic memory plus a few static bytes fails to launch (invalid argument, seen
+  // on the H200 for the fused norm backward at hidden 96, half precision).
+  cudaFuncAttributes attrs{};
+  RUDNN_CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernel));
+  if (smem + attrs.sharedSizeBytes > kDefaultSmemLimit && !opted_in[{device, kernel}]) {
     // Raise the limit once to everything the device allows next to the kernel's static smem.
-    cudaFuncAttributes attrs{};
-    RUDNN_CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernel));
     const int optin = core::device_props(device).max_smem_per_block_optin;
     RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           optin - int(attrs.sharedSizeBytes)));
