@@ -61,12 +61,14 @@ def test_grad(device, dtype):
 
 
 def test_explicit_backward_matches_torch_path(device):
+    # The same backend on both paths (the JAX default device's): bitwise equal results. (On the
+    # H200 the torch side first ran on the CPU while JAX ran the CUDA kernel: last-bit differences.)
     args = make_inputs(1, 1, 1, 9, 8, 4, torch.float32, seed=73)
     dout = torch.randn(args[2].shape, generator=torch.Generator().manual_seed(7))
-    want = rudnn.gated_delta_rule_backward(dout, *args, scale=0.5)
+    want = rudnn.gated_delta_rule_backward(dout.to(device), *[t.to(device) for t in args], scale=0.5)
     got = rj.gated_delta_rule_backward(J(dout), *[J(t) for t in args], scale=0.5)
     for w, g in zip(want, got):
-        assert torch.equal(T(g), w)
+        assert torch.equal(T(g), w.cpu())
 
 
 def test_trace_time_errors(device):

@@ -80,6 +80,7 @@ class Prepared:
     check: Callable[[], list]
     bytes: int = 0
     flops: int = 0
+    algorithm: Optional[Callable[[], str]] = None  # which kernel served the last call (shown in the table)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,11 +236,25 @@ class Timer:
             self._cycles_per_ms = 2_000_000 / max(s.elapsed_time(e), 1e-3)
         cuda._sleep(int(min(ms, 200.0) * self._cycles_per_ms))
 
+    # Device time one case may spend in its timed batches: a slow call (the fallback at large
+    # sizes takes hundreds of ms) gets fewer repetitions, so that one case cannot eat a GPU
+    # check's whole benchmark budget (2026-11-30: 16 of 71 quick cases fit in 150 s).
+    case_budget_ms = 1500.0
+
     def _cuda(self, fn, reps: int, batches: int) -> float:
         cuda = self.torch.cuda
         for _ in range(self.warmup):
             fn()
         cuda.synchronize()
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        one_ms = start.elapsed_time(end)
+        if one_ms * reps * batches > self.case_budget_ms:
+            batches = min(batches, 3)
+            reps = max(1, min(reps, int(self.case_budget_ms / (max(one_ms, 1e-3) * batches))))
         t0 = time.perf_counter()
         for _ in range(3):
             fn()
@@ -369,6 +384,8 @@ def family_table(name: str, rows: list, env: dict) -> str:
                 pct = f"{100 * val / ceiling:.0f}%"
         status = r.get("status", "?")
         check = "ok" if status == "ok" else f"**{status}**" + (f": {r['note']}" if r.get("note") else "")
+        if r.get("algorithm"):
+            check += f" ({r['algorithm']})"
         if r.get("peer_note"):
             check += f" ({peer_short} failed: {r['peer_note']})"
         check = check.replace("|", "/")

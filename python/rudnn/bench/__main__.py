@@ -105,6 +105,8 @@ def run_case(index: int, spec, device: str, timer, seed: int) -> dict:
                                     if c.note != "result is not the out= tensor" else f"{c.name} {c.note}"
                                     for c in bad)
         row["ms"] = timer(prepared.run)
+        if prepared.algorithm is not None:
+            row["algorithm"] = prepared.algorithm()
     except Exception as e:
         row["status"] = "ERROR"
         row["note"] = _first_line(e)

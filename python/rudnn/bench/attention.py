@@ -116,7 +116,8 @@ def prepare(spec: CaseSpec, device: str) -> Prepared:
             peer = _sdpa(q, k, v, causal, backend)
             return [compare("out", ours[0, :h, rows], ref, peer[0, :h, rows], expect_dtype=dt)]
 
-        return Prepared(run=run, peer=lambda: _sdpa(q, k, v, causal, backend), check=check, flops=flops)
+        return Prepared(run=run, peer=lambda: _sdpa(q, k, v, causal, backend), check=check, flops=flops,
+                        algorithm=rudnn.attention_last_algorithm)
 
     out, lse = rudnn.attention(q, k, v, causal=bool(causal), return_lse=True)
     dout = torch.randn(B, Hq, S, D, device=device, generator=g).to(dt)
@@ -150,4 +151,4 @@ def prepare(spec: CaseSpec, device: str) -> Prepared:
         return [compare(name, a[:1, :n], ref, p[:1, :n], expect_dtype=dt)
                 for name, a, ref, p, n in zip(("dq", "dk", "dv"), ours, grads, theirs, heads)]
 
-    return Prepared(run=run, peer=peer, check=check, flops=int(2.5 * flops))
+    return Prepared(run=run, peer=peer, check=check, flops=int(2.5 * flops), algorithm=rudnn.attention_last_algorithm)
