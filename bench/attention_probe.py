@@ -20,7 +20,9 @@ import torch.nn.functional as F
 
 import rudnn
 
-CASES = [(4, 16, 2048, 128, 0), (4, 16, 2048, 128, 1), (4, 32, 2048, 64, 1)]  # (B, H, S, D, causal)
+# (B, H, S, D, causal, softcap): softcap selects the kernels' general score path, None the plain one.
+CASES = [(4, 16, 2048, 128, 0, None), (4, 16, 2048, 128, 1, None), (4, 32, 2048, 64, 1, None),
+         (4, 16, 2048, 128, 1, 50.0)]
 
 
 def device_ms(fn, reps=20):
@@ -41,9 +43,9 @@ def device_ms(fn, reps=20):
 def main() -> int:
     ncu = "--ncu" in sys.argv
     kernel = os.environ.get("RUDNN_ATTENTION_FLASH", "default")
-    for B, H, S, D, causal in CASES:
+    for B, H, S, D, causal, softcap in CASES:
         q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        run = lambda: rudnn.attention(q, k, v, causal=bool(causal))  # noqa: E731
+        run = lambda: rudnn.attention(q, k, v, causal=bool(causal), softcap=softcap)  # noqa: E731
         if ncu:
             run()
             torch.cuda.synchronize()
@@ -51,10 +53,10 @@ def main() -> int:
         flops = 4 * B * H * S * S * D / (2 if causal else 1)
         ms = device_ms(run)
         algo = rudnn.attention_last_algorithm()
-        ref = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-        err = ((run().float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))  # no softcap: err only without it
+        err = ((run().float() - ref.float()).abs().max() / ref.float().abs().max()).item() if softcap is None else float("nan")
         peer = device_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)))
-        print(f"RUDNN_ATTENTION_FLASH={kernel:7s} B={B} H={H} S={S} D={D} causal={causal}: {algo:10s} "
+        print(f"RUDNN_ATTENTION_FLASH={kernel:7s} B={B} H={H} S={S} D={D} causal={causal} softcap={softcap}: {algo:10s} "
               f"{ms:8.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s | sdpa {peer:7.3f} ms {flops / peer / 1e9:6.1f} "
               f"TFLOP/s | rel err vs sdpa {err:.1e}", flush=True)
     return 0

@@ -41,4 +41,37 @@ __device__ __forceinline__ float logit(const Problem& p, float dot, std::int64_t
   return s;
 }
 
+// The whole score transform of key j for query i: -inf where hidden, else logit(). Out of line
+// on purpose: the flash kernels unroll it over every score of a tile, and inlined (bias and mask
+// dtype switches, softcap's tanh, the division's slow path) it made the sm90a forward's main
+// loop 8.7k instructions, ~140 KB, several times the SM's instruction cache. Kernels without
+// these options use plain_logit() instead and never call this. `*tanh_out` as for logit().
+inline __device__ __noinline__ float general_logit(const Problem& p, float dot, std::int64_t b, std::int64_t h,
+                                            std::int64_t i, std::int64_t j, std::int64_t len_q, std::int64_t len_k,
+                                            float* tanh_out) {
+  if (hidden(p, b, h, i, j, len_q, len_k)) {
+    *tanh_out = 0.0f;
+    return -INFINITY;
+  }
+  return logit(p, dot, b, h, i, j, tanh_out);
+}
+
+// The score transform when p.plain_scores(): only the scale and the causal diagonal.
+__device__ __forceinline__ float plain_logit(const Problem& p, float dot, std::int64_t i, std::int64_t j,
+                                             std::int64_t len_q, std::int64_t len_k) {
+  return p.causal && j > i + len_k - len_q ? -INFINITY : dot * p.scale;
+}
+
+// The score of key j for query i under either transform (kPlain chosen at compile time).
+template <bool kPlain>
+__device__ __forceinline__ float score(const Problem& p, float dot, std::int64_t b, std::int64_t h, std::int64_t i,
+                                       std::int64_t j, std::int64_t len_q, std::int64_t len_k, float* tanh_out) {
+  if constexpr (kPlain) {
+    *tanh_out = 0.0f;
+    return plain_logit(p, dot, i, j, len_q, len_k);
+  } else {
+    return general_logit(p, dot, b, h, i, j, len_q, len_k, tanh_out);
+  }
+}
+
 }  // namespace rudnn::attention::cuda

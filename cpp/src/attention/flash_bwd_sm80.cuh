@@ -59,7 +59,7 @@ __host__ __device__ __forceinline__ void query_block_range(const Problem& p, std
 // dS and P of one (query block, key block) tile from the raw S = Q K^T and dP = dO V^T
 // accumulators, in place: acc_s becomes P, acc_dp becomes dS. lse_r / delta_r are the
 // thread's rows (rowcol order); rows and keys outside the sequences or hidden get 0.
-template <class AccS, class AccDp, class Coords, int kRows>
+template <bool kPlain, class AccS, class AccDp, class Coords, int kRows>
 __device__ __forceinline__ void probabilities_and_dscores(const Problem& p, AccS& acc_s, AccDp& acc_dp,
                                                          Coords const& coords, std::int64_t b, std::int64_t h,
                                                          std::int64_t m0, std::int64_t n0, std::int64_t len_q,
@@ -74,12 +74,15 @@ __device__ __forceinline__ void probabilities_and_dscores(const Problem& p, AccS
     for (int c = 0; c < size<1>(s_rc); ++c) {
       const std::int64_t row = m0 + get<0>(c_rc(r, c)), col = n0 + get<1>(c_rc(r, c));
       float prob = 0.0f, ds = 0.0f;
-      if (row < len_q && col < len_k && lse_r[r] != -INFINITY && !cuda::hidden(p, b, h, row, col, len_q, len_k)) {
+      if (row < len_q && col < len_k && lse_r[r] != -INFINITY) {
         float t;
-        prob = expf(cuda::logit(p, s_rc(r, c), b, h, row, col, &t) - lse_r[r]);
-        ds = prob * (dp_rc(r, c) - delta_r[r]);
-        if (p.softcap > 0.0f) ds *= 1.0f - t * t;
-        ds *= p.scale;
+        const float s = cuda::score<kPlain>(p, s_rc(r, c), b, h, row, col, len_q, len_k, &t);
+        if (s != -INFINITY) {  // hidden keys (and -inf additive masks) get no probability
+          prob = expf(s - lse_r[r]);
+          ds = prob * (dp_rc(r, c) - delta_r[r]);
+          if (!kPlain && p.softcap > 0.0f) ds *= 1.0f - t * t;
+          ds *= p.scale;
+        }
       }
       s_rc(r, c) = prob;
       dp_rc(r, c) = ds;
@@ -105,9 +108,9 @@ __global__ void __launch_bounds__(128)
   if (threadIdx.x % 32 == 0) delta[delta_index(p, b, h, q0 + i)] = s;
 }
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kPlain>
 __global__ void __launch_bounds__(128)
-    dq_kernel(const BackwardProblem bp, const Element* __restrict__ dout, const Element* __restrict__ q,
+    dq_kernel(const __grid_constant__ BackwardProblem bp, const Element* __restrict__ dout, const Element* __restrict__ q,
               const Element* __restrict__ k, const Element* __restrict__ v, const float* __restrict__ lse,
               const float* __restrict__ delta, Element* __restrict__ dq) {
   using Cfg = Sm80BwdConfig<Element, kHeadDim>;
@@ -220,7 +223,7 @@ __global__ void __launch_bounds__(128)
       cute::copy(copy_b, tSsV(_, _, kk), tSrV_view(_, _, kk));
       cute::gemm(mma, tSrdO(_, _, kk), tSrV(_, _, kk), acc_dp);
     }
-    probabilities_and_dscores(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k, lse_r, delta_r);
+    probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k, lse_r, delta_r);
 
     // dQ += dS K: dS straight from registers as the A operand, K^T through ldmatrix.trans.
     cute::Tensor rdS = make_tensor_like<Element>(acc_dp);
@@ -245,9 +248,9 @@ __global__ void __launch_bounds__(128)
   }
 }
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kPlain>
 __global__ void __launch_bounds__(128)
-    dkdv_kernel(const BackwardProblem bp, const Element* __restrict__ dout, const Element* __restrict__ q,
+    dkdv_kernel(const __grid_constant__ BackwardProblem bp, const Element* __restrict__ dout, const Element* __restrict__ q,
                 const Element* __restrict__ k, const Element* __restrict__ v, const float* __restrict__ lse,
                 const float* __restrict__ delta, Element* __restrict__ dk, Element* __restrict__ dv) {
   using Cfg = Sm80BwdConfig<Element, kHeadDim>;
@@ -382,7 +385,7 @@ __global__ void __launch_bounds__(128)
         cute::copy(copy_b, tSsV(_, _, kk), tSrV_view(_, _, kk));
         cute::gemm(mma, tSrdO(_, _, kk), tSrV(_, _, kk), acc_dp);
       }
-      probabilities_and_dscores(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k, lse_r, delta_r);
+      probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k, lse_r, delta_r);
 
       // P and dS to shared memory (by coordinates) so that their transposes can be read back.
       CUTE_UNROLL
@@ -437,7 +440,7 @@ void launch_backward_sm80(const BackwardProblem& bp, const void* dout, const voi
     delta_kernel<Element><<<dim3(unsigned((p.sq + 3) / 4), unsigned(p.hq), unsigned(p.batch)), 128, 0, s>>>(
         bp, dO, static_cast<const Element*>(out), delta);
     RUDNN_CUDA_CHECK_LAUNCH("attention flash delta_kernel");
-    auto kernel = dq_kernel<Element, kHeadDim>;
+    auto kernel = p.plain_scores() ? dq_kernel<Element, kHeadDim, true> : dq_kernel<Element, kHeadDim, false>;
     if (Cfg::kDqSmemBytes > 48 * 1024)
       RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kDqSmemBytes));
     kernel<<<dim3(unsigned((p.sq + Cfg::kBlockM - 1) / Cfg::kBlockM), unsigned(p.hq), unsigned(p.batch)), 128,
@@ -445,7 +448,7 @@ void launch_backward_sm80(const BackwardProblem& bp, const void* dout, const voi
     RUDNN_CUDA_CHECK_LAUNCH("attention flash dq_kernel");
   }
   if (p.sk > 0) {
-    auto kernel = dkdv_kernel<Element, kHeadDim>;
+    auto kernel = p.plain_scores() ? dkdv_kernel<Element, kHeadDim, true> : dkdv_kernel<Element, kHeadDim, false>;
     if (Cfg::kDkdvSmemBytes > 48 * 1024)
       RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kDkdvSmemBytes));
     kernel<<<dim3(unsigned((p.sk + Cfg::kBlockN - 1) / Cfg::kBlockN), unsigned(p.hkv), unsigned(p.batch)), 128,

@@ -116,20 +116,18 @@ __host__ __device__ __forceinline__ void key_block_range(const Problem& p, std::
 // how S = Q K^T is computed), all on the mma.sync accumulator layout.
 
 // Scores of one key block, in place: scale, softcap, bias, masks; -inf where hidden or outside
-// the sequences. coords(i) is the (row, col) of accumulator element i within the tile.
-template <class Acc, class Coords>
+// the sequences. coords(i) is the (row, col) of accumulator element i within the tile. kPlain:
+// the problem has none of the options but causal (Problem::plain_scores).
+template <bool kPlain, class Acc, class Coords>
 __device__ __forceinline__ void mask_scores(Acc& acc_s, const Coords& coords, const Problem& p, std::int64_t b,
                                             std::int64_t h, std::int64_t m0, std::int64_t n0, std::int64_t len_q,
                                             std::int64_t len_k) {
   CUTE_UNROLL
   for (int i = 0; i < size(acc_s); ++i) {
     const std::int64_t row = m0 + get<0>(coords(i)), col = n0 + get<1>(coords(i));
-    float s = -INFINITY;
-    if (row < len_q && col < len_k && !cuda::hidden(p, b, h, row, col, len_q, len_k)) {
-      float t;
-      s = cuda::logit(p, acc_s(i), b, h, row, col, &t);
-    }
-    acc_s(i) = s;
+    float t;
+    acc_s(i) = row < len_q && col < len_k ? cuda::score<kPlain>(p, acc_s(i), b, h, row, col, len_q, len_k, &t)
+                                          : -INFINITY;
   }
 }
 
@@ -203,9 +201,9 @@ __device__ __forceinline__ void store_forward_output(const AccO& acc_o_rc, const
   }
 }
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kPlain>
 __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
-    forward_sm80_kernel(const Problem p, const Element* __restrict__ q, const Element* __restrict__ k,
+    forward_sm80_kernel(const __grid_constant__ Problem p, const Element* __restrict__ q, const Element* __restrict__ k,
                         const Element* __restrict__ v, Element* __restrict__ out, float* __restrict__ lse) {
   using Cfg = Sm80Config<Element, kHeadDim>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
@@ -305,7 +303,7 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
       cute::gemm(mma, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s);
     }
 
-    mask_scores(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
+    mask_scores<kPlain>(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
     online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
     accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o);
   }
@@ -329,7 +327,8 @@ void launch_forward_sm80(const Problem& p, const void* q, const void* k, const v
   const std::int64_t m_blocks = (p.sq + Cfg::kBlockM - 1) / Cfg::kBlockM;
   if (m_blocks == 0 || p.hq == 0 || p.batch == 0) return;
   const dim3 grid(unsigned(m_blocks), unsigned(p.hq), unsigned(p.batch));
-  auto kernel = forward_sm80_kernel<Element, kHeadDim>;
+  auto kernel = p.plain_scores() ? forward_sm80_kernel<Element, kHeadDim, true>
+                                 : forward_sm80_kernel<Element, kHeadDim, false>;
   if (Cfg::kSmemBytes > 48 * 1024)
     RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(

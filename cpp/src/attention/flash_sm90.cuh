@@ -32,9 +32,9 @@ struct Sm90Config : Sm80Config<Element, kHeadDim> {
   static_assert(Base::kBlockM == 64 && Base::kBlockN == 64, "one 64x64x16 wgmma per k step");
 };
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kPlain>
 __global__ void __launch_bounds__(128)
-    forward_sm90_kernel(const Problem p, const Element* __restrict__ q, const Element* __restrict__ k,
+    forward_sm90_kernel(const __grid_constant__ Problem p, const Element* __restrict__ q, const Element* __restrict__ k,
                         const Element* __restrict__ v, Element* __restrict__ out, float* __restrict__ lse) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Cfg = Sm90Config<Element, kHeadDim>;
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(128)
     warpgroup_fence_operand(acc_s90);
     cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
 
-    mask_scores(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
+    mask_scores<kPlain>(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
     online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
     accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o);
   }
@@ -154,7 +154,8 @@ void launch_forward_sm90(const Problem& p, const void* q, const void* k, const v
   const std::int64_t m_blocks = (p.sq + Cfg::kBlockM - 1) / Cfg::kBlockM;
   if (m_blocks == 0 || p.hq == 0 || p.batch == 0) return;
   const dim3 grid(unsigned(m_blocks), unsigned(p.hq), unsigned(p.batch));
-  auto kernel = forward_sm90_kernel<Element, kHeadDim>;
+  auto kernel = p.plain_scores() ? forward_sm90_kernel<Element, kHeadDim, true>
+                                 : forward_sm90_kernel<Element, kHeadDim, false>;
   if (Cfg::kSmemBytes > 48 * 1024)
     RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<grid, 128, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(

@@ -71,6 +71,12 @@ struct Problem {
     return true;
   }
 
+  // No mask, bias, softcap or window (causal allowed): the flash kernels then compile the score
+  // transform down to a multiply and the diagonal test (cuda_common.cuh, plain_logit).
+  bool plain_scores() const {
+    return mask.data == nullptr && bias.data == nullptr && !(softcap > 0.0f) && window_left < 0 && window_right < 0;
+  }
+
   bool has_mask() const { return mask.data != nullptr; }
   bool has_bias() const { return bias.data != nullptr; }
 
