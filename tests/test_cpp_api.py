@@ -52,3 +52,27 @@ def test_dlpack_consumer_program(tmp_path):
     result = subprocess.run([str(exe)], capture_output=True, text=True)
     assert result.returncode == 0, result
     assert "unsupported DLPack dtype" in result.stdout
+
+
+# Mangled names of libstdc++'s own machinery (streams, locales, the exception runtime). A build
+# whose toolchain links libstdc++ statically (the GPU machine's /opt/gcc does) must keep these
+# local: exported, they interpose on the process's libstdc++.so and crash torch or rudnn in
+# iostream code (seen on the H200 on 2026-11-30; CMakeLists.txt links with --exclude-libs,ALL).
+STDLIB_INTERNALS = ("_ZNSt6locale", "_ZNSt8ios_base", "_ZNSo", "_ZNSi", "_ZSt4cout", "__cxa_throw",
+                    "__cxa_allocate_exception", "_ZNSt7codecvt", "_ZTVNSt7__cxx1119basic_ostringstream")
+
+
+@pytest.mark.parametrize("which", ["libruDNN", "_C"])
+def test_no_exported_stdlib_internals(which):
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm (binutils)")
+    if which == "libruDNN":
+        lib_dir = os.path.join(rudnn.cmake_prefix(), "lib")
+        path = next(os.path.join(lib_dir, f) for f in sorted(os.listdir(lib_dir)) if f.startswith("libruDNN.so"))
+    else:
+        path = rudnn._C.__file__
+    symbols = subprocess.run([nm, "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
+    exported = [line.split()[-1] for line in symbols.splitlines() if line.split()]
+    leaked = [s for s in exported if s.startswith(STDLIB_INTERNALS)]
+    assert not leaked, f"{path} exports libstdc++ internals: {leaked[:10]}"
