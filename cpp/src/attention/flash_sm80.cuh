@@ -160,22 +160,27 @@ __device__ __forceinline__ void online_softmax_step(Acc& acc_s, AccO& acc_o_rc, 
 
 // O += P V for one key block: P (the exponentiated scores) rounded to Element and reused in
 // registers as the A operand; V read from shared memory once its copy has landed.
-template <class Element, class Acc, class Mma, class CopyV, class SrcV, class ViewV, class FragV, class AccO>
+// `prefetch_next_k` runs once every warp is past its reads of sK (after the barrier that
+// publishes V), so the next key block's copy into sK overlaps these MMAs. The caller's next
+// iteration waits for that copy and synchronizes before anything overwrites sV.
+template <class Element, class Acc, class Mma, class CopyV, class SrcV, class ViewV, class FragV, class AccO,
+          class Prefetch>
 __device__ __forceinline__ void accumulate_pv(const Acc& acc_s, Mma& mma, const CopyV& copy_v, const SrcV& tOsVt,
-                                              ViewV& tOrVt_view, FragV& tOrVt, AccO& acc_o) {
+                                              ViewV& tOrVt_view, FragV& tOrVt, AccO& acc_o,
+                                              Prefetch&& prefetch_next_k) {
   cute::Tensor rP = make_tensor_like<Element>(acc_s);
   CUTE_UNROLL
   for (int i = 0; i < size(acc_s); ++i) rP(i) = static_cast<Element>(acc_s(i));
   cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
 
-  cp_async_wait<0>();  // V has landed
-  __syncthreads();
+  cp_async_wait<0>();  // V has landed (the only copy in flight)
+  __syncthreads();     // ... for every warp; and every warp is done reading sK
+  prefetch_next_k();
   CUTE_UNROLL
   for (int kk = 0; kk < size<2>(tOrP); ++kk) {
     cute::copy(copy_v, tOsVt(_, _, kk), tOrVt_view(_, _, kk));
     cute::gemm(mma, tOrP(_, _, kk), tOrVt(_, _, kk), acc_o);
   }
-  __syncthreads();  // every warp is done with sK / sV before the next block overwrites them
 }
 
 // Epilogue: out = acc / sum, lse = max + log(sum); rows that saw nothing: 0 and -inf.
@@ -282,17 +287,18 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
   const std::int64_t rows_here = len_q - m0 < BM ? len_q - m0 : BM;
   key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
 
+  // Loads overlap the MMAs (FlashAttention-2's order): V of block n streams in while S = Q K^T
+  // and the softmax run, K of block n + 1 while O += P V runs. One buffer each for K and V.
   copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
+  if (n_first < n_last) copy_rows(gmem_copy, tKg(_, _, _, n_first), tKs, tKVc, len_k - n_first * BN);
   cp_async_fence();
 
   for (std::int64_t n = n_first; n < n_last; ++n) {
     const std::int64_t n0 = n * BN;
-    copy_rows(gmem_copy, tKg(_, _, _, n), tKs, tKVc, len_k - n0);
-    cp_async_fence();
+    cp_async_wait<0>();  // Q and K of block n have landed
+    __syncthreads();     // ... for every warp; and every warp is done with sV (last block's P V)
     copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tKVc, len_k - n0);
     cp_async_fence();
-    cp_async_wait<1>();  // Q and K have landed (V may still be in flight)
-    __syncthreads();
 
     cute::Tensor acc_s = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
     clear(acc_s);
@@ -305,7 +311,12 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
 
     mask_scores<kPlain>(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
     online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
-    accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o);
+    accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o, [&] {
+      if (n + 1 < n_last) {
+        copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKVc, len_k - n0 - BN);
+        cp_async_fence();
+      }
+    });
   }
   cp_async_wait<0>();  // no copy may outlive the CTA (the Q load when no key block was visible)
 

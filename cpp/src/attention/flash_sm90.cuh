@@ -4,7 +4,8 @@
 //
 // What it does NOT have yet (FlashAttention-3's schedule): TMA loads, producer/consumer warp
 // specialization with an mbarrier pipeline, two consumer warpgroups with softmax overlapped
-// against the other's GEMMs, and wgmma for O += P V. Loads are cp.async, P V runs on mma.sync.
+// against the other's GEMMs, and wgmma for O += P V. Loads are cp.async, overlapped with the
+// MMAs in FlashAttention-2's order; P V runs on mma.sync.
 //
 // The wgmma accumulator of a 64 x 64 tile holds, per thread, exactly the (row, col) elements
 // of the mma.sync accumulator in the same register order (checked on the host by
@@ -108,18 +109,19 @@ __global__ void __launch_bounds__(128)
   const std::int64_t rows_here = len_q - m0 < BM ? len_q - m0 : BM;
   key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
 
+  // Loads overlap the MMAs as in the sm80 kernel: V of block n during S and the softmax, K of
+  // block n + 1 during O += P V.
   copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
+  if (n_first < n_last) copy_rows(gmem_copy, tKg(_, _, _, n_first), tKs, tKVc, len_k - n_first * BN);
   cp_async_fence();
 
   for (std::int64_t n = n_first; n < n_last; ++n) {
     const std::int64_t n0 = n * BN;
-    copy_rows(gmem_copy, tKg(_, _, _, n), tKs, tKVc, len_k - n0);
-    cp_async_fence();
+    cp_async_wait<0>();                        // Q and K of block n have landed
+    cutlass::arch::fence_view_async_shared();  // make these generic-proxy writes visible to wgmma
+    __syncthreads();                           // ... for every warp; every warp is done with sV
     copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tKVc, len_k - n0);
     cp_async_fence();
-    cp_async_wait<1>();                      // Q and K have landed
-    cutlass::arch::fence_view_async_shared();  // make these generic-proxy writes visible to wgmma
-    __syncthreads();
 
     cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
     warpgroup_fence_operand(acc_s90);
@@ -137,7 +139,12 @@ __global__ void __launch_bounds__(128)
 
     mask_scores<kPlain>(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
     online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
-    accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o);
+    accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o, [&] {
+      if (n + 1 < n_last) {
+        copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKVc, len_k - n0 - BN);
+        cp_async_fence();
+      }
+    });
   }
   cp_async_wait<0>();
 
