@@ -8,7 +8,6 @@ toolkit's headers or CUTLASS's headers are missing."""
 
 import os
 import re
-import shutil
 import subprocess
 
 import numpy as np
@@ -17,32 +16,9 @@ import torch
 
 from test_gated_delta import make_inputs, oracle_grads
 from reference import gated_delta as ref
-from util import assert_close_to_oracle
+from util import ROOT, assert_close_to_oracle, build_emulator
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "cpp", "src", "gated_delta")
-
-
-def _cuda_include():
-    for root in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
-        inc = os.path.join(root, "include") if root else ""
-        if inc and os.path.exists(os.path.join(inc, "cuda_fp16.h")):
-            return inc
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        inc = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include")
-        if os.path.exists(os.path.join(inc, "cuda_fp16.h")):
-            return inc
-    return None
-
-
-def _cutlass_include():
-    try:
-        import cutlass_library
-    except ImportError:
-        return None
-    inc = os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include")
-    return inc if os.path.exists(os.path.join(inc, "cute", "tensor.hpp")) else None
 
 
 def _namespace_block(src, name):
@@ -74,19 +50,8 @@ def _kernels_source():
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-    cxx, cuda_inc, cutlass_inc = shutil.which("g++"), _cuda_include(), _cutlass_include()
-    if not (cxx and cuda_inc and cutlass_inc):
-        pytest.skip("needs g++, the CUDA toolkit headers and CUTLASS headers")
-    build = tmp_path_factory.mktemp("gd_emu")
-    (build / "kernels.inc").write_text(_kernels_source())
-    exe = build / "gated_delta_emu"
-    cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-w", f"-I{build}", f"-I{os.path.join(ROOT, 'cpp', 'src')}",
-           f"-I{os.path.join(ROOT, 'cpp', 'include')}", f"-I{cuda_inc}", f"-I{os.path.join(cuda_inc, 'cccl')}",
-           f"-I{cutlass_inc}", os.path.join(ROOT, "tests", "emulation", "gated_delta_emu.cpp"),
-           os.path.join(ROOT, "cpp", "src", "core", "tensor.cpp"), "-o", str(exe)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return exe
+    return build_emulator("gated_delta_emu.cpp", _kernels_source(), tmp_path_factory.mktemp("gd_emu"),
+                          needs_cutlass=True)
 
 
 def _bits(t):

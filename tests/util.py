@@ -1,5 +1,9 @@
 """Shared test helpers: devices, dtypes and the FlashAttention-style error budget."""
 
+import os
+import shutil
+import subprocess
+
 import pytest
 import torch
 
@@ -34,3 +38,51 @@ def assert_close_to_oracle(ours, torch_same_dtype, oracle64, what="result", dtyp
 def rand(shape, dtype, device="cpu", seed=0, scale=1.0, offset=0.0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(shape, generator=g, dtype=torch.float64) * scale + offset).to(dtype).to(device)
+
+
+# ---- host emulators of CUDA kernels (tests/emulation/) --------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cuda_include():
+    """The CUDA toolkit's include directory (for cuda_fp16.h & co. on the host), or None."""
+    for root in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+        inc = os.path.join(root, "include") if root else ""
+        if inc and os.path.exists(os.path.join(inc, "cuda_fp16.h")):
+            return inc
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        inc = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include")
+        if os.path.exists(os.path.join(inc, "cuda_fp16.h")):
+            return inc
+    return None
+
+
+def cutlass_include():
+    """CUTLASS/CuTe headers of the pinned nvidia-cutlass wheel, or None."""
+    try:
+        import cutlass_library
+    except ImportError:
+        return None
+    inc = os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include")
+    return inc if os.path.exists(os.path.join(inc, "cute", "tensor.hpp")) else None
+
+
+def build_emulator(source, kernels_inc, build_dir, needs_cutlass=False):
+    """Compiles tests/emulation/<source> with the extracted kernel text `kernels_inc`; skips the
+    test when g++ (C++20), the CUDA headers or (if needed) CUTLASS's headers are missing."""
+    cxx, cuda_inc = shutil.which("g++"), cuda_include()
+    cutlass_inc = cutlass_include() if needs_cutlass else None
+    if not (cxx and cuda_inc and (cutlass_inc or not needs_cutlass)):
+        pytest.skip("needs g++, the CUDA toolkit headers" + (" and CUTLASS headers" if needs_cutlass else ""))
+    (build_dir / "kernels.inc").write_text(kernels_inc)
+    exe = build_dir / os.path.splitext(source)[0]
+    cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-w", f"-I{build_dir}", f"-I{os.path.join(ROOT, 'cpp', 'src')}",
+           f"-I{os.path.join(ROOT, 'cpp', 'include')}", f"-I{cuda_inc}", f"-I{os.path.join(cuda_inc, 'cccl')}"]
+    cmd += [f"-I{cutlass_inc}"] if cutlass_inc else []
+    cmd += [os.path.join(ROOT, "tests", "emulation", source), os.path.join(ROOT, "cpp", "src", "core", "tensor.cpp"),
+            "-o", str(exe)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return exe

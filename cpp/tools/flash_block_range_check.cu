@@ -26,7 +26,7 @@ int main() {
             for (std::int64_t m0 = 0; m0 < lq; m0 += 64) {
               const std::int64_t rows = lq - m0 < 64 ? lq - m0 : 64;
               std::int64_t first, last;
-              rudnn::attention::flash::key_block_range(p, m0, rows, lq, lk, 64, first, last);
+              rudnn::attention::cuda::key_block_range(p, m0, rows, lq, lk, 64, first, last);
               std::int64_t lo = lk, hi = -1;  // visible keys of this query block
               for (std::int64_t i = m0; i < m0 + rows; ++i)
                 for (std::int64_t j = 0; j < lk; ++j)

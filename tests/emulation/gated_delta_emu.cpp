@@ -13,47 +13,10 @@
 // little-endian arrays (q k v beta: float32 or bfloat16 bits; g, initial, dfinal: float32;
 // cu: int32), all dense [B, H, T, X] / [N, Hv, K, V]; writes out/final (forward) or
 // dq dk dv dbeta dg dinit (backward) in the same formats.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime_api.h>
+#include "emu_runtime.hpp"
 
 #include <cute/atom/mma_atom.hpp>
 #include <cute/tensor.hpp>
-
-#include <algorithm>
-#include <barrier>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <fstream>
-#include <memory>
-#include <string>
-#include <thread>
-#include <vector>
-
-struct EmuDim3 {
-  unsigned x = 0, y = 0, z = 0;
-};
-thread_local EmuDim3 threadIdx, blockIdx, blockDim, gridDim;
-thread_local int emu_lane = 0, emu_warp = 0;
-unsigned char* emu_smem = nullptr;  // dynamic shared memory of the running block
-std::barrier<>* emu_block_barrier = nullptr;
-
-struct EmuWarp {
-  std::unique_ptr<std::barrier<>> barrier;
-  float value[32];
-};
-std::vector<EmuWarp>* emu_warps = nullptr;
-
-inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
-  EmuWarp& w = (*emu_warps)[emu_warp];
-  w.value[emu_lane] = v;
-  w.barrier->arrive_and_wait();
-  const float r = w.value[emu_lane ^ lane_mask];
-  w.barrier->arrive_and_wait();
-  return r;
-}
 
 #include "core/dispatch.hpp"
 #include "gated_delta/problem.hpp"
@@ -85,47 +48,16 @@ namespace {
 
 template <class T>
 std::vector<T> read(const std::string& path, std::size_t n) {
-  std::vector<T> v(n);
-  std::ifstream f(path, std::ios::binary);
-  if (n && !f.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * sizeof(T)))) {
-    std::fprintf(stderr, "cannot read %s\n", path.c_str());
-    std::exit(2);
-  }
-  return v;
+  return emu_read<T>(path, n);
 }
-
 template <class T>
 void write(const std::string& path, const std::vector<T>& v) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(T)));
+  emu_write(path, v);
 }
-
-// Runs kernel(block) for every block of the grid with blockDim (bx, by) threads.
+// Runs kernel() for `blocks` blocks along x with blockDim (bx, by).
 template <class Kernel>
 void launch(i64 blocks, unsigned bx, unsigned by, std::size_t dyn_smem, Kernel kernel) {
-  const unsigned threads = bx * by;
-  std::vector<unsigned char> smem(dyn_smem + 128);
-  for (i64 b = 0; b < blocks; ++b) {
-    std::fill(smem.begin(), smem.end(), 0xff);  // poison: NaN bit patterns
-    emu_smem = smem.data();
-    std::barrier<> block_barrier(threads);
-    emu_block_barrier = &block_barrier;
-    std::vector<EmuWarp> warps((threads + 31) / 32);
-    for (auto& w : warps) w.barrier = std::make_unique<std::barrier<>>(32);
-    emu_warps = &warps;
-    std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        threadIdx = {t % bx, t / bx, 0};
-        blockIdx = {unsigned(b), 0, 0};
-        blockDim = {bx, by, 1};
-        gridDim = {unsigned(blocks), 1, 1};
-        emu_lane = int(t % 32);
-        emu_warp = int(t / 32);
-        kernel();
-      });
-    for (auto& th : pool) th.join();
-  }
+  emu_launch(EmuDim3{unsigned(blocks), 1, 1}, bx, by, dyn_smem, kernel);
 }
 
 SeqStrides dense(i64 H, i64 T, i64 X) { return {H * T * X, T * X, X}; }

@@ -41,6 +41,30 @@ __device__ __forceinline__ float logit(const Problem& p, float dot, std::int64_t
   return s;
 }
 
+// [first, last) key blocks that hold a key visible to some row in [m0, m0 + rows).
+__host__ __device__ __forceinline__ void key_block_range(const Problem& p, std::int64_t m0, std::int64_t rows,
+                                                std::int64_t len_q, std::int64_t len_k, int block_n,
+                                                std::int64_t& first, std::int64_t& last) {
+  const std::int64_t shift = len_k - len_q;
+  std::int64_t lo = 0, hi = len_k;  // keys [lo, hi)
+  if (p.causal || p.window_right >= 0) {
+    // Causal caps the right side at 0 (the query's own position); any window_right >= 0 is wider.
+    const std::int64_t right = p.causal ? 0 : p.window_right;
+    const std::int64_t bound = m0 + rows - 1 + shift + right + 1;
+    hi = bound < hi ? bound : hi;
+  }
+  if (p.window_left >= 0) {
+    const std::int64_t bound = m0 + shift - p.window_left;
+    lo = bound > lo ? bound : lo;
+  }
+  if (hi <= lo) {
+    first = last = 0;
+    return;
+  }
+  first = lo / block_n;
+  last = (hi + block_n - 1) / block_n;
+}
+
 // The whole score transform of key j for query i: -inf where hidden, else logit(). Out of line
 // on purpose: the flash kernels unroll it over every score of a tile, and inlined (bias and mask
 // dtype switches, softcap's tanh, the division's slow path) it made the sm90a forward's main

@@ -1,8 +1,8 @@
 // The "fallback" attention strategy: simple CUDA kernels for any float dtype, any head
 // dims and every option, correct first and fast second. No Sq x Sk matrix is stored:
-//   forward      one block per query row: pass 1 finds the row's max and sum (online
-//                softmax over the keys, one key per thread), pass 2 recomputes the scores
-//                a chunk at a time and accumulates P V in shared memory.
+//   forward      one block per 16 query rows (and up to 256 output columns): 32-key tiles,
+//                scores from 64-column slices of Q and K staged in shared memory, online
+//                softmax per row in registers, P V accumulated in shared memory (CUDA cores).
 //   backward     one block per query row computes delta = dout . out and dq; then one
 //                block per key row gathers dk and dv over the query rows of every head of
 //                its group. Every sum runs in a fixed order: no atomics, deterministic.
@@ -35,25 +35,6 @@ __device__ __forceinline__ float dot(const float* a, const T* b, std::int64_t n)
   return s;
 }
 
-// Merges the online-softmax state (m2, l2) into (m, l): l is the sum of exp(score - m).
-__device__ __forceinline__ void merge(float& m, float& l, float m2, float l2) {
-  const float mx = fmaxf(m, m2);
-  if (mx == -INFINITY) return;  // both empty
-  l = l * expf(m - mx) + l2 * expf(m2 - mx);
-  m = mx;
-}
-
-// Every thread of the block gets the merged (m, l) of all threads.
-__device__ void block_merge(float& m, float& l) {
-  __shared__ float ms[kWarps], ls[kWarps];
-  for (int offset = 16; offset > 0; offset >>= 1)
-    merge(m, l, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, l, offset));
-  if (threadIdx.x % 32 == 0) ms[threadIdx.x / 32] = m, ls[threadIdx.x / 32] = l;
-  __syncthreads();
-  m = ms[0], l = ls[0];
-  for (int w = 1; w < kWarps; ++w) merge(m, l, ms[w], ls[w]);
-}
-
 __device__ float block_sum(float v) {
   __shared__ float part[kWarps];
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -69,61 +50,133 @@ __device__ __forceinline__ std::int64_t delta_index(const Problem& p, std::int64
   return ((p.varlen ? 0 : b) * p.hq + h) * p.sq + row;
 }
 
+// Forward tiling. A team of kTeam consecutive lanes owns one query row of the block; per key
+// tile each lane computes kScoresPerLane scores (keys lane, lane + kTeam, ...) and owns the
+// output columns d = lane (mod kTeam) of its row.
+constexpr int kRowsPerBlock = 16;
+constexpr int kTeam = kThreads / kRowsPerBlock;           // 8 lanes per row
+constexpr int kKeysPerTile = 32;
+constexpr int kScoresPerLane = kKeysPerTile / kTeam;      // 4
+constexpr int kSlice = 64;                                // head-dim columns staged at a time
+constexpr int kMaxOutCols = 256;                          // output columns per block
+constexpr int kQ = 0;                                     // shared-memory offsets, in floats
+constexpr int kK = kQ + kRowsPerBlock * kSlice;           // K slice rows padded to kSlice + 1:
+constexpr int kP = kK + kKeysPerTile * (kSlice + 1);      //   a team's 8 keys on 8 banks
+constexpr int kV = kP + kRowsPerBlock * kKeysPerTile;
+constexpr int kAcc = kV + kKeysPerTile * kSlice;          // then [kRowsPerBlock][out columns]
+
+// Shuffle reductions over a row's team (kTeam consecutive lanes of one warp).
+__device__ __forceinline__ float team_max(float v) {
+  for (int offset = 1; offset < kTeam; offset <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+__device__ __forceinline__ float team_sum(float v) {
+  for (int offset = 1; offset < kTeam; offset <<= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// blockIdx.x = query block * column blocks + column block; blockIdx.y = head; blockIdx.z = sequence.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(const Problem p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                   T* __restrict__ out, float* __restrict__ lse) {
-  const std::int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    forward_kernel(const Problem p, int out_cols, const T* __restrict__ q, const T* __restrict__ k,
+                   const T* __restrict__ v, T* __restrict__ out, float* __restrict__ lse) {
+  const int col_blocks = int((p.dv + out_cols - 1) / out_cols);
+  const std::int64_t m0 = std::int64_t(blockIdx.x / col_blocks) * kRowsPerBlock;
+  const std::int64_t c_first = std::int64_t(blockIdx.x % col_blocks) * out_cols;
+  const int n_cols = int(p.dv - c_first < out_cols ? p.dv - c_first : out_cols);
+  const std::int64_t h = blockIdx.y, b = blockIdx.z;
   std::int64_t q0, len_q, k0, len_k;
   p.sequence(b, q0, len_q, k0, len_k);
-  if (i >= len_q) return;
+  if (m0 >= len_q) return;  // uniform over the block
   const std::int64_t hk = h / p.group;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, r = tid / kTeam, lane = tid % kTeam;
+  const std::int64_t row = m0 + r;  // rows past len_q take part in the barriers and write nothing
 
   extern __shared__ float smem[];
-  float* q_s = smem;          // [D] the query row
-  float* acc = q_s + p.d;     // [Dv] sum_j P_ij v_j
-  float* prob = acc + p.dv;   // [kThreads] P of the current key chunk
-  const T* q_row = q + p.q.at(b, h, q0 + i);
-  for (std::int64_t d = tid; d < p.d; d += kThreads) q_s[d] = to_float(q_row[d]);
-  for (std::int64_t d = tid; d < p.dv; d += kThreads) acc[d] = 0.0f;
-  __syncthreads();
+  float* q_s = smem + kQ;
+  float* k_s = smem + kK;
+  float* p_s = smem + kP;
+  float* v_s = smem + kV;
+  float* acc = smem + kAcc;  // [kRowsPerBlock][n_cols]; a lane only ever touches its own columns
+  for (int dd = lane; dd < n_cols; dd += kTeam) acc[r * n_cols + dd] = 0.0f;
 
-  // Pass 1: the row's max and sum of exponentials.
-  float m = -INFINITY, l = 0.0f, t;
-  for (std::int64_t j = tid; j < len_k; j += kThreads) {
-    if (hidden(p, b, h, i, j, len_q, len_k)) continue;
-    const float s = logit(p, dot(q_s, k + p.k.at(b, hk, k0 + j), p.d), b, h, i, j, &t);
-    merge(m, l, s, 1.0f);
-  }
-  block_merge(m, l);
-  T* o = out + p.out.at(b, h, q0 + i);
-  if (m == -INFINITY) {  // no visible key (uniform over the block): out 0, lse -inf
-    for (std::int64_t d = tid; d < p.dv; d += kThreads) o[d] = from_float<T>(0.0f);
-    if (lse && tid == 0) lse[p.lse.at(b, h, q0 + i)] = -INFINITY;
-    return;
-  }
-  const float row_lse = m + logf(l);
-
-  // Pass 2: P = exp(score - lse), a chunk of keys at a time, into acc.
-  for (std::int64_t c = 0; c < len_k; c += kThreads) {
-    const std::int64_t j = c + tid;
-    float pr = 0.0f;
-    if (j < len_k && !hidden(p, b, h, i, j, len_q, len_k))
-      pr = expf(logit(p, dot(q_s, k + p.k.at(b, hk, k0 + j), p.d), b, h, i, j, &t) - row_lse);
-    prob[tid] = pr;
-    __syncthreads();
-    const int n = int(len_k - c < kThreads ? len_k - c : kThreads);
-    for (std::int64_t d = tid; d < p.dv; d += kThreads) {
-      float a = acc[d];
-      for (int u = 0; u < n; ++u)
-        if (prob[u] != 0.0f) a = fmaf(prob[u], to_float(v[p.v.at(b, hk, k0 + c + u) + d]), a);
-      acc[d] = a;
+  std::int64_t t_first, t_last;
+  const std::int64_t rows_here = len_q - m0 < kRowsPerBlock ? len_q - m0 : kRowsPerBlock;
+  key_block_range(p, m0, rows_here, len_q, len_k, kKeysPerTile, t_first, t_last);
+  float row_max = -INFINITY, row_sum = 0.0f;
+  for (std::int64_t t = t_first; t < t_last; ++t) {
+    const std::int64_t j0 = t * kKeysPerTile;
+    // S = Q K^T for the tile, a slice of the head dim at a time.
+    float s[kScoresPerLane] = {};
+    for (std::int64_t c0 = 0; c0 < p.d; c0 += kSlice) {
+      const int n = int(p.d - c0 < kSlice ? p.d - c0 : kSlice);
+      __syncthreads();  // the previous slice (or tile) is consumed
+      for (int i = tid; i < kRowsPerBlock * kSlice; i += kThreads) {
+        const int rr = i / kSlice, cc = i % kSlice;
+        q_s[i] = m0 + rr < len_q && cc < n ? to_float(q[p.q.at(b, h, q0 + m0 + rr) + c0 + cc]) : 0.0f;
+      }
+      for (int i = tid; i < kKeysPerTile * kSlice; i += kThreads) {
+        const int kk = i / kSlice, cc = i % kSlice;
+        k_s[kk * (kSlice + 1) + cc] =
+            j0 + kk < len_k && cc < n ? to_float(k[p.k.at(b, hk, k0 + j0 + kk) + c0 + cc]) : 0.0f;
+      }
+      __syncthreads();
+      for (int dd = 0; dd < n; ++dd) {
+        const float qv = q_s[r * kSlice + dd];
+#pragma unroll
+        for (int u = 0; u < kScoresPerLane; ++u) s[u] = fmaf(qv, k_s[(lane + u * kTeam) * (kSlice + 1) + dd], s[u]);
+      }
     }
-    __syncthreads();
+    // Scores, then the online softmax of the row (its team merges the tile's max and sum).
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < kScoresPerLane; ++u) {
+      const std::int64_t col = j0 + lane + u * kTeam;
+      float tanh_s;
+      s[u] = row < len_q && col < len_k && !hidden(p, b, h, row, col, len_q, len_k)
+                 ? logit(p, s[u], b, h, row, col, &tanh_s)
+                 : -INFINITY;
+      tile_max = fmaxf(tile_max, s[u]);
+    }
+    const float new_max = fmaxf(row_max, team_max(tile_max));
+    const float base = new_max == -INFINITY ? 0.0f : new_max;  // nothing visible yet: stays 0
+    const float correction = expf(row_max - base);
+    float tile_sum = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kScoresPerLane; ++u) {
+      const float e = expf(s[u] - base);
+      p_s[r * kKeysPerTile + lane + u * kTeam] = e;
+      tile_sum += e;
+    }
+    row_sum = row_sum * correction + team_sum(tile_sum);
+    row_max = new_max;
+    // O = O * correction + P V over this block's output columns, a slice of V at a time.
+    for (int c0 = 0; c0 < n_cols; c0 += kSlice) {
+      const int n = n_cols - c0 < kSlice ? n_cols - c0 : kSlice;
+      __syncthreads();  // P is complete; the previous V slice is consumed
+      for (int i = tid; i < kKeysPerTile * kSlice; i += kThreads) {
+        const int kk = i / kSlice, cc = i % kSlice;
+        v_s[i] = j0 + kk < len_k && cc < n ? to_float(v[p.v.at(b, hk, k0 + j0 + kk) + c_first + c0 + cc]) : 0.0f;
+      }
+      __syncthreads();
+      for (int dd = lane; dd < n; dd += kTeam) {
+        float a = acc[r * n_cols + c0 + dd] * correction;
+        for (int kk = 0; kk < kKeysPerTile; ++kk) {
+          const float pk = p_s[r * kKeysPerTile + kk];
+          if (pk != 0.0f) a = fmaf(pk, v_s[kk * kSlice + dd], a);  // hidden keys add nothing, even inf V
+        }
+        acc[r * n_cols + c0 + dd] = a;
+      }
+    }
   }
-  for (std::int64_t d = tid; d < p.dv; d += kThreads) o[d] = from_float<T>(acc[d]);
-  if (lse && tid == 0) lse[p.lse.at(b, h, q0 + i)] = row_lse;
+  // Epilogue: out = acc / sum; a row that saw no key gets 0 and lse -inf. Each lane reads only
+  // the accumulator columns it wrote.
+  if (row >= len_q) return;
+  const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+  T* o = out + p.out.at(b, h, q0 + row) + c_first;
+  for (int dd = lane; dd < n_cols; dd += kTeam) o[dd] = from_float<T>(acc[r * n_cols + dd] * inv);
+  if (lse != nullptr && c_first == 0 && lane == 0)
+    lse[p.lse.at(b, h, q0 + row)] = row_sum > 0.0f ? row_max + logf(row_sum) : -INFINITY;
 }
 
 // dS_ij = P_ij (dP_ij - delta_i) * d(softcap)/d(score) * scale, the gradient of q_i . k_j.
@@ -291,13 +344,18 @@ void fallback_forward(const Problem& p, const void* q, const void* k, const void
                       Stream stream) {
   using namespace cuda;
   if (p.batch == 0 || p.hq == 0 || p.sq == 0) return;
-  const dim3 grid = row_grid(p.sq, p.hq, p.batch, "attention");
-  const std::size_t smem = std::size_t(p.d + p.dv + kThreads) * sizeof(float);
+  // Output columns per block: at most kMaxOutCols, spread evenly over the column blocks.
+  const std::int64_t col_blocks = (p.dv + kMaxOutCols - 1) / kMaxOutCols;
+  const int out_cols = int((p.dv + col_blocks - 1) / col_blocks);
+  const std::int64_t m_blocks = (p.sq + kRowsPerBlock - 1) / kRowsPerBlock;
+  const dim3 grid = row_grid(m_blocks * col_blocks, p.hq, p.batch, "attention");
+  const std::size_t smem = std::size_t(kAcc + kRowsPerBlock * out_cols) * sizeof(float);
   dispatch(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     set_smem(forward_kernel<T>, smem, p, "attention");
     forward_kernel<T><<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(
-        p, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(out), lse);
+        p, out_cols, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+        static_cast<T*>(out), lse);
     RUDNN_CUDA_CHECK_LAUNCH("attention fallback forward_kernel");
   });
 }

@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(128)
 
   std::int64_t n_first, n_last;
   const std::int64_t rows_here = len_q - m0 < BM ? len_q - m0 : BM;
-  key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
+  cuda::key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
 
   copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
   copy_rows(gmem_copy, tdOg, tdOs, tQc, len_q - m0);

@@ -88,30 +88,6 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// [first, last) key blocks that hold a key visible to some row in [m0, m0 + rows).
-__host__ __device__ __forceinline__ void key_block_range(const Problem& p, std::int64_t m0, std::int64_t rows,
-                                                std::int64_t len_q, std::int64_t len_k, int block_n,
-                                                std::int64_t& first, std::int64_t& last) {
-  const std::int64_t shift = len_k - len_q;
-  std::int64_t lo = 0, hi = len_k;  // keys [lo, hi)
-  if (p.causal || p.window_right >= 0) {
-    // Causal caps the right side at 0 (the query's own position); any window_right >= 0 is wider.
-    const std::int64_t right = p.causal ? 0 : p.window_right;
-    const std::int64_t bound = m0 + rows - 1 + shift + right + 1;
-    hi = bound < hi ? bound : hi;
-  }
-  if (p.window_left >= 0) {
-    const std::int64_t bound = m0 + shift - p.window_left;
-    lo = bound > lo ? bound : lo;
-  }
-  if (hi <= lo) {
-    first = last = 0;
-    return;
-  }
-  first = lo / block_n;
-  last = (hi + block_n - 1) / block_n;
-}
-
 // The steps of the forward main loop that the sm80 and sm90a kernels share (they differ only in
 // how S = Q K^T is computed), all on the mma.sync accumulator layout.
 
@@ -285,7 +261,7 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
 
   std::int64_t n_first, n_last;
   const std::int64_t rows_here = len_q - m0 < BM ? len_q - m0 : BM;
-  key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
+  cuda::key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
 
   // Loads overlap the MMAs (FlashAttention-2's order): V of block n streams in while S = Q K^T
   // and the softmax run, K of block n + 1 while O += P V runs. One buffer each for K and V.

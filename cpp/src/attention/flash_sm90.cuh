@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(128)
 
   std::int64_t n_first, n_last;
   const std::int64_t rows_here = len_q - m0 < BM ? len_q - m0 : BM;
-  key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
+  cuda::key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
 
   // Loads overlap the MMAs as in the sm80 kernel: V of block n during S and the softmax, K of
   // block n + 1 during O += P V.

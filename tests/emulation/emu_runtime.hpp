@@ -1,0 +1,96 @@
+// What the host emulators of CUDA kernels share (tests/emulation/*_emu.cpp): every CUDA thread
+// of a block is a std::thread, __syncthreads is a block-wide std::barrier, __shfl_xor_sync a
+// warp-wide exchange, dynamic shared memory one poisoned buffer per block (blocks run one after
+// another), and the raw-array files the pytest side writes and reads.
+//
+// Include it first (it pulls in the CUDA headers), then the kernels' own headers, then define
+// the CUDA keywords away as each emulator does.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct EmuDim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local EmuDim3 threadIdx, blockIdx, blockDim, gridDim;
+inline thread_local int emu_lane = 0, emu_warp = 0;
+inline unsigned char* emu_smem = nullptr;  // dynamic shared memory of the running block
+inline std::barrier<>* emu_block_barrier = nullptr;
+
+struct EmuWarp {
+  std::unique_ptr<std::barrier<>> barrier;
+  float value[32];
+};
+inline std::vector<EmuWarp>* emu_warps = nullptr;
+
+inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  EmuWarp& w = (*emu_warps)[emu_warp];
+  w.value[emu_lane] = v;
+  w.barrier->arrive_and_wait();
+  const float r = w.value[emu_lane ^ lane_mask];
+  w.barrier->arrive_and_wait();
+  return r;
+}
+
+template <class T>
+std::vector<T> emu_read(const std::string& path, std::size_t n) {
+  std::vector<T> v(n);
+  std::ifstream f(path, std::ios::binary);
+  if (n && !f.read(reinterpret_cast<char*>(v.data()), std::streamsize(n * sizeof(T)))) {
+    std::fprintf(stderr, "cannot read %s\n", path.c_str());
+    std::exit(2);
+  }
+  return v;
+}
+
+template <class T>
+void emu_write(const std::string& path, const std::vector<T>& v) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(T)));
+}
+
+// Runs kernel() for every block of `grid` with blockDim (bx, by) threads and `dyn_smem` bytes of
+// dynamic shared memory, poisoned with NaN bit patterns before each block.
+template <class Kernel>
+void emu_launch(EmuDim3 grid, unsigned bx, unsigned by, std::size_t dyn_smem, Kernel kernel) {
+  const unsigned threads = bx * by;
+  std::vector<unsigned char> smem(dyn_smem + 128);
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        std::fill(smem.begin(), smem.end(), 0xff);
+        emu_smem = smem.data();
+        std::barrier<> block_barrier(threads);
+        emu_block_barrier = &block_barrier;
+        std::vector<EmuWarp> warps((threads + 31) / 32);
+        for (auto& w : warps) w.barrier = std::make_unique<std::barrier<>>(32);
+        emu_warps = &warps;
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < threads; ++t)
+          pool.emplace_back([&, t] {
+            threadIdx = {t % bx, t / bx, 0};
+            blockIdx = {x, y, z};
+            blockDim = {bx, by, 1};
+            gridDim = grid;
+            emu_lane = int(t % 32);
+            emu_warp = int(t / 32);
+            kernel();
+          });
+        for (auto& th : pool) th.join();
+      }
+}
