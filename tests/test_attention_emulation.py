@@ -1,9 +1,10 @@
-"""The attention fallback forward kernel's own source (cpp/src/attention/fallback_cuda.cu), run on
-the CPU by a host emulator (tests/emulation/attention_fallback_emu.cpp: std::threads for CUDA
-threads, barriers for __syncthreads and warp shuffles), against the float64 reference with the
-FlashAttention error budget. It checks the kernel's tiling (16-row blocks, 32-key tiles, 64-column
-slices of the head dim, 256-column output blocks), staging, barriers, team reductions and every
-score option without a GPU. Skipped when g++ (C++20) or the CUDA toolkit's headers are missing."""
+"""The attention fallback kernels' own source (cpp/src/attention/fallback_cuda.cu: forward, dq,
+dk/dv), run on the CPU by a host emulator (tests/emulation/attention_fallback_emu.cpp: std::threads
+for CUDA threads, barriers for __syncthreads and warp shuffles), against the float64 reference
+(and torch autograd through it) with the FlashAttention error budget. It checks the kernels' tiling
+(16-row blocks, 32-row tiles, 64-column slices, 256-column accumulator blocks), staging, barriers,
+team reductions and every score option without a GPU. Skipped when g++ (C++20) or the CUDA
+toolkit's headers are missing."""
 
 import os
 import subprocess
@@ -12,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from test_attention import CASES, _inputs, _oracle, _same_dtype
-from util import ROOT, assert_close_to_oracle, build_emulator
+from test_attention import CASES, _grads, _inputs, _oracle, _same_dtype
+from util import ROOT, assert_close_to_oracle, build_emulator, rand
 
 
 def _kernels_source():
     src = open(os.path.join(ROOT, "cpp", "src", "attention", "fallback_cuda.cu")).read()
     start = src.index("namespace {\n", src.index("namespace cuda {"))
-    end = src.index("// One block per (row, head, batch)", start)  # the host helpers stay out
+    end = src.index("// Grid of (blocks, heads, sequences)", start)  # the host helpers stay out
     body = src[start + len("namespace {\n"):end]
     edit = "extern __shared__ float smem[];"
     assert edit in body, "emulation edit no longer applies"
@@ -44,8 +45,9 @@ def _from_bits(path, shape, dtype):
     return torch.from_numpy(np.fromfile(path, np.float32)).reshape(shape)
 
 
-def _run(exe, tmp_path, q, k, v, opts, cu_q=None, cu_k=None):
-    """out, lse of the emulated kernel. Dense q [B, Hq, Sq, D] or packed [Tq, Hq, D] with cu_seqlens."""
+def _run(exe, tmp_path, q, k, v, opts, cu_q=None, cu_k=None, backward=None):
+    """Dense q [B, Hq, Sq, D] or packed [Tq, Hq, D] with cu_seqlens. Forward: (out, lse) of the
+    emulated kernel. backward=(dout, out, lse): (dq, dk, dv) of the emulated dq and dk/dv kernels."""
     varlen = cu_q is not None
     if varlen:
         (Tq, Hq, D), (Tk, Hkv, Dv) = q.shape, v.shape
@@ -70,12 +72,20 @@ def _run(exe, tmp_path, q, k, v, opts, cu_q=None, cu_k=None):
             int(varlen), Tq, Tk, mask_kind, mask_batch, bias_kind, bias_batch]
     (tmp_path / "meta.txt").write_text(" ".join(map(str, meta)) + "\n")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _bits(t).tofile(tmp_path / f"{name}.bin")
+        _bits(t).tofile(tmp_path / f"{name}.bin")  # dense: contiguous copies of strided views
     if varlen:
         np.asarray(cu_q, np.int32).tofile(tmp_path / "cu_q.bin")
         np.asarray(cu_k, np.int32).tofile(tmp_path / "cu_k.bin")
-    result = subprocess.run([str(exe), str(tmp_path)], capture_output=True, text=True, timeout=600)
+    if backward is not None:
+        dout, out, lse = backward
+        _bits(dout).tofile(tmp_path / "dout.bin")
+        _bits(out.to(q.dtype)).tofile(tmp_path / "out.bin")
+        lse.float().contiguous().numpy().tofile(tmp_path / "lse.bin")
+    mode = "forward" if backward is None else "backward"
+    result = subprocess.run([str(exe), mode, str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
+    if backward is not None:
+        return [_from_bits(tmp_path / f"{n}.bin", t.shape, q.dtype) for n, t in (("dq", q), ("dk", k), ("dv", v))]
     out_shape = (Tq, Hq, Dv) if varlen else (B, Hq, Sq, Dv)
     lse_shape = (Hq, Tq) if varlen else (B, Hq, Sq)
     return _from_bits(tmp_path / "out.bin", out_shape, q.dtype), _from_bits(tmp_path / "lse.bin", lse_shape,
@@ -117,3 +127,20 @@ def test_fallback_forward_kernel_varlen(emulator, tmp_path):
         o_same, _ = _same_dtype(dq, dk, dv, {"causal": True}, torch.float32)
         assert_close_to_oracle(out[qs].transpose(0, 1)[None], o_same, o64, f"sequence {b} out")
         torch.testing.assert_close(lse[:, qs][None].double(), l64, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["basic", "sq_gt_sk_causal", "window", "softcap_causal_gqa4", "bool_mask_empty_rows",
+                                  "all_options", "float_mask_bias_gqa8", "d64_tile_tail", "d192_dv128", "odd_dims",
+                                  "wide_dv"])
+def test_fallback_backward_kernels(emulator, tmp_path, name, dtype):
+    case = WIDE if name == "wide_dv" else CASES[name]
+    q, k, v, opts = _inputs(case, dtype, "cpu", seed=13)
+    out, lse = _oracle(q, k, v, opts)  # the backward takes the forward's results as given
+    dout = rand(out.shape, dtype, seed=7)
+    ours = _run(emulator, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse))
+    g64 = _grads(q, k, v, opts, dout, torch.float64)
+    g_same = _grads(q, k, v, opts, dout, dtype)
+    for mine, same, exact, what in zip(ours, g_same, g64, ("dq", "dk", "dv")):
+        assert torch.isfinite(mine.float()).all(), what
+        assert_close_to_oracle(mine, same, exact, f"{name} {what}")

@@ -47,7 +47,7 @@ int main() {
             for (std::int64_t n0 = 0; n0 < lk; n0 += 64) {
               const std::int64_t cols = lk - n0 < 64 ? lk - n0 : 64;
               std::int64_t first, last;
-              rudnn::attention::flash::query_block_range(p, n0, cols, lq, lk, 64, first, last);
+              rudnn::attention::cuda::query_block_range(p, n0, cols, lq, lk, 64, first, last);
               std::int64_t lo = lq, hi = -1;
               for (std::int64_t i = 0; i < lq; ++i)
                 for (std::int64_t j = n0; j < n0 + cols; ++j)

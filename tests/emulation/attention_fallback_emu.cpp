@@ -1,15 +1,17 @@
-// Host emulator of the attention "fallback" forward kernel (tests/test_attention_emulation.py
-// builds it). The kernel's own source text (cpp/src/attention/fallback_cuda.cu, extracted by the
+// Host emulator of the attention "fallback" kernels, forward and backward
+// (tests/test_attention_emulation.py builds it). The kernel's own source text (cpp/src/attention/fallback_cuda.cu, extracted by the
 // test into kernels.inc with one edit: the dynamic shared-memory pointer) runs on the CPU through
 // emu_runtime.hpp, so its tiling, staging, barriers, team shuffles and masking are the real code.
 //
-//   attention_fallback_emu <dir>
+//   attention_fallback_emu <forward|backward> <dir>
 // reads <dir>/meta.txt ("B Hq Hkv Sq Sk D Dv bf16 scale softcap causal window_left window_right
 // varlen batches mask_kind bias_kind", mask_kind/bias_kind: 0 none, 1 bool [B,Hq,Sq,Sk] mask,
 // 2 float [B or 1, Hq, Sq, Sk]) and raw arrays q k v (float32 or bfloat16 bits, dense
 // [B, H, S, D], or packed [total, H, D] when varlen with int32 cu_q.bin/cu_k.bin), mask.bin /
 // bias.bin (uint8 or float32, dense [B', Hq, Sq, Sk] with B' in the meta line's mask/bias batch);
-// writes out.bin (q's format) and lse.bin (float32, [B, Hq, Sq] or [Hq, total]).
+// writes out.bin (q's format) and lse.bin (float32, [B, Hq, Sq] or [Hq, total]). backward also
+// reads dout.bin, out.bin and lse.bin (the forward's results, as given) and writes dq.bin,
+// dk.bin, dv.bin (q's format) and delta.bin (float32).
 #include "emu_runtime.hpp"
 
 #include "attention/problem.hpp"
@@ -34,8 +36,20 @@ using i64 = std::int64_t;
 
 namespace {
 
+// Every element must be written: NaN bit patterns in both formats.
+template <class Bits>
+void poison(std::vector<Bits>& v) {
+  if constexpr (std::is_same_v<Bits, float>)
+    std::fill(v.begin(), v.end(), NAN);
+  else
+    std::fill(v.begin(), v.end(), Bits(0xffff));
+}
+
+i64 blocks_of(i64 rows) { return (rows + rudnn::attention::cuda::emu_fb::kRowsPerBlock - 1) /
+                                 rudnn::attention::cuda::emu_fb::kRowsPerBlock; }
+
 template <class T, class Bits>
-int run(const std::string& dir, Problem p, i64 mask_batch, int mask_kind, i64 bias_batch, int bias_kind, i64 tq,
+int run(const std::string& which, const std::string& dir, Problem p, i64 mask_batch, int mask_kind, i64 bias_batch, int bias_kind, i64 tq,
         i64 tk) {
   const bool varlen = p.varlen;
   const i64 rows_q = varlen ? tq : p.batch * p.sq, rows_k = varlen ? tk : p.batch * p.sk;
@@ -73,32 +87,60 @@ int run(const std::string& dir, Problem p, i64 mask_batch, int mask_kind, i64 bi
     bias_f = emu_read<float>(dir + "/bias.bin", bias_batch * plane);
     p.bias = {bias_f.data(), DType::f32, bias_batch > 1 ? plane : 0, p.sq * p.sk, p.sk, 1};
   }
-  std::vector<Bits> out(rows_q * p.hq * p.dv);
-  if constexpr (std::is_same_v<Bits, float>)  // poison: every element must be written
-    std::fill(out.begin(), out.end(), NAN);
-  else
-    std::fill(out.begin(), out.end(), Bits(0xffff));  // a bfloat16 NaN
-  std::vector<float> lse(rows_q * p.hq, NAN);
-
   using namespace rudnn::attention::cuda::emu_fb;
-  const i64 col_blocks = (p.dv + kMaxOutCols - 1) / kMaxOutCols;
-  const int out_cols = int((p.dv + col_blocks - 1) / col_blocks);
-  const i64 m_blocks = (p.sq + kRowsPerBlock - 1) / kRowsPerBlock;
-  const std::size_t smem = std::size_t(kAcc + kRowsPerBlock * out_cols) * sizeof(float);
-  emu_launch(EmuDim3{unsigned(m_blocks * col_blocks), unsigned(p.hq), unsigned(p.batch)}, kThreads, 1, smem, [&] {
-    forward_kernel<T>(p, out_cols, reinterpret_cast<const T*>(q.data()), reinterpret_cast<const T*>(k.data()),
-                      reinterpret_cast<const T*>(v.data()), reinterpret_cast<T*>(out.data()), lse.data());
-  });
-  emu_write(dir + "/out.bin", out);
-  emu_write(dir + "/lse.bin", lse);
+  const auto* Q = reinterpret_cast<const T*>(q.data());
+  const auto* K = reinterpret_cast<const T*>(k.data());
+  const auto* V = reinterpret_cast<const T*>(v.data());
+  const unsigned batches = unsigned(p.batch);
+  if (which == "forward") {
+    std::vector<Bits> out(rows_q * p.hq * p.dv);
+    poison(out);
+    std::vector<float> lse(rows_q * p.hq, NAN);
+    const ColumnSplit split = split_columns(p.dv);
+    const std::size_t smem = std::size_t(kAcc + kRowsPerBlock * split.cols) * sizeof(float);
+    emu_launch(EmuDim3{unsigned(blocks_of(p.sq) * split.blocks), unsigned(p.hq), batches}, kThreads, 1, smem, [&] {
+      forward_kernel<T>(p, Q, K, V, reinterpret_cast<T*>(out.data()), lse.data());
+    });
+    emu_write(dir + "/out.bin", out);
+    emu_write(dir + "/lse.bin", lse);
+    return 0;
+  }
+  BackwardProblem bp;
+  bp.fwd = p;
+  bp.dout = p.out, bp.dq = p.q, bp.dk = p.k, bp.dv = p.v;  // dout is laid out like out
+  auto dout = emu_read<Bits>(dir + "/dout.bin", rows_q * p.hq * p.dv);
+  auto out = emu_read<Bits>(dir + "/out.bin", rows_q * p.hq * p.dv);
+  auto lse = emu_read<float>(dir + "/lse.bin", rows_q * p.hq);
+  std::vector<Bits> dq(q.size()), dk(k.size()), dv(v.size());
+  poison(dq), poison(dk), poison(dv);
+  std::vector<float> delta(rows_q * p.hq, NAN);
+  const auto* dO = reinterpret_cast<const T*>(dout.data());
+  const ColumnSplit dq_split = split_columns(p.d);
+  emu_launch(EmuDim3{unsigned(blocks_of(p.sq) * dq_split.blocks), unsigned(p.hq), batches}, kThreads, 1,
+             std::size_t(kAcc + kRowsPerBlock * dq_split.cols) * sizeof(float), [&] {
+               backward_dq_kernel<T>(bp, dO, Q, K, V, reinterpret_cast<const T*>(out.data()), lse.data(),
+                                     reinterpret_cast<T*>(dq.data()), delta.data());
+             });
+  const ColumnSplit dk_split = split_columns(p.d), dv_split = split_columns(p.dv);
+  const int cols = std::max(dk_split.cols, dv_split.cols);
+  emu_launch(EmuDim3{unsigned(blocks_of(p.sk) * (dk_split.blocks + dv_split.blocks)), unsigned(p.hkv), batches},
+             kThreads, 1, std::size_t(kAcc + kRowsPerBlock * cols) * sizeof(float), [&] {
+               backward_dkdv_kernel<T>(bp, dO, Q, K, V, lse.data(), delta.data(), reinterpret_cast<T*>(dk.data()),
+                                       reinterpret_cast<T*>(dv.data()));
+             });
+  emu_write(dir + "/dq.bin", dq);
+  emu_write(dir + "/dk.bin", dk);
+  emu_write(dir + "/dv.bin", dv);
+  emu_write(dir + "/delta.bin", delta);
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) return 2;
-  std::ifstream meta(std::string(argv[1]) + "/meta.txt");
+  if (argc != 3) return 2;
+  const std::string which = argv[1], dir = argv[2];
+  std::ifstream meta(dir + "/meta.txt");
   Problem p;
   int bf16 = 0, causal = 0, varlen = 0, mask_kind = 0, bias_kind = 0;
   i64 mask_batch = 0, bias_batch = 0, tq = 0, tk = 0;
@@ -107,6 +149,6 @@ int main(int argc, char** argv) {
   if (!meta) return 2;
   p.causal = causal != 0, p.varlen = varlen != 0, p.group = p.hq / p.hkv;
   p.dtype = bf16 ? DType::bf16 : DType::f32;
-  if (bf16) return run<__nv_bfloat16, std::uint16_t>(argv[1], p, mask_batch, mask_kind, bias_batch, bias_kind, tq, tk);
-  return run<float, float>(argv[1], p, mask_batch, mask_kind, bias_batch, bias_kind, tq, tk);
+  if (bf16) return run<__nv_bfloat16, std::uint16_t>(which, dir, p, mask_batch, mask_kind, bias_batch, bias_kind, tq, tk);
+  return run<float, float>(which, dir, p, mask_batch, mask_kind, bias_batch, bias_kind, tq, tk);
 }

@@ -65,6 +65,35 @@ __host__ __device__ __forceinline__ void key_block_range(const Problem& p, std::
   last = (hi + block_n - 1) / block_n;
 }
 
+// Index of query row `row` of (b, h) in the float32 delta = dout . out workspace of the backward.
+__host__ __device__ __forceinline__ std::int64_t delta_index(const Problem& p, std::int64_t b, std::int64_t h,
+                                                             std::int64_t row) {
+  return ((p.varlen ? 0 : b) * p.hq + h) * p.sq + row;
+}
+
+// [first, last) query blocks holding a query that sees some key of [n0, n0 + cols).
+__host__ __device__ __forceinline__ void query_block_range(const Problem& p, std::int64_t n0, std::int64_t cols,
+                                                           std::int64_t len_q, std::int64_t len_k, int block_m,
+                                                           std::int64_t& first, std::int64_t& last) {
+  const std::int64_t shift = len_k - len_q;  // query i sits at key position i + shift
+  std::int64_t lo = 0, hi = len_q;          // queries [lo, hi)
+  if (p.causal || p.window_right >= 0) {    // key j needs j <= i + shift + right
+    const std::int64_t right = p.causal ? 0 : p.window_right;
+    const std::int64_t bound = n0 - shift - right;
+    lo = bound > lo ? bound : lo;
+  }
+  if (p.window_left >= 0) {  // key j needs j >= i + shift - left
+    const std::int64_t bound = n0 + cols - 1 - shift + p.window_left + 1;
+    hi = bound < hi ? bound : hi;
+  }
+  if (hi <= lo) {
+    first = last = 0;
+    return;
+  }
+  first = lo / block_m;
+  last = (hi + block_m - 1) / block_m;
+}
+
 // The whole score transform of key j for query i: -inf where hidden, else logit(). Out of line
 // on purpose: the flash kernels unroll it over every score of a tile, and inlined (bias and mask
 // dtype switches, softcap's tanh, the division's slow path) it made the sm90a forward's main

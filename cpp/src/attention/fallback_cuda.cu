@@ -3,9 +3,10 @@
 //   forward      one block per 16 query rows (and up to 256 output columns): 32-key tiles,
 //                scores from 64-column slices of Q and K staged in shared memory, online
 //                softmax per row in registers, P V accumulated in shared memory (CUDA cores).
-//   backward     one block per query row computes delta = dout . out and dq; then one
-//                block per key row gathers dk and dv over the query rows of every head of
-//                its group. Every sum runs in a fixed order: no atomics, deterministic.
+//   backward     the same tiles: blocks of 16 query rows compute delta = dout . out and dq
+//                over 32-key tiles; then blocks of 16 key rows gather dk (or dv) over 32-query
+//                tiles of every head of their group. Every sum runs in a fixed order: no
+//                atomics, deterministic.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -25,45 +26,20 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
-
-// a (float32, shared memory) . b (global, element type T) over n elements.
-template <class T>
-__device__ __forceinline__ float dot(const float* a, const T* b, std::int64_t n) {
-  float s = 0.0f;
-  for (std::int64_t d = 0; d < n; ++d) s = fmaf(a[d], to_float(b[d]), s);
-  return s;
-}
-
-__device__ float block_sum(float v) {
-  __shared__ float part[kWarps];
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
-  __syncthreads();
-  float s = 0.0f;
-  for (int w = 0; w < kWarps; ++w) s += part[w];  // same order in every thread
-  return s;
-}
-
-__device__ __forceinline__ std::int64_t delta_index(const Problem& p, std::int64_t b, std::int64_t h,
-                                                    std::int64_t row) {
-  return ((p.varlen ? 0 : b) * p.hq + h) * p.sq + row;
-}
-
-// Forward tiling. A team of kTeam consecutive lanes owns one query row of the block; per key
-// tile each lane computes kScoresPerLane scores (keys lane, lane + kTeam, ...) and owns the
-// output columns d = lane (mod kTeam) of its row.
+// Tiling of every fallback kernel. A block owns kRowsPerBlock rows (queries, or keys in the
+// dk/dv kernel), a team of kTeam consecutive lanes each, and walks tiles of kKeysPerTile rows of
+// the other side. Each lane computes kScoresPerLane scores of its row (tile rows lane,
+// lane + kTeam, ...) and owns the accumulator columns c = lane (mod kTeam) of its row.
 constexpr int kRowsPerBlock = 16;
 constexpr int kTeam = kThreads / kRowsPerBlock;           // 8 lanes per row
 constexpr int kKeysPerTile = 32;
 constexpr int kScoresPerLane = kKeysPerTile / kTeam;      // 4
-constexpr int kSlice = 64;                                // head-dim columns staged at a time
-constexpr int kMaxOutCols = 256;                          // output columns per block
-constexpr int kQ = 0;                                     // shared-memory offsets, in floats
-constexpr int kK = kQ + kRowsPerBlock * kSlice;           // K slice rows padded to kSlice + 1:
-constexpr int kP = kK + kKeysPerTile * (kSlice + 1);      //   a team's 8 keys on 8 banks
-constexpr int kV = kP + kRowsPerBlock * kKeysPerTile;
-constexpr int kAcc = kV + kKeysPerTile * kSlice;          // then [kRowsPerBlock][out columns]
+constexpr int kSlice = 64;                                // columns staged at a time
+constexpr int kMaxOutCols = 256;                          // accumulator columns per block
+constexpr int kA = 0;                                     // shared memory, in floats: own rows' slice
+constexpr int kB = kA + kRowsPerBlock * kSlice;           // tile rows' slice, rows padded to kSlice + 1
+constexpr int kW = kB + kKeysPerTile * (kSlice + 1);      //   (a team's 8 rows on 8 banks); the weights
+constexpr int kAcc = kW + kRowsPerBlock * kKeysPerTile;   //   of a tile; then [kRowsPerBlock][columns]
 
 // Shuffle reductions over a row's team (kTeam consecutive lanes of one warp).
 __device__ __forceinline__ float team_max(float v) {
@@ -75,15 +51,101 @@ __device__ __forceinline__ float team_sum(float v) {
   return v;
 }
 
-// blockIdx.x = query block * column blocks + column block; blockIdx.y = head; blockIdx.z = sequence.
+// Accumulator columns per block (at most kMaxOutCols, spread evenly) and how many blocks.
+struct ColumnSplit {
+  std::int64_t blocks;
+  int cols;
+};
+__host__ __device__ __forceinline__ ColumnSplit split_columns(std::int64_t width) {
+  const std::int64_t blocks = width > 0 ? (width + kMaxOutCols - 1) / kMaxOutCols : 1;
+  return {blocks, int(width > 0 ? (width + blocks - 1) / blocks : 1)};
+}
+
+// s[u] = A_r . B_(lane + u kTeam) over n columns, for the block's own rows A_r (a_row(r)) and a
+// tile of rows B (b_row(i)); a row pointer of nullptr reads as zeros. Slices of kSlice columns are
+// staged in shared memory; the leading barrier makes the buffers free to overwrite.
+template <class T, class RowA, class RowB>
+__device__ __forceinline__ void tile_dots(float (&s)[kScoresPerLane], std::int64_t n, const RowA& a_row,
+                                          const RowB& b_row, float* smem) {
+  const int tid = threadIdx.x, r = tid / kTeam, lane = tid % kTeam;
+  float* a_s = smem + kA;
+  float* b_s = smem + kB;
+#pragma unroll
+  for (int u = 0; u < kScoresPerLane; ++u) s[u] = 0.0f;
+  for (std::int64_t c0 = 0; c0 < n; c0 += kSlice) {
+    const int w = int(n - c0 < kSlice ? n - c0 : kSlice);
+    __syncthreads();
+    for (int i = tid; i < kRowsPerBlock * kSlice; i += kThreads) {
+      const T* row = a_row(i / kSlice);
+      a_s[i] = row != nullptr && i % kSlice < w ? to_float(row[c0 + i % kSlice]) : 0.0f;
+    }
+    for (int i = tid; i < kKeysPerTile * kSlice; i += kThreads) {
+      const T* row = b_row(i / kSlice);
+      b_s[i / kSlice * (kSlice + 1) + i % kSlice] = row != nullptr && i % kSlice < w ? to_float(row[c0 + i % kSlice])
+                                                                                     : 0.0f;
+    }
+    __syncthreads();
+    for (int dd = 0; dd < w; ++dd) {
+      const float a = a_s[r * kSlice + dd];
+#pragma unroll
+      for (int u = 0; u < kScoresPerLane; ++u) s[u] = fmaf(a, b_s[(lane + u * kTeam) * (kSlice + 1) + dd], s[u]);
+    }
+  }
+}
+
+// acc[r][c] = acc[r][c] * scale + sum_i W[r][i] B_i[c_first + c] over the lane's columns c of
+// [0, n_cols), W the tile weights in shared memory (complete before the call: the leading barrier
+// publishes them). Zero weights add nothing, even against inf or NaN rows of B.
+template <class T, class RowB>
+__device__ __forceinline__ void tile_accumulate(float* acc, int n_cols, std::int64_t c_first, float scale,
+                                                const RowB& b_row, float* smem) {
+  const int tid = threadIdx.x, r = tid / kTeam, lane = tid % kTeam;
+  const float* w_s = smem + kW;
+  float* b_s = smem + kB;
+  for (int c0 = 0; c0 < n_cols; c0 += kSlice) {
+    const int w = n_cols - c0 < kSlice ? n_cols - c0 : kSlice;
+    __syncthreads();
+    for (int i = tid; i < kKeysPerTile * kSlice; i += kThreads) {
+      const T* row = b_row(i / kSlice);
+      b_s[i] = row != nullptr && i % kSlice < w ? to_float(row[c_first + c0 + i % kSlice]) : 0.0f;
+    }
+    __syncthreads();
+    for (int dd = lane; dd < w; dd += kTeam) {
+      float a = acc[r * n_cols + c0 + dd] * scale;
+      for (int i = 0; i < kKeysPerTile; ++i) {
+        const float wi = w_s[r * kKeysPerTile + i];
+        if (wi != 0.0f) a = fmaf(wi, b_s[i * kSlice + dd], a);
+      }
+      acc[r * n_cols + c0 + dd] = a;
+    }
+  }
+}
+
+// Row pointers of a tensor's rows [first, first + count) for the tile helpers (nullptr past them).
+template <class T, class Stride>
+struct Rows {
+  const T* base;
+  Stride stride;
+  std::int64_t b, h, first, count;
+  __device__ __forceinline__ const T* operator()(int i) const {
+    return i < count ? base + stride.at(b, h, first + i) : nullptr;
+  }
+};
+template <class T, class Stride>
+__device__ __forceinline__ Rows<T, Stride> rows(const T* base, const Stride& stride, std::int64_t b, std::int64_t h,
+                                               std::int64_t first, std::int64_t count) {
+  return {base, stride, b, h, first, count};
+}
+
+// Forward. blockIdx.x = query block * column blocks + column block of Dv; y = head; z = sequence.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(const Problem p, int out_cols, const T* __restrict__ q, const T* __restrict__ k,
-                   const T* __restrict__ v, T* __restrict__ out, float* __restrict__ lse) {
-  const int col_blocks = int((p.dv + out_cols - 1) / out_cols);
-  const std::int64_t m0 = std::int64_t(blockIdx.x / col_blocks) * kRowsPerBlock;
-  const std::int64_t c_first = std::int64_t(blockIdx.x % col_blocks) * out_cols;
-  const int n_cols = int(p.dv - c_first < out_cols ? p.dv - c_first : out_cols);
+    forward_kernel(const Problem p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                   T* __restrict__ out, float* __restrict__ lse) {
+  const ColumnSplit split = split_columns(p.dv);
+  const std::int64_t m0 = std::int64_t(blockIdx.x / split.blocks) * kRowsPerBlock;
+  const std::int64_t c_first = std::int64_t(blockIdx.x % split.blocks) * split.cols;
+  const int n_cols = int(p.dv - c_first < split.cols ? p.dv - c_first : split.cols);
   const std::int64_t h = blockIdx.y, b = blockIdx.z;
   std::int64_t q0, len_q, k0, len_k;
   p.sequence(b, q0, len_q, k0, len_k);
@@ -93,40 +155,19 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t row = m0 + r;  // rows past len_q take part in the barriers and write nothing
 
   extern __shared__ float smem[];
-  float* q_s = smem + kQ;
-  float* k_s = smem + kK;
-  float* p_s = smem + kP;
-  float* v_s = smem + kV;
+  float* w_s = smem + kW;
   float* acc = smem + kAcc;  // [kRowsPerBlock][n_cols]; a lane only ever touches its own columns
   for (int dd = lane; dd < n_cols; dd += kTeam) acc[r * n_cols + dd] = 0.0f;
+  const auto q_rows = rows(q, p.q, b, h, q0 + m0, len_q - m0);
 
   std::int64_t t_first, t_last;
-  const std::int64_t rows_here = len_q - m0 < kRowsPerBlock ? len_q - m0 : kRowsPerBlock;
-  key_block_range(p, m0, rows_here, len_q, len_k, kKeysPerTile, t_first, t_last);
+  key_block_range(p, m0, len_q - m0 < kRowsPerBlock ? len_q - m0 : kRowsPerBlock, len_q, len_k, kKeysPerTile,
+                  t_first, t_last);
   float row_max = -INFINITY, row_sum = 0.0f;
   for (std::int64_t t = t_first; t < t_last; ++t) {
     const std::int64_t j0 = t * kKeysPerTile;
-    // S = Q K^T for the tile, a slice of the head dim at a time.
-    float s[kScoresPerLane] = {};
-    for (std::int64_t c0 = 0; c0 < p.d; c0 += kSlice) {
-      const int n = int(p.d - c0 < kSlice ? p.d - c0 : kSlice);
-      __syncthreads();  // the previous slice (or tile) is consumed
-      for (int i = tid; i < kRowsPerBlock * kSlice; i += kThreads) {
-        const int rr = i / kSlice, cc = i % kSlice;
-        q_s[i] = m0 + rr < len_q && cc < n ? to_float(q[p.q.at(b, h, q0 + m0 + rr) + c0 + cc]) : 0.0f;
-      }
-      for (int i = tid; i < kKeysPerTile * kSlice; i += kThreads) {
-        const int kk = i / kSlice, cc = i % kSlice;
-        k_s[kk * (kSlice + 1) + cc] =
-            j0 + kk < len_k && cc < n ? to_float(k[p.k.at(b, hk, k0 + j0 + kk) + c0 + cc]) : 0.0f;
-      }
-      __syncthreads();
-      for (int dd = 0; dd < n; ++dd) {
-        const float qv = q_s[r * kSlice + dd];
-#pragma unroll
-        for (int u = 0; u < kScoresPerLane; ++u) s[u] = fmaf(qv, k_s[(lane + u * kTeam) * (kSlice + 1) + dd], s[u]);
-      }
-    }
+    float s[kScoresPerLane];
+    tile_dots<T>(s, p.d, q_rows, rows(k, p.k, b, hk, k0 + j0, len_k - j0), smem);
     // Scores, then the online softmax of the row (its team merges the tile's max and sum).
     float tile_max = -INFINITY;
 #pragma unroll
@@ -145,32 +186,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kScoresPerLane; ++u) {
       const float e = expf(s[u] - base);
-      p_s[r * kKeysPerTile + lane + u * kTeam] = e;
+      w_s[r * kKeysPerTile + lane + u * kTeam] = e;
       tile_sum += e;
     }
     row_sum = row_sum * correction + team_sum(tile_sum);
     row_max = new_max;
-    // O = O * correction + P V over this block's output columns, a slice of V at a time.
-    for (int c0 = 0; c0 < n_cols; c0 += kSlice) {
-      const int n = n_cols - c0 < kSlice ? n_cols - c0 : kSlice;
-      __syncthreads();  // P is complete; the previous V slice is consumed
-      for (int i = tid; i < kKeysPerTile * kSlice; i += kThreads) {
-        const int kk = i / kSlice, cc = i % kSlice;
-        v_s[i] = j0 + kk < len_k && cc < n ? to_float(v[p.v.at(b, hk, k0 + j0 + kk) + c_first + c0 + cc]) : 0.0f;
-      }
-      __syncthreads();
-      for (int dd = lane; dd < n; dd += kTeam) {
-        float a = acc[r * n_cols + c0 + dd] * correction;
-        for (int kk = 0; kk < kKeysPerTile; ++kk) {
-          const float pk = p_s[r * kKeysPerTile + kk];
-          if (pk != 0.0f) a = fmaf(pk, v_s[kk * kSlice + dd], a);  // hidden keys add nothing, even inf V
-        }
-        acc[r * n_cols + c0 + dd] = a;
-      }
-    }
+    tile_accumulate<T>(acc, n_cols, c_first, correction, rows(v, p.v, b, hk, k0 + j0, len_k - j0), smem);
   }
-  // Epilogue: out = acc / sum; a row that saw no key gets 0 and lse -inf. Each lane reads only
-  // the accumulator columns it wrote.
+  // out = acc / sum; a row that saw no key gets 0 and lse -inf.
   if (row >= len_q) return;
   const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
   T* o = out + p.out.at(b, h, q0 + row) + c_first;
@@ -186,135 +209,138 @@ __device__ __forceinline__ float dscore(const Problem& p, float prob, float dp, 
   return ds * p.scale;
 }
 
+// dq. blockIdx.x = query block * column blocks of D + column block; y = head; z = sequence.
+// Column block 0 also writes delta_i = dout_i . out_i for the dk/dv kernel.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     backward_dq_kernel(const BackwardProblem bp, const T* __restrict__ dout, const T* __restrict__ q,
                        const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ out,
                        const float* __restrict__ lse, T* __restrict__ dq, float* __restrict__ delta_ws) {
   const Problem& p = bp.fwd;
-  const std::int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const ColumnSplit split = split_columns(p.d);
+  const std::int64_t m0 = std::int64_t(blockIdx.x / split.blocks) * kRowsPerBlock;
+  const std::int64_t c_first = std::int64_t(blockIdx.x % split.blocks) * split.cols;
+  const int n_cols = int(p.d - c_first < split.cols ? p.d - c_first : split.cols);
+  const std::int64_t h = blockIdx.y, b = blockIdx.z;
   std::int64_t q0, len_q, k0, len_k;
   p.sequence(b, q0, len_q, k0, len_k);
-  if (i >= len_q) return;
+  if (m0 >= len_q) return;
   const std::int64_t hk = h / p.group;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, r = tid / kTeam, lane = tid % kTeam;
+  const std::int64_t row = m0 + r;
 
   extern __shared__ float smem[];
-  float* q_s = smem;           // [D]
-  float* do_s = q_s + p.d;     // [Dv]
-  float* acc = do_s + p.dv;    // [D] dq
-  float* ds_s = acc + p.d;     // [kThreads]
-  const T* q_row = q + p.q.at(b, h, q0 + i);
-  const T* do_row = dout + bp.dout.at(b, h, q0 + i);
-  const T* o_row = out + p.out.at(b, h, q0 + i);
+  float* w_s = smem + kW;
+  float* acc = smem + kAcc;
+  for (int dd = lane; dd < n_cols; dd += kTeam) acc[r * n_cols + dd] = 0.0f;
   float partial = 0.0f;
-  for (std::int64_t d = tid; d < p.d; d += kThreads) q_s[d] = to_float(q_row[d]), acc[d] = 0.0f;
-  for (std::int64_t d = tid; d < p.dv; d += kThreads) {
-    do_s[d] = to_float(do_row[d]);
-    partial = fmaf(do_s[d], to_float(o_row[d]), partial);
+  if (row < len_q) {
+    const T* do_row = dout + bp.dout.at(b, h, q0 + row);
+    const T* o_row = out + p.out.at(b, h, q0 + row);
+    for (std::int64_t d = lane; d < p.dv; d += kTeam) partial = fmaf(to_float(do_row[d]), to_float(o_row[d]), partial);
   }
-  const float delta = block_sum(partial);  // also orders the shared-memory writes above
-  if (tid == 0) delta_ws[delta_index(p, b, h, q0 + i)] = delta;
-  const float row_lse = lse[p.lse.at(b, h, q0 + i)];
-  T* dq_row = dq + bp.dq.at(b, h, q0 + i);
-  if (row_lse == -INFINITY) {  // the row saw no key: no gradient
-    for (std::int64_t d = tid; d < p.d; d += kThreads) dq_row[d] = from_float<T>(0.0f);
-    return;
-  }
+  const float delta = team_sum(partial);
+  if (row < len_q && c_first == 0 && lane == 0) delta_ws[delta_index(p, b, h, q0 + row)] = delta;
+  const float row_lse = row < len_q ? lse[p.lse.at(b, h, q0 + row)] : -INFINITY;  // -inf: no gradient
+  const auto q_rows = rows(q, p.q, b, h, q0 + m0, len_q - m0);
+  const auto do_rows = rows(dout, bp.dout, b, h, q0 + m0, len_q - m0);
 
-  float t;
-  for (std::int64_t c = 0; c < len_k; c += kThreads) {
-    const std::int64_t j = c + tid;
-    float ds = 0.0f;
-    if (j < len_k && !hidden(p, b, h, i, j, len_q, len_k)) {
-      const float s = logit(p, dot(q_s, k + p.k.at(b, hk, k0 + j), p.d), b, h, i, j, &t);
-      const float pr = expf(s - row_lse);
-      if (pr != 0.0f) ds = dscore(p, pr, dot(do_s, v + p.v.at(b, hk, k0 + j), p.dv), delta, t);
+  std::int64_t t_first, t_last;
+  key_block_range(p, m0, len_q - m0 < kRowsPerBlock ? len_q - m0 : kRowsPerBlock, len_q, len_k, kKeysPerTile,
+                  t_first, t_last);
+  for (std::int64_t t = t_first; t < t_last; ++t) {
+    const std::int64_t j0 = t * kKeysPerTile;
+    const auto k_rows = rows(k, p.k, b, hk, k0 + j0, len_k - j0);
+    float s[kScoresPerLane], dp[kScoresPerLane];
+    tile_dots<T>(s, p.d, q_rows, k_rows, smem);
+    tile_dots<T>(dp, p.dv, do_rows, rows(v, p.v, b, hk, k0 + j0, len_k - j0), smem);
+#pragma unroll
+    for (int u = 0; u < kScoresPerLane; ++u) {
+      const std::int64_t col = j0 + lane + u * kTeam;
+      float ds = 0.0f, tanh_s;
+      if (row < len_q && col < len_k && row_lse != -INFINITY && !hidden(p, b, h, row, col, len_q, len_k)) {
+        const float pr = expf(logit(p, s[u], b, h, row, col, &tanh_s) - row_lse);
+        if (pr != 0.0f) ds = dscore(p, pr, dp[u], delta, tanh_s);
+      }
+      w_s[r * kKeysPerTile + lane + u * kTeam] = ds;
     }
-    ds_s[tid] = ds;
-    __syncthreads();
-    const int n = int(len_k - c < kThreads ? len_k - c : kThreads);
-    for (std::int64_t d = tid; d < p.d; d += kThreads) {
-      float a = acc[d];
-      for (int u = 0; u < n; ++u)
-        if (ds_s[u] != 0.0f) a = fmaf(ds_s[u], to_float(k[p.k.at(b, hk, k0 + c + u) + d]), a);
-      acc[d] = a;
-    }
-    __syncthreads();
+    tile_accumulate<T>(acc, n_cols, c_first, 1.0f, k_rows, smem);
   }
-  for (std::int64_t d = tid; d < p.d; d += kThreads) dq_row[d] = from_float<T>(acc[d]);
+  if (row >= len_q) return;
+  T* dq_row = dq + bp.dq.at(b, h, q0 + row) + c_first;
+  for (int dd = lane; dd < n_cols; dd += kTeam) dq_row[dd] = from_float<T>(acc[r * n_cols + dd]);
 }
 
+// dk or dv. blockIdx.x = key block * (column blocks of D + column blocks of Dv) + column block
+// (the first ones accumulate dk, the others dv); y = key/value head; z = sequence. The sums run
+// over the query tiles of every query head of the group, in order.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     backward_dkdv_kernel(const BackwardProblem bp, const T* __restrict__ dout, const T* __restrict__ q,
                          const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ lse,
                          const float* __restrict__ delta_ws, T* __restrict__ dk, T* __restrict__ dv) {
   const Problem& p = bp.fwd;
-  const std::int64_t j = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const ColumnSplit dk_split = split_columns(p.d), dv_split = split_columns(p.dv);
+  const std::int64_t per_block = dk_split.blocks + dv_split.blocks;
+  const std::int64_t n0 = std::int64_t(blockIdx.x / per_block) * kRowsPerBlock;
+  const std::int64_t cb = blockIdx.x % per_block;
+  const bool is_dv = cb >= dk_split.blocks;  // uniform over the block
+  const ColumnSplit split = is_dv ? dv_split : dk_split;
+  const std::int64_t width = is_dv ? p.dv : p.d;
+  const std::int64_t c_first = (is_dv ? cb - dk_split.blocks : cb) * split.cols;
+  const int n_cols = int(width - c_first < split.cols ? width - c_first : split.cols);
+  const std::int64_t hk = blockIdx.y, b = blockIdx.z;
   std::int64_t q0, len_q, k0, len_k;
   p.sequence(b, q0, len_q, k0, len_k);
-  if (j >= len_k) return;
-  const int tid = threadIdx.x;
+  if (n0 >= len_k) return;
+  const int tid = threadIdx.x, r = tid / kTeam, lane = tid % kTeam;
+  const std::int64_t key = n0 + r;
 
   extern __shared__ float smem[];
-  float* k_s = smem;             // [D]
-  float* v_s = k_s + p.d;        // [Dv]
-  float* dk_acc = v_s + p.dv;    // [D]
-  float* dv_acc = dk_acc + p.d;  // [Dv]
-  float* ds_s = dv_acc + p.dv;   // [kThreads]
-  float* p_s = ds_s + kThreads;  // [kThreads]
-  const T* k_row = k + p.k.at(b, hk, k0 + j);
-  const T* v_row = v + p.v.at(b, hk, k0 + j);
-  for (std::int64_t d = tid; d < p.d; d += kThreads) k_s[d] = to_float(k_row[d]), dk_acc[d] = 0.0f;
-  for (std::int64_t d = tid; d < p.dv; d += kThreads) v_s[d] = to_float(v_row[d]), dv_acc[d] = 0.0f;
-  __syncthreads();
+  float* w_s = smem + kW;
+  float* acc = smem + kAcc;
+  for (int dd = lane; dd < n_cols; dd += kTeam) acc[r * n_cols + dd] = 0.0f;
+  const auto k_rows = rows(k, p.k, b, hk, k0 + n0, len_k - n0);
+  const auto v_rows = rows(v, p.v, b, hk, k0 + n0, len_k - n0);
+  const std::int64_t keys_here = len_k - n0 < kRowsPerBlock ? len_k - n0 : kRowsPerBlock;
 
-  float t;
   for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-    for (std::int64_t c = 0; c < len_q; c += kThreads) {
-      const std::int64_t i = c + tid;
-      float pr = 0.0f, ds = 0.0f;
-      if (i < len_q && !hidden(p, b, h, i, j, len_q, len_k)) {
-        const float row_lse = lse[p.lse.at(b, h, q0 + i)];
-        if (row_lse != -INFINITY) {
-          const float s = logit(p, dot(k_s, q + p.q.at(b, h, q0 + i), p.d), b, h, i, j, &t);
-          pr = expf(s - row_lse);
-          if (pr != 0.0f)
-            ds = dscore(p, pr, dot(v_s, dout + bp.dout.at(b, h, q0 + i), p.dv), delta_ws[delta_index(p, b, h, q0 + i)],
-                        t);
+    std::int64_t t_first, t_last;
+    query_block_range(p, n0, keys_here, len_q, len_k, kKeysPerTile, t_first, t_last);
+    for (std::int64_t t = t_first; t < t_last; ++t) {
+      const std::int64_t i0 = t * kKeysPerTile;
+      const auto q_rows = rows(q, p.q, b, h, q0 + i0, len_q - i0);
+      const auto do_rows = rows(dout, bp.dout, b, h, q0 + i0, len_q - i0);
+      float s[kScoresPerLane], dp[kScoresPerLane] = {};
+      tile_dots<T>(s, p.d, k_rows, q_rows, smem);
+      if (!is_dv) tile_dots<T>(dp, p.dv, v_rows, do_rows, smem);
+#pragma unroll
+      for (int u = 0; u < kScoresPerLane; ++u) {
+        const std::int64_t i = i0 + lane + u * kTeam;
+        float w = 0.0f, tanh_s;
+        if (key < len_k && i < len_q && !hidden(p, b, h, i, key, len_q, len_k)) {
+          const float row_lse = lse[p.lse.at(b, h, q0 + i)];
+          if (row_lse != -INFINITY) {
+            const float pr = expf(logit(p, s[u], b, h, i, key, &tanh_s) - row_lse);
+            w = is_dv ? pr
+                      : (pr != 0.0f ? dscore(p, pr, dp[u], delta_ws[delta_index(p, b, h, q0 + i)], tanh_s) : 0.0f);
+          }
         }
+        w_s[r * kKeysPerTile + lane + u * kTeam] = w;
       }
-      p_s[tid] = pr;
-      ds_s[tid] = ds;
-      __syncthreads();
-      const int n = int(len_q - c < kThreads ? len_q - c : kThreads);
-      for (std::int64_t d = tid; d < p.d; d += kThreads) {
-        float a = dk_acc[d];
-        for (int u = 0; u < n; ++u)
-          if (ds_s[u] != 0.0f) a = fmaf(ds_s[u], to_float(q[p.q.at(b, h, q0 + c + u) + d]), a);
-        dk_acc[d] = a;
-      }
-      for (std::int64_t d = tid; d < p.dv; d += kThreads) {
-        float a = dv_acc[d];
-        for (int u = 0; u < n; ++u)
-          if (p_s[u] != 0.0f) a = fmaf(p_s[u], to_float(dout[bp.dout.at(b, h, q0 + c + u) + d]), a);
-        dv_acc[d] = a;
-      }
-      __syncthreads();
+      tile_accumulate<T>(acc, n_cols, c_first, 1.0f, is_dv ? do_rows : q_rows, smem);
     }
   }
-  T* dk_row = dk + bp.dk.at(b, hk, k0 + j);
-  T* dv_row = dv + bp.dv.at(b, hk, k0 + j);
-  for (std::int64_t d = tid; d < p.d; d += kThreads) dk_row[d] = from_float<T>(dk_acc[d]);
-  for (std::int64_t d = tid; d < p.dv; d += kThreads) dv_row[d] = from_float<T>(dv_acc[d]);
+  if (key >= len_k) return;
+  T* dst = (is_dv ? dv + bp.dv.at(b, hk, k0 + key) : dk + bp.dk.at(b, hk, k0 + key)) + c_first;
+  for (int dd = lane; dd < n_cols; dd += kTeam) dst[dd] = from_float<T>(acc[r * n_cols + dd]);
 }
 
-// One block per (row, head, batch); the grid limits are checked here, not assumed.
+// Grid of (blocks, heads, sequences); the limits are checked here, not assumed.
 dim3 row_grid(std::int64_t rows, std::int64_t heads, std::int64_t batch, const char* op) {
   if (rows > 0x7fffffffLL || heads > 65535 || batch > 65535)
-    core::fail(ErrorKind::unsupported, std::string(op) + ": strategy 'fallback' supports at most 2^31-1 rows, 65535 "
-                                                         "heads and 65535 sequences per call");
+    core::fail(ErrorKind::unsupported, std::string(op) + ": strategy 'fallback' supports at most 2^31-1 row blocks, "
+                                                         "65535 heads and 65535 sequences per call");
   return dim3(unsigned(rows), unsigned(heads), unsigned(batch));
 }
 
@@ -344,18 +370,15 @@ void fallback_forward(const Problem& p, const void* q, const void* k, const void
                       Stream stream) {
   using namespace cuda;
   if (p.batch == 0 || p.hq == 0 || p.sq == 0) return;
-  // Output columns per block: at most kMaxOutCols, spread evenly over the column blocks.
-  const std::int64_t col_blocks = (p.dv + kMaxOutCols - 1) / kMaxOutCols;
-  const int out_cols = int((p.dv + col_blocks - 1) / col_blocks);
+  const ColumnSplit split = split_columns(p.dv);
   const std::int64_t m_blocks = (p.sq + kRowsPerBlock - 1) / kRowsPerBlock;
-  const dim3 grid = row_grid(m_blocks * col_blocks, p.hq, p.batch, "attention");
-  const std::size_t smem = std::size_t(kAcc + kRowsPerBlock * out_cols) * sizeof(float);
+  const dim3 grid = row_grid(m_blocks * split.blocks, p.hq, p.batch, "attention");
+  const std::size_t smem = std::size_t(kAcc + kRowsPerBlock * split.cols) * sizeof(float);
   dispatch(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     set_smem(forward_kernel<T>, smem, p, "attention");
     forward_kernel<T><<<grid, kThreads, smem, static_cast<cudaStream_t>(stream)>>>(
-        p, out_cols, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-        static_cast<T*>(out), lse);
+        p, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(out), lse);
     RUDNN_CUDA_CHECK_LAUNCH("attention fallback forward_kernel");
   });
 }
@@ -376,8 +399,10 @@ void fallback_backward(const BackwardProblem& bp, const void* dout, const void* 
   dispatch(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (p.sq > 0) {
-      const dim3 grid = row_grid(p.sq, p.hq, p.batch, "attention_backward");
-      const std::size_t smem = std::size_t(2 * p.d + p.dv + kThreads) * sizeof(float);
+      const ColumnSplit split = split_columns(p.d);
+      const dim3 grid = row_grid((p.sq + kRowsPerBlock - 1) / kRowsPerBlock * split.blocks, p.hq, p.batch,
+                                 "attention_backward");
+      const std::size_t smem = std::size_t(kAcc + kRowsPerBlock * split.cols) * sizeof(float);
       set_smem(backward_dq_kernel<T>, smem, p, "attention_backward");
       backward_dq_kernel<T><<<grid, kThreads, smem, s>>>(bp, static_cast<const T*>(dout), static_cast<const T*>(q),
                                                           static_cast<const T*>(k), static_cast<const T*>(v),
@@ -385,8 +410,11 @@ void fallback_backward(const BackwardProblem& bp, const void* dout, const void* 
       RUDNN_CUDA_CHECK_LAUNCH("attention fallback backward_dq_kernel");
     }
     if (p.sk > 0) {  // runs after the dq kernel on the stream: delta is ready
-      const dim3 grid = row_grid(p.sk, p.hkv, p.batch, "attention_backward");
-      const std::size_t smem = std::size_t(2 * p.d + 2 * p.dv + 2 * kThreads) * sizeof(float);
+      const ColumnSplit dk_split = split_columns(p.d), dv_split = split_columns(p.dv);
+      const dim3 grid = row_grid((p.sk + kRowsPerBlock - 1) / kRowsPerBlock * (dk_split.blocks + dv_split.blocks),
+                                 p.hkv, p.batch, "attention_backward");
+      const int cols = dk_split.cols > dv_split.cols ? dk_split.cols : dv_split.cols;
+      const std::size_t smem = std::size_t(kAcc + kRowsPerBlock * cols) * sizeof(float);
       set_smem(backward_dkdv_kernel<T>, smem, p, "attention_backward");
       backward_dkdv_kernel<T><<<grid, kThreads, smem, s>>>(bp, static_cast<const T*>(dout), static_cast<const T*>(q),
                                                             static_cast<const T*>(k), static_cast<const T*>(v), lse,

@@ -28,34 +28,6 @@ struct Sm80BwdConfig : Sm80Config<Element, kHeadDim> {
   static constexpr int kDkdvSmemBytes = kDqSmemBytes + 2 * Base::kBlockM * Base::kBlockN * int(sizeof(Element));
 };
 
-__host__ __device__ __forceinline__ std::int64_t delta_index(const Problem& p, std::int64_t b, std::int64_t h,
-                                                             std::int64_t row) {
-  return ((p.varlen ? 0 : b) * p.hq + h) * p.sq + row;
-}
-
-// [first, last) query blocks holding a query that sees some key of [n0, n0 + cols).
-__host__ __device__ __forceinline__ void query_block_range(const Problem& p, std::int64_t n0, std::int64_t cols,
-                                                           std::int64_t len_q, std::int64_t len_k, int block_m,
-                                                           std::int64_t& first, std::int64_t& last) {
-  const std::int64_t shift = len_k - len_q;  // query i sits at key position i + shift
-  std::int64_t lo = 0, hi = len_q;          // queries [lo, hi)
-  if (p.causal || p.window_right >= 0) {    // key j needs j <= i + shift + right
-    const std::int64_t right = p.causal ? 0 : p.window_right;
-    const std::int64_t bound = n0 - shift - right;
-    lo = bound > lo ? bound : lo;
-  }
-  if (p.window_left >= 0) {  // key j needs j >= i + shift - left
-    const std::int64_t bound = n0 + cols - 1 - shift + p.window_left + 1;
-    hi = bound < hi ? bound : hi;
-  }
-  if (hi <= lo) {
-    first = last = 0;
-    return;
-  }
-  first = lo / block_m;
-  last = (hi + block_m - 1) / block_m;
-}
-
 // dS and P of one (query block, key block) tile from the raw S = Q K^T and dP = dO V^T
 // accumulators, in place: acc_s becomes P, acc_dp becomes dS. lse_r / delta_r are the
 // thread's rows (rowcol order); rows and keys outside the sequences or hidden get 0.
@@ -105,7 +77,7 @@ __global__ void __launch_bounds__(128)
   float s = 0.0f;
   for (std::int64_t d = threadIdx.x % 32; d < p.dv; d += 32) s = fmaf(float(g[d]), float(o[d]), s);
   for (int offset = 16; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
-  if (threadIdx.x % 32 == 0) delta[delta_index(p, b, h, q0 + i)] = s;
+  if (threadIdx.x % 32 == 0) delta[cuda::delta_index(p, b, h, q0 + i)] = s;
 }
 
 template <class Element, int kHeadDim, bool kPlain>
@@ -191,7 +163,7 @@ __global__ void __launch_bounds__(128)
   for (int r = 0; r < kRows; ++r) {
     const std::int64_t row = m0 + get<0>(tScS_rc(r, 0));
     lse_r[r] = row < len_q ? lse[p.lse.at(b, h, q0 + row)] : -INFINITY;
-    delta_r[r] = row < len_q ? delta[delta_index(p, b, h, q0 + row)] : 0.0f;
+    delta_r[r] = row < len_q ? delta[cuda::delta_index(p, b, h, q0 + row)] : 0.0f;
   }
 
   std::int64_t n_first, n_last;
@@ -349,7 +321,7 @@ __global__ void __launch_bounds__(128)
 
   const std::int64_t cols_here = len_k - n0 < BN ? len_k - n0 : BN;
   std::int64_t m_first, m_last;
-  query_block_range(p, n0, cols_here, len_q, len_k, BM, m_first, m_last);
+  cuda::query_block_range(p, n0, cols_here, len_q, len_k, BM, m_first, m_last);
 
   for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
     cute::Tensor gQ = local_tile(rows_of(q, p.q, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(_, 0));
@@ -367,7 +339,7 @@ __global__ void __launch_bounds__(128)
       for (int r = 0; r < kRows; ++r) {
         const std::int64_t row = m0 + get<0>(tScS_rc(r, 0));
         lse_r[r] = row < len_q ? lse[p.lse.at(b, h, q0 + row)] : -INFINITY;
-        delta_r[r] = row < len_q ? delta[delta_index(p, b, h, q0 + row)] : 0.0f;
+        delta_r[r] = row < len_q ? delta[cuda::delta_index(p, b, h, q0 + row)] : 0.0f;
       }
       cp_async_wait<0>();  // K/V (first time) and Q/dO have landed
       __syncthreads();
