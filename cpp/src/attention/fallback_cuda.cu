@@ -65,8 +65,8 @@ __host__ __device__ __forceinline__ ColumnSplit split_columns(std::int64_t width
 // tile of rows B (b_row(i)); a row pointer of nullptr reads as zeros. Slices of kSlice columns are
 // staged in shared memory; the leading barrier makes the buffers free to overwrite.
 template <class T, class RowA, class RowB>
-__device__ __forceinline__ void tile_dots(float (&s)[kScoresPerLane], std::int64_t n, const RowA& a_row,
-                                          const RowB& b_row, float* smem) {
+__device__ __forceinline__ void tile_dots(float (&s)[kScoresPerLane], std::int64_t n, const RowA a_row,
+                                          const RowB b_row, float* smem) {
   const int tid = threadIdx.x, r = tid / kTeam, lane = tid % kTeam;
   float* a_s = smem + kA;
   float* b_s = smem + kB;
@@ -98,7 +98,7 @@ __device__ __forceinline__ void tile_dots(float (&s)[kScoresPerLane], std::int64
 // publishes them). Zero weights add nothing, even against inf or NaN rows of B.
 template <class T, class RowB>
 __device__ __forceinline__ void tile_accumulate(float* acc, int n_cols, std::int64_t c_first, float scale,
-                                                const RowB& b_row, float* smem) {
+                                                const RowB b_row, float* smem) {
   const int tid = threadIdx.x, r = tid / kTeam, lane = tid % kTeam;
   const float* w_s = smem + kW;
   float* b_s = smem + kB;
