@@ -77,6 +77,10 @@ CASES = {
     "flash_float_mask_bias_d128": dict(shape=(1, 4, 4, 65, 130, 128, 128), mask="float", bias=True),
     "flash_no_keys_d64": dict(shape=(1, 2, 1, 5, 0, 64, 64)),
     "flash_sq_gt_sk_window_d128": dict(shape=(1, 2, 1, 80, 33, 128, 128), window=(10, 3)),
+    # Long enough for tiles inside both sequences (and below the causal diagonal), which the flash
+    # kernels score with the scale alone.
+    "flash_long_d64": dict(shape=(1, 2, 1, 200, 260, 64, 64)),
+    "flash_long_causal_d128": dict(shape=(1, 2, 2, 190, 250, 128, 128), causal=True),
 }
 
 

@@ -92,12 +92,23 @@ __device__ __forceinline__ float quad_sum(float v) {
 // how S = Q K^T is computed), all on the mma.sync accumulator layout.
 
 // Scores of one key block, in place: scale, softcap, bias, masks; -inf where hidden or outside
-// the sequences. coords(i) is the (row, col) of accumulator element i within the tile. kPlain:
-// the problem has none of the options but causal (Problem::plain_scores).
-template <bool kPlain, class Acc, class Coords>
+// the sequences. coords(i) is the (row, col) of accumulator element i within the BM x BN tile.
+// kPlain: the problem has none of the options but causal (Problem::plain_scores); then a tile
+// inside both sequences and wholly below the causal diagonal (most tiles of a long sequence)
+// needs the scale alone.
+template <bool kPlain, int BM, int BN, class Acc, class Coords>
 __device__ __forceinline__ void mask_scores(Acc& acc_s, const Coords& coords, const Problem& p, std::int64_t b,
                                             std::int64_t h, std::int64_t m0, std::int64_t n0, std::int64_t len_q,
                                             std::int64_t len_k) {
+  if constexpr (kPlain) {
+    const bool interior =
+        m0 + BM <= len_q && n0 + BN <= len_k && (!p.causal || n0 + BN - 1 <= m0 + len_k - len_q);
+    if (interior) {  // uniform over the CTA
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= p.scale;
+      return;
+    }
+  }
   CUTE_UNROLL
   for (int i = 0; i < size(acc_s); ++i) {
     const std::int64_t row = m0 + get<0>(coords(i)), col = n0 + get<1>(coords(i));
@@ -285,7 +296,7 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
       cute::gemm(mma, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s);
     }
 
-    mask_scores<kPlain>(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
+    mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
     online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
     accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o, [&] {
       if (n + 1 < n_last) {

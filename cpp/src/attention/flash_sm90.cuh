@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(128)
     warpgroup_fence_operand(acc_s90);
     cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
 
-    mask_scores<kPlain>(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
+    mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
     online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
     accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o, [&] {
       if (n + 1 < n_last) {
