@@ -22,6 +22,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __noinline__
+#define __grid_constant__
 #define __shared__ static
 #define __launch_bounds__(n)
 
@@ -49,8 +50,8 @@ i64 blocks_of(i64 rows) { return (rows + rudnn::attention::cuda::emu_fb::kRowsPe
                                  rudnn::attention::cuda::emu_fb::kRowsPerBlock; }
 
 template <class T, class Bits>
-int run(const std::string& which, const std::string& dir, Problem p, i64 mask_batch, int mask_kind, i64 bias_batch, int bias_kind, i64 tq,
-        i64 tk) {
+int run(const std::string& which, const std::string& dir, Problem p, i64 mask_batch, int mask_kind, i64 bias_batch,
+        int bias_kind, i64 tq, i64 tk) {
   const bool varlen = p.varlen;
   const i64 rows_q = varlen ? tq : p.batch * p.sq, rows_k = varlen ? tk : p.batch * p.sk;
   auto q = emu_read<Bits>(dir + "/q.bin", rows_q * p.hq * p.d);
@@ -122,9 +123,8 @@ int run(const std::string& which, const std::string& dir, Problem p, i64 mask_ba
                                      reinterpret_cast<T*>(dq.data()), delta.data());
              });
   const ColumnSplit dk_split = split_columns(p.d), dv_split = split_columns(p.dv);
-  const int cols = std::max(dk_split.cols, dv_split.cols);
-  emu_launch(EmuDim3{unsigned(blocks_of(p.sk) * (dk_split.blocks + dv_split.blocks)), unsigned(p.hkv), batches},
-             kThreads, 1, std::size_t(kAcc + kRowsPerBlock * cols) * sizeof(float), [&] {
+  emu_launch(EmuDim3{unsigned(blocks_of(p.sk) * std::max(dk_split.blocks, dv_split.blocks)), unsigned(p.hkv), batches},
+             kThreads, 1, std::size_t(kAcc + kRowsPerBlock * (dk_split.cols + dv_split.cols)) * sizeof(float), [&] {
                backward_dkdv_kernel<T>(bp, dO, Q, K, V, lse.data(), delta.data(), reinterpret_cast<T*>(dk.data()),
                                        reinterpret_cast<T*>(dv.data()));
              });
@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
   if (!meta) return 2;
   p.causal = causal != 0, p.varlen = varlen != 0, p.group = p.hq / p.hkv;
   p.dtype = bf16 ? DType::bf16 : DType::f32;
-  if (bf16) return run<__nv_bfloat16, std::uint16_t>(which, dir, p, mask_batch, mask_kind, bias_batch, bias_kind, tq, tk);
+  if (bf16)
+    return run<__nv_bfloat16, std::uint16_t>(which, dir, p, mask_batch, mask_kind, bias_batch, bias_kind, tq, tk);
   return run<float, float>(which, dir, p, mask_batch, mask_kind, bias_batch, bias_kind, tq, tk);
 }

@@ -127,4 +127,19 @@ __device__ __forceinline__ float score(const Problem& p, float dot, std::int64_t
   }
 }
 
+// The backward's probability and score gradient of one (query, key) pair from its transformed
+// score s (-inf where hidden), tanh_s from the transform, the row's lse, dP = dout . v and
+// delta = dout . out: P = exp(s - lse), dS = P (dP - delta) * d(softcap)/d(score) * scale, the
+// gradient of q . k. Both 0 where s or lse is -inf. Shared by the flash and fallback kernels.
+__device__ __forceinline__ void probability_and_dscore(const Problem& p, float s, float tanh_s, float lse, float dp,
+                                                       float delta, float& prob, float& ds) {
+  prob = ds = 0.0f;
+  if (s == -INFINITY || lse == -INFINITY) return;
+  prob = expf(s - lse);
+  if (prob == 0.0f) return;
+  ds = prob * (dp - delta);
+  if (p.softcap > 0.0f) ds *= 1.0f - tanh_s * tanh_s;
+  ds *= p.scale;
+}
+
 }  // namespace rudnn::attention::cuda

@@ -39,7 +39,8 @@ constexpr int kMaxOutCols = 256;                          // accumulator columns
 constexpr int kA = 0;                                     // shared memory, in floats: own rows' slice
 constexpr int kB = kA + kRowsPerBlock * kSlice;           // tile rows' slice, rows padded to kSlice + 1
 constexpr int kW = kB + kKeysPerTile * (kSlice + 1);      //   (a team's 8 rows on 8 banks); the weights
-constexpr int kAcc = kW + kRowsPerBlock * kKeysPerTile;   //   of a tile; then [kRowsPerBlock][columns]
+constexpr int kW2 = kW + kRowsPerBlock * kKeysPerTile;    //   of a tile, a second weight tile (dk/dv);
+constexpr int kAcc = kW2 + kRowsPerBlock * kKeysPerTile;  //   then [kRowsPerBlock][columns] accumulators
 
 // Shuffle reductions over a row's team (kTeam consecutive lanes of one warp).
 __device__ __forceinline__ float team_max(float v) {
@@ -94,13 +95,13 @@ __device__ __forceinline__ void tile_dots(float (&s)[kScoresPerLane], std::int64
 }
 
 // acc[r][c] = acc[r][c] * scale + sum_i W[r][i] B_i[c_first + c] over the lane's columns c of
-// [0, n_cols), W the tile weights in shared memory (complete before the call: the leading barrier
-// publishes them). Zero weights add nothing, even against inf or NaN rows of B.
+// [0, n_cols), W ([kRowsPerBlock][kKeysPerTile] at w_s) the tile weights in shared memory
+// (complete before the call: the leading barrier publishes them). Zero weights add nothing,
+// even against inf or NaN rows of B.
 template <class T, class RowB>
 __device__ __forceinline__ void tile_accumulate(float* acc, int n_cols, std::int64_t c_first, float scale,
-                                                const RowB b_row, float* smem) {
+                                                const float* w_s, const RowB b_row, float* smem) {
   const int tid = threadIdx.x, r = tid / kTeam, lane = tid % kTeam;
-  const float* w_s = smem + kW;
   float* b_s = smem + kB;
   for (int c0 = 0; c0 < n_cols; c0 += kSlice) {
     const int w = n_cols - c0 < kSlice ? n_cols - c0 : kSlice;
@@ -138,10 +139,12 @@ __device__ __forceinline__ Rows<T, Stride> rows(const T* base, const Stride& str
 }
 
 // Forward. blockIdx.x = query block * column blocks + column block of Dv; y = head; z = sequence.
+// The kernels take the problem as __grid_constant__: general_logit (out of line) reads it through
+// a reference, which would otherwise copy the whole struct to every thread's stack.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(const Problem p, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                   T* __restrict__ out, float* __restrict__ lse) {
+    forward_kernel(const __grid_constant__ Problem p, const T* __restrict__ q, const T* __restrict__ k,
+                   const T* __restrict__ v, T* __restrict__ out, float* __restrict__ lse) {
   const ColumnSplit split = split_columns(p.dv);
   const std::int64_t m0 = std::int64_t(blockIdx.x / split.blocks) * kRowsPerBlock;
   const std::int64_t c_first = std::int64_t(blockIdx.x % split.blocks) * split.cols;
@@ -174,9 +177,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kScoresPerLane; ++u) {
       const std::int64_t col = j0 + lane + u * kTeam;
       float tanh_s;
-      s[u] = row < len_q && col < len_k && !hidden(p, b, h, row, col, len_q, len_k)
-                 ? logit(p, s[u], b, h, row, col, &tanh_s)
-                 : -INFINITY;
+      s[u] = row < len_q && col < len_k ? general_logit(p, s[u], b, h, row, col, len_q, len_k, &tanh_s) : -INFINITY;
       tile_max = fmaxf(tile_max, s[u]);
     }
     const float new_max = fmaxf(row_max, team_max(tile_max));
@@ -191,7 +192,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     row_sum = row_sum * correction + team_sum(tile_sum);
     row_max = new_max;
-    tile_accumulate<T>(acc, n_cols, c_first, correction, rows(v, p.v, b, hk, k0 + j0, len_k - j0), smem);
+    tile_accumulate<T>(acc, n_cols, c_first, correction, w_s, rows(v, p.v, b, hk, k0 + j0, len_k - j0), smem);
   }
   // out = acc / sum; a row that saw no key gets 0 and lse -inf.
   if (row >= len_q) return;
@@ -202,19 +203,13 @@ __global__ void __launch_bounds__(kThreads)
     lse[p.lse.at(b, h, q0 + row)] = row_sum > 0.0f ? row_max + logf(row_sum) : -INFINITY;
 }
 
-// dS_ij = P_ij (dP_ij - delta_i) * d(softcap)/d(score) * scale, the gradient of q_i . k_j.
-__device__ __forceinline__ float dscore(const Problem& p, float prob, float dp, float delta, float tanh_s) {
-  float ds = prob * (dp - delta);
-  if (p.softcap > 0.0f) ds *= 1.0f - tanh_s * tanh_s;
-  return ds * p.scale;
-}
-
 // dq. blockIdx.x = query block * column blocks of D + column block; y = head; z = sequence.
 // Column block 0 also writes delta_i = dout_i . out_i for the dk/dv kernel.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    backward_dq_kernel(const BackwardProblem bp, const T* __restrict__ dout, const T* __restrict__ q,
-                       const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ out,
+    backward_dq_kernel(const __grid_constant__ BackwardProblem bp, const T* __restrict__ dout,
+                       const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                       const T* __restrict__ out,
                        const float* __restrict__ lse, T* __restrict__ dq, float* __restrict__ delta_ws) {
   const Problem& p = bp.fwd;
   const ColumnSplit split = split_columns(p.d);
@@ -257,38 +252,39 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kScoresPerLane; ++u) {
       const std::int64_t col = j0 + lane + u * kTeam;
-      float ds = 0.0f, tanh_s;
-      if (row < len_q && col < len_k && row_lse != -INFINITY && !hidden(p, b, h, row, col, len_q, len_k)) {
-        const float pr = expf(logit(p, s[u], b, h, row, col, &tanh_s) - row_lse);
-        if (pr != 0.0f) ds = dscore(p, pr, dp[u], delta, tanh_s);
+      float prob = 0.0f, ds = 0.0f, tanh_s;
+      if (row < len_q && col < len_k && row_lse != -INFINITY) {
+        const float score = general_logit(p, s[u], b, h, row, col, len_q, len_k, &tanh_s);  // sets tanh_s first
+        probability_and_dscore(p, score, tanh_s, row_lse, dp[u], delta, prob, ds);
       }
       w_s[r * kKeysPerTile + lane + u * kTeam] = ds;
     }
-    tile_accumulate<T>(acc, n_cols, c_first, 1.0f, k_rows, smem);
+    tile_accumulate<T>(acc, n_cols, c_first, 1.0f, w_s, k_rows, smem);
   }
   if (row >= len_q) return;
   T* dq_row = dq + bp.dq.at(b, h, q0 + row) + c_first;
   for (int dd = lane; dd < n_cols; dd += kTeam) dq_row[dd] = from_float<T>(acc[r * n_cols + dd]);
 }
 
-// dk or dv. blockIdx.x = key block * (column blocks of D + column blocks of Dv) + column block
-// (the first ones accumulate dk, the others dv); y = key/value head; z = sequence. The sums run
-// over the query tiles of every query head of the group, in order.
+// dk and dv. blockIdx.x = key block * column blocks + column block c: the block accumulates
+// column block c of dk (if D has one) and of dv (if Dv has one), so S and P are computed once for
+// both (at most 256 columns each; most head dims take one block). y = key/value head; z =
+// sequence. The sums run over the query tiles of every query head of the group, in order.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    backward_dkdv_kernel(const BackwardProblem bp, const T* __restrict__ dout, const T* __restrict__ q,
-                         const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ lse,
+    backward_dkdv_kernel(const __grid_constant__ BackwardProblem bp, const T* __restrict__ dout,
+                         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                         const float* __restrict__ lse,
                          const float* __restrict__ delta_ws, T* __restrict__ dk, T* __restrict__ dv) {
   const Problem& p = bp.fwd;
   const ColumnSplit dk_split = split_columns(p.d), dv_split = split_columns(p.dv);
-  const std::int64_t per_block = dk_split.blocks + dv_split.blocks;
-  const std::int64_t n0 = std::int64_t(blockIdx.x / per_block) * kRowsPerBlock;
-  const std::int64_t cb = blockIdx.x % per_block;
-  const bool is_dv = cb >= dk_split.blocks;  // uniform over the block
-  const ColumnSplit split = is_dv ? dv_split : dk_split;
-  const std::int64_t width = is_dv ? p.dv : p.d;
-  const std::int64_t c_first = (is_dv ? cb - dk_split.blocks : cb) * split.cols;
-  const int n_cols = int(width - c_first < split.cols ? width - c_first : split.cols);
+  const std::int64_t col_blocks = dk_split.blocks > dv_split.blocks ? dk_split.blocks : dv_split.blocks;
+  const std::int64_t n0 = std::int64_t(blockIdx.x / col_blocks) * kRowsPerBlock;
+  const std::int64_t cb = blockIdx.x % col_blocks;
+  const std::int64_t dk_first = cb * dk_split.cols, dv_first = cb * dv_split.cols;
+  // Columns of each gradient in this block (0: none); uniform over the block.
+  const int n_dk = int(dk_first >= p.d ? 0 : p.d - dk_first < dk_split.cols ? p.d - dk_first : dk_split.cols);
+  const int n_dv = int(dv_first >= p.dv ? 0 : p.dv - dv_first < dv_split.cols ? p.dv - dv_first : dv_split.cols);
   const std::int64_t hk = blockIdx.y, b = blockIdx.z;
   std::int64_t q0, len_q, k0, len_k;
   p.sequence(b, q0, len_q, k0, len_k);
@@ -297,9 +293,12 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t key = n0 + r;
 
   extern __shared__ float smem[];
-  float* w_s = smem + kW;
-  float* acc = smem + kAcc;
-  for (int dd = lane; dd < n_cols; dd += kTeam) acc[r * n_cols + dd] = 0.0f;
+  float* p_s = smem + kW;   // P of the tile (dv's weights)
+  float* ds_s = smem + kW2;  // dS of the tile (dk's weights)
+  float* dk_acc = smem + kAcc;                   // [kRowsPerBlock][n_dk]
+  float* dv_acc = dk_acc + kRowsPerBlock * n_dk;  // [kRowsPerBlock][n_dv]
+  for (int dd = lane; dd < n_dk; dd += kTeam) dk_acc[r * n_dk + dd] = 0.0f;
+  for (int dd = lane; dd < n_dv; dd += kTeam) dv_acc[r * n_dv + dd] = 0.0f;
   const auto k_rows = rows(k, p.k, b, hk, k0 + n0, len_k - n0);
   const auto v_rows = rows(v, p.v, b, hk, k0 + n0, len_k - n0);
   const std::int64_t keys_here = len_k - n0 < kRowsPerBlock ? len_k - n0 : kRowsPerBlock;
@@ -313,27 +312,28 @@ __global__ void __launch_bounds__(kThreads)
       const auto do_rows = rows(dout, bp.dout, b, h, q0 + i0, len_q - i0);
       float s[kScoresPerLane], dp[kScoresPerLane] = {};
       tile_dots<T>(s, p.d, k_rows, q_rows, smem);
-      if (!is_dv) tile_dots<T>(dp, p.dv, v_rows, do_rows, smem);
+      if (n_dk > 0) tile_dots<T>(dp, p.dv, v_rows, do_rows, smem);  // dP only feeds dS
 #pragma unroll
       for (int u = 0; u < kScoresPerLane; ++u) {
         const std::int64_t i = i0 + lane + u * kTeam;
-        float w = 0.0f, tanh_s;
-        if (key < len_k && i < len_q && !hidden(p, b, h, i, key, len_q, len_k)) {
-          const float row_lse = lse[p.lse.at(b, h, q0 + i)];
-          if (row_lse != -INFINITY) {
-            const float pr = expf(logit(p, s[u], b, h, i, key, &tanh_s) - row_lse);
-            w = is_dv ? pr
-                      : (pr != 0.0f ? dscore(p, pr, dp[u], delta_ws[delta_index(p, b, h, q0 + i)], tanh_s) : 0.0f);
-          }
+        float prob = 0.0f, ds = 0.0f, tanh_s;
+        if (key < len_k && i < len_q) {
+          const float score = general_logit(p, s[u], b, h, i, key, len_q, len_k, &tanh_s);  // sets tanh_s first
+          probability_and_dscore(p, score, tanh_s, lse[p.lse.at(b, h, q0 + i)], dp[u],
+                                 delta_ws[delta_index(p, b, h, q0 + i)], prob, ds);
         }
-        w_s[r * kKeysPerTile + lane + u * kTeam] = w;
+        p_s[r * kKeysPerTile + lane + u * kTeam] = prob;
+        ds_s[r * kKeysPerTile + lane + u * kTeam] = ds;
       }
-      tile_accumulate<T>(acc, n_cols, c_first, 1.0f, is_dv ? do_rows : q_rows, smem);
+      if (n_dv > 0) tile_accumulate<T>(dv_acc, n_dv, dv_first, 1.0f, p_s, do_rows, smem);
+      if (n_dk > 0) tile_accumulate<T>(dk_acc, n_dk, dk_first, 1.0f, ds_s, q_rows, smem);
     }
   }
   if (key >= len_k) return;
-  T* dst = (is_dv ? dv + bp.dv.at(b, hk, k0 + key) : dk + bp.dk.at(b, hk, k0 + key)) + c_first;
-  for (int dd = lane; dd < n_cols; dd += kTeam) dst[dd] = from_float<T>(acc[r * n_cols + dd]);
+  T* dk_row = dk + bp.dk.at(b, hk, k0 + key) + dk_first;
+  T* dv_row = dv + bp.dv.at(b, hk, k0 + key) + dv_first;
+  for (int dd = lane; dd < n_dk; dd += kTeam) dk_row[dd] = from_float<T>(dk_acc[r * n_dk + dd]);
+  for (int dd = lane; dd < n_dv; dd += kTeam) dv_row[dd] = from_float<T>(dv_acc[r * n_dv + dd]);
 }
 
 // Grid of (blocks, heads, sequences); the limits are checked here, not assumed.
@@ -411,10 +411,10 @@ void fallback_backward(const BackwardProblem& bp, const void* dout, const void* 
     }
     if (p.sk > 0) {  // runs after the dq kernel on the stream: delta is ready
       const ColumnSplit dk_split = split_columns(p.d), dv_split = split_columns(p.dv);
-      const dim3 grid = row_grid((p.sk + kRowsPerBlock - 1) / kRowsPerBlock * (dk_split.blocks + dv_split.blocks),
-                                 p.hkv, p.batch, "attention_backward");
-      const int cols = dk_split.cols > dv_split.cols ? dk_split.cols : dv_split.cols;
-      const std::size_t smem = std::size_t(kAcc + kRowsPerBlock * cols) * sizeof(float);
+      const std::int64_t col_blocks = dk_split.blocks > dv_split.blocks ? dk_split.blocks : dv_split.blocks;
+      const dim3 grid = row_grid((p.sk + kRowsPerBlock - 1) / kRowsPerBlock * col_blocks, p.hkv, p.batch,
+                                 "attention_backward");
+      const std::size_t smem = std::size_t(kAcc + kRowsPerBlock * (dk_split.cols + dv_split.cols)) * sizeof(float);
       set_smem(backward_dkdv_kernel<T>, smem, p, "attention_backward");
       backward_dkdv_kernel<T><<<grid, kThreads, smem, s>>>(bp, static_cast<const T*>(dout), static_cast<const T*>(q),
                                                             static_cast<const T*>(k), static_cast<const T*>(v), lse,

@@ -49,12 +49,7 @@ __device__ __forceinline__ void probabilities_and_dscores(const Problem& p, AccS
       if (row < len_q && col < len_k && lse_r[r] != -INFINITY) {
         float t;
         const float s = cuda::score<kPlain>(p, s_rc(r, c), b, h, row, col, len_q, len_k, &t);
-        if (s != -INFINITY) {  // hidden keys (and -inf additive masks) get no probability
-          prob = expf(s - lse_r[r]);
-          ds = prob * (dp_rc(r, c) - delta_r[r]);
-          if (!kPlain && p.softcap > 0.0f) ds *= 1.0f - t * t;
-          ds *= p.scale;
-        }
+        cuda::probability_and_dscore(p, s, t, lse_r[r], dp_rc(r, c), delta_r[r], prob, ds);
       }
       s_rc(r, c) = prob;
       dp_rc(r, c) = ds;
@@ -97,15 +92,11 @@ __global__ void __launch_bounds__(128)
   const std::int64_t hk = h / p.group;
   const int tid = threadIdx.x;
 
-  auto rows_of = [&](const Element* base, const Strides& s, std::int64_t bi, std::int64_t hi, std::int64_t r0,
-                     std::int64_t len) {
-    return make_tensor(make_gmem_ptr(base + s.at(bi, hi, r0)), make_shape(len, Int<kHeadDim>{}), make_stride(s.s, _1{}));
-  };
-  cute::Tensor gQ = local_tile(rows_of(q, p.q, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m_block, 0));
-  cute::Tensor gdO = local_tile(rows_of(dout, bp.dout, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{},
+  cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m_block, 0));
+  cute::Tensor gdO = local_tile(head_rows<kHeadDim>(dout, bp.dout, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{},
                                 make_coord(m_block, 0));
-  cute::Tensor gK = local_tile(rows_of(k, p.k, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
-  cute::Tensor gV = local_tile(rows_of(v, p.v, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
+  cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
+  cute::Tensor gV = local_tile(head_rows<kHeadDim>(v, p.v, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
@@ -236,13 +227,9 @@ __global__ void __launch_bounds__(128)
   if (n0 >= len_k) return;
   const int tid = threadIdx.x;
 
-  auto rows_of = [&](const Element* base, const Strides& s, std::int64_t bi, std::int64_t hi, std::int64_t r0,
-                     std::int64_t len) {
-    return make_tensor(make_gmem_ptr(base + s.at(bi, hi, r0)), make_shape(len, Int<kHeadDim>{}), make_stride(s.s, _1{}));
-  };
-  cute::Tensor gK = local_tile(rows_of(k, p.k, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
+  cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
                                make_coord(n_block, 0));
-  cute::Tensor gV = local_tile(rows_of(v, p.v, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
+  cute::Tensor gV = local_tile(head_rows<kHeadDim>(v, p.v, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
                                make_coord(n_block, 0));
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -324,8 +311,8 @@ __global__ void __launch_bounds__(128)
   cuda::query_block_range(p, n0, cols_here, len_q, len_k, BM, m_first, m_last);
 
   for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-    cute::Tensor gQ = local_tile(rows_of(q, p.q, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(_, 0));
-    cute::Tensor gdO = local_tile(rows_of(dout, bp.dout, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{},
+    cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(_, 0));
+    cute::Tensor gdO = local_tile(head_rows<kHeadDim>(dout, bp.dout, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{},
                                   make_coord(_, 0));
     cute::Tensor tQg = gthr.partition_S(gQ);
     cute::Tensor tdOg = gthr.partition_S(gdO);

@@ -64,6 +64,14 @@ __device__ __forceinline__ constexpr auto acc_as_a(Layout const& acc) {
   return make_layout(make_layout(get<0>(d), get<2, 0>(d)), get<1>(d), get<2, 1>(d));
 }
 
+// Rows [first, first + len) of (b, h) of an operand with kCols columns (the last axis dense),
+// as a (len, kCols) CuTe tensor: what every flash kernel tiles its loads from.
+template <int kCols, class T>
+__device__ __forceinline__ auto head_rows(T* base, const Strides& s, std::int64_t b, std::int64_t h,
+                                          std::int64_t first, std::int64_t len) {
+  return make_tensor(make_gmem_ptr(base + s.at(b, h, first)), make_shape(len, Int<kCols>{}), make_stride(s.s, _1{}));
+}
+
 // Copies the rows of a (CPY, CPY_ROWS, CPY_COLS) partition whose row coordinate is below
 // `rows`, zero-filling the others (tails of sequences shorter than the tile).
 template <class Copy, class Src, class Dst, class Coords>
@@ -209,12 +217,9 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
   const int tid = threadIdx.x;
 
   // Global views: rows of this (batch, head), the last axis dense.
-  cute::Tensor gQ = make_tensor(make_gmem_ptr(q + p.q.at(b, h, q0)), make_shape(len_q, Int<kHeadDim>{}),
-                          make_stride(p.q.s, _1{}));
-  cute::Tensor gK = make_tensor(make_gmem_ptr(k + p.k.at(b, hk, k0)), make_shape(len_k, Int<kHeadDim>{}),
-                          make_stride(p.k.s, _1{}));
-  cute::Tensor gV = make_tensor(make_gmem_ptr(v + p.v.at(b, hk, k0)), make_shape(len_k, Int<kHeadDim>{}),
-                          make_stride(p.v.s, _1{}));
+  cute::Tensor gQ = head_rows<kHeadDim>(q, p.q, b, h, q0, len_q);
+  cute::Tensor gK = head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k);
+  cute::Tensor gV = head_rows<kHeadDim>(v, p.v, b, hk, k0, len_k);
   cute::Tensor gQtile = local_tile(gQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (BM, D)
   cute::Tensor gKtiles = local_tile(gK, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));       // (BN, D, n)
   cute::Tensor gVtiles = local_tile(gV, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));

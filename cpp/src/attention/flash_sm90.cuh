@@ -49,12 +49,9 @@ __global__ void __launch_bounds__(128)
   const std::int64_t hk = h / p.group;
   const int tid = threadIdx.x;
 
-  cute::Tensor gQ = make_tensor(make_gmem_ptr(q + p.q.at(b, h, q0)), make_shape(len_q, Int<kHeadDim>{}),
-                                make_stride(p.q.s, _1{}));
-  cute::Tensor gK = make_tensor(make_gmem_ptr(k + p.k.at(b, hk, k0)), make_shape(len_k, Int<kHeadDim>{}),
-                                make_stride(p.k.s, _1{}));
-  cute::Tensor gV = make_tensor(make_gmem_ptr(v + p.v.at(b, hk, k0)), make_shape(len_k, Int<kHeadDim>{}),
-                                make_stride(p.v.s, _1{}));
+  cute::Tensor gQ = head_rows<kHeadDim>(q, p.q, b, h, q0, len_q);
+  cute::Tensor gK = head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k);
+  cute::Tensor gV = head_rows<kHeadDim>(v, p.v, b, hk, k0, len_k);
   cute::Tensor gQtile = local_tile(gQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m_block, 0));
   cute::Tensor gKtiles = local_tile(gK, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
   cute::Tensor gVtiles = local_tile(gV, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
