@@ -1,10 +1,13 @@
-"""The attention fallback kernels' own source (cpp/src/attention/fallback_cuda.cu: forward, dq,
-dk/dv), run on the CPU by a host emulator (tests/emulation/attention_fallback_emu.cpp: std::threads
-for CUDA threads, barriers for __syncthreads and warp shuffles), against the float64 reference
-(and torch autograd through it) with the FlashAttention error budget. It checks the kernels' tiling
-(16-row blocks, 32-row tiles, 64-column slices, 256-column accumulator blocks), staging, barriers,
-team reductions and every score option without a GPU. Skipped when g++ (C++20) or the CUDA
-toolkit's headers are missing."""
+"""The attention kernels' own source, run on the CPU by host emulators (std::threads for CUDA
+threads, barriers for __syncthreads and warp shuffles; tests/emulation/), against the float64
+reference (and torch autograd through it) with the FlashAttention error budget:
+- the fallback kernels (cpp/src/attention/fallback_cuda.cu: forward, dq, dk/dv): tiling (16-row
+  blocks, 32-row tiles, 64-column slices, 256-column accumulator blocks), staging, barriers, team
+  reductions and every score option;
+- the flash sm80 kernels (flash_sm80.cuh, flash_bwd_sm80.cuh), with the tensor-core MMA, ldmatrix
+  and cp.async atoms replaced by stand-ins written from the PTX ISA (emu_sm80_atoms.hpp): CuTe
+  layouts, swizzles, the copy schedule, online softmax, masking and the backward's three kernels.
+Skipped when g++ (C++20), the CUDA toolkit's headers or (flash) CUTLASS's headers are missing."""
 
 import os
 import subprocess
@@ -144,3 +147,110 @@ def test_fallback_backward_kernels(emulator, tmp_path, name, dtype):
     for mine, same, exact, what in zip(ours, g_same, g64, ("dq", "dk", "dv")):
         assert torch.isfinite(mine.float()).all(), what
         assert_close_to_oracle(mine, same, exact, f"{name} {what}")
+
+
+# ---- the flash sm80 kernels (CuTe, mma.sync) ------------------------------------------------
+
+# The hardware atoms' names in the kernel text and their host stand-ins (emu_sm80_atoms.hpp).
+FLASH_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "unsigned char* smem_raw = emu_smem;"),
+               ("SM80_16x8x16_F32F16F16F32_TN", "EmuMmaF16"), ("SM80_16x8x16_F32BF16BF16F32_TN", "EmuMmaBF16"),
+               ("SM75_U32x4_LDSM_N", "EmuLdsmN"), ("SM75_U16x8_LDSM_T", "EmuLdsmT"),
+               ("SM80_CP_ASYNC_CACHEGLOBAL", "EmuCpAsync"), ("cp_async_fence()", "emu_cp_async_fence()"),
+               ("cp_async_wait<", "emu_cp_async_wait<")]
+
+
+def _flash_source(extra_edits=()):
+    """flash_sm80.cuh and flash_bwd_sm80.cuh without their host launchers, atoms renamed."""
+    def read(name):
+        return open(os.path.join(ROOT, "cpp", "src", "attention", name)).read()
+    fwd, bwd = read("flash_sm80.cuh"), read("flash_bwd_sm80.cuh")
+    fwd = fwd[fwd.index("namespace rudnn::attention::flash {"):fwd.index('#include "core/cuda_check.hpp"')]
+    bwd = bwd[bwd.index("namespace rudnn::attention::flash {"):bwd.index("template <class Element, int kHeadDim>\nvoid launch")]
+    text = fwd + bwd + "}  // namespace rudnn::attention::flash\n"
+    for old, new in list(extra_edits) + FLASH_EDITS:  # planted bugs are written in the original names
+        assert old in text, f"emulation edit no longer applies: {old}"
+        text = text.replace(old, new)
+    return text
+
+
+@pytest.fixture(scope="module")
+def flash_emulator(tmp_path_factory):
+    return build_emulator("attention_flash_emu.cpp", _flash_source(), tmp_path_factory.mktemp("flash_emu"),
+                          needs_cutlass=True)
+
+
+# Shapes the flash kernels take (bfloat16, D == Dv in {64, 128}): tile tails on both axes (Sq 67,
+# Sk 71 are not multiples of 64), several key blocks, causal with Sq != Sk (bottom-right), GQA, and
+# every score option through the general (not kPlain) instantiation.
+FLASH_CASES = {
+    "plain_tails": dict(shape=(1, 2, 2, 67, 71, 64, 64)),
+    "causal_three_blocks": dict(shape=(1, 1, 1, 150, 150, 64, 64), causal=True),
+    "causal_sq_lt_sk_gqa": dict(shape=(2, 4, 2, 40, 130, 64, 64), causal=True),
+    "causal_sq_gt_sk": dict(shape=(1, 2, 1, 100, 70, 64, 64), causal=True),
+    "d128_causal": dict(shape=(1, 2, 1, 80, 140, 128, 128), causal=True),
+    "window_softcap": dict(shape=(1, 2, 2, 90, 130, 64, 64), window=(50, 10), softcap=20.0),
+    "bias_gqa4": dict(shape=(1, 4, 1, 70, 70, 64, 64), bias="float"),
+    "bool_mask_empty_rows": dict(shape=(1, 2, 2, 70, 70, 64, 64), mask="bool_empty_rows"),
+}
+
+
+def _flash_inputs(name, seed):
+    case = dict(FLASH_CASES[name])
+    B, Hq, Hkv, Sq, Sk, D, Dv = case.pop("shape")
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, h, s, d, generator=g, dtype=torch.float64).to(torch.bfloat16)
+               for h, s, d in ((Hq, Sq, D), (Hkv, Sk, D), (Hkv, Sk, Dv)))
+    opts = {key: case[key] for key in ("causal", "window", "softcap") if key in case}
+    if case.get("bias") == "float":
+        opts["bias"] = torch.randn(1, Hq, Sq, Sk, generator=g, dtype=torch.float64).float()
+    if case.get("mask") == "bool_empty_rows":
+        mask = torch.rand(B, Hq, Sq, Sk, generator=g) > 0.3
+        mask[:, :, 5] = False  # a row that sees no key: output 0, lse -inf
+        opts["mask"] = mask
+    return q, k, v, opts
+
+
+@pytest.mark.parametrize("name", list(FLASH_CASES))
+def test_flash_forward_kernel(flash_emulator, tmp_path, name):
+    q, k, v, opts = _flash_inputs(name, seed=21)
+    out, lse = _run(flash_emulator, tmp_path, q, k, v, dict(opts))
+    o64, l64 = _oracle(q, k, v, opts)
+    o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
+    assert_close_to_oracle(out, o_same, o64, f"{name} out")
+    torch.testing.assert_close(lse.double(), l64, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["plain_tails", "causal_sq_lt_sk_gqa", "causal_sq_gt_sk", "window_softcap",
+                                  "bias_gqa4", "bool_mask_empty_rows"])
+def test_flash_backward_kernels(flash_emulator, tmp_path, name):
+    q, k, v, opts = _flash_inputs(name, seed=23)
+    out, lse = _oracle(q, k, v, opts)
+    dout = rand(out.shape, torch.bfloat16, seed=9)
+    ours = _run(flash_emulator, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse))
+    g64 = _grads(q, k, v, opts, dout, torch.float64)
+    g_same = _grads(q, k, v, opts, dout, torch.bfloat16)
+    for mine, same, exact, what in zip(ours, g_same, g64, ("dq", "dk", "dv")):
+        assert torch.isfinite(mine.float()).all(), what
+        assert_close_to_oracle(mine, same, exact, f"{name} {what}")
+
+
+# The emulator is only evidence if a broken kernel fails in it: a forward that reads K before its
+# cp.async group has landed, and one whose softmax reads the accumulator with the MMA's row and
+# column pairs swapped.
+PLANTED_FLASH_BUGS = {
+    "k_read_before_its_copy_lands": ("cp_async_wait<0>();  // Q and K of block n have landed", ";"),
+    # the accumulator's (row, col) view with the m16n8 atom's row pair and column pair swapped
+    "accumulator_rows_and_cols_swapped": (
+        "make_layout(make_layout(get<0, 1>(d), get<1>(d)), make_layout(get<0, 0>(d), get<2>(d)))",
+        "make_layout(make_layout(get<0, 0>(d), get<1>(d)), make_layout(get<0, 1>(d), get<2>(d)))"),
+}
+
+
+@pytest.mark.parametrize("bug", list(PLANTED_FLASH_BUGS))
+def test_flash_emulator_catches_planted_bug(tmp_path, bug):
+    old, new = PLANTED_FLASH_BUGS[bug]
+    exe = build_emulator("attention_flash_emu.cpp", _flash_source([(old, new)]), tmp_path, needs_cutlass=True)
+    q, k, v, opts = _flash_inputs("causal_three_blocks", seed=21)
+    out, _ = _run(exe, tmp_path, q, k, v, dict(opts))
+    o64, _ = _oracle(q, k, v, opts)
+    assert not torch.allclose(out.double(), o64, atol=0.05), f"{bug} went unnoticed"

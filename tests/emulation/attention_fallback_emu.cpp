@@ -1,20 +1,11 @@
 // Host emulator of the attention "fallback" kernels, forward and backward
-// (tests/test_attention_emulation.py builds it). The kernel's own source text (cpp/src/attention/fallback_cuda.cu, extracted by the
-// test into kernels.inc with one edit: the dynamic shared-memory pointer) runs on the CPU through
-// emu_runtime.hpp, so its tiling, staging, barriers, team shuffles and masking are the real code.
-//
-//   attention_fallback_emu <forward|backward> <dir>
-// reads <dir>/meta.txt ("B Hq Hkv Sq Sk D Dv bf16 scale softcap causal window_left window_right
-// varlen batches mask_kind bias_kind", mask_kind/bias_kind: 0 none, 1 bool [B,Hq,Sq,Sk] mask,
-// 2 float [B or 1, Hq, Sq, Sk]) and raw arrays q k v (float32 or bfloat16 bits, dense
-// [B, H, S, D], or packed [total, H, D] when varlen with int32 cu_q.bin/cu_k.bin), mask.bin /
-// bias.bin (uint8 or float32, dense [B', Hq, Sq, Sk] with B' in the meta line's mask/bias batch);
-// writes out.bin (q's format) and lse.bin (float32, [B, Hq, Sq] or [Hq, total]). backward also
-// reads dout.bin, out.bin and lse.bin (the forward's results, as given) and writes dq.bin,
-// dk.bin, dv.bin (q's format) and delta.bin (float32).
-#include "emu_runtime.hpp"
+// (tests/test_attention_emulation.py builds it). The kernel's own source text
+// (cpp/src/attention/fallback_cuda.cu, extracted by the test into kernels.inc with one edit: the
+// dynamic shared-memory pointer) runs on the CPU through emu_runtime.hpp, so its tiling, staging,
+// barriers, team shuffles and masking are the real code. Command line and files:
+// attention_emu_main.hpp.
+#include "attention_emu_main.hpp"
 
-#include "attention/problem.hpp"
 #include "core/dispatch.hpp"
 
 #define __global__
@@ -31,125 +22,57 @@
 // namespace rudnn::attention::cuda { namespace emu_fb { ...the kernels of fallback_cuda.cu... } }
 #include "kernels.inc"
 
-using namespace rudnn;
-using namespace rudnn::attention;
-using i64 = std::int64_t;
-
 namespace {
 
-// Every element must be written: NaN bit patterns in both formats.
+using namespace rudnn::attention::cuda::emu_fb;
+using emu_attention::i64;
+
+i64 blocks_of(i64 rows) { return (rows + kRowsPerBlock - 1) / kRowsPerBlock; }
+
 template <class Bits>
-void poison(std::vector<Bits>& v) {
-  if constexpr (std::is_same_v<Bits, float>)
-    std::fill(v.begin(), v.end(), NAN);
-  else
-    std::fill(v.begin(), v.end(), Bits(0xffff));
+using Element = std::conditional_t<std::is_same_v<Bits, float>, float, __nv_bfloat16>;
+
+template <class Bits>
+const Element<Bits>* as_element(const Bits* p) {
+  return reinterpret_cast<const Element<Bits>*>(p);
+}
+template <class Bits>
+Element<Bits>* as_element(Bits* p) {
+  return reinterpret_cast<Element<Bits>*>(p);
 }
 
-i64 blocks_of(i64 rows) { return (rows + rudnn::attention::cuda::emu_fb::kRowsPerBlock - 1) /
-                                 rudnn::attention::cuda::emu_fb::kRowsPerBlock; }
+struct FallbackKernels {
+  static constexpr bool kFloat32 = true;
 
-template <class T, class Bits>
-int run(const std::string& which, const std::string& dir, Problem p, i64 mask_batch, int mask_kind, i64 bias_batch,
-        int bias_kind, i64 tq, i64 tk) {
-  const bool varlen = p.varlen;
-  const i64 rows_q = varlen ? tq : p.batch * p.sq, rows_k = varlen ? tk : p.batch * p.sk;
-  auto q = emu_read<Bits>(dir + "/q.bin", rows_q * p.hq * p.d);
-  auto k = emu_read<Bits>(dir + "/k.bin", rows_k * p.hkv * p.d);
-  auto v = emu_read<Bits>(dir + "/v.bin", rows_k * p.hkv * p.dv);
-  std::vector<std::int32_t> cu_q, cu_k;
-  if (varlen) {
-    cu_q = emu_read<std::int32_t>(dir + "/cu_q.bin", p.batch + 1);
-    cu_k = emu_read<std::int32_t>(dir + "/cu_k.bin", p.batch + 1);
-    p.cu_q = cu_q.data(), p.cu_k = cu_k.data();
-    p.sq = tq, p.sk = tk;
-    p.q = {0, p.d, p.hq * p.d}, p.k = {0, p.d, p.hkv * p.d}, p.v = {0, p.dv, p.hkv * p.dv};
-    p.out = {0, p.dv, p.hq * p.dv}, p.lse = {0, tq, 1};
-  } else {
-    p.q = {p.hq * p.sq * p.d, p.sq * p.d, p.d}, p.k = {p.hkv * p.sk * p.d, p.sk * p.d, p.d};
-    p.v = {p.hkv * p.sk * p.dv, p.sk * p.dv, p.dv}, p.out = {p.hq * p.sq * p.dv, p.sq * p.dv, p.dv};
-    p.lse = {p.hq * p.sq, p.sq, 1};
-  }
-  const i64 plane = p.hq * p.sq * p.sk;
-  std::vector<std::uint8_t> mask_u8;
-  std::vector<float> mask_f, bias_f;
-  if (mask_kind != 0) {
-    p.mask = {nullptr, mask_kind == 1 ? DType::boolean : DType::f32, mask_batch > 1 ? plane : 0, p.sq * p.sk, p.sk, 1};
-    p.mask_is_bool = mask_kind == 1;
-    if (mask_kind == 1) {
-      mask_u8 = emu_read<std::uint8_t>(dir + "/mask.bin", mask_batch * plane);
-      p.mask.data = mask_u8.data();
-    } else {
-      mask_f = emu_read<float>(dir + "/mask.bin", mask_batch * plane);
-      p.mask.data = mask_f.data();
-    }
-  }
-  if (bias_kind != 0) {
-    bias_f = emu_read<float>(dir + "/bias.bin", bias_batch * plane);
-    p.bias = {bias_f.data(), DType::f32, bias_batch > 1 ? plane : 0, p.sq * p.sk, p.sk, 1};
-  }
-  using namespace rudnn::attention::cuda::emu_fb;
-  const auto* Q = reinterpret_cast<const T*>(q.data());
-  const auto* K = reinterpret_cast<const T*>(k.data());
-  const auto* V = reinterpret_cast<const T*>(v.data());
-  const unsigned batches = unsigned(p.batch);
-  if (which == "forward") {
-    std::vector<Bits> out(rows_q * p.hq * p.dv);
-    poison(out);
-    std::vector<float> lse(rows_q * p.hq, NAN);
+  template <class Bits>
+  static void forward(const rudnn::attention::Problem& p, const Bits* q, const Bits* k, const Bits* v, Bits* out,
+                      float* lse) {
     const ColumnSplit split = split_columns(p.dv);
     const std::size_t smem = std::size_t(kAcc + kRowsPerBlock * split.cols) * sizeof(float);
-    emu_launch(EmuDim3{unsigned(blocks_of(p.sq) * split.blocks), unsigned(p.hq), batches}, kThreads, 1, smem, [&] {
-      forward_kernel<T>(p, Q, K, V, reinterpret_cast<T*>(out.data()), lse.data());
-    });
-    emu_write(dir + "/out.bin", out);
-    emu_write(dir + "/lse.bin", lse);
-    return 0;
+    emu_launch(EmuDim3{unsigned(blocks_of(p.sq) * split.blocks), unsigned(p.hq), unsigned(p.batch)}, kThreads, 1,
+               smem, [&] { forward_kernel(p, as_element(q), as_element(k), as_element(v), as_element(out), lse); });
   }
-  BackwardProblem bp;
-  bp.fwd = p;
-  bp.dout = p.out, bp.dq = p.q, bp.dk = p.k, bp.dv = p.v;  // dout is laid out like out
-  auto dout = emu_read<Bits>(dir + "/dout.bin", rows_q * p.hq * p.dv);
-  auto out = emu_read<Bits>(dir + "/out.bin", rows_q * p.hq * p.dv);
-  auto lse = emu_read<float>(dir + "/lse.bin", rows_q * p.hq);
-  std::vector<Bits> dq(q.size()), dk(k.size()), dv(v.size());
-  poison(dq), poison(dk), poison(dv);
-  std::vector<float> delta(rows_q * p.hq, NAN);
-  const auto* dO = reinterpret_cast<const T*>(dout.data());
-  const ColumnSplit dq_split = split_columns(p.d);
-  emu_launch(EmuDim3{unsigned(blocks_of(p.sq) * dq_split.blocks), unsigned(p.hq), batches}, kThreads, 1,
-             std::size_t(kAcc + kRowsPerBlock * dq_split.cols) * sizeof(float), [&] {
-               backward_dq_kernel<T>(bp, dO, Q, K, V, reinterpret_cast<const T*>(out.data()), lse.data(),
-                                     reinterpret_cast<T*>(dq.data()), delta.data());
-             });
-  const ColumnSplit dk_split = split_columns(p.d), dv_split = split_columns(p.dv);
-  emu_launch(EmuDim3{unsigned(blocks_of(p.sk) * std::max(dk_split.blocks, dv_split.blocks)), unsigned(p.hkv), batches},
-             kThreads, 1, std::size_t(kAcc + kRowsPerBlock * (dk_split.cols + dv_split.cols)) * sizeof(float), [&] {
-               backward_dkdv_kernel<T>(bp, dO, Q, K, V, lse.data(), delta.data(), reinterpret_cast<T*>(dk.data()),
-                                       reinterpret_cast<T*>(dv.data()));
-             });
-  emu_write(dir + "/dq.bin", dq);
-  emu_write(dir + "/dk.bin", dk);
-  emu_write(dir + "/dv.bin", dv);
-  emu_write(dir + "/delta.bin", delta);
-  return 0;
-}
+
+  template <class Bits>
+  static void backward(const rudnn::attention::BackwardProblem& bp, const Bits* dout, const Bits* q, const Bits* k,
+                       const Bits* v, const Bits* out, const float* lse, Bits* dq, Bits* dk, Bits* dv, float* delta) {
+    const rudnn::attention::Problem& p = bp.fwd;
+    const ColumnSplit dq_split = split_columns(p.d);
+    emu_launch(EmuDim3{unsigned(blocks_of(p.sq) * dq_split.blocks), unsigned(p.hq), unsigned(p.batch)}, kThreads, 1,
+               std::size_t(kAcc + kRowsPerBlock * dq_split.cols) * sizeof(float), [&] {
+                 backward_dq_kernel(bp, as_element(dout), as_element(q), as_element(k), as_element(v),
+                                    as_element(out), lse, as_element(dq), delta);
+               });
+    const ColumnSplit dk_split = split_columns(p.d), dv_split = split_columns(p.dv);
+    emu_launch(EmuDim3{unsigned(blocks_of(p.sk) * std::max(dk_split.blocks, dv_split.blocks)), unsigned(p.hkv),
+                       unsigned(p.batch)},
+               kThreads, 1, std::size_t(kAcc + kRowsPerBlock * (dk_split.cols + dv_split.cols)) * sizeof(float), [&] {
+                 backward_dkdv_kernel(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta,
+                                      as_element(dk), as_element(dv));
+               });
+  }
+};
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (argc != 3) return 2;
-  const std::string which = argv[1], dir = argv[2];
-  std::ifstream meta(dir + "/meta.txt");
-  Problem p;
-  int bf16 = 0, causal = 0, varlen = 0, mask_kind = 0, bias_kind = 0;
-  i64 mask_batch = 0, bias_batch = 0, tq = 0, tk = 0;
-  meta >> p.batch >> p.hq >> p.hkv >> p.sq >> p.sk >> p.d >> p.dv >> bf16 >> p.scale >> p.softcap >> causal >>
-      p.window_left >> p.window_right >> varlen >> tq >> tk >> mask_kind >> mask_batch >> bias_kind >> bias_batch;
-  if (!meta) return 2;
-  p.causal = causal != 0, p.varlen = varlen != 0, p.group = p.hq / p.hkv;
-  p.dtype = bf16 ? DType::bf16 : DType::f32;
-  if (bf16)
-    return run<__nv_bfloat16, std::uint16_t>(which, dir, p, mask_batch, mask_kind, bias_batch, bias_kind, tq, tk);
-  return run<float, float>(which, dir, p, mask_batch, mask_kind, bias_batch, bias_kind, tq, tk);
-}
+int main(int argc, char** argv) { return emu_attention::main<FallbackKernels>(argc, argv); }

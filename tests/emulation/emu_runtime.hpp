@@ -1,6 +1,7 @@
 // What the host emulators of CUDA kernels share (tests/emulation/*_emu.cpp): every CUDA thread
 // of a block is a std::thread, __syncthreads is a block-wide std::barrier, __shfl_xor_sync a
-// warp-wide exchange, dynamic shared memory one poisoned buffer per block (blocks run one after
+// warp-wide exchange (emu_warp_exchange: also what the warp-collective tensor-core and ldmatrix
+// stand-ins of emu_sm80_atoms.hpp use), dynamic shared memory one poisoned buffer per block (blocks run one after
 // another), and the raw-array files the pytest side writes and reads.
 //
 // Include it first (it pulls in the CUDA headers), then the kernels' own headers, then define
@@ -16,11 +17,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 struct EmuDim3 {
@@ -33,17 +36,31 @@ inline std::barrier<>* emu_block_barrier = nullptr;
 
 struct EmuWarp {
   std::unique_ptr<std::barrier<>> barrier;
-  float value[32];
+  alignas(16) unsigned char slot[32][64];  // one per lane: what it publishes to the others
 };
 inline std::vector<EmuWarp>* emu_warps = nullptr;
 
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+
+// A warp-collective step: every lane publishes `mine`, then `use(lane_value)` runs in every lane
+// with lane_value(l) giving what lane l published; no lane leaves before all have used them.
+template <class T, class Use>
+void emu_warp_exchange(const T& mine, Use&& use) {
+  static_assert(sizeof(T) <= sizeof(EmuWarp::slot[0]) && std::is_trivially_copyable_v<T>);
   EmuWarp& w = (*emu_warps)[emu_warp];
-  w.value[emu_lane] = v;
+  std::memcpy(w.slot[emu_lane], &mine, sizeof(T));
   w.barrier->arrive_and_wait();
-  const float r = w.value[emu_lane ^ lane_mask];
+  use([&w](int lane) {
+    T value;
+    std::memcpy(&value, w.slot[lane], sizeof(T));
+    return value;
+  });
   w.barrier->arrive_and_wait();
+}
+
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  float r = 0.0f;
+  emu_warp_exchange(v, [&](auto lane_value) { r = lane_value(emu_lane ^ lane_mask); });
   return r;
 }
 

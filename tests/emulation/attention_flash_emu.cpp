@@ -1,0 +1,103 @@
+// Host emulator of the attention "flash" sm80 kernels (CuTe, mma.sync), forward and backward
+// (tests/test_attention_emulation.py builds it). The kernels' own source text
+// (cpp/src/attention/flash_sm80.cuh and flash_bwd_sm80.cuh, extracted by the test into
+// kernels.inc) runs on the CPU through emu_runtime.hpp with its hardware atoms renamed to the
+// stand-ins of emu_sm80_atoms.hpp (tensor-core MMA, ldmatrix, cp.async) and the dynamic
+// shared-memory pointer edited; the CuTe layouts, swizzles, partitions, the cp.async schedule,
+// barriers, online softmax and masking are the real code. bfloat16 only (the kernels' float16
+// instantiation differs in the MMA atom's input type alone). Command line and files:
+// attention_emu_main.hpp.
+#include "emu_sm80_atoms.hpp"
+
+#include "attention_emu_main.hpp"
+#include "core/dispatch.hpp"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __grid_constant__
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __align__(n)
+
+#include "attention/cuda_common.cuh"
+
+// namespace rudnn::attention::flash { ...flash_sm80.cuh and flash_bwd_sm80.cuh without launchers... }
+#include "kernels.inc"
+
+namespace {
+
+using namespace rudnn::attention::flash;
+using Element = cute::bfloat16_t;
+using emu_attention::i64;
+
+const Element* as_element(const std::uint16_t* p) { return reinterpret_cast<const Element*>(p); }
+Element* as_element(std::uint16_t* p) { return reinterpret_cast<Element*>(p); }
+
+// The head dims the library instantiates (cpp/src/attention/flash_*_sm80_d*.cu).
+template <class Body>
+void forward_head_dim(i64 d, Body&& body) {
+  if (d == 64) return body(cute::Int<64>{});
+  if (d == 128) return body(cute::Int<128>{});
+  std::fprintf(stderr, "no flash forward for head dim %lld\n", static_cast<long long>(d));
+  std::exit(2);
+}
+template <class Body>
+void backward_head_dim(i64 d, Body&& body) {
+  if (d == 64) return body(cute::Int<64>{});
+  std::fprintf(stderr, "no flash backward for head dim %lld\n", static_cast<long long>(d));
+  std::exit(2);
+}
+
+i64 blocks(i64 n, i64 tile) { return (n + tile - 1) / tile; }
+
+struct FlashKernels {
+  static constexpr bool kFloat32 = false;
+
+  template <class Bits>
+  static void forward(const rudnn::attention::Problem& p, const Bits* q, const Bits* k, const Bits* v, Bits* out,
+                      float* lse) {
+    if constexpr (std::is_same_v<Bits, std::uint16_t>) {
+      forward_head_dim(p.d, [&](auto head_dim) {
+        constexpr int D = decltype(head_dim)::value;
+        using Cfg = Sm80Config<Element, D>;
+        auto kernel = p.plain_scores() ? forward_sm80_kernel<Element, D, true> : forward_sm80_kernel<Element, D, false>;
+        emu_launch(EmuDim3{unsigned(blocks(p.sq, Cfg::kBlockM)), unsigned(p.hq), unsigned(p.batch)}, Cfg::kThreads, 1,
+                   Cfg::kSmemBytes,
+                   [&] { kernel(p, as_element(q), as_element(k), as_element(v), as_element(out), lse); });
+      });
+    }
+  }
+
+  template <class Bits>
+  static void backward(const rudnn::attention::BackwardProblem& bp, const Bits* dout, const Bits* q, const Bits* k,
+                       const Bits* v, const Bits* out, const float* lse, Bits* dq, Bits* dk, Bits* dv, float* delta) {
+    if constexpr (std::is_same_v<Bits, std::uint16_t>) {
+      const rudnn::attention::Problem& p = bp.fwd;
+      backward_head_dim(p.d, [&](auto head_dim) {
+        constexpr int D = decltype(head_dim)::value;
+        using Cfg = Sm80BwdConfig<Element, D>;
+        emu_launch(EmuDim3{unsigned(blocks(p.sq, 4)), unsigned(p.hq), unsigned(p.batch)}, 128, 1, 0,
+                   [&] { delta_kernel<Element>(bp, as_element(dout), as_element(out), delta); });
+        auto dq_kernel_here = p.plain_scores() ? dq_kernel<Element, D, true> : dq_kernel<Element, D, false>;
+        emu_launch(EmuDim3{unsigned(blocks(p.sq, Cfg::kBlockM)), unsigned(p.hq), unsigned(p.batch)}, 128, 1,
+                   Cfg::kDqSmemBytes, [&] {
+                     dq_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta,
+                                    as_element(dq));
+                   });
+        auto dkdv_kernel_here = p.plain_scores() ? dkdv_kernel<Element, D, true> : dkdv_kernel<Element, D, false>;
+        emu_launch(EmuDim3{unsigned(blocks(p.sk, Cfg::kBlockN)), unsigned(p.hkv), unsigned(p.batch)}, 128, 1,
+                   Cfg::kDkdvSmemBytes, [&] {
+                     dkdv_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta,
+                                      as_element(dk), as_element(dv));
+                   });
+      });
+    }
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) { return emu_attention::main<FlashKernels>(argc, argv); }

@@ -1,0 +1,123 @@
+// Host stand-ins for the sm80 hardware atoms of the CuTe flash kernels, written from the PTX ISA's
+// description of each instruction (not from CuTe's layouts, so a kernel that relies on a wrong
+// fragment layout fails here as it would on the GPU):
+//   EmuMma<Real, In>   mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: a warp-collective
+//                      16x8x16 product, each lane reading the other lanes' fragments;
+//   EmuLdsmN / EmuLdsmT  ldmatrix.sync.aligned.x4.m8n8.shared.b16 (.trans): each lane names one
+//                      8-element row, each lane receives its fragment of the four 8x8 matrices;
+//   EmuCpAsync<T>      cp.async.cg 16 bytes: queued per thread and performed only when
+//                      emu_cp_async_wait says its group must have landed, so a kernel that reads
+//                      shared memory before waiting sees the poison, not the data.
+// The emulators' tests replace the real atoms' names in the kernel text with these. Each stand-in
+// derives from the real atom for its register typedefs and hides its copy/fma; its CuTe traits
+// are the real atom's.
+#pragma once
+
+#include "emu_runtime.hpp"
+
+#include <cute/tensor.hpp>  // first: it orders CuTe's own headers
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
+
+#include <array>
+
+template <class Real, class In>
+struct EmuMma : Real {
+  // Element (row, k) of A [16 x 16] and (k, n) of B [16 x 8] in the lanes' fragments (PTX ISA,
+  // "Matrix Fragments for mma.m16n8k16 with floating point type"): groupID = lane / 4, thread
+  // in group = lane % 4; a0..a3 hold (g, 2t..), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..);
+  // b0, b1 hold (2t.., g), (2t + 8.., g); two 16-bit values per register, lower column first.
+  struct Fragments {
+    std::uint32_t a[4], b[2];
+  };
+  static float half_of(std::uint32_t reg, int k) {
+    return float(In::bitcast(std::uint16_t(k % 2 ? reg >> 16 : reg & 0xffffu)));
+  }
+  static void fma(float& d0, float& d1, float& d2, float& d3, std::uint32_t const& a0, std::uint32_t const& a1,
+                  std::uint32_t const& a2, std::uint32_t const& a3, std::uint32_t const& b0, std::uint32_t const& b1,
+                  float const& c0, float const& c1, float const& c2, float const& c3) {
+    const float c[4] = {c0, c1, c2, c3};
+    float d[4];
+    emu_warp_exchange(Fragments{{a0, a1, a2, a3}, {b0, b1}}, [&](auto lane_value) {
+      std::array<Fragments, 32> f;
+      for (int l = 0; l < 32; ++l) f[l] = lane_value(l);
+      const int g = emu_lane / 4, t = emu_lane % 4;
+      for (int i = 0; i < 4; ++i) {  // c0, c1: (g, 2t + i); c2, c3: (g + 8, 2t + i - 2)
+        const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        float acc = c[i];
+        for (int k = 0; k < 16; ++k) {
+          const float a = half_of(f[(row % 8) * 4 + (k % 8) / 2].a[row / 8 + 2 * (k / 8)], k);
+          const float b = half_of(f[col * 4 + (k % 8) / 2].b[k / 8], k);
+          acc += a * b;
+        }
+        d[i] = acc;
+      }
+    });
+    d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+  }
+};
+
+// Four 8x8 matrices of 16-bit values; lanes 8i..8i+7 give the rows of matrix i (16 bytes each).
+// Without .trans lane l receives row l/4, values 2(l%4) and 2(l%4)+1 of each matrix; with .trans
+// it receives column l/4, rows 2(l%4) and 2(l%4)+1 (the lower half is the first).
+template <class Real, bool kTransposed>
+struct EmuLdsm : Real {
+  static void copy(cute::uint128_t const& smem_src, std::uint32_t& dst0, std::uint32_t& dst1, std::uint32_t& dst2,
+                   std::uint32_t& dst3) {
+    std::uint32_t dst[4];
+    emu_warp_exchange(static_cast<const void*>(&smem_src), [&](auto lane_value) {
+      const int l = emu_lane;
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (kTransposed) {
+          const auto* r0 = static_cast<const std::uint16_t*>(lane_value(8 * i + 2 * (l % 4)));
+          const auto* r1 = static_cast<const std::uint16_t*>(lane_value(8 * i + 2 * (l % 4) + 1));
+          dst[i] = std::uint32_t(r0[l / 4]) | std::uint32_t(r1[l / 4]) << 16;
+        } else {
+          dst[i] = static_cast<const std::uint32_t*>(lane_value(8 * i + l / 4))[l % 4];
+        }
+      }
+    });
+    dst0 = dst[0], dst1 = dst[1], dst2 = dst[2], dst3 = dst[3];
+  }
+};
+using EmuLdsmN = EmuLdsm<cute::SM75_U32x4_LDSM_N, false>;
+using EmuLdsmT = EmuLdsm<cute::SM75_U16x8_LDSM_T, true>;
+
+// cp.async groups of the calling thread: copies since the last fence, then committed groups.
+struct EmuAsyncCopy {
+  const void* src;
+  void* dst;
+};
+inline thread_local std::vector<EmuAsyncCopy> emu_open_group;
+inline thread_local std::vector<std::vector<EmuAsyncCopy>> emu_committed_groups;
+
+template <class TS, class TD = TS>
+struct EmuCpAsync : cute::SM80_CP_ASYNC_CACHEGLOBAL<TS, TD> {
+  static void copy(TS const& gmem_src, TD& smem_dst) { emu_open_group.push_back({&gmem_src, &smem_dst}); }
+};
+
+inline void emu_cp_async_fence() {
+  emu_committed_groups.push_back(std::move(emu_open_group));
+  emu_open_group.clear();
+}
+
+// cp.async.wait_group N: all but the N most recent committed groups have landed.
+template <int N>
+void emu_cp_async_wait() {
+  while (emu_committed_groups.size() > std::size_t(N)) {
+    for (const EmuAsyncCopy& c : emu_committed_groups.front()) std::memcpy(c.dst, c.src, 16);
+    emu_committed_groups.erase(emu_committed_groups.begin());
+  }
+}
+
+namespace cute {
+template <class Real, class In>
+struct MMA_Traits<EmuMma<Real, In>> : MMA_Traits<Real> {};
+template <class Real, bool kTransposed>
+struct Copy_Traits<EmuLdsm<Real, kTransposed>> : Copy_Traits<Real> {};
+template <class TS, class TD>
+struct Copy_Traits<EmuCpAsync<TS, TD>> : Copy_Traits<SM80_CP_ASYNC_CACHEGLOBAL<TS, TD>> {};
+}  // namespace cute
+
+using EmuMmaF16 = EmuMma<cute::SM80_16x8x16_F32F16F16F32_TN, cute::half_t>;
+using EmuMmaBF16 = EmuMma<cute::SM80_16x8x16_F32BF16BF16F32_TN, cute::bfloat16_t>;
