@@ -27,16 +27,19 @@ def _device_strategies():
 DEVICE_STRATEGIES = _device_strategies()
 
 
+# The head dims (D, Dv) of the flash kernels in this build (float16/bfloat16 only).
+FLASH_FORWARD_DIMS = {(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)}
+FLASH_BACKWARD_DIMS = {(64, 64), (96, 96), (128, 128)}
+
+
 def _skip_unsupported_flash(strategy, dtype, D, Dv):
-    """The flash kernels in this build: float16/bfloat16 with D == Dv in {64, 128}."""
-    if strategy == "flash" and (dtype == torch.float32 or D != Dv or D not in (64, 128)):
+    if strategy == "flash" and (dtype == torch.float32 or (D, Dv) not in FLASH_FORWARD_DIMS):
         pytest.skip("no flash kernel for this case in this build (strategy 'flash' raises UnsupportedError)")
 
 
 def _backward_strategy(strategy, dtype=None, D=None, Dv=None):
-    """The flash backward in this build takes f16/bf16 with D = Dv = 64; other cases of a flash
-    forward are differentiated by the 'auto' backward."""
-    if strategy == "flash" and (dtype == torch.float32 or D != 64 or Dv != 64):
+    """Cases of a flash forward without a flash backward are differentiated by the 'auto' backward."""
+    if strategy == "flash" and (dtype == torch.float32 or (D, Dv) not in FLASH_BACKWARD_DIMS):
         return "auto"
     return strategy
 
@@ -71,7 +74,7 @@ CASES = {
     "d256": dict(shape=(1, 1, 1, 9, 21, 256, 256)),
     "odd_dims": dict(shape=(1, 3, 1, 5, 6, 40, 24)),
     "no_keys": dict(shape=(1, 2, 2, 4, 0, 16, 16)),
-    # Cases the flash kernels take (f16/bf16, D = Dv in {64, 128}) with every per-element option.
+    # Cases the flash kernels take (f16/bf16, FLASH_FORWARD_DIMS) with every per-element option.
     "flash_all_options_d64": dict(shape=(2, 8, 2, 70, 75, 64, 64), causal=True, window=(20, None), softcap=3.0,
                                   mask="bool", bias=True),
     "flash_float_mask_bias_d128": dict(shape=(1, 4, 4, 65, 130, 128, 128), mask="float", bias=True),
@@ -81,6 +84,10 @@ CASES = {
     # kernels score with the scale alone.
     "flash_long_d64": dict(shape=(1, 2, 1, 200, 260, 64, 64)),
     "flash_long_causal_d128": dict(shape=(1, 2, 2, 190, 250, 128, 128), causal=True),
+    # The other head dims, several tiles each way (D = 96 runs on 64-byte smem rows).
+    "flash_d96_causal_gqa": dict(shape=(1, 4, 2, 70, 100, 96, 96), causal=True),
+    "flash_d192_dv128_window": dict(shape=(1, 2, 1, 90, 70, 192, 128), window=(30, 5), softcap=4.0),
+    "flash_d256_causal_bias": dict(shape=(1, 2, 2, 66, 130, 256, 256), causal=True, bias=True),
 }
 
 
@@ -323,11 +330,17 @@ def test_auto_picks_flash_where_supported_and_fallback_elsewhere():
     assert rudnn.attention_last_algorithm() == expected
     q, k, v, _ = _inputs(CASES["d96"], torch.bfloat16, "cuda")
     rudnn.attention(q, k, v)
+    assert rudnn.attention_last_algorithm() == "flash_sm80"  # no sm90a kernel for D = 96
+    q, k, v, _ = _inputs(CASES["odd_dims"], torch.bfloat16, "cuda")
+    rudnn.attention(q, k, v)
     assert rudnn.attention_last_algorithm() == "fallback"
-    with pytest.raises(rudnn.UnsupportedError, match="attention: strategy 'flash': supports head dims"):
+    with pytest.raises(rudnn.UnsupportedError, match=r"attention: strategy 'flash': supports head dims \(D, Dv\) in "
+                                                     r"\{\(64, 64\).*got D = 40, Dv = 24"):
         rudnn.attention(q, k, v, strategy="flash")
-    with pytest.raises(rudnn.UnsupportedError, match="attention_backward: strategy 'flash': supports head dims"):
-        out, lse = rudnn.attention(q, k, v, return_lse=True)
+    q, k, v, _ = _inputs(CASES["d192_dv128"], torch.bfloat16, "cuda")
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash")  # forward only for (192, 128)
+    with pytest.raises(rudnn.UnsupportedError, match="attention_backward: strategy 'flash': supports head dims D = Dv "
+                                                     "in {64, 96, 128}, got D = 192, Dv = 128"):
         rudnn.attention_backward(out, q, k, v, out, lse, strategy="flash")
 
 

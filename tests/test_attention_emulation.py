@@ -179,9 +179,9 @@ def flash_emulator(tmp_path_factory):
                           needs_cutlass=True)
 
 
-# Shapes the flash kernels take (bfloat16, D == Dv in {64, 128}): tile tails on both axes (Sq 67,
-# Sk 71 are not multiples of 64), several key blocks, causal with Sq != Sk (bottom-right), GQA, and
-# every score option through the general (not kPlain) instantiation.
+# Shapes the flash kernels take (bfloat16, every head-dim pair the build has): tile tails on both
+# axes (Sq 67, Sk 71 are not multiples of 64), several key blocks, causal with Sq != Sk
+# (bottom-right), GQA, and every score option through the general (not kPlain) instantiation.
 FLASH_CASES = {
     "plain_tails": dict(shape=(1, 2, 2, 67, 71, 64, 64)),
     "causal_three_blocks": dict(shape=(1, 1, 1, 150, 150, 64, 64), causal=True),
@@ -191,6 +191,10 @@ FLASH_CASES = {
     "window_softcap": dict(shape=(1, 2, 2, 90, 130, 64, 64), window=(50, 10), softcap=20.0),
     "bias_gqa4": dict(shape=(1, 4, 1, 70, 70, 64, 64), bias="float"),
     "bool_mask_empty_rows": dict(shape=(1, 2, 2, 70, 70, 64, 64), mask="bool_empty_rows"),
+    "d96_causal_gqa": dict(shape=(1, 2, 1, 70, 100, 96, 96), causal=True),
+    "d128_window": dict(shape=(1, 1, 1, 100, 90, 128, 128), window=(40, 0)),
+    "d192_dv128_causal": dict(shape=(1, 2, 1, 70, 90, 192, 128), causal=True),
+    "d256_softcap": dict(shape=(1, 1, 1, 65, 100, 256, 256), softcap=15.0),
 }
 
 
@@ -221,7 +225,8 @@ def test_flash_forward_kernel(flash_emulator, tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["plain_tails", "causal_sq_lt_sk_gqa", "causal_sq_gt_sk", "window_softcap",
-                                  "bias_gqa4", "bool_mask_empty_rows"])
+                                  "bias_gqa4", "bool_mask_empty_rows", "d96_causal_gqa", "d128_causal",
+                                  "d128_window"])
 def test_flash_backward_kernels(flash_emulator, tmp_path, name):
     q, k, v, opts = _flash_inputs(name, seed=23)
     out, lse = _oracle(q, k, v, opts)

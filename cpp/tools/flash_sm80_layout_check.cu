@@ -66,7 +66,7 @@ int check() {
   for (int i = 0; i < 64; ++i) for (int j = 0; j < 64; ++j) if (cover[i][j] != 1) ++errors;
   for (int i = 0; i < 64; ++i) for (int j = 0; j < D; ++j) if (coverO[i][j] != 1) ++errors;
   // V transposed view
-  typename Cfg::SmemLayoutKV kv; typename Cfg::SmemLayoutVt vt;
+  typename Cfg::SmemLayoutK kv; typename Cfg::SmemLayoutVt vt;
   for (int d = 0; d < D; ++d) for (int n = 0; n < 64; ++n) if (vt(d, n) != kv(n, d)) ++errors;
   // swizzled layouts are bijections onto [0, 64*D)
   static int seen[64 * 256]; memset(seen, 0, sizeof(seen));
@@ -97,7 +97,7 @@ int check() {
 }
 
 int main() {
-  int e = check<cute::half_t, 64>() + check<cute::bfloat16_t, 128>();
+  int e = check<cute::half_t, 64>() + check<cute::bfloat16_t, 96>() + check<cute::bfloat16_t, 128>();
   printf(e ? "FAIL\n" : "ALL OK\n");
   return e != 0;
 }

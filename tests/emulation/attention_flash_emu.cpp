@@ -38,16 +38,23 @@ Element* as_element(std::uint16_t* p) { return reinterpret_cast<Element*>(p); }
 
 // The head dims the library instantiates (cpp/src/attention/flash_*_sm80_d*.cu).
 template <class Body>
-void forward_head_dim(i64 d, Body&& body) {
-  if (d == 64) return body(cute::Int<64>{});
-  if (d == 128) return body(cute::Int<128>{});
-  std::fprintf(stderr, "no flash forward for head dim %lld\n", static_cast<long long>(d));
+void forward_head_dims(i64 d, i64 dv, Body&& body) {
+  if (d == 64 && dv == 64) return body(cute::Int<64>{}, cute::Int<64>{});
+  if (d == 96 && dv == 96) return body(cute::Int<96>{}, cute::Int<96>{});
+  if (d == 128 && dv == 128) return body(cute::Int<128>{}, cute::Int<128>{});
+  if (d == 192 && dv == 128) return body(cute::Int<192>{}, cute::Int<128>{});
+  if (d == 256 && dv == 256) return body(cute::Int<256>{}, cute::Int<256>{});
+  std::fprintf(stderr, "no flash forward for head dims %lld, %lld\n", static_cast<long long>(d),
+               static_cast<long long>(dv));
   std::exit(2);
 }
 template <class Body>
-void backward_head_dim(i64 d, Body&& body) {
-  if (d == 64) return body(cute::Int<64>{});
-  std::fprintf(stderr, "no flash backward for head dim %lld\n", static_cast<long long>(d));
+void backward_head_dim(i64 d, i64 dv, Body&& body) {
+  if (d == dv && d == 64) return body(cute::Int<64>{});
+  if (d == dv && d == 96) return body(cute::Int<96>{});
+  if (d == dv && d == 128) return body(cute::Int<128>{});
+  std::fprintf(stderr, "no flash backward for head dims %lld, %lld\n", static_cast<long long>(d),
+               static_cast<long long>(dv));
   std::exit(2);
 }
 
@@ -60,10 +67,11 @@ struct FlashKernels {
   static void forward(const rudnn::attention::Problem& p, const Bits* q, const Bits* k, const Bits* v, Bits* out,
                       float* lse) {
     if constexpr (std::is_same_v<Bits, std::uint16_t>) {
-      forward_head_dim(p.d, [&](auto head_dim) {
-        constexpr int D = decltype(head_dim)::value;
-        using Cfg = Sm80Config<Element, D>;
-        auto kernel = p.plain_scores() ? forward_sm80_kernel<Element, D, true> : forward_sm80_kernel<Element, D, false>;
+      forward_head_dims(p.d, p.dv, [&](auto head_dim, auto head_dim_v) {
+        constexpr int D = decltype(head_dim)::value, Dv = decltype(head_dim_v)::value;
+        using Cfg = Sm80Config<Element, D, Dv>;
+        auto kernel = p.plain_scores() ? forward_sm80_kernel<Element, D, Dv, true>
+                                       : forward_sm80_kernel<Element, D, Dv, false>;
         emu_launch(EmuDim3{unsigned(blocks(p.sq, Cfg::kBlockM)), unsigned(p.hq), unsigned(p.batch)}, Cfg::kThreads, 1,
                    Cfg::kSmemBytes,
                    [&] { kernel(p, as_element(q), as_element(k), as_element(v), as_element(out), lse); });
@@ -76,7 +84,7 @@ struct FlashKernels {
                        const Bits* v, const Bits* out, const float* lse, Bits* dq, Bits* dk, Bits* dv, float* delta) {
     if constexpr (std::is_same_v<Bits, std::uint16_t>) {
       const rudnn::attention::Problem& p = bp.fwd;
-      backward_head_dim(p.d, [&](auto head_dim) {
+      backward_head_dim(p.d, p.dv, [&](auto head_dim) {
         constexpr int D = decltype(head_dim)::value;
         using Cfg = Sm80BwdConfig<Element, D>;
         emu_launch(EmuDim3{unsigned(blocks(p.sq, 4)), unsigned(p.hq), unsigned(p.batch)}, 128, 1, 0,

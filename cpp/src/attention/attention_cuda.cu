@@ -1,10 +1,12 @@
 // CUDA side of attention: picks the kernels for a strategy and launches them.
-//   "flash"     forward, f16/bf16 with D == Dv in {64, 128}, 16-byte aligned rows: on Hopper
-//               (compute capability 9.x) the sm90a kernel (flash_sm90.cuh: wgmma scores), on
-//               other devices >= 8.0 the CuTe sm80 kernel (flash_sm80.cuh). The environment
-//               variable RUDNN_ATTENTION_FLASH=sm80|sm90 forces one (for testing both on Hopper).
-//               backward, f16/bf16 with D == Dv == 64: the CuTe sm80 kernels (flash_bwd_sm80.cuh;
-//               on Hopper too), deterministic (no atomics).
+//   "flash"     forward, f16/bf16, head dims (D, Dv) in {(64, 64), (96, 96), (128, 128), (192, 128),
+//               (256, 256)}, 16-byte aligned rows: the CuTe sm80 kernel (flash_sm80.cuh) on every
+//               device >= 8.0, except on Hopper (compute capability 9.x) for D = Dv in {64, 128},
+//               where the sm90a kernel (flash_sm90.cuh: wgmma scores) runs. The environment
+//               variable RUDNN_ATTENTION_FLASH=sm80|sm90 forces one generation (for testing both
+//               on Hopper; sm90 where it has a kernel for the head dims).
+//               backward, f16/bf16 with D == Dv in {64, 96, 128}: the CuTe sm80 kernels
+//               (flash_bwd_sm80.cuh; on Hopper too), deterministic (no atomics).
 //   "fallback"  fallback_cuda.cu: any dtype, head dim and option; deterministic backward.
 //   "auto"      flash where it supports the case, the fallback otherwise.
 //   "autotune"  times the supported candidates once per (shape class, dtype, device) on the
@@ -30,6 +32,26 @@ namespace {
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
 bool rows_aligned(const Strides& s) { return s.b % 8 == 0 && s.h % 8 == 0 && s.s % 8 == 0; }
 
+// The flash kernels of this build per head-dim pair: the forward of each generation (sm90: null
+// where only the sm80 kernel exists) and the backward (null: none).
+struct FlashKernels {
+  std::int64_t d, dv;
+  FlashForward forward_sm80, forward_sm90;
+  FlashBackward backward;
+};
+const FlashKernels* flash_kernels_for(const Problem& p) {
+  static constexpr FlashKernels kBuilt[] = {
+      {64, 64, flash_forward_sm80_d64, flash_forward_sm90_d64, flash_backward_sm80_d64},
+      {96, 96, flash_forward_sm80_d96, nullptr, flash_backward_sm80_d96},
+      {128, 128, flash_forward_sm80_d128, flash_forward_sm90_d128, flash_backward_sm80_d128},
+      {192, 128, flash_forward_sm80_d192_dv128, nullptr, nullptr},
+      {256, 256, flash_forward_sm80_d256, nullptr, nullptr},
+  };
+  for (const FlashKernels& k : kBuilt)
+    if (k.d == p.d && k.dv == p.dv) return &k;
+  return nullptr;
+}
+
 // Why the flash forward cannot serve this call (empty: it can).
 std::string flash_forward_unsupported(const AttentionForwardArgs& a, const Problem& p) {
   const core::DeviceProps& props = core::device_props(core::current_device());
@@ -38,9 +60,9 @@ std::string flash_forward_unsupported(const AttentionForwardArgs& a, const Probl
            std::to_string(props.cc_minor);
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
     return std::string("supports float16 and bfloat16, got ") + dtype_name(p.dtype);
-  if (p.d != p.dv || (p.d != 64 && p.d != 128))
-    return "supports head dims D = Dv in {64, 128} in this build, got D = " + std::to_string(p.d) + ", Dv = " +
-           std::to_string(p.dv);
+  if (flash_kernels_for(p) == nullptr)
+    return "supports head dims (D, Dv) in {(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)}, got D = " +
+           std::to_string(p.d) + ", Dv = " + std::to_string(p.dv);
   if (!aligned16(a.q.data) || !aligned16(a.k.data) || !aligned16(a.v.data) || !aligned16(a.out.data) ||
       !rows_aligned(p.q) || !rows_aligned(p.k) || !rows_aligned(p.v) || !rows_aligned(p.out))
     return "needs 16-byte aligned rows (data pointers aligned to 16 bytes, strides multiples of 8 elements)";
@@ -70,20 +92,14 @@ bool use_sm90() {
 
 const char* run_flash_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
   float* lse = a.lse ? a.lse->ptr<float>() : nullptr;
-  if (use_sm90()) {
-    if (p.d == 64)
-      flash_forward_sm90_d64(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
-    else
-      flash_forward_sm90_d128(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
+  const FlashKernels& kernels = *flash_kernels_for(p);
+  if (kernels.forward_sm90 != nullptr && use_sm90()) {
+    kernels.forward_sm90(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
     return "flash_sm90";
   }
-  if (p.d == 64)
-    flash_forward_sm80_d64(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
-  else
-    flash_forward_sm80_d128(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
+  kernels.forward_sm80(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
   return "flash_sm80";
 }
-
 void run_fallback_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
   fallback_forward(p, a.q.data, a.k.data, a.v.data, a.out.data, a.lse ? a.lse->ptr<float>() : nullptr, stream);
 }
@@ -175,8 +191,9 @@ std::string flash_backward_unsupported(const AttentionBackwardArgs& a, const Bac
            std::to_string(props.cc_minor);
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
     return std::string("supports float16 and bfloat16, got ") + dtype_name(p.dtype);
-  if (p.d != 64 || p.dv != 64)
-    return "supports head dims D = Dv = 64 in this build, got D = " + std::to_string(p.d) + ", Dv = " +
+  const FlashKernels* kernels = flash_kernels_for(p);
+  if (kernels == nullptr || kernels->backward == nullptr)
+    return "supports head dims D = Dv in {64, 96, 128}, got D = " + std::to_string(p.d) + ", Dv = " +
            std::to_string(p.dv);
   for (const void* ptr : {a.q.data, a.k.data, a.v.data, a.dout.data, a.dq.data, a.dk.data, a.dv.data})
     if (!aligned16(ptr)) return "needs data pointers aligned to 16 bytes";
@@ -195,8 +212,8 @@ void run_fallback_backward(const AttentionBackwardArgs& a, const BackwardProblem
 
 void run_flash_backward(const AttentionBackwardArgs& a, const BackwardProblem& bp, const Tensor* workspace,
                         Stream stream) {
-  flash_backward_sm80_d64(bp, a.dout.data, a.q.data, a.k.data, a.v.data, a.out.data, a.lse.ptr<float>(), a.dq.data,
-                          a.dk.data, a.dv.data, workspace ? workspace->data : nullptr, stream);
+  flash_kernels_for(bp.fwd)->backward(bp, a.dout.data, a.q.data, a.k.data, a.v.data, a.out.data, a.lse.ptr<float>(),
+                                      a.dq.data, a.dk.data, a.dv.data, workspace ? workspace->data : nullptr, stream);
 }
 
 std::map<TuneKey, Choice> tune_cache_backward;

@@ -1,4 +1,4 @@
-// The "flash" backward for sm80+ (CuTe, mma.sync), head dim 64. Probabilities are recomputed
+// The "flash" backward for sm80+ (CuTe, mma.sync), head dims D == Dv (64, 96, 128). Probabilities are recomputed
 // from lse; no Sq x Sk matrix exists and no atomics are used, so the result is bitwise
 // deterministic. Three kernels on the stream:
 //   delta   delta_i = dout_i . out_i per query row (into the workspace)
@@ -102,8 +102,8 @@ __global__ void __launch_bounds__(128)
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
   cute::Tensor sdO = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutQ{});
-  cute::Tensor sK = make_tensor(sdO.data() + size(sdO), typename Cfg::SmemLayoutKV{});
-  cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutKV{});
+  cute::Tensor sK = make_tensor(sdO.data() + size(sdO), typename Cfg::SmemLayoutK{});
+  cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutV{});
   cute::Tensor sKt = make_tensor(sK.data(), typename Cfg::SmemLayoutKt{});
 
   typename Cfg::GmemCopy gmem_copy;
@@ -236,8 +236,8 @@ __global__ void __launch_bounds__(128)
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
   cute::Tensor sdO = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutQ{});
-  cute::Tensor sK = make_tensor(sdO.data() + size(sdO), typename Cfg::SmemLayoutKV{});
-  cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutKV{});
+  cute::Tensor sK = make_tensor(sdO.data() + size(sdO), typename Cfg::SmemLayoutK{});
+  cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutV{});
   cute::Tensor sP = make_tensor(sV.data() + size(sV), typename Cfg::SmemLayoutPdS{});
   cute::Tensor sdS = make_tensor(sP.data() + size(sP), typename Cfg::SmemLayoutPdS{});
   cute::Tensor sPt = make_tensor(sP.data(), typename Cfg::SmemLayoutPdSt{});
@@ -415,6 +415,19 @@ void launch_backward_sm80(const BackwardProblem& bp, const void* dout, const voi
                                        static_cast<Element*>(dv));
     RUDNN_CUDA_CHECK_LAUNCH("attention flash dkdv_kernel");
   }
+}
+
+// Both element types of one head dim: what each flash_bwd_sm80_d*.cu instantiates. The workspace
+// holds delta (fallback_backward_workspace_bytes).
+template <int kHeadDim>
+void launch_backward_sm80_f16_bf16(const BackwardProblem& bp, const void* dout, const void* q, const void* k,
+                                   const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
+                                   void* workspace, Stream stream) {
+  float* delta = static_cast<float*>(workspace);
+  if (bp.fwd.dtype == DType::f16)
+    launch_backward_sm80<cute::half_t, kHeadDim>(bp, dout, q, k, v, out, lse, dq, dk, dv, delta, stream);
+  else
+    launch_backward_sm80<cute::bfloat16_t, kHeadDim>(bp, dout, q, k, v, out, lse, dq, dk, dv, delta, stream);
 }
 
 }  // namespace rudnn::attention::flash

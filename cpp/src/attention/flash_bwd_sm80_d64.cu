@@ -7,11 +7,7 @@ namespace rudnn::attention {
 void flash_backward_sm80_d64(const BackwardProblem& bp, const void* dout, const void* q, const void* k,
                              const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
                              void* workspace, Stream stream) {
-  float* delta = static_cast<float*>(workspace);
-  if (bp.fwd.dtype == DType::f16)
-    flash::launch_backward_sm80<cute::half_t, 64>(bp, dout, q, k, v, out, lse, dq, dk, dv, delta, stream);
-  else
-    flash::launch_backward_sm80<cute::bfloat16_t, 64>(bp, dout, q, k, v, out, lse, dq, dk, dv, delta, stream);
+  flash::launch_backward_sm80_f16_bf16<64>(bp, dout, q, k, v, out, lse, dq, dk, dv, workspace, stream);
 }
 
 }  // namespace rudnn::attention

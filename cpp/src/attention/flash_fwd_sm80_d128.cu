@@ -5,11 +5,8 @@
 namespace rudnn::attention {
 
 void flash_forward_sm80_d128(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
-                           Stream stream) {
-  if (p.dtype == DType::f16)
-    flash::launch_forward_sm80<cute::half_t, 128>(p, q, k, v, out, lse, stream);
-  else
-    flash::launch_forward_sm80<cute::bfloat16_t, 128>(p, q, k, v, out, lse, stream);
+                             Stream stream) {
+  flash::launch_forward_sm80_f16_bf16<128>(p, q, k, v, out, lse, stream);
 }
 
 }  // namespace rudnn::attention

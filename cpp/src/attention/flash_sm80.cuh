@@ -20,33 +20,41 @@ namespace rudnn::attention::flash {
 
 using namespace cute;
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
 struct Sm80Config {
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = 64;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static_assert(kHeadDim % 64 == 0, "head dim must be a multiple of 64 (128-byte smem rows)");
+  static_assert(kHeadDim % 32 == 0 && kHeadDimV % 32 == 0, "head dims must be multiples of 32 (64-byte smem rows)");
 
   using MmaAtom = std::conditional_t<std::is_same_v<Element, cute::half_t>, SM80_16x8x16_F32F16F16F32_TN,
                                      SM80_16x8x16_F32BF16BF16F32_TN>;
   // Warps stacked along M (16 rows each); the N tile of 16 lets ldmatrix.x4 feed B.
   using TiledMma = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kWarps>, _1, _1>>, Tile<Int<16 * kWarps>, _16, _16>>;
 
-  // 8 rows x 64 elements (128 bytes) per atom, XOR-swizzled so that the 16-byte chunks of
-  // one column block land in different banks for both cp.async stores and ldmatrix loads.
-  using SmemAtom = decltype(composition(Swizzle<3, 3, 3>{}, Layout<Shape<_8, _64>, Stride<_64, _1>>{}));
+  // 8 rows x 64 elements (128 bytes) per atom, XOR-swizzled so that the 16-byte chunks of one
+  // column block land in different banks for both cp.async stores and ldmatrix loads; 8 x 32
+  // (64 bytes, 4 chunks per row) when a head dim is an odd multiple of 32 (96).
+  static constexpr int kAtomCols = kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 ? 64 : 32;
+  using SmemAtom = decltype(composition(Swizzle<kAtomCols == 64 ? 3 : 2, 3, 3>{},
+                                        Layout<Shape<_8, Int<kAtomCols>>, Stride<Int<kAtomCols>, _1>>{}));
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}));
   // V seen as [Dv, BN] (its transpose) for the B operand of O += P V, without moving data.
   using SmemLayoutVt =
-      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+      decltype(composition(SmemLayoutV{}, make_layout(Shape<Int<kHeadDimV>, Int<kBlockN>>{}, GenRowMajor{})));
 
-  // 128 threads as 16 rows x 8 threads, each moving 8 elements (16 bytes) per cp.async.
-  using GmemCopy = decltype(make_tiled_copy(Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
-                                            Layout<Shape<_16, _8>, Stride<_8, _1>>{}, Layout<Shape<_1, _8>>{}));
+  // The 128 threads as rows of kAtomCols / 8 threads, each moving 8 elements (16 bytes) per
+  // cp.async: one atom width of (128 / (kAtomCols / 8)) rows per step.
+  static constexpr int kCopyThreadsPerRow = kAtomCols / 8;
+  using GmemCopy = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+      Layout<Shape<Int<kThreads / kCopyThreadsPerRow>, Int<kCopyThreadsPerRow>>, Stride<Int<kCopyThreadsPerRow>, _1>>{},
+      Layout<Shape<_1, _8>>{}));
 
-  static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element));
+  static constexpr int kSmemBytes = (kBlockM * kHeadDim + kBlockN * (kHeadDim + kHeadDimV)) * int(sizeof(Element));
 };
 
 // Accumulator layout ((2,2), M, N) of the m16n8 atom seen as (rows, cols) = ((2,M), (2,N)):
@@ -201,11 +209,11 @@ __device__ __forceinline__ void store_forward_output(const AccO& acc_o_rc, const
   }
 }
 
-template <class Element, int kHeadDim, bool kPlain>
-__global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+__global__ void __launch_bounds__(Sm80Config<Element, kHeadDim, kHeadDimV>::kThreads)
     forward_sm80_kernel(const __grid_constant__ Problem p, const Element* __restrict__ q, const Element* __restrict__ k,
                         const Element* __restrict__ v, Element* __restrict__ out, float* __restrict__ lse) {
-  using Cfg = Sm80Config<Element, kHeadDim>;
+  using Cfg = Sm80Config<Element, kHeadDim, kHeadDimV>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
   const int m_block = blockIdx.x;
   const std::int64_t h = blockIdx.y, b = blockIdx.z;
@@ -219,16 +227,16 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
   // Global views: rows of this (batch, head), the last axis dense.
   cute::Tensor gQ = head_rows<kHeadDim>(q, p.q, b, h, q0, len_q);
   cute::Tensor gK = head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k);
-  cute::Tensor gV = head_rows<kHeadDim>(v, p.v, b, hk, k0, len_k);
+  cute::Tensor gV = head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k);
   cute::Tensor gQtile = local_tile(gQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (BM, D)
   cute::Tensor gKtiles = local_tile(gK, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));       // (BN, D, n)
-  cute::Tensor gVtiles = local_tile(gV, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
+  cute::Tensor gVtiles = local_tile(gV, Shape<Int<BN>, Int<kHeadDimV>>{}, make_coord(_, 0));  // (BN, Dv, n)
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
-  cute::Tensor sK = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutKV{});
-  cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutKV{});
+  cute::Tensor sK = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutK{});
+  cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutV{});
   cute::Tensor sVt = make_tensor(sV.data(), typename Cfg::SmemLayoutVt{});
 
   // Global -> shared (cp.async), with row coordinates for the tail predicates.
@@ -241,7 +249,8 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
   cute::Tensor tVg = gmem_thr.partition_S(gVtiles);
   cute::Tensor tVs = gmem_thr.partition_D(sV);
   cute::Tensor tQc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
-  cute::Tensor tKVc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
+  cute::Tensor tKc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
+  cute::Tensor tVc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDimV>>{}));
 
   // Tensor-core partitions and the shared -> register (ldmatrix) copies feeding them.
   typename Cfg::TiledMma mma;
@@ -249,7 +258,7 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
   cute::Tensor tSrQ = thr_mma.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_K)
   cute::Tensor tSrK = thr_mma.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K)
   cute::Tensor tOrVt = thr_mma.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_KEYS)
-  cute::Tensor acc_o = partition_fragment_C(mma, Shape<Int<BM>, Int<kHeadDim>>{});
+  cute::Tensor acc_o = partition_fragment_C(mma, Shape<Int<BM>, Int<kHeadDimV>>{});
   clear(acc_o);
 
   auto copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
@@ -267,7 +276,7 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
 
   // (row, col) of every accumulator element of this thread.
   cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
-  cute::Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
+  cute::Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<kHeadDimV>>{}));
   cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
   cute::Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
@@ -282,14 +291,14 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
   // Loads overlap the MMAs (FlashAttention-2's order): V of block n streams in while S = Q K^T
   // and the softmax run, K of block n + 1 while O += P V runs. One buffer each for K and V.
   copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
-  if (n_first < n_last) copy_rows(gmem_copy, tKg(_, _, _, n_first), tKs, tKVc, len_k - n_first * BN);
+  if (n_first < n_last) copy_rows(gmem_copy, tKg(_, _, _, n_first), tKs, tKc, len_k - n_first * BN);
   cp_async_fence();
 
   for (std::int64_t n = n_first; n < n_last; ++n) {
     const std::int64_t n0 = n * BN;
     cp_async_wait<0>();  // Q and K of block n have landed
     __syncthreads();     // ... for every warp; and every warp is done with sV (last block's P V)
-    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tKVc, len_k - n0);
+    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tVc, len_k - n0);
     cp_async_fence();
 
     cute::Tensor acc_s = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
@@ -305,7 +314,7 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim>::kThreads)
     online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
     accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o, [&] {
       if (n + 1 < n_last) {
-        copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKVc, len_k - n0 - BN);
+        copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKc, len_k - n0 - BN);
         cp_async_fence();
       }
     });
@@ -323,21 +332,31 @@ namespace rudnn::attention::flash {
 
 // Host launcher: one CTA per (64 query rows, head, sequence). supports_sm80() has checked
 // dtype, head dims, alignment and grid limits.
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
 void launch_forward_sm80(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                          Stream stream) {
-  using Cfg = Sm80Config<Element, kHeadDim>;
+  using Cfg = Sm80Config<Element, kHeadDim, kHeadDimV>;
   const std::int64_t m_blocks = (p.sq + Cfg::kBlockM - 1) / Cfg::kBlockM;
   if (m_blocks == 0 || p.hq == 0 || p.batch == 0) return;
   const dim3 grid(unsigned(m_blocks), unsigned(p.hq), unsigned(p.batch));
-  auto kernel = p.plain_scores() ? forward_sm80_kernel<Element, kHeadDim, true>
-                                 : forward_sm80_kernel<Element, kHeadDim, false>;
+  auto kernel = p.plain_scores() ? forward_sm80_kernel<Element, kHeadDim, kHeadDimV, true>
+                                 : forward_sm80_kernel<Element, kHeadDim, kHeadDimV, false>;
   if (Cfg::kSmemBytes > 48 * 1024)
     RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
       p, static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
       static_cast<Element*>(out), lse);
   RUDNN_CUDA_CHECK_LAUNCH("attention flash forward_sm80_kernel");
+}
+
+// Both element types of one head-dim pair: what each flash_fwd_sm80_d*.cu instantiates.
+template <int kHeadDim, int kHeadDimV = kHeadDim>
+void launch_forward_sm80_f16_bf16(const Problem& p, const void* q, const void* k, const void* v, void* out,
+                                  float* lse, Stream stream) {
+  if (p.dtype == DType::f16)
+    launch_forward_sm80<cute::half_t, kHeadDim, kHeadDimV>(p, q, k, v, out, lse, stream);
+  else
+    launch_forward_sm80<cute::bfloat16_t, kHeadDim, kHeadDimV>(p, q, k, v, out, lse, stream);
 }
 
 }  // namespace rudnn::attention::flash

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(128)
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
   cute::Tensor sK = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutK{});
-  cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutKV{});
+  cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutV{});
   cute::Tensor sVt = make_tensor(sV.data(), typename Cfg::SmemLayoutVt{});
 
   typename Cfg::GmemCopy gmem_copy;
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tVg = gmem_thr.partition_S(gVtiles);
   cute::Tensor tVs = gmem_thr.partition_D(sV);
   cute::Tensor tQc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
-  cute::Tensor tKVc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
+  cute::Tensor tKc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
 
   // S = Q K^T: wgmma with shared-memory descriptors for both operands.
   typename Cfg::TiledMmaS mma_s;
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(128)
   // Loads overlap the MMAs as in the sm80 kernel: V of block n during S and the softmax, K of
   // block n + 1 during O += P V.
   copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
-  if (n_first < n_last) copy_rows(gmem_copy, tKg(_, _, _, n_first), tKs, tKVc, len_k - n_first * BN);
+  if (n_first < n_last) copy_rows(gmem_copy, tKg(_, _, _, n_first), tKs, tKc, len_k - n_first * BN);
   cp_async_fence();
 
   for (std::int64_t n = n_first; n < n_last; ++n) {
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(128)
     cp_async_wait<0>();                        // Q and K of block n have landed
     cutlass::arch::fence_view_async_shared();  // make these generic-proxy writes visible to wgmma
     __syncthreads();                           // ... for every warp; every warp is done with sV
-    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tKVc, len_k - n0);
+    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tKc, len_k - n0);
     cp_async_fence();
 
     cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(128)
     online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
     accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o, [&] {
       if (n + 1 < n_last) {
-        copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKVc, len_k - n0 - BN);
+        copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKc, len_k - n0 - BN);
         cp_async_fence();
       }
     });
@@ -166,6 +166,16 @@ void launch_forward_sm90(const Problem& p, const void* q, const void* k, const v
       p, static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
       static_cast<Element*>(out), lse);
   RUDNN_CUDA_CHECK_LAUNCH("attention flash forward_sm90_kernel");
+}
+
+// Both element types of one head dim: what each flash_fwd_sm90_d*.cu instantiates.
+template <int kHeadDim>
+void launch_forward_sm90_f16_bf16(const Problem& p, const void* q, const void* k, const void* v, void* out,
+                                  float* lse, Stream stream) {
+  if (p.dtype == DType::f16)
+    launch_forward_sm90<cute::half_t, kHeadDim>(p, q, k, v, out, lse, stream);
+  else
+    launch_forward_sm90<cute::bfloat16_t, kHeadDim>(p, q, k, v, out, lse, stream);
 }
 
 }  // namespace rudnn::attention::flash

@@ -16,23 +16,32 @@ void fallback_backward(const BackwardProblem& bp, const void* dout, const void* 
                        const void* out, const float* lse, void* dq, void* dk, void* dv, void* workspace,
                        Stream stream);
 
-// flash_fwd_sm80_d*.cu: the CuTe sm80 flash forward (f16/bf16, D == Dv), one file per head
-// dim. The caller has checked supports (see attention_cuda.cu).
-void flash_forward_sm80_d64(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
-                            Stream stream);
-void flash_forward_sm80_d128(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
-                             Stream stream);
+// The flash kernels (f16/bf16; the caller has checked the rest of what they need, see
+// attention_cuda.cu), one file per head-dim pair and generation, all of one signature.
+using FlashForward = void (*)(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                              Stream stream);
+using FlashBackward = void (*)(const BackwardProblem& bp, const void* dout, const void* q, const void* k,
+                               const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
+                               void* workspace, Stream stream);
 
-// flash_fwd_sm90_d*.cu: the sm90a flash forward (wgmma for Q K^T), same cases as sm80.
-void flash_forward_sm90_d64(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
-                            Stream stream);
-void flash_forward_sm90_d128(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
-                             Stream stream);
+// flash_fwd_sm80_*.cu: the CuTe sm80 forward (mma.sync), on Ampere, Ada and Hopper.
+void flash_forward_sm80_d64(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+void flash_forward_sm80_d96(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+void flash_forward_sm80_d128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+void flash_forward_sm80_d192_dv128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+void flash_forward_sm80_d256(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 
-// flash_bwd_sm80_d64.cu: the CuTe sm80 flash backward (f16/bf16, D == Dv == 64), no atomics
-// (deterministic). The workspace holds delta_i = dout_i . out_i: fallback_backward_workspace_bytes.
-void flash_backward_sm80_d64(const BackwardProblem& bp, const void* dout, const void* q, const void* k,
-                             const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
-                             void* workspace, Stream stream);
+// flash_fwd_sm90_*.cu: the sm90a forward (wgmma for Q K^T), Hopper only.
+void flash_forward_sm90_d64(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+void flash_forward_sm90_d128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+
+// flash_bwd_sm80_*.cu: the CuTe sm80 backward (D == Dv), no atomics (deterministic). The workspace
+// holds delta_i = dout_i . out_i: fallback_backward_workspace_bytes.
+void flash_backward_sm80_d64(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                             const void*, const float*, void*, void*, void*, void*, Stream);
+void flash_backward_sm80_d96(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                             const void*, const float*, void*, void*, void*, void*, Stream);
+void flash_backward_sm80_d128(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                              const void*, const float*, void*, void*, void*, void*, Stream);
 
 }  // namespace rudnn::attention

@@ -1,0 +1,13 @@
+// Flash backward (sm80 CuTe kernels) for head dim 128, float16 and bfloat16.
+#include "attention/flash_bwd_sm80.cuh"
+#include "attention/kernels.hpp"
+
+namespace rudnn::attention {
+
+void flash_backward_sm80_d128(const BackwardProblem& bp, const void* dout, const void* q, const void* k,
+                              const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
+                              void* workspace, Stream stream) {
+  flash::launch_backward_sm80_f16_bf16<128>(bp, dout, q, k, v, out, lse, dq, dk, dv, workspace, stream);
+}
+
+}  // namespace rudnn::attention

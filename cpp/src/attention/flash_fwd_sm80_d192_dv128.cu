@@ -1,0 +1,12 @@
+// Flash forward (sm80 CuTe kernel) for head dims D = 192, Dv = 128, float16 and bfloat16.
+#include "attention/flash_sm80.cuh"
+#include "attention/kernels.hpp"
+
+namespace rudnn::attention {
+
+void flash_forward_sm80_d192_dv128(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                                   Stream stream) {
+  flash::launch_forward_sm80_f16_bf16<192, 128>(p, q, k, v, out, lse, stream);
+}
+
+}  // namespace rudnn::attention
