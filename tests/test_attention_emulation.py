@@ -48,7 +48,7 @@ def _from_bits(path, shape, dtype):
     return torch.from_numpy(np.fromfile(path, np.float32)).reshape(shape)
 
 
-def _run(exe, tmp_path, q, k, v, opts, cu_q=None, cu_k=None, backward=None):
+def _run(exe, tmp_path, q, k, v, opts, cu_q=None, cu_k=None, backward=None, env=None):
     """Dense q [B, Hq, Sq, D] or packed [Tq, Hq, D] with cu_seqlens. Forward: (out, lse) of the
     emulated kernel. backward=(dout, out, lse): (dq, dk, dv) of the emulated dq and dk/dv kernels."""
     varlen = cu_q is not None
@@ -85,7 +85,8 @@ def _run(exe, tmp_path, q, k, v, opts, cu_q=None, cu_k=None, backward=None):
         _bits(out.to(q.dtype)).tofile(tmp_path / "out.bin")
         lse.float().contiguous().numpy().tofile(tmp_path / "lse.bin")
     mode = "forward" if backward is None else "backward"
-    result = subprocess.run([str(exe), mode, str(tmp_path)], capture_output=True, text=True, timeout=600)
+    result = subprocess.run([str(exe), mode, str(tmp_path)], capture_output=True, text=True, timeout=600,
+                            env=None if env is None else {**os.environ, **env})
     assert result.returncode == 0, result.stderr
     if backward is not None:
         return [_from_bits(tmp_path / f"{n}.bin", t.shape, q.dtype) for n, t in (("dq", q), ("dk", k), ("dv", v))]
@@ -159,15 +160,29 @@ FLASH_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "u
                ("cp_async_wait<", "emu_cp_async_wait<")]
 
 
+# ... and the sm90a kernel's (emu_sm90_atoms.hpp); its body is compiled for sm_90a only.
+FLASH_SM90_EDITS = [("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900", "#if 1"),
+                    ("extern __shared__ __align__(1024) unsigned char smem_raw[];",
+                     "unsigned char* smem_raw = emu_smem;"),
+                    ("SM90::GMMA::MMA_64x64x16_F32F16F16_SS", "EmuGmma64x64F16"),
+                    ("SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS", "EmuGmma64x64BF16"),
+                    ("warpgroup_arrive()", "emu_warpgroup_arrive()"),
+                    ("warpgroup_commit_batch()", "emu_warpgroup_commit_batch()"),
+                    ("warpgroup_wait<", "emu_warpgroup_wait<"),
+                    ("cutlass::arch::fence_view_async_shared()", "emu_fence_view_async_shared()")]
+
+
 def _flash_source(extra_edits=()):
-    """flash_sm80.cuh and flash_bwd_sm80.cuh without their host launchers, atoms renamed."""
-    def read(name):
-        return open(os.path.join(ROOT, "cpp", "src", "attention", name)).read()
-    fwd, bwd = read("flash_sm80.cuh"), read("flash_bwd_sm80.cuh")
-    fwd = fwd[fwd.index("namespace rudnn::attention::flash {"):fwd.index('#include "core/cuda_check.hpp"')]
-    bwd = bwd[bwd.index("namespace rudnn::attention::flash {"):bwd.index("template <class Element, int kHeadDim>\nvoid launch")]
-    text = fwd + bwd + "}  // namespace rudnn::attention::flash\n"
-    for old, new in list(extra_edits) + FLASH_EDITS:  # planted bugs are written in the original names
+    """flash_sm80.cuh, flash_bwd_sm80.cuh and flash_sm90.cuh without their host launchers, atoms
+    renamed."""
+    def kernels_of(name, end):
+        text = open(os.path.join(ROOT, "cpp", "src", "attention", name)).read()
+        return text[text.index("namespace rudnn::attention::flash {"):text.index(end)]
+    launcher = "template <class Element, int kHeadDim>\nvoid launch"
+    text = (kernels_of("flash_sm80.cuh", '#include "core/cuda_check.hpp"') + kernels_of("flash_bwd_sm80.cuh", launcher)
+            + "}  // namespace rudnn::attention::flash\n" + kernels_of("flash_sm90.cuh", launcher)
+            + "}  // namespace rudnn::attention::flash\n")
+    for old, new in list(extra_edits) + FLASH_EDITS + FLASH_SM90_EDITS:  # planted bugs use the original names
         assert old in text, f"emulation edit no longer applies: {old}"
         text = text.replace(old, new)
     return text
@@ -224,6 +239,17 @@ def test_flash_forward_kernel(flash_emulator, tmp_path, name):
     torch.testing.assert_close(lse.double(), l64, rtol=1e-4, atol=1e-4)
 
 
+# The sm90a kernel (wgmma scores; what Hopper runs for D = Dv in {64, 128}) on the same cases.
+@pytest.mark.parametrize("name", [n for n, c in FLASH_CASES.items() if c["shape"][5:] in ((64, 64), (128, 128))])
+def test_flash_sm90_forward_kernel(flash_emulator, tmp_path, name):
+    q, k, v, opts = _flash_inputs(name, seed=22)
+    out, lse = _run(flash_emulator, tmp_path, q, k, v, dict(opts), env={"EMU_FLASH_GENERATION": "sm90"})
+    o64, l64 = _oracle(q, k, v, opts)
+    o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
+    assert_close_to_oracle(out, o_same, o64, f"{name} out")
+    torch.testing.assert_close(lse.double(), l64, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("name", ["plain_tails", "causal_sq_lt_sk_gqa", "causal_sq_gt_sk", "window_softcap",
                                   "bias_gqa4", "bool_mask_empty_rows", "d96_causal_gqa", "d128_causal",
                                   "d128_window"])
@@ -240,22 +266,24 @@ def test_flash_backward_kernels(flash_emulator, tmp_path, name):
 
 
 # The emulator is only evidence if a broken kernel fails in it: a forward that reads K before its
-# cp.async group has landed, and one whose softmax reads the accumulator with the MMA's row and
-# column pairs swapped.
+# cp.async group has landed, one whose softmax reads the accumulator with the MMA's row and column
+# pairs swapped, and an sm90a forward whose wgmma reads the first 16 columns of K at every k step.
 PLANTED_FLASH_BUGS = {
-    "k_read_before_its_copy_lands": ("cp_async_wait<0>();  // Q and K of block n have landed", ";"),
+    "k_read_before_its_copy_lands": ("cp_async_wait<0>();  // Q and K of block n have landed", ";", "sm80"),
     # the accumulator's (row, col) view with the m16n8 atom's row pair and column pair swapped
     "accumulator_rows_and_cols_swapped": (
         "make_layout(make_layout(get<0, 1>(d), get<1>(d)), make_layout(get<0, 0>(d), get<2>(d)))",
-        "make_layout(make_layout(get<0, 0>(d), get<1>(d)), make_layout(get<0, 1>(d), get<2>(d)))"),
+        "make_layout(make_layout(get<0, 0>(d), get<1>(d)), make_layout(get<0, 1>(d), get<2>(d)))", "sm80"),
+    "sm90_k_descriptor_not_advanced": ("cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s90);",
+                                       "cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, 0), acc_s90);", "sm90"),
 }
 
 
 @pytest.mark.parametrize("bug", list(PLANTED_FLASH_BUGS))
 def test_flash_emulator_catches_planted_bug(tmp_path, bug):
-    old, new = PLANTED_FLASH_BUGS[bug]
+    old, new, generation = PLANTED_FLASH_BUGS[bug]
     exe = build_emulator("attention_flash_emu.cpp", _flash_source([(old, new)]), tmp_path, needs_cutlass=True)
     q, k, v, opts = _flash_inputs("causal_three_blocks", seed=21)
-    out, _ = _run(exe, tmp_path, q, k, v, dict(opts))
+    out, _ = _run(exe, tmp_path, q, k, v, dict(opts), env={"EMU_FLASH_GENERATION": generation})
     o64, _ = _oracle(q, k, v, opts)
     assert not torch.allclose(out.double(), o64, atol=0.05), f"{bug} went unnoticed"

@@ -7,7 +7,7 @@
 // barriers, online softmax and masking are the real code. bfloat16 only (the kernels' float16
 // instantiation differs in the MMA atom's input type alone). Command line and files:
 // attention_emu_main.hpp.
-#include "emu_sm80_atoms.hpp"
+#include "emu_sm90_atoms.hpp"
 
 #include "attention_emu_main.hpp"
 #include "core/dispatch.hpp"
@@ -24,7 +24,7 @@
 
 #include "attention/cuda_common.cuh"
 
-// namespace rudnn::attention::flash { ...flash_sm80.cuh and flash_bwd_sm80.cuh without launchers... }
+// namespace rudnn::attention::flash { ...flash_sm80.cuh, flash_bwd_sm80.cuh, flash_sm90.cuh without launchers... }
 #include "kernels.inc"
 
 namespace {
@@ -58,6 +58,13 @@ void backward_head_dim(i64 d, i64 dv, Body&& body) {
   std::exit(2);
 }
 
+// EMU_FLASH_GENERATION=sm90: the forward runs the sm90a kernel (same launch shape and shared memory
+// as the sm80 one) where it exists.
+bool sm90() {
+  const char* g = std::getenv("EMU_FLASH_GENERATION");
+  return g != nullptr && std::string(g) == "sm90";
+}
+
 i64 blocks(i64 n, i64 tile) { return (n + tile - 1) / tile; }
 
 struct FlashKernels {
@@ -72,6 +79,10 @@ struct FlashKernels {
         using Cfg = Sm80Config<Element, D, Dv>;
         auto kernel = p.plain_scores() ? forward_sm80_kernel<Element, D, Dv, true>
                                        : forward_sm80_kernel<Element, D, Dv, false>;
+        if constexpr (D == Dv && (D == 64 || D == 128)) {  // the sm90a kernel's head dims
+          if (sm90())
+            kernel = p.plain_scores() ? forward_sm90_kernel<Element, D, true> : forward_sm90_kernel<Element, D, false>;
+        }
         emu_launch(EmuDim3{unsigned(blocks(p.sq, Cfg::kBlockM)), unsigned(p.hq), unsigned(p.batch)}, Cfg::kThreads, 1,
                    Cfg::kSmemBytes,
                    [&] { kernel(p, as_element(q), as_element(k), as_element(v), as_element(out), lse); });

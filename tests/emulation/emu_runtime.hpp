@@ -86,12 +86,14 @@ void emu_write(const std::string& path, const std::vector<T>& v) {
 template <class Kernel>
 void emu_launch(EmuDim3 grid, unsigned bx, unsigned by, std::size_t dyn_smem, Kernel kernel) {
   const unsigned threads = bx * by;
-  std::vector<unsigned char> smem(dyn_smem + 128);
+  // 1024-byte aligned, as the kernels declare it (CuTe's swizzled smem pointers XOR address bits).
+  std::vector<unsigned char> smem(dyn_smem + 128 + 1024);
+  unsigned char* aligned = smem.data() + (1024 - reinterpret_cast<std::uintptr_t>(smem.data()) % 1024) % 1024;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         std::fill(smem.begin(), smem.end(), 0xff);
-        emu_smem = smem.data();
+        emu_smem = aligned;
         std::barrier<> block_barrier(threads);
         emu_block_barrier = &block_barrier;
         std::vector<EmuWarp> warps((threads + 31) / 32);
