@@ -164,8 +164,12 @@ FLASH_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "u
 FLASH_SM90_EDITS = [("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900", "#if 1"),
                     ("extern __shared__ __align__(1024) unsigned char smem_raw[];",
                      "unsigned char* smem_raw = emu_smem;"),
-                    ("SM90::GMMA::MMA_64x64x16_F32F16F16_SS", "EmuGmma64x64F16"),
-                    ("SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS", "EmuGmma64x64BF16"),
+                    ("SM90::GMMA::MMA_64x64x16_F32F16F16_SS", "EmuGmmaSS64F16"),
+                    ("SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS", "EmuGmmaSS64BF16"),
+                    ("SM90::GMMA::MMA_64x64x16_F32F16F16_RS", "EmuGmmaRS64F16"),
+                    ("SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS", "EmuGmmaRS64BF16"),
+                    ("SM90::GMMA::MMA_64x128x16_F32F16F16_RS", "EmuGmmaRS128F16"),
+                    ("SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS", "EmuGmmaRS128BF16"),
                     ("warpgroup_arrive()", "emu_warpgroup_arrive()"),
                     ("warpgroup_commit_batch()", "emu_warpgroup_commit_batch()"),
                     ("warpgroup_wait<", "emu_warpgroup_wait<"),
@@ -267,13 +271,16 @@ def test_flash_backward_kernels(flash_emulator, tmp_path, name):
 
 # The emulator is only evidence if a broken kernel fails in it: a forward that reads K before its
 # cp.async group has landed, one whose softmax reads the accumulator with the MMA's row and column
-# pairs swapped, and an sm90a forward whose wgmma reads the first 16 columns of K at every k step.
+# pairs swapped, and sm90a forwards whose wgmma reads the first 16 columns of K (or the first 16
+# keys of V) at every k step.
 PLANTED_FLASH_BUGS = {
     "k_read_before_its_copy_lands": ("cp_async_wait<0>();  // Q and K of block n have landed", ";", "sm80"),
     # the accumulator's (row, col) view with the m16n8 atom's row pair and column pair swapped
     "accumulator_rows_and_cols_swapped": (
         "make_layout(make_layout(get<0, 1>(d), get<1>(d)), make_layout(get<0, 0>(d), get<2>(d)))",
         "make_layout(make_layout(get<0, 0>(d), get<1>(d)), make_layout(get<0, 1>(d), get<2>(d)))", "sm80"),
+    "sm90_v_descriptor_not_advanced": ("cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, kk), acc_o90);",
+                                       "cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, 0), acc_o90);", "sm90"),
     "sm90_k_descriptor_not_advanced": ("cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s90);",
                                        "cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, 0), acc_s90);", "sm90"),
 }

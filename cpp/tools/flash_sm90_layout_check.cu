@@ -1,4 +1,4 @@
-// Host-side check (no GPU needed) that the sm90a kernel's wgmma accumulator holds, register by
+// Host-side check (no GPU needed) that the sm90a kernel's wgmma accumulators (S and O) hold, register by
 // register, the same (row, col) elements as the mma.sync accumulator the sm80 softmax/P V code
 // expects, and that the GMMA smem layouts keep every 16-byte cp.async chunk contiguous and are
 // bijections. Build: nvcc -std=c++17 --expt-relaxed-constexpr -arch=sm_90a -Icpp/include -Icpp/src
@@ -29,6 +29,20 @@ int check() {
     // fragments are compact column-major in the same order?
     for (int i = 0; i < size(acc80); ++i) if (acc90.layout()(i) != acc80.layout()(i)) { ++errors; break; }
   }
+  // The P V accumulator (wgmma 64 x D) against the mma.sync one of the same shape.
+  typename Cfg::TiledMmaO mma_o;
+  for (int tid = 0; tid < 128; ++tid) {
+    auto c90 = mma_o.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<_64, Int<D>>{}));
+    auto c80 = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<_64, Int<D>>{}));
+    if (size(c90) != size(c80)) { ++errors; continue; }
+    for (int i = 0; i < size(c80); ++i) if (!(c90(i) == c80(i))) ++errors;
+  }
+  // V: the [BN, Dv] view used by the loads is the transpose of the [Dv, BN] MN-major wgmma operand,
+  // with 8 contiguous elements per 16-byte chunk.
+  typename Cfg::SmemLayoutV lv; typename Cfg::SmemLayoutVt lvt;
+  for (int n = 0; n < 64; ++n) for (int d = 0; d < D; ++d) if (lv(n, d) != lvt(d, n)) ++errors;
+  for (int n = 0; n < 64; ++n) for (int d = 0; d < D; d += 8)
+    for (int v = 0; v < 8; ++v) if (int(lv(n, d + v)) != int(lv(n, d)) + v) ++errors;
   typename Cfg::SmemLayoutQ lq; typename Cfg::SmemLayoutK lk;
   static int seen[64 * 256];
   for (int which = 0; which < 2; ++which) {

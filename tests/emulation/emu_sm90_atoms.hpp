@@ -1,10 +1,12 @@
 // Host stand-ins for the sm90a (Hopper) atoms of the flash forward kernel, written from the PTX
 // ISA (as emu_sm80_atoms.hpp, which this includes):
-//   EmuGmmaSS<Real, In>  wgmma.mma_async.sync.aligned.m64n64k16.f32.{f16,bf16} with both operands
-//                        K-major in shared memory, described by matrix descriptors with the
-//                        128-byte swizzle. Every thread of the warpgroup computes its own 32
-//                        accumulators from shared memory at issue (the emulator's async group
-//                        completes at once; the kernel's fences and waits become no-ops).
+//   EmuGmma<Real, In, N, kRegisterA, kMajorB>
+//     wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}: A (64 x 16) K-major from shared
+//     memory through its matrix descriptor (SS) or from the warpgroup's registers (RS, the
+//     m16n8k16-style fragment of each warp's 16 rows), B (N x 16) from shared memory, K-major or
+//     MN-major, through its descriptor; 128-byte swizzle. Every thread computes its own N / 2
+//     accumulators at issue (the emulator's async group completes at once; the kernel's wgmma
+//     fences and waits become no-ops).
 // Shared-memory addresses reach the descriptors through cute::cast_smem_ptr_to_uint, which here
 // (through the NVVM hook CuTe already has) gives the offset from the running block's shared
 // memory, so the descriptors hold the offsets the kernel would see on the GPU with its
@@ -24,67 +26,124 @@ inline std::uint32_t __nvvm_get_smem_pointer(const void* p) {
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
-// Byte offset of element (row, k) of a K-major 16-bit operand from its wgmma matrix descriptor
-// (PTX ISA, "Matrix Descriptor Format": start address bits 0-13, stride byte offset bits 32-45,
-// both in 16-byte units; base offset bits 49-51; layout type bits 62-63, 1 = 128-byte swizzle).
-// With the 128-byte swizzle, row r of each 8-row core group sits 128 bytes after row r - 1, the
-// groups are `stride byte offset` apart, and the 16-byte chunk index of an address (bits 4-6) is
-// XORed with its bits 7-9.
-inline std::uint32_t emu_gmma_k_major_offset(std::uint64_t desc, int row, int k) {
+// Byte offset of element (mn, k) of a 16-bit operand from its wgmma matrix descriptor (PTX ISA,
+// "Matrix Descriptor Format": start address bits 0-13, leading byte offset bits 16-29, stride byte
+// offset bits 32-45, all in 16-byte units; base offset bits 49-51; layout type bits 62-63, 1 =
+// 128-byte swizzle), for the canonical 128-byte-swizzled layouts:
+//   K-major   rows (M or N) 128 bytes apart in groups of 8, the groups `stride` apart; the 16 k of
+//             one wgmma are 32 contiguous bytes of a row;
+//   MN-major  64 contiguous elements along M or N, the next 64 `leading` bytes on; k rows 128
+//             bytes apart in groups of 8, the groups `stride` apart.
+// The swizzle XORs the 16-byte chunk index of an address (bits 4-6) with its bits 7-9.
+inline std::uint32_t emu_gmma_offset(std::uint64_t desc, bool mn_major, int mn, int k) {
   const std::uint32_t start = std::uint32_t(desc & 0x3fff) << 4;
-  const std::uint32_t group_stride = std::uint32_t((desc >> 32) & 0x3fff) << 4;
+  const std::uint32_t leading = std::uint32_t((desc >> 16) & 0x3fff) << 4;
+  const std::uint32_t stride = std::uint32_t((desc >> 32) & 0x3fff) << 4;
   const unsigned base_offset = unsigned(desc >> 49) & 7u, layout = unsigned(desc >> 62);
   if (layout != 1 || base_offset != 0) {
     std::fprintf(stderr, "wgmma stand-in: only the 128-byte swizzle with base offset 0 is emulated\n");
     std::abort();
   }
-  const std::uint32_t addr = start + std::uint32_t(row / 8) * group_stride + std::uint32_t(row % 8) * 128 + 2 * k;
+  const std::uint32_t addr =
+      mn_major ? start + std::uint32_t(mn / 64) * leading + std::uint32_t(k / 8) * stride + std::uint32_t(k % 8) * 128 +
+                     2 * std::uint32_t(mn % 64)
+               : start + std::uint32_t(mn / 8) * stride + std::uint32_t(mn % 8) * 128 + 2 * std::uint32_t(k);
   return addr ^ (((addr >> 7) & 7u) << 4);
 }
 
-template <class Real, class In>
-struct EmuGmmaSS : Real {
-  static constexpr int kN = 64;
-  static float element(std::uint64_t desc, int row, int k) {
+template <class Real, class In, int N, bool kRegisterA, cute::SM90::GMMA::Major kMajorB>
+struct EmuGmma : Real {
+  static float smem_element(std::uint64_t desc, bool mn_major, int mn, int k) {
     std::uint16_t bits;
-    std::memcpy(&bits, emu_smem + emu_gmma_k_major_offset(desc, row, k), 2);
+    std::memcpy(&bits, emu_smem + emu_gmma_offset(desc, mn_major, mn, k), 2);
     return float(In::bitcast(bits));
   }
+
   // Accumulator i of a thread (PTX ISA, wgmma D fragment for m64nNk16): warp w of the warpgroup
   // owns rows 16w .. 16w + 15; i = v0 + 2 v1 + 4 j is row 16w + lane/4 + 8 v1, column
-  // 8 j + 2 (lane % 4) + v0.
-  static void compute(std::uint64_t desc_a, std::uint64_t desc_b, float* const (&d)[kN / 2],
+  // 8 j + 2 (lane % 4) + v0. A from registers: per warp the m16n8k16 A fragment of its 16 rows
+  // (a0..a3 = (g, 2t..), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..), lower column first).
+  static void compute(const std::uint32_t (&a)[4], std::uint64_t desc_a, std::uint64_t desc_b, float* const* d,
                       cute::SM90::GMMA::ScaleOut scale_d) {
-    const int w = emu_warp % 4, lane = emu_lane;
-    for (int i = 0; i < kN / 2; ++i) {
-      const int row = 16 * w + lane / 4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-      float acc = scale_d == cute::SM90::GMMA::ScaleOut::Zero ? 0.0f : *d[i];
-      for (int k = 0; k < 16; ++k) acc += element(desc_a, row, k) * element(desc_b, col, k);
-      *d[i] = acc;
+    auto run = [&](auto a_element) {
+      const int w = emu_warp % 4, lane = emu_lane;
+      for (int i = 0; i < N / 2; ++i) {
+        const int row = 16 * w + lane / 4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+        float acc = scale_d == cute::SM90::GMMA::ScaleOut::Zero ? 0.0f : *d[i];
+        for (int k = 0; k < 16; ++k)
+          acc += a_element(row, k) * smem_element(desc_b, kMajorB == cute::SM90::GMMA::Major::MN, col, k);
+        *d[i] = acc;
+      }
+    };
+    if constexpr (kRegisterA) {
+      struct Fragment {
+        std::uint32_t a[4];
+      };
+      emu_warp_exchange(Fragment{{a[0], a[1], a[2], a[3]}}, [&](auto lane_value) {
+        Fragment f[32];
+        for (int l = 0; l < 32; ++l) f[l] = lane_value(l);
+        run([&](int row, int k) {
+          const int r = row % 16;
+          const std::uint32_t reg = f[(r % 8) * 4 + (k % 8) / 2].a[r / 8 + 2 * (k / 8)];
+          return float(In::bitcast(std::uint16_t(k % 2 ? reg >> 16 : reg & 0xffffu)));
+        });
+      });
+    } else {
+      run([&](int row, int k) { return smem_element(desc_a, false, row, k); });
     }
   }
-  static void fma(std::uint64_t const& desc_a, std::uint64_t const& desc_b, float& d00, float& d01, float& d02,
-                  float& d03, float& d04, float& d05, float& d06, float& d07, float& d08, float& d09, float& d10,
-                  float& d11, float& d12, float& d13, float& d14, float& d15, float& d16, float& d17, float& d18,
-                  float& d19, float& d20, float& d21, float& d22, float& d23, float& d24, float& d25, float& d26,
-                  float& d27, float& d28, float& d29, float& d30, float& d31,
-                  cute::SM90::GMMA::ScaleOut const scale_d = cute::SM90::GMMA::ScaleOut::One) {
-    float* const d[kN / 2] = {&d00, &d01, &d02, &d03, &d04, &d05, &d06, &d07, &d08, &d09, &d10,
-                              &d11, &d12, &d13, &d14, &d15, &d16, &d17, &d18, &d19, &d20, &d21,
-                              &d22, &d23, &d24, &d25, &d26, &d27, &d28, &d29, &d30, &d31};
-    compute(desc_a, desc_b, d, scale_d);
-  }
+
+  // The real atoms' fma takes (desc_a | a0..a3, desc_b, d00..d(N/2-1), scale_d); CuTe calls it
+  // through detail::explode, so one generic callable serves every N.
+  struct Fma {
+    template <class... Args>
+    void operator()(Args&&... args) const {
+      static_assert(sizeof...(Args) == (kRegisterA ? 4 : 1) + 1 + N / 2 + 1, "unexpected wgmma operands");
+      std::uint32_t a[4] = {};
+      std::uint64_t desc[2] = {};
+      float* d[N / 2];
+      cute::SM90::GMMA::ScaleOut scale_d = cute::SM90::GMMA::ScaleOut::One;
+      int n_a = 0, n_desc = 0, n_d = 0;
+      auto take = [&](auto&& arg) {
+        using T = std::decay_t<decltype(arg)>;
+        if constexpr (std::is_same_v<T, float>)
+          d[n_d++] = &arg;
+        else if constexpr (std::is_same_v<T, cute::SM90::GMMA::ScaleOut>)
+          scale_d = arg;
+        else if constexpr (std::is_same_v<T, std::uint32_t>)
+          a[n_a++] = arg;
+        else
+          desc[n_desc++] = static_cast<std::uint64_t>(arg);
+      };
+      (take(std::forward<Args>(args)), ...);
+      compute(a, kRegisterA ? 0 : desc[0], kRegisterA ? desc[0] : desc[1], d, scale_d);
+    }
+  };
+  static constexpr Fma fma{};
 };
 
 namespace cute {
-template <class Real, class In>
-struct MMA_Traits<EmuGmmaSS<Real, In>> : MMA_Traits<Real> {};
+template <class Real, class In, int N, bool kRegisterA, SM90::GMMA::Major kMajorB>
+struct MMA_Traits<EmuGmma<Real, In, N, kRegisterA, kMajorB>> : MMA_Traits<Real> {};
 }  // namespace cute
 
-template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
-using EmuGmma64x64F16 = EmuGmmaSS<cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<A, B>, cute::half_t>;
-template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
-using EmuGmma64x64BF16 = EmuGmmaSS<cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<A, B>, cute::bfloat16_t>;
+// The names the kernel's atoms are replaced by.
+namespace emu_gmma {
+using Major = cute::SM90::GMMA::Major;
+namespace G = cute::SM90::GMMA;
+}  // namespace emu_gmma
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaSS64F16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32F16F16_SS<A, B>, cute::half_t, 64, false, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaSS64BF16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32BF16BF16_SS<A, B>, cute::bfloat16_t, 64, false, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaRS64F16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32F16F16_RS<A, B>, cute::half_t, 64, true, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaRS64BF16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32BF16BF16_RS<A, B>, cute::bfloat16_t, 64, true, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaRS128F16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32F16F16_RS<A, B>, cute::half_t, 128, true, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaRS128BF16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32BF16BF16_RS<A, B>, cute::bfloat16_t, 128, true, B>;
 
 // wgmma.fence / commit_group / wait_group and fence.proxy.async: nothing is in flight here.
 inline void emu_warpgroup_arrive() {}

@@ -1,15 +1,20 @@
-// The "flash" forward kernel for Hopper (sm90a): the sm80 kernel's schedule with the score
-// GEMM S = Q K^T issued as warpgroup MMAs (wgmma, both operands read from shared memory in
-// the GMMA 128-byte-swizzled K-major layout). One warpgroup (4 warps) owns 64 query rows.
+// The "flash" forward kernel for Hopper (sm90a): the sm80 kernel's schedule with both GEMMs
+// issued as warpgroup MMAs (wgmma). One warpgroup (4 warps) owns 64 query rows.
+//   S = Q K^T   wgmma SS: Q and K read from shared memory in the GMMA 128-byte-swizzled K-major
+//               layout;
+//   O += P V    wgmma RS: P (the exponentiated scores, rounded to Element) straight from the
+//               registers of the S accumulator, V from shared memory in the 128-byte-swizzled
+//               MN-major layout (V rows are keys = the GEMM's K; Dv, its N, is contiguous).
 //
 // What it does NOT have yet (FlashAttention-3's schedule): TMA loads, producer/consumer warp
 // specialization with an mbarrier pipeline, two consumer warpgroups with softmax overlapped
-// against the other's GEMMs, and wgmma for O += P V. Loads are cp.async, overlapped with the
-// MMAs in FlashAttention-2's order; P V runs on mma.sync.
+// against the other's GEMMs. Loads are cp.async, overlapped with the MMAs in FlashAttention-2's
+// order.
 //
-// The wgmma accumulator of a 64 x 64 tile holds, per thread, exactly the (row, col) elements
-// of the mma.sync accumulator in the same register order (checked on the host by
-// cpp/tools/flash_sm80_layout_check.cu), so the sm80 softmax and P V code apply unchanged.
+// Both wgmma accumulators hold, per thread, exactly the (row, col) elements of the mma.sync
+// accumulator in the same register order (checked on the host by
+// cpp/tools/flash_sm90_layout_check.cu), so the sm80 masking, softmax and epilogue apply unchanged
+// through mma.sync-ordered views of the same registers.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -21,16 +26,32 @@ namespace rudnn::attention::flash {
 template <class Element, int kHeadDim>
 struct Sm90Config : Sm80Config<Element, kHeadDim> {
   using Base = Sm80Config<Element, kHeadDim>;
-  using GmmaOp = std::conditional_t<
-      std::is_same_v<Element, cute::half_t>,
-      SM90::GMMA::MMA_64x64x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::K>,
-      SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>>;
-  using TiledMmaS = decltype(make_tiled_mma(GmmaOp{}));
+  static_assert(Base::kBlockM == 64 && Base::kBlockN == 64, "one 64-row warpgroup, 64-key blocks");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the wgmma atoms below exist for Dv 64 and 128");
+  static constexpr bool kHalf = std::is_same_v<Element, cute::half_t>;
+  using Major = GMMA::Major;
+
+  using GmmaOpS = std::conditional_t<kHalf, SM90::GMMA::MMA_64x64x16_F32F16F16_SS<Major::K, Major::K>,
+                                     SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>>;
+  using GmmaOpO = std::conditional_t<
+      kHeadDim == 64,
+      std::conditional_t<kHalf, SM90::GMMA::MMA_64x64x16_F32F16F16_RS<Major::K, Major::MN>,
+                         SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<Major::K, Major::MN>>,
+      std::conditional_t<kHalf, SM90::GMMA::MMA_64x128x16_F32F16F16_RS<Major::K, Major::MN>,
+                         SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<Major::K, Major::MN>>>;
+  using TiledMmaS = decltype(make_tiled_mma(GmmaOpS{}));
+  using TiledMmaO = decltype(make_tiled_mma(GmmaOpO{}));
+
   using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                              Shape<Int<Base::kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                              Shape<Int<Base::kBlockN>, Int<kHeadDim>>{}));
-  static_assert(Base::kBlockM == 64 && Base::kBlockN == 64, "one 64x64x16 wgmma per k step");
+  // V as the B operand of P V: [Dv, BN] with Dv contiguous (MN-major), and the same bytes seen as
+  // [BN, Dv] for the cp.async loads of V's rows.
+  using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                              Shape<Int<kHeadDim>, Int<Base::kBlockN>>{}));
+  using SmemLayoutV = decltype(composition(SmemLayoutVt{},
+                                           make_layout(Shape<Int<Base::kBlockN>, Int<kHeadDim>>{}, GenRowMajor{})));
 };
 
 template <class Element, int kHeadDim, bool kPlain>
@@ -80,19 +101,21 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tSrQ = thr_s.make_fragment_A(thr_s.partition_A(sQ));  // descriptors (MMA, 1, D/16)
   cute::Tensor tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK));
 
-  // O += P V: mma.sync as in the sm80 kernel.
+  // O += P V: wgmma with P from registers and V through shared-memory descriptors.
+  typename Cfg::TiledMmaO mma_o;
+  mma_o.accumulate_ = GMMA::ScaleOut::One;  // the accumulator starts cleared and always accumulates
+  auto thr_o = mma_o.get_thread_slice(tid);
+  cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt));  // descriptors (MMA, 1, BN/16)
+  cute::Tensor acc_o90 = partition_fragment_C(mma_o, Shape<Int<BM>, Int<kHeadDim>>{});
+  clear(acc_o90);
+
+  // The accumulators seen in mma.sync order (the same registers; see the top of this file), with
+  // the (row, col) of each element: what the shared masking, softmax and epilogue take.
   typename Cfg::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(tid);
-  cute::Tensor tOrVt = thr_mma.partition_fragment_B(sVt);
-  cute::Tensor acc_o = partition_fragment_C(mma, Shape<Int<BM>, Int<kHeadDim>>{});
-  clear(acc_o);
-  auto copy_v = make_tiled_copy_B(Copy_Atom<SM75_U16x8_LDSM_T, Element>{}, mma);
-  auto thr_copy_v = copy_v.get_thread_slice(tid);
-  cute::Tensor tOsVt = thr_copy_v.partition_S(sVt);
-  cute::Tensor tOrVt_view = thr_copy_v.retile_D(tOrVt);
-
-  // Score coordinates in the mma.sync accumulator order, which the wgmma one shares.
   using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{}).layout());
+  using AccLayoutO = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<kHeadDim>>{}).layout());
+  cute::Tensor acc_o = make_tensor(acc_o90.data(), AccLayoutO{});
   cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
   cute::Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
   cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
@@ -136,12 +159,28 @@ __global__ void __launch_bounds__(128)
 
     mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
     online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
-    accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o, [&] {
-      if (n + 1 < n_last) {
-        copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKc, len_k - n0 - BN);
-        cp_async_fence();
-      }
-    });
+
+    // P rounded to Element, in the registers the RS wgmma reads as its A operand (per k step of 16
+    // keys, the m16n8k16-style fragment of the thread's rows: the mma.sync A order).
+    cute::Tensor rP = make_tensor_like<Element>(acc_s);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) rP(i) = static_cast<Element>(acc_s(i));
+    cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
+
+    cp_async_wait<0>();                        // V has landed (the only copy in flight)
+    cutlass::arch::fence_view_async_shared();  // ... visible to wgmma
+    __syncthreads();                           // ... for every warp; every warp is done reading sK
+    if (n + 1 < n_last) {                      // K of block n + 1 streams in during P V
+      copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKc, len_k - n0 - BN);
+      cp_async_fence();
+    }
+    warpgroup_fence_operand(acc_o90);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int kk = 0; kk < size<2>(tOrP); ++kk) cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, kk), acc_o90);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o90);
   }
   cp_async_wait<0>();
 
