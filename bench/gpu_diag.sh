@@ -52,12 +52,12 @@ import runpy; runpy.run_module("rudnn.bench", run_name="__main__")'
 # 2026-11-30: the flash forward ran at 13-20 TFLOP/s (cuDNN ~660) with correct results. Time
 # each kernel generation, then profile one sm90 and one sm80 launch with ncu (--clock-control
 # none, as the device notes advise).
-for gen in sm90 sm80; do
+for gen in sm90 sm90ws sm80; do
   echo "===== attention probe, RUDNN_ATTENTION_FLASH=$gen" >> "$LOG"
   (cd / && RUDNN_ATTENTION_FLASH=$gen timeout 60 "$PY" "$REPO/bench/attention_probe.py") >> "$LOG" 2>&1
 done
 if command -v ncu >/dev/null 2>&1; then
-  for gen in sm90 sm80; do
+  for gen in sm90 sm90ws sm80; do
     echo "===== ncu, first forward_$gen launch" >> "$LOG"
     (cd / && RUDNN_ATTENTION_FLASH=$gen timeout 120 ncu --clock-control none -k "regex:forward_${gen}_kernel" -c 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \

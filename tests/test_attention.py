@@ -346,10 +346,12 @@ def test_auto_picks_flash_where_supported_and_fallback_elsewhere():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                    reason="needs a Hopper GPU (both flash kernels run there)")
-@pytest.mark.parametrize("kernel", ["sm80", "sm90"])
-@pytest.mark.parametrize("name", ["d64_tile_tail", "d128_gqa4", "all_options", "decode", "sq_gt_sk_causal"])
-def test_both_flash_kernels_on_hopper(monkeypatch, kernel, name):
+                    reason="needs a Hopper GPU (every flash kernel generation runs there)")
+@pytest.mark.parametrize("kernel", ["sm80", "sm90", "sm90ws"])
+@pytest.mark.parametrize("name", ["d64_tile_tail", "d128_gqa4", "all_options", "decode", "sq_gt_sk_causal",
+                                  "flash_long_d64", "flash_long_causal_d128", "flash_no_keys_d64",
+                                  "flash_float_mask_bias_d128"])
+def test_every_flash_kernel_on_hopper(monkeypatch, kernel, name):
     case = dict(CASES[name])
     B, Hq, Hkv, Sq, Sk, D, Dv = case["shape"]
     if D not in (64, 128):
@@ -362,6 +364,19 @@ def test_both_flash_kernels_on_hopper(monkeypatch, kernel, name):
     o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
     assert_close_to_oracle(out, o_same, o64, "out")
     torch.testing.assert_close(lse.cpu().double(), l64, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.cuda
+def test_flash_generation_variable_errors(monkeypatch):
+    q, k, v, _ = _inputs(CASES["d64_tile_tail"], torch.bfloat16, "cuda")
+    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", "sm70")
+    with pytest.raises(rudnn.ArgumentError, match="RUDNN_ATTENTION_FLASH: expected 'sm80', 'sm90', 'sm90ws' or unset, "
+                                               "got 'sm70'"):
+        rudnn.attention(q, k, v, strategy="flash")
+    if torch.cuda.get_device_capability()[0] != 9:
+        monkeypatch.setenv("RUDNN_ATTENTION_FLASH", "sm90ws")
+        with pytest.raises(rudnn.UnsupportedError, match="RUDNN_ATTENTION_FLASH=sm90ws needs a Hopper GPU"):
+            rudnn.attention(q, k, v, strategy="flash")
 
 
 @pytest.mark.cuda

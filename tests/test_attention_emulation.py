@@ -174,19 +174,27 @@ FLASH_SM90_EDITS = [("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900", "#if 
                     ("warpgroup_commit_batch()", "emu_warpgroup_commit_batch()"),
                     ("warpgroup_wait<", "emu_warpgroup_wait<"),
                     ("cutlass::arch::fence_view_async_shared()", "emu_fence_view_async_shared()")]
+# ... and the warp-specialized sm90a kernel's (flash_sm90_ws.cuh).
+FLASH_SM90WS_EDITS = [("cutlass::arch::ClusterBarrier", "EmuMbarrier"),
+                      ("cutlass::arch::cpasync_barrier_arrive_noinc(", "emu_cpasync_barrier_arrive_noinc("),
+                      ("cutlass::arch::fence_barrier_init()", "emu_fence_barrier_init()"),
+                      ("cutlass::arch::warpgroup_reg_dealloc<", "emu_setmaxnreg<"),
+                      ("cutlass::arch::warpgroup_reg_alloc<", "emu_setmaxnreg<")]
 
 
 def _flash_source(extra_edits=()):
-    """flash_sm80.cuh, flash_bwd_sm80.cuh and flash_sm90.cuh without their host launchers, atoms
-    renamed."""
+    """flash_sm80.cuh, flash_bwd_sm80.cuh, flash_sm90.cuh and flash_sm90_ws.cuh without their host
+    launchers, atoms renamed."""
     def kernels_of(name, end):
         text = open(os.path.join(ROOT, "cpp", "src", "attention", name)).read()
         return text[text.index("namespace rudnn::attention::flash {"):text.index(end)]
     launcher = "template <class Element, int kHeadDim>\nvoid launch"
     text = (kernels_of("flash_sm80.cuh", '#include "core/cuda_check.hpp"') + kernels_of("flash_bwd_sm80.cuh", launcher)
             + "}  // namespace rudnn::attention::flash\n" + kernels_of("flash_sm90.cuh", launcher)
-            + "}  // namespace rudnn::attention::flash\n")
-    for old, new in list(extra_edits) + FLASH_EDITS + FLASH_SM90_EDITS:  # planted bugs use the original names
+            + "}  // namespace rudnn::attention::flash\n"
+            + kernels_of("flash_sm90_ws.cuh", '#include "core/cuda_check.hpp"'))
+    edits = FLASH_EDITS + FLASH_SM90_EDITS + FLASH_SM90WS_EDITS
+    for old, new in list(extra_edits) + edits:  # planted bugs use the original names
         assert old in text, f"emulation edit no longer applies: {old}"
         text = text.replace(old, new)
     return text
@@ -243,11 +251,13 @@ def test_flash_forward_kernel(flash_emulator, tmp_path, name):
     torch.testing.assert_close(lse.double(), l64, rtol=1e-4, atol=1e-4)
 
 
-# The sm90a kernel (wgmma scores; what Hopper runs for D = Dv in {64, 128}) on the same cases.
+# The sm90a kernels (wgmma; sm90 is what Hopper runs for D = Dv in {64, 128}, sm90ws the
+# warp-specialized one) on the same cases.
+@pytest.mark.parametrize("generation", ["sm90", "sm90ws"])
 @pytest.mark.parametrize("name", [n for n, c in FLASH_CASES.items() if c["shape"][5:] in ((64, 64), (128, 128))])
-def test_flash_sm90_forward_kernel(flash_emulator, tmp_path, name):
+def test_flash_sm90_forward_kernels(flash_emulator, tmp_path, name, generation):
     q, k, v, opts = _flash_inputs(name, seed=22)
-    out, lse = _run(flash_emulator, tmp_path, q, k, v, dict(opts), env={"EMU_FLASH_GENERATION": "sm90"})
+    out, lse = _run(flash_emulator, tmp_path, q, k, v, dict(opts), env={"EMU_FLASH_GENERATION": generation})
     o64, l64 = _oracle(q, k, v, opts)
     o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
     assert_close_to_oracle(out, o_same, o64, f"{name} out")
@@ -271,8 +281,9 @@ def test_flash_backward_kernels(flash_emulator, tmp_path, name):
 
 # The emulator is only evidence if a broken kernel fails in it: a forward that reads K before its
 # cp.async group has landed, one whose softmax reads the accumulator with the MMA's row and column
-# pairs swapped, and sm90a forwards whose wgmma reads the first 16 columns of K (or the first 16
-# keys of V) at every k step.
+# pairs swapped, sm90a forwards whose wgmma reads the first 16 columns of K (or the first 16 keys
+# of V) at every k step, and a warp-specialized one whose consumers read V from the first stage of
+# the ring only.
 PLANTED_FLASH_BUGS = {
     "k_read_before_its_copy_lands": ("cp_async_wait<0>();  // Q and K of block n have landed", ";", "sm80"),
     # the accumulator's (row, col) view with the m16n8 atom's row pair and column pair swapped
@@ -281,6 +292,8 @@ PLANTED_FLASH_BUGS = {
         "make_layout(make_layout(get<0, 0>(d), get<1>(d)), make_layout(get<0, 1>(d), get<2>(d)))", "sm80"),
     "sm90_v_descriptor_not_advanced": ("cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, kk), acc_o90);",
                                        "cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, 0), acc_o90);", "sm90"),
+    "sm90ws_v_read_from_stage_0": ("thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)))",
+                                   "thr_o.make_fragment_B(thr_o.partition_B(sVt(0)))", "sm90ws"),
     "sm90_k_descriptor_not_advanced": ("cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s90);",
                                        "cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, 0), acc_s90);", "sm90"),
 }

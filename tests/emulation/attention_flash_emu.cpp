@@ -24,7 +24,8 @@
 
 #include "attention/cuda_common.cuh"
 
-// namespace rudnn::attention::flash { ...flash_sm80.cuh, flash_bwd_sm80.cuh, flash_sm90.cuh without launchers... }
+// namespace rudnn::attention::flash { ...flash_sm80.cuh, flash_bwd_sm80.cuh, flash_sm90.cuh, flash_sm90_ws.cuh
+// without their launchers... }
 #include "kernels.inc"
 
 namespace {
@@ -58,11 +59,10 @@ void backward_head_dim(i64 d, i64 dv, Body&& body) {
   std::exit(2);
 }
 
-// EMU_FLASH_GENERATION=sm90: the forward runs the sm90a kernel (same launch shape and shared memory
-// as the sm80 one) where it exists.
-bool sm90() {
+// EMU_FLASH_GENERATION=sm90 or sm90ws: the forward runs that sm90a kernel where it exists.
+std::string generation() {
   const char* g = std::getenv("EMU_FLASH_GENERATION");
-  return g != nullptr && std::string(g) == "sm90";
+  return g != nullptr ? g : "sm80";
 }
 
 i64 blocks(i64 n, i64 tile) { return (n + tile - 1) / tile; }
@@ -79,12 +79,18 @@ struct FlashKernels {
         using Cfg = Sm80Config<Element, D, Dv>;
         auto kernel = p.plain_scores() ? forward_sm80_kernel<Element, D, Dv, true>
                                        : forward_sm80_kernel<Element, D, Dv, false>;
-        if constexpr (D == Dv && (D == 64 || D == 128)) {  // the sm90a kernel's head dims
-          if (sm90())
+        unsigned rows_per_cta = Cfg::kBlockM, threads = Cfg::kThreads;
+        std::size_t smem = Cfg::kSmemBytes;
+        if constexpr (D == Dv && (D == 64 || D == 128)) {  // the sm90a kernels' head dims
+          if (generation() == "sm90") {  // same launch shape and shared memory as the sm80 kernel
             kernel = p.plain_scores() ? forward_sm90_kernel<Element, D, true> : forward_sm90_kernel<Element, D, false>;
+          } else if (generation() == "sm90ws") {
+            using Ws = Sm90WsConfig<Element, D>;
+            kernel = p.plain_scores() ? forward_sm90ws_kernel<Element, D, true> : forward_sm90ws_kernel<Element, D, false>;
+            rows_per_cta = Ws::kRowsPerCta, threads = Ws::kThreads, smem = Ws::kSmemBytes;
+          }
         }
-        emu_launch(EmuDim3{unsigned(blocks(p.sq, Cfg::kBlockM)), unsigned(p.hq), unsigned(p.batch)}, Cfg::kThreads, 1,
-                   Cfg::kSmemBytes,
+        emu_launch(EmuDim3{unsigned(blocks(p.sq, rows_per_cta)), unsigned(p.hq), unsigned(p.batch)}, threads, 1, smem,
                    [&] { kernel(p, as_element(q), as_element(k), as_element(v), as_element(out), lse); });
       });
     }

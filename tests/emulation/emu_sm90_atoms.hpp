@@ -6,7 +6,10 @@
 //     m16n8k16-style fragment of each warp's 16 rows), B (N x 16) from shared memory, K-major or
 //     MN-major, through its descriptor; 128-byte swizzle. Every thread computes its own N / 2
 //     accumulators at issue (the emulator's async group completes at once; the kernel's wgmma
-//     fences and waits become no-ops).
+//     fences and waits become no-ops);
+//   EmuMbarrier, emu_cpasync_barrier_arrive_noinc  mbarrier init / arrive / phase-parity wait
+//     and the cp.async arrival (after the thread's copies have landed) of the warp-specialized
+//     kernel; setmaxnreg and the barrier-init fence are no-ops.
 // Shared-memory addresses reach the descriptors through cute::cast_smem_ptr_to_uint, which here
 // (through the NVVM hook CuTe already has) gives the offset from the running block's shared
 // memory, so the descriptors hold the offsets the kernel would see on the GPU with its
@@ -24,6 +27,9 @@ inline std::uint32_t __nvvm_get_smem_pointer(const void* p) {
 #include "emu_sm80_atoms.hpp"
 
 #include <cute/arch/mma_sm90_gmma.hpp>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
 // Byte offset of element (mn, k) of a 16-bit operand from its wgmma matrix descriptor (PTX ISA,
@@ -144,6 +150,50 @@ template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS128F16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32F16F16_RS<A, B>, cute::half_t, 128, true, B>;
 template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS128BF16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32BF16BF16_RS<A, B>, cute::bfloat16_t, 128, true, B>;
+
+// mbarrier (the ClusterBarrier static interface the kernels use: init, arrive, wait on a phase
+// parity), kept beside shared memory by address. A phase completes when `count` arrivals have
+// happened; wait(parity) returns once the phase with that parity has completed, i.e. while the
+// current phase's parity differs (so a wait for parity 1 on a fresh barrier passes at once).
+struct EmuMbarrier {
+  struct State {
+    unsigned count = 0, pending = 0, completed = 0;
+  };
+  static inline std::mutex mutex;
+  static inline std::condition_variable changed;
+  static inline std::map<const void*, State> states;
+
+  static void init(const std::uint64_t* bar, std::uint32_t count) {
+    std::lock_guard<std::mutex> lock(mutex);
+    states[bar] = State{count, count, 0};
+  }
+  static void arrive(const std::uint64_t* bar) {
+    std::lock_guard<std::mutex> lock(mutex);
+    State& s = states.at(bar);
+    if (--s.pending == 0) {
+      s.pending = s.count;
+      ++s.completed;
+      changed.notify_all();
+    }
+  }
+  static void wait(const std::uint64_t* bar, std::uint32_t parity) {
+    std::unique_lock<std::mutex> lock(mutex);
+    changed.wait(lock, [&] { return (states.at(bar).completed & 1u) != (parity & 1u); });
+  }
+};
+
+// cp.async.mbarrier.arrive.noinc: the arrival happens once this thread's earlier copies have
+// landed; here they land now.
+inline void emu_cpasync_barrier_arrive_noinc(const std::uint64_t* bar) {
+  emu_cp_async_fence();
+  emu_cp_async_wait<0>();
+  EmuMbarrier::arrive(bar);
+}
+
+// setmaxnreg and fence.mbarrier_init: nothing to do on the host.
+template <std::uint32_t kRegisters>
+void emu_setmaxnreg() {}
+inline void emu_fence_barrier_init() {}
 
 // wgmma.fence / commit_group / wait_group and fence.proxy.async: nothing is in flight here.
 inline void emu_warpgroup_arrive() {}

@@ -2,9 +2,10 @@
 //   "flash"     forward, f16/bf16, head dims (D, Dv) in {(64, 64), (96, 96), (128, 128), (192, 128),
 //               (256, 256)}, 16-byte aligned rows: the CuTe sm80 kernel (flash_sm80.cuh) on every
 //               device >= 8.0, except on Hopper (compute capability 9.x) for D = Dv in {64, 128},
-//               where the sm90a kernel (flash_sm90.cuh: wgmma scores) runs. The environment
-//               variable RUDNN_ATTENTION_FLASH=sm80|sm90 forces one generation (for testing both
-//               on Hopper; sm90 where it has a kernel for the head dims).
+//               where the sm90a kernel (flash_sm90.cuh: wgmma for both GEMMs) runs. The
+//               environment variable RUDNN_ATTENTION_FLASH=sm80|sm90|sm90ws forces one
+//               generation where it has a kernel for the head dims (sm90ws: the warp-specialized
+//               sm90a kernel, flash_sm90_ws.cuh, not the default until measured).
 //               backward, f16/bf16 with D == Dv in {64, 96, 128}: the CuTe sm80 kernels
 //               (flash_bwd_sm80.cuh; on Hopper too), deterministic (no atomics).
 //   "fallback"  fallback_cuda.cu: any dtype, head dim and option; deterministic backward.
@@ -32,20 +33,21 @@ namespace {
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
 bool rows_aligned(const Strides& s) { return s.b % 8 == 0 && s.h % 8 == 0 && s.s % 8 == 0; }
 
-// The flash kernels of this build per head-dim pair: the forward of each generation (sm90: null
-// where only the sm80 kernel exists) and the backward (null: none).
+// The flash kernels of this build per head-dim pair: the forward of each generation (sm90 and
+// sm90ws: null where only the sm80 kernel exists) and the backward (null: none).
 struct FlashKernels {
   std::int64_t d, dv;
-  FlashForward forward_sm80, forward_sm90;
+  FlashForward forward_sm80, forward_sm90, forward_sm90ws;
   FlashBackward backward;
 };
 const FlashKernels* flash_kernels_for(const Problem& p) {
   static constexpr FlashKernels kBuilt[] = {
-      {64, 64, flash_forward_sm80_d64, flash_forward_sm90_d64, flash_backward_sm80_d64},
-      {96, 96, flash_forward_sm80_d96, nullptr, flash_backward_sm80_d96},
-      {128, 128, flash_forward_sm80_d128, flash_forward_sm90_d128, flash_backward_sm80_d128},
-      {192, 128, flash_forward_sm80_d192_dv128, nullptr, nullptr},
-      {256, 256, flash_forward_sm80_d256, nullptr, nullptr},
+      {64, 64, flash_forward_sm80_d64, flash_forward_sm90_d64, flash_forward_sm90ws_d64, flash_backward_sm80_d64},
+      {96, 96, flash_forward_sm80_d96, nullptr, nullptr, flash_backward_sm80_d96},
+      {128, 128, flash_forward_sm80_d128, flash_forward_sm90_d128, flash_forward_sm90ws_d128,
+       flash_backward_sm80_d128},
+      {192, 128, flash_forward_sm80_d192_dv128, nullptr, nullptr, nullptr},
+      {256, 256, flash_forward_sm80_d256, nullptr, nullptr, nullptr},
   };
   for (const FlashKernels& k : kBuilt)
     if (k.d == p.d && k.dv == p.dv) return &k;
@@ -72,34 +74,44 @@ std::string flash_forward_unsupported(const AttentionForwardArgs& a, const Probl
 }
 
 // The flash kernel generation for the current device: sm90a on Hopper, sm80 elsewhere,
-// unless RUDNN_ATTENTION_FLASH says otherwise.
-bool use_sm90() {
+// unless RUDNN_ATTENTION_FLASH says otherwise (sm90ws, the warp-specialized sm90a kernel, only
+// that way until it is measured).
+enum class Generation { sm80, sm90, sm90ws };
+Generation flash_generation() {
   const core::DeviceProps& props = core::device_props(core::current_device());
   const char* env = std::getenv("RUDNN_ATTENTION_FLASH");
   const std::string choice = env ? env : "";
-  if (choice.empty()) return props.cc_major == 9;
-  if (choice == "sm80") return false;
-  if (choice == "sm90") {
+  if (choice.empty()) return props.cc_major == 9 ? Generation::sm90 : Generation::sm80;
+  if (choice == "sm80") return Generation::sm80;
+  if (choice == "sm90" || choice == "sm90ws") {
     if (props.cc_major != 9)
-      core::fail(ErrorKind::unsupported, "attention: RUDNN_ATTENTION_FLASH=sm90 needs a Hopper GPU (compute capability "
-                                         "9.x), this device has " + std::to_string(props.cc_major) + "." +
-                                             std::to_string(props.cc_minor));
-    return true;
+      core::fail(ErrorKind::unsupported, "attention: RUDNN_ATTENTION_FLASH=" + choice +
+                                             " needs a Hopper GPU (compute capability 9.x), this device has " +
+                                             std::to_string(props.cc_major) + "." + std::to_string(props.cc_minor));
+    return choice == "sm90" ? Generation::sm90 : Generation::sm90ws;
   }
-  core::fail(ErrorKind::value, "attention: RUDNN_ATTENTION_FLASH: expected 'sm80', 'sm90' or unset, got '" + choice +
-                                   "'");
+  core::fail(ErrorKind::value, "attention: RUDNN_ATTENTION_FLASH: expected 'sm80', 'sm90', 'sm90ws' or unset, got '" +
+                                   choice + "'");
 }
 
+// Runs the chosen generation's kernel where this head-dim pair has one, the sm80 kernel otherwise;
+// returns the name of the kernel that ran.
 const char* run_flash_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
   float* lse = a.lse ? a.lse->ptr<float>() : nullptr;
   const FlashKernels& kernels = *flash_kernels_for(p);
-  if (kernels.forward_sm90 != nullptr && use_sm90()) {
+  const Generation generation = flash_generation();
+  if (generation == Generation::sm90ws && kernels.forward_sm90ws != nullptr) {
+    kernels.forward_sm90ws(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
+    return "flash_sm90ws";
+  }
+  if (generation != Generation::sm80 && kernels.forward_sm90 != nullptr) {
     kernels.forward_sm90(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
     return "flash_sm90";
   }
   kernels.forward_sm80(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
   return "flash_sm80";
 }
+
 void run_fallback_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
   fallback_forward(p, a.q.data, a.k.data, a.v.data, a.out.data, a.lse ? a.lse->ptr<float>() : nullptr, stream);
 }

@@ -35,6 +35,11 @@ void flash_forward_sm80_d256(const Problem&, const void*, const void*, const voi
 void flash_forward_sm90_d64(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 void flash_forward_sm90_d128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 
+// flash_fwd_sm90ws_*.cu: the warp-specialized sm90a forward (cp.async producer warpgroup, two
+// wgmma consumer warpgroups), Hopper only; chosen by RUDNN_ATTENTION_FLASH=sm90ws until measured.
+void flash_forward_sm90ws_d64(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+void flash_forward_sm90ws_d128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+
 // flash_bwd_sm80_*.cu: the CuTe sm80 backward (D == Dv), no atomics (deterministic). The workspace
 // holds delta_i = dout_i . out_i: fallback_backward_workspace_bytes.
 void flash_backward_sm80_d64(const BackwardProblem&, const void*, const void*, const void*, const void*,

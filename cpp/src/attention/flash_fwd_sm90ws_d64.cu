@@ -1,0 +1,14 @@
+// Flash forward (sm90a warp-specialized kernel: cp.async producer, two wgmma consumer
+// warpgroups) for head dim 64, float16 and bfloat16. The kernel body exists only in the sm_90a
+// pass; the sm_80 pass compiles an empty stub.
+#include "attention/flash_sm90_ws.cuh"
+#include "attention/kernels.hpp"
+
+namespace rudnn::attention {
+
+void flash_forward_sm90ws_d64(const Problem& p, const void* q, const void* k, const void* v, void* out,
+                             float* lse, Stream stream) {
+  flash::launch_forward_sm90ws_f16_bf16<64>(p, q, k, v, out, lse, stream);
+}
+
+}  // namespace rudnn::attention

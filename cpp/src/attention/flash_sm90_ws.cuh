@@ -1,0 +1,254 @@
+// The warp-specialized "flash" forward for Hopper (sm90a), FlashAttention-3's CTA structure:
+// three warpgroups per CTA of 128 query rows.
+//   producer    warpgroup 0 (registers given back with setmaxnreg): streams the key blocks' K and
+//               V tiles into a two-stage ring in shared memory with cp.async; each thread's
+//               copies of a tile arrive on that tile's "full" mbarrier when they land
+//               (cp.async.mbarrier.arrive.noinc), so several tiles are in flight at once;
+//   consumers   warpgroups 1 and 2, 64 query rows each: S = Q K^T (wgmma SS), masking and the
+//               online softmax in registers, O += P V (wgmma RS, P from registers), then an
+//               arrival on the stage's "empty" mbarrier that hands the slot back.
+// K and V have separate full barriers, so S = Q K^T starts while V is still landing. Both
+// consumers walk the key blocks any row of the CTA sees; the masking handles the rest.
+//
+// Not yet FlashAttention-3: TMA loads, and the softmax of one warpgroup overlapped with the other's
+// GEMMs by explicit scheduling (here the two warpgroups overlap only as the warp schedulers let
+// them). Layouts, the wgmma atoms and the per-element code are the sm90a kernel's
+// (flash_sm90.cuh).
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "attention/flash_sm90.cuh"
+
+namespace rudnn::attention::flash {
+
+template <class Element, int kHeadDim>
+struct Sm90WsConfig : Sm90Config<Element, kHeadDim> {
+  using Base = Sm90Config<Element, kHeadDim>;
+  static constexpr int kConsumers = 2;                            // warpgroups, 64 query rows each
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kRowsPerCta = 64 * kConsumers;
+  static constexpr int kStages = 2;
+  static constexpr int kProducerRegisters = 40;                  // 40 + 2 * 232 <= 512 per thread slot
+  static constexpr int kConsumerRegisters = 232;
+  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                             Shape<Int<kRowsPerCta>, Int<kHeadDim>>{}));
+  static constexpr int kQBytes = kRowsPerCta * kHeadDim * int(sizeof(Element));
+  static constexpr int kTileBytes = Base::kBlockN * kHeadDim * int(sizeof(Element));
+  // Q, then per stage K and V, then the mbarriers (full K, full V, empty per stage).
+  static constexpr int kBarrierOffset = kQBytes + 2 * kStages * kTileBytes;
+  static constexpr int kSmemBytes = kBarrierOffset + 3 * kStages * 8;
+};
+
+template <class Element, int kHeadDim, bool kPlain>
+__global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
+    forward_sm90ws_kernel(const __grid_constant__ Problem p, const Element* __restrict__ q,
+                          const Element* __restrict__ k, const Element* __restrict__ v, Element* __restrict__ out,
+                          float* __restrict__ lse) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Cfg = Sm90WsConfig<Element, kHeadDim>;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, kStages = Cfg::kStages;
+  const std::int64_t h = blockIdx.y, b = blockIdx.z;
+  std::int64_t q0, len_q, k0, len_k;
+  p.sequence(b, q0, len_q, k0, len_k);
+  const std::int64_t cta_m0 = std::int64_t(blockIdx.x) * Cfg::kRowsPerCta;
+  if (cta_m0 >= len_q) return;
+  const std::int64_t hk = h / p.group;
+  const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
+  Element* smem = reinterpret_cast<Element*>(smem_raw);
+  cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
+  auto sK = [&](int stage) {
+    return make_tensor(make_smem_ptr(smem + (Cfg::kQBytes + stage * Cfg::kTileBytes) / int(sizeof(Element))),
+                       typename Cfg::SmemLayoutK{});
+  };
+  auto sV = [&](int stage) {
+    return make_tensor(
+        make_smem_ptr(smem + (Cfg::kQBytes + (kStages + stage) * Cfg::kTileBytes) / int(sizeof(Element))),
+        typename Cfg::SmemLayoutV{});
+  };
+  auto sVt = [&](int stage) {
+    return make_tensor(
+        make_smem_ptr(smem + (Cfg::kQBytes + (kStages + stage) * Cfg::kTileBytes) / int(sizeof(Element))),
+        typename Cfg::SmemLayoutVt{});
+  };
+  std::uint64_t* full_k = reinterpret_cast<std::uint64_t*>(smem_raw + Cfg::kBarrierOffset);
+  std::uint64_t* full_v = full_k + kStages;
+  std::uint64_t* empty = full_v + kStages;
+
+  std::int64_t n_first, n_last;
+  const std::int64_t rows_here = len_q - cta_m0 < Cfg::kRowsPerCta ? len_q - cta_m0 : Cfg::kRowsPerCta;
+  cuda::key_block_range(p, cta_m0, rows_here, len_q, len_k, BN, n_first, n_last);
+
+  // Everyone: the barriers (one thread), Q (the producer's threads, 64 rows at a time).
+  typename Cfg::GmemCopy gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  cute::Tensor tQc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
+  cute::Tensor tKVc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      Barrier::init(&full_k[s], 128);            // every producer thread's copies of the tile
+      Barrier::init(&full_v[s], 128);
+      Barrier::init(&empty[s], 128 * Cfg::kConsumers);  // every consumer thread is done with it
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  if (warpgroup == 0) {
+    cute::Tensor gQ = head_rows<kHeadDim>(q, p.q, b, h, q0, len_q);
+    for (int half = 0; half < Cfg::kConsumers; ++half) {
+      const std::int64_t m0 = cta_m0 + 64 * half;
+      cute::Tensor tQg = gmem_thr.partition_S(local_tile(gQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m0 / BM, 0)));
+      cute::Tensor tQs = gmem_thr.partition_D(local_tile(sQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(half, 0)));
+      copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
+    }
+    cp_async_fence();
+    cp_async_wait<0>();
+    cutlass::arch::fence_view_async_shared();  // Q is read by wgmma (async proxy)
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // ---- producer ----
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegisters>();
+    cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
+                                 make_coord(_, 0));
+    cute::Tensor gV = local_tile(head_rows<kHeadDim>(v, p.v, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
+                                 make_coord(_, 0));
+    cute::Tensor tKg = gmem_thr.partition_S(gK);
+    cute::Tensor tVg = gmem_thr.partition_S(gV);
+    for (std::int64_t n = n_first, i = 0; n < n_last; ++n, ++i) {
+      const int stage = int(i % kStages);
+      Barrier::wait(&empty[stage], std::uint32_t((i / kStages) & 1) ^ 1u);  // the first round passes
+      cute::Tensor tKs = gmem_thr.partition_D(sK(stage));
+      cute::Tensor tVs = gmem_thr.partition_D(sV(stage));
+      const std::int64_t rows = len_k - n * BN;
+      if (rows >= BN) {  // a whole tile: every byte arrives by cp.async, tracked by the barriers
+        cute::copy(gmem_copy, tKg(_, _, _, n), tKs);
+        cutlass::arch::cpasync_barrier_arrive_noinc(&full_k[stage]);
+        cute::copy(gmem_copy, tVg(_, _, _, n), tVs);
+        cutlass::arch::cpasync_barrier_arrive_noinc(&full_v[stage]);
+      } else {  // the sequence's last tile: rows past its end are zeroed by plain stores, so this
+                // thread waits for its copies and publishes everything with a releasing arrive
+        copy_rows(gmem_copy, tKg(_, _, _, n), tKs, tKVc, rows);
+        copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tKVc, rows);
+        cp_async_fence();
+        cp_async_wait<0>();
+        cutlass::arch::fence_view_async_shared();  // the zeros are read by wgmma (async proxy)
+        Barrier::arrive(&full_k[stage]);
+        Barrier::arrive(&full_v[stage]);
+      }
+    }
+    cp_async_wait<0>();  // no copy may outlive the CTA
+    return;
+  }
+
+  // ---- consumers ----
+  cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const std::int64_t m0 = cta_m0 + 64 * consumer;
+  cute::Tensor sQmine = local_tile(sQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(consumer, 0));
+
+  typename Cfg::TiledMmaS mma_s;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  cute::Tensor tSrQ = thr_s.make_fragment_A(thr_s.partition_A(sQmine));  // descriptors (MMA, 1, D/16)
+  typename Cfg::TiledMmaO mma_o;
+  mma_o.accumulate_ = GMMA::ScaleOut::One;
+  auto thr_o = mma_o.get_thread_slice(tid);
+  cute::Tensor acc_o90 = partition_fragment_C(mma_o, Shape<Int<BM>, Int<kHeadDim>>{});
+  clear(acc_o90);
+
+  typename Cfg::TiledMma mma;  // the mma.sync-ordered views of the accumulators
+  auto thr_mma = mma.get_thread_slice(tid);
+  using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{}).layout());
+  using AccLayoutO = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<kHeadDim>>{}).layout());
+  cute::Tensor acc_o = make_tensor(acc_o90.data(), AccLayoutO{});
+  cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
+  cute::Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
+  cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
+  cute::Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
+  constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
+  float row_max[kRows], row_sum[kRows];
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+
+  for (std::int64_t n = n_first, i = 0; n < n_last; ++n, ++i) {
+    const int stage = int(i % kStages);
+    const std::uint32_t phase = std::uint32_t((i / kStages) & 1);
+    cute::Tensor tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK(stage)));
+    cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));
+
+    Barrier::wait(&full_k[stage], phase);
+    cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
+    warpgroup_fence_operand(acc_s90);
+    warpgroup_arrive();
+    mma_s.accumulate_ = GMMA::ScaleOut::Zero;  // the first k step overwrites the accumulator
+    CUTE_UNROLL
+    for (int kk = 0; kk < size<2>(tSrQ); ++kk) {
+      cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s90);
+      mma_s.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_s90);
+    cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
+
+    mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, n * BN, len_q, len_k);
+    online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
+    cute::Tensor rP = make_tensor_like<Element>(acc_s);
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_s); ++e) rP(e) = static_cast<Element>(acc_s(e));
+    cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
+
+    Barrier::wait(&full_v[stage], phase);
+    warpgroup_fence_operand(acc_o90);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int kk = 0; kk < size<2>(tOrP); ++kk) cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, kk), acc_o90);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o90);
+    Barrier::arrive(&empty[stage]);  // this thread is done with K and V of the stage
+  }
+
+  store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, p, b, h, q0, m0, len_q, out, lse, tid);
+#else
+  (void)p, (void)q, (void)k, (void)v, (void)out, (void)lse;  // compiled for sm_90a only
+#endif
+}
+
+}  // namespace rudnn::attention::flash
+
+#include "core/cuda_check.hpp"
+
+namespace rudnn::attention::flash {
+
+template <class Element, int kHeadDim>
+void launch_forward_sm90ws(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                           Stream stream) {
+  using Cfg = Sm90WsConfig<Element, kHeadDim>;
+  const std::int64_t m_blocks = (p.sq + Cfg::kRowsPerCta - 1) / Cfg::kRowsPerCta;
+  if (m_blocks == 0 || p.hq == 0 || p.batch == 0) return;
+  const dim3 grid(unsigned(m_blocks), unsigned(p.hq), unsigned(p.batch));
+  auto kernel = p.plain_scores() ? forward_sm90ws_kernel<Element, kHeadDim, true>
+                                 : forward_sm90ws_kernel<Element, kHeadDim, false>;
+  RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
+      p, static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
+      static_cast<Element*>(out), lse);
+  RUDNN_CUDA_CHECK_LAUNCH("attention flash forward_sm90ws_kernel");
+}
+
+// Both element types of one head dim: what each flash_fwd_sm90ws_d*.cu instantiates.
+template <int kHeadDim>
+void launch_forward_sm90ws_f16_bf16(const Problem& p, const void* q, const void* k, const void* v, void* out,
+                                    float* lse, Stream stream) {
+  if (p.dtype == DType::f16)
+    launch_forward_sm90ws<cute::half_t, kHeadDim>(p, q, k, v, out, lse, stream);
+  else
+    launch_forward_sm90ws<cute::bfloat16_t, kHeadDim>(p, q, k, v, out, lse, stream);
+}
+
+}  // namespace rudnn::attention::flash
