@@ -282,8 +282,8 @@ def test_flash_backward_kernels(flash_emulator, tmp_path, name):
 # The emulator is only evidence if a broken kernel fails in it: a forward that reads K before its
 # cp.async group has landed, one whose softmax reads the accumulator with the MMA's row and column
 # pairs swapped, sm90a forwards whose wgmma reads the first 16 columns of K (or the first 16 keys
-# of V) at every k step, and a warp-specialized one whose consumers read V from the first stage of
-# the ring only.
+# of V) at every k step, and warp-specialized ones whose consumers read V from the first stage of
+# the ring only, or the next block's scores before waiting for their wgmma group.
 PLANTED_FLASH_BUGS = {
     "k_read_before_its_copy_lands": ("cp_async_wait<0>();  // Q and K of block n have landed", ";", "sm80"),
     # the accumulator's (row, col) view with the m16n8 atom's row pair and column pair swapped
@@ -294,6 +294,9 @@ PLANTED_FLASH_BUGS = {
                                        "cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, 0), acc_o90);", "sm90"),
     "sm90ws_v_read_from_stage_0": ("thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)))",
                                    "thr_o.make_fragment_B(thr_o.partition_B(sVt(0)))", "sm90ws"),
+    "sm90ws_next_scores_read_before_their_wait": (
+        "    if (more) {  // Q K^T of block i + 1 is complete; it becomes the current block\n      warpgroup_wait<1>();",
+        "    if (more) {", "sm90ws"),
     "sm90_k_descriptor_not_advanced": ("cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s90);",
                                        "cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, 0), acc_s90);", "sm90"),
 }

@@ -5,8 +5,8 @@
 //     memory through its matrix descriptor (SS) or from the warpgroup's registers (RS, the
 //     m16n8k16-style fragment of each warp's 16 rows), B (N x 16) from shared memory, K-major or
 //     MN-major, through its descriptor; 128-byte swizzle. Every thread computes its own N / 2
-//     accumulators at issue (the emulator's async group completes at once; the kernel's wgmma
-//     fences and waits become no-ops);
+//     accumulators, from shared memory as it is when the kernel waits for the group
+//     (emu_warpgroup_wait), the latest moment the hardware may read it;
 //   EmuMbarrier, emu_cpasync_barrier_arrive_noinc  mbarrier init / arrive / phase-parity wait
 //     and the cp.async arrival (after the thread's copies have landed) of the warp-specialized
 //     kernel; setmaxnreg and the barrier-init fence are no-ops.
@@ -28,6 +28,7 @@ inline std::uint32_t __nvvm_get_smem_pointer(const void* p) {
 
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -57,6 +58,10 @@ inline std::uint32_t emu_gmma_offset(std::uint64_t desc, bool mn_major, int mn, 
   return addr ^ (((addr >> 7) & 7u) << 4);
 }
 
+// The calling thread's wgmma operations: issued since the last commit, then committed groups.
+inline thread_local std::vector<std::function<void()>> emu_wgmma_open;
+inline thread_local std::vector<std::vector<std::function<void()>>> emu_wgmma_committed;
+
 template <class Real, class In, int N, bool kRegisterA, cute::SM90::GMMA::Major kMajorB>
 struct EmuGmma : Real {
   static float smem_element(std::uint64_t desc, bool mn_major, int mn, int k) {
@@ -69,34 +74,41 @@ struct EmuGmma : Real {
   // owns rows 16w .. 16w + 15; i = v0 + 2 v1 + 4 j is row 16w + lane/4 + 8 v1, column
   // 8 j + 2 (lane % 4) + v0. A from registers: per warp the m16n8k16 A fragment of its 16 rows
   // (a0..a3 = (g, 2t..), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..), lower column first).
-  static void compute(const std::uint32_t (&a)[4], std::uint64_t desc_a, std::uint64_t desc_b, float* const* d,
-                      cute::SM90::GMMA::ScaleOut scale_d) {
-    auto run = [&](auto a_element) {
-      const int w = emu_warp % 4, lane = emu_lane;
-      for (int i = 0; i < N / 2; ++i) {
-        const int row = 16 * w + lane / 4 + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-        float acc = scale_d == cute::SM90::GMMA::ScaleOut::Zero ? 0.0f : *d[i];
-        for (int k = 0; k < 16; ++k)
-          acc += a_element(row, k) * smem_element(desc_b, kMajorB == cute::SM90::GMMA::Major::MN, col, k);
-        *d[i] = acc;
-      }
-    };
+  // The registers are read at issue (a warp exchange: the thread's two rows of A); shared memory
+  // and the accumulators only when the group is waited for (emu_warpgroup_wait), as late as the
+  // hardware may, so reading an accumulator early or overwriting an operand's shared memory
+  // before the wait shows up as wrong results.
+  static void issue(const std::uint32_t (&a)[4], std::uint64_t desc_a, std::uint64_t desc_b, float* const* d,
+                    cute::SM90::GMMA::ScaleOut scale_d) {
+    const int w = emu_warp % 4, lane = emu_lane;
+    std::array<float, 2 * 16> a_rows{};  // RS: A(lane/4 (+8), k) of this warp's rows
     if constexpr (kRegisterA) {
       struct Fragment {
         std::uint32_t a[4];
       };
       emu_warp_exchange(Fragment{{a[0], a[1], a[2], a[3]}}, [&](auto lane_value) {
-        Fragment f[32];
-        for (int l = 0; l < 32; ++l) f[l] = lane_value(l);
-        run([&](int row, int k) {
-          const int r = row % 16;
-          const std::uint32_t reg = f[(r % 8) * 4 + (k % 8) / 2].a[r / 8 + 2 * (k / 8)];
-          return float(In::bitcast(std::uint16_t(k % 2 ? reg >> 16 : reg & 0xffffu)));
-        });
+        for (int half = 0; half < 2; ++half)
+          for (int k = 0; k < 16; ++k) {
+            const int r = lane / 4 + 8 * half;
+            const std::uint32_t reg = lane_value((r % 8) * 4 + (k % 8) / 2).a[r / 8 + 2 * (k / 8)];
+            a_rows[half * 16 + k] = float(In::bitcast(std::uint16_t(k % 2 ? reg >> 16 : reg & 0xffffu)));
+          }
       });
-    } else {
-      run([&](int row, int k) { return smem_element(desc_a, false, row, k); });
     }
+    std::array<float*, N / 2> acc;
+    for (int i = 0; i < N / 2; ++i) acc[i] = d[i];
+    emu_wgmma_open.push_back([=] {
+      for (int i = 0; i < N / 2; ++i) {
+        const int half = (i / 2) % 2, row = 16 * w + lane / 4 + 8 * half;
+        const int col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+        float sum = scale_d == cute::SM90::GMMA::ScaleOut::Zero ? 0.0f : *acc[i];
+        for (int k = 0; k < 16; ++k) {
+          const float a_value = kRegisterA ? a_rows[half * 16 + k] : smem_element(desc_a, false, row, k);
+          sum += a_value * smem_element(desc_b, kMajorB == cute::SM90::GMMA::Major::MN, col, k);
+        }
+        *acc[i] = sum;
+      }
+    });
   }
 
   // The real atoms' fma takes (desc_a | a0..a3, desc_b, d00..d(N/2-1), scale_d); CuTe calls it
@@ -122,7 +134,7 @@ struct EmuGmma : Real {
           desc[n_desc++] = static_cast<std::uint64_t>(arg);
       };
       (take(std::forward<Args>(args)), ...);
-      compute(a, kRegisterA ? 0 : desc[0], kRegisterA ? desc[0] : desc[1], d, scale_d);
+      issue(a, kRegisterA ? 0 : desc[0], kRegisterA ? desc[0] : desc[1], d, scale_d);
     }
   };
   static constexpr Fma fma{};
@@ -195,9 +207,18 @@ template <std::uint32_t kRegisters>
 void emu_setmaxnreg() {}
 inline void emu_fence_barrier_init() {}
 
-// wgmma.fence / commit_group / wait_group and fence.proxy.async: nothing is in flight here.
+// wgmma.commit_group closes the open group; wgmma.wait_group N completes all but the N most
+// recent committed groups, oldest first. wgmma.fence and fence.proxy.async: nothing to do.
 inline void emu_warpgroup_arrive() {}
-inline void emu_warpgroup_commit_batch() {}
+inline void emu_warpgroup_commit_batch() {
+  emu_wgmma_committed.push_back(std::move(emu_wgmma_open));
+  emu_wgmma_open.clear();
+}
 template <int N>
-void emu_warpgroup_wait() {}
+void emu_warpgroup_wait() {
+  while (emu_wgmma_committed.size() > std::size_t(N)) {
+    for (auto& op : emu_wgmma_committed.front()) op();
+    emu_wgmma_committed.erase(emu_wgmma_committed.begin());
+  }
+}
 inline void emu_fence_view_async_shared() {}

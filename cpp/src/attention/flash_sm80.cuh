@@ -134,11 +134,12 @@ __device__ __forceinline__ void mask_scores(Acc& acc_s, const Coords& coords, co
   }
 }
 
-// Online softmax over one key block: new row maxima; what was accumulated (acc_o, row_sum)
-// rescaled by exp(old max - new max); scores replaced by exp(score - max).
-template <int kRows, class Acc, class AccO>
-__device__ __forceinline__ void online_softmax_step(Acc& acc_s, AccO& acc_o_rc, float (&row_max)[kRows],
-                                                    float (&row_sum)[kRows]) {
+// Online softmax over one key block, the scores' part: new row maxima; row sums rescaled by
+// correction = exp(old max - new max) and grown by the new terms; scores replaced by
+// exp(score - max). What was accumulated in O still needs the correction (rescale_rows).
+template <int kRows, class Acc>
+__device__ __forceinline__ void online_softmax_scores(Acc& acc_s, float (&row_max)[kRows], float (&row_sum)[kRows],
+                                                      float (&correction)[kRows]) {
   cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
@@ -147,11 +148,9 @@ __device__ __forceinline__ void online_softmax_step(Acc& acc_s, AccO& acc_o_rc, 
     for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
     mx = quad_max(mx);
     const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays 0
-    const float correction = expf(row_max[r] - base);
+    correction[r] = expf(row_max[r] - base);
     row_max[r] = mx;
-    row_sum[r] *= correction;
-    CUTE_UNROLL
-    for (int c = 0; c < size<1>(acc_o_rc); ++c) acc_o_rc(r, c) *= correction;
+    row_sum[r] *= correction[r];
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s_rc); ++c) {
       const float e = expf(s_rc(r, c) - base);
@@ -159,6 +158,24 @@ __device__ __forceinline__ void online_softmax_step(Acc& acc_s, AccO& acc_o_rc, 
       row_sum[r] += e;
     }
   }
+}
+
+template <int kRows, class AccO>
+__device__ __forceinline__ void rescale_rows(AccO& acc_o_rc, const float (&correction)[kRows]) {
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(acc_o_rc); ++c) acc_o_rc(r, c) *= correction[r];
+  }
+}
+
+// Both parts at once, for kernels whose O accumulation of the previous block is complete here.
+template <int kRows, class Acc, class AccO>
+__device__ __forceinline__ void online_softmax_step(Acc& acc_s, AccO& acc_o_rc, float (&row_max)[kRows],
+                                                    float (&row_sum)[kRows]) {
+  float correction[kRows];
+  online_softmax_scores(acc_s, row_max, row_sum, correction);
+  rescale_rows(acc_o_rc, correction);
 }
 
 // O += P V for one key block: P (the exponentiated scores) rounded to Element and reused in

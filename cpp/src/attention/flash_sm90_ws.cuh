@@ -1,19 +1,20 @@
 // The warp-specialized "flash" forward for Hopper (sm90a), FlashAttention-3's CTA structure:
 // three warpgroups per CTA of 128 query rows.
 //   producer    warpgroup 0 (registers given back with setmaxnreg): streams the key blocks' K and
-//               V tiles into a two-stage ring in shared memory with cp.async; each thread's
+//               V tiles into a three-stage ring in shared memory with cp.async; each thread's
 //               copies of a tile arrive on that tile's "full" mbarrier when they land
 //               (cp.async.mbarrier.arrive.noinc), so several tiles are in flight at once;
 //   consumers   warpgroups 1 and 2, 64 query rows each: S = Q K^T (wgmma SS), masking and the
 //               online softmax in registers, O += P V (wgmma RS, P from registers), then an
-//               arrival on the stage's "empty" mbarrier that hands the slot back.
+//               arrival on the stage's "empty" mbarrier that hands the slot back. Within a
+//               consumer, Q K^T of the next block and P V of this one overlap the softmax
+//               (FlashAttention-3's intra-warpgroup pipelining; see the consumer loop).
 // K and V have separate full barriers, so S = Q K^T starts while V is still landing. Both
 // consumers walk the key blocks any row of the CTA sees; the masking handles the rest.
 //
-// Not yet FlashAttention-3: TMA loads, and the softmax of one warpgroup overlapped with the other's
-// GEMMs by explicit scheduling (here the two warpgroups overlap only as the warp schedulers let
-// them). Layouts, the wgmma atoms and the per-element code are the sm90a kernel's
-// (flash_sm90.cuh).
+// Not yet FlashAttention-3: TMA loads, and the two consumers' softmax phases kept apart by named
+// barriers ("ping-pong"; here they interleave only as the warp schedulers let them). Layouts, the
+// wgmma atoms and the per-element code are the sm90a kernel's (flash_sm90.cuh).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -29,7 +30,7 @@ struct Sm90WsConfig : Sm90Config<Element, kHeadDim> {
   static constexpr int kConsumers = 2;                            // warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kRowsPerCta = 64 * kConsumers;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 3;  // see the consumer loop
   static constexpr int kProducerRegisters = 40;                  // 40 + 2 * 232 <= 512 per thread slot
   static constexpr int kConsumerRegisters = 232;
   using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
@@ -174,44 +175,75 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
 
-  for (std::int64_t n = n_first, i = 0; n < n_last; ++n, ++i) {
+  // Q K^T of key block i (the i-th the CTA sees) into acc: issued and committed, not waited for.
+  auto issue_scores = [&](std::int64_t i, auto& acc) {
     const int stage = int(i % kStages);
-    const std::uint32_t phase = std::uint32_t((i / kStages) & 1);
+    Barrier::wait(&full_k[stage], std::uint32_t((i / kStages) & 1));
     cute::Tensor tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK(stage)));
-    cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));
-
-    Barrier::wait(&full_k[stage], phase);
-    cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
-    warpgroup_fence_operand(acc_s90);
+    warpgroup_fence_operand(acc);
     warpgroup_arrive();
     mma_s.accumulate_ = GMMA::ScaleOut::Zero;  // the first k step overwrites the accumulator
     CUTE_UNROLL
     for (int kk = 0; kk < size<2>(tSrQ); ++kk) {
-      cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s90);
+      cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc);
       mma_s.accumulate_ = GMMA::ScaleOut::One;
     }
     warpgroup_commit_batch();
+  };
+
+  // Software pipeline (FlashAttention-3's intra-warpgroup overlap): while the softmax of block i
+  // runs on the CUDA cores, Q K^T of block i + 1 runs on the tensor cores; P V of block i then
+  // overlaps the next iteration's softmax. wgmma groups complete in order, so wait<1> retires all
+  // but the newest group. The stage of block i - 1 is handed back once its P V is complete, which
+  // is after Q K^T of block i + 1 was issued: hence three stages, not two.
+  const std::int64_t blocks = n_last - n_first;
+  cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
+  cute::Tensor acc_next90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
+  if (blocks > 0) {
+    issue_scores(0, acc_s90);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s90);
-    cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
+  }
+  for (std::int64_t i = 0; i < blocks; ++i) {
+    const int stage = int(i % kStages);
+    const bool more = i + 1 < blocks;
+    if (more) issue_scores(i + 1, acc_next90);  // pending: [P V of i - 1,] Q K^T of i + 1
 
-    mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, n * BN, len_q, len_k);
-    online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
+    cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
+    mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, (n_first + i) * BN, len_q, len_k);
+    float correction[kRows];
+    online_softmax_scores(acc_s, row_max, row_sum, correction);
     cute::Tensor rP = make_tensor_like<Element>(acc_s);
     CUTE_UNROLL
     for (int e = 0; e < size(acc_s); ++e) rP(e) = static_cast<Element>(acc_s(e));
     cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
 
-    Barrier::wait(&full_v[stage], phase);
+    if (more)  // P V of block i - 1 is complete: O may be rescaled, its stage handed back
+      warpgroup_wait<1>();
+    else
+      warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o90);
+    if (i > 0) Barrier::arrive(&empty[(i - 1) % kStages]);
+    rescale_rows(acc_o_rc, correction);
+
+    Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));
+    cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));
     warpgroup_fence_operand(acc_o90);
     warpgroup_arrive();
     CUTE_UNROLL
     for (int kk = 0; kk < size<2>(tOrP); ++kk) cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, kk), acc_o90);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_o90);
-    Barrier::arrive(&empty[stage]);  // this thread is done with K and V of the stage
+    warpgroup_commit_batch();  // pending: [Q K^T of i + 1,] P V of i
+
+    if (more) {  // Q K^T of block i + 1 is complete; it becomes the current block
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(acc_next90);
+      CUTE_UNROLL
+      for (int e = 0; e < size(acc_s90); ++e) acc_s90(e) = acc_next90(e);
+    }
   }
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc_o90);
+  if (blocks > 0) Barrier::arrive(&empty[(blocks - 1) % kStages]);  // keeps the phases whole
 
   store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, p, b, h, q0, m0, len_q, out, lse, tid);
 #else
