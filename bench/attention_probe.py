@@ -22,7 +22,9 @@ import rudnn
 
 # (B, H, S, D, causal, softcap): softcap selects the kernels' general score path, None the plain one.
 CASES = [(4, 16, 2048, 128, 0, None), (4, 16, 2048, 128, 1, None), (4, 32, 2048, 64, 1, None),
-         (4, 16, 2048, 128, 1, 50.0)]
+         (4, 16, 2048, 128, 1, 50.0), (1, 16, 8192, 128, 1, None), (4, 8, 2048, 256, 1, None)]
+# Backward (default generation only): (B, H, S, D, causal).
+BACKWARD_CASES = [(4, 16, 2048, 128, 1), (4, 32, 2048, 64, 1)]
 
 
 def device_ms(fn, reps=20):
@@ -59,6 +61,21 @@ def main() -> int:
         print(f"RUDNN_ATTENTION_FLASH={kernel:7s} B={B} H={H} S={S} D={D} causal={causal} softcap={softcap}: {algo:10s} "
               f"{ms:8.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s | sdpa {peer:7.3f} ms {flops / peer / 1e9:6.1f} "
               f"TFLOP/s | rel err vs sdpa {err:.1e}", flush=True)
+    if ncu or kernel != "default":
+        return 0
+    for B, H, S, D, causal in BACKWARD_CASES:
+        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        out, lse = rudnn.attention(q.detach(), k.detach(), v.detach(), causal=bool(causal), return_lse=True)
+        dout = torch.randn_like(out)
+        ours = device_ms(lambda: rudnn.attention_backward(dout, q.detach(), k.detach(), v.detach(), out, lse,
+                                                          causal=bool(causal)), reps=10)
+        algo = rudnn.attention_last_algorithm()
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+        peer = device_ms(lambda: torch.autograd.grad(ref, (q, k, v), dout, retain_graph=True), reps=10)
+        flops = 2.5 * 4 * B * H * S * S * D / (2 if causal else 1)
+        print(f"backward B={B} H={H} S={S} D={D} causal={causal}: {algo:10s} {ours:8.3f} ms "
+              f"{flops / ours / 1e9:6.1f} TFLOP/s | sdpa autograd {peer:7.3f} ms {flops / peer / 1e9:6.1f} TFLOP/s",
+              flush=True)
     return 0
 
 

@@ -8,14 +8,7 @@
 
 #include "core/dispatch.hpp"
 
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __noinline__
-#define __grid_constant__
-#define __shared__ static
-#define __launch_bounds__(n)
+#include "emu_keywords.hpp"
 
 #include "attention/cuda_common.cuh"
 

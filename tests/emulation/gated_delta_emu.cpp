@@ -21,12 +21,7 @@
 #include "core/dispatch.hpp"
 #include "gated_delta/problem.hpp"
 
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __shared__ static
-#define __launch_bounds__(n)
+#include "emu_keywords.hpp"
 
 namespace rudnn::gated_delta::cuda {
 using i64 = std::int64_t;

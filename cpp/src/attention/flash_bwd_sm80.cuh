@@ -417,17 +417,4 @@ void launch_backward_sm80(const BackwardProblem& bp, const void* dout, const voi
   }
 }
 
-// Both element types of one head dim: what each flash_bwd_sm80_d*.cu instantiates. The workspace
-// holds delta (fallback_backward_workspace_bytes).
-template <int kHeadDim>
-void launch_backward_sm80_f16_bf16(const BackwardProblem& bp, const void* dout, const void* q, const void* k,
-                                   const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
-                                   void* workspace, Stream stream) {
-  float* delta = static_cast<float*>(workspace);
-  if (bp.fwd.dtype == DType::f16)
-    launch_backward_sm80<cute::half_t, kHeadDim>(bp, dout, q, k, v, out, lse, dq, dk, dv, delta, stream);
-  else
-    launch_backward_sm80<cute::bfloat16_t, kHeadDim>(bp, dout, q, k, v, out, lse, dq, dk, dv, delta, stream);
-}
-
 }  // namespace rudnn::attention::flash

@@ -7,7 +7,10 @@ namespace rudnn::attention {
 void flash_backward_sm80_d96(const BackwardProblem& bp, const void* dout, const void* q, const void* k,
                              const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
                              void* workspace, Stream stream) {
-  flash::launch_backward_sm80_f16_bf16<96>(bp, dout, q, k, v, out, lse, dq, dk, dv, workspace, stream);
+  flash::with_element_type(bp.fwd.dtype, [&](auto e) {
+    flash::launch_backward_sm80<decltype(e), 96>(bp, dout, q, k, v, out, lse, dq, dk, dv,
+                                                static_cast<float*>(workspace), stream);
+  });
 }
 
 }  // namespace rudnn::attention

@@ -7,7 +7,9 @@ namespace rudnn::attention {
 
 void flash_forward_sm90_d64(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                             Stream stream) {
-  flash::launch_forward_sm90_f16_bf16<64>(p, q, k, v, out, lse, stream);
+  flash::with_element_type(p.dtype, [&](auto e) {
+    flash::launch_forward_sm90<decltype(e), 64>(p, q, k, v, out, lse, stream);
+  });
 }
 
 }  // namespace rudnn::attention

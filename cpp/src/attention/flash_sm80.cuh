@@ -347,33 +347,43 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim, kHeadDimV>::kThr
 
 namespace rudnn::attention::flash {
 
-// Host launcher: one CTA per (64 query rows, head, sequence). supports_sm80() has checked
-// dtype, head dims, alignment and grid limits.
+// Host side of every flash forward kernel: one CTA of `threads` per `rows_per_cta` query rows of
+// each (head, sequence), the plain instantiation when Problem::plain_scores() allows it, the
+// general one otherwise. supports (attention_cuda.cu) has checked dtype, head dims, alignment and
+// grid limits.
+template <class Element, class Kernel>
+void launch_forward_kernel(const Problem& p, Kernel plain, Kernel general, int rows_per_cta, int threads,
+                           int smem_bytes, const void* q, const void* k, const void* v, void* out, float* lse,
+                           Stream stream) {
+  const std::int64_t m_blocks = (p.sq + rows_per_cta - 1) / rows_per_cta;
+  if (m_blocks == 0 || p.hq == 0 || p.batch == 0) return;
+  const dim3 grid(unsigned(m_blocks), unsigned(p.hq), unsigned(p.batch));
+  Kernel kernel = p.plain_scores() ? plain : general;
+  if (smem_bytes > 48 * 1024)
+    RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  kernel<<<grid, threads, smem_bytes, static_cast<cudaStream_t>(stream)>>>(
+      p, static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
+      static_cast<Element*>(out), lse);
+  RUDNN_CUDA_CHECK_LAUNCH("attention flash forward kernel");
+}
+
+// Calls launch(Element{}) with the problem's element type, float16 or bfloat16: what each
+// flash_*_d*.cu instantiation file does for its head dims.
+template <class Launch>
+void with_element_type(DType dtype, Launch&& launch) {
+  if (dtype == DType::f16)
+    launch(cute::half_t{});
+  else
+    launch(cute::bfloat16_t{});
+}
+
 template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
 void launch_forward_sm80(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                          Stream stream) {
   using Cfg = Sm80Config<Element, kHeadDim, kHeadDimV>;
-  const std::int64_t m_blocks = (p.sq + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  if (m_blocks == 0 || p.hq == 0 || p.batch == 0) return;
-  const dim3 grid(unsigned(m_blocks), unsigned(p.hq), unsigned(p.batch));
-  auto kernel = p.plain_scores() ? forward_sm80_kernel<Element, kHeadDim, kHeadDimV, true>
-                                 : forward_sm80_kernel<Element, kHeadDim, kHeadDimV, false>;
-  if (Cfg::kSmemBytes > 48 * 1024)
-    RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
-      p, static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
-      static_cast<Element*>(out), lse);
-  RUDNN_CUDA_CHECK_LAUNCH("attention flash forward_sm80_kernel");
-}
-
-// Both element types of one head-dim pair: what each flash_fwd_sm80_d*.cu instantiates.
-template <int kHeadDim, int kHeadDimV = kHeadDim>
-void launch_forward_sm80_f16_bf16(const Problem& p, const void* q, const void* k, const void* v, void* out,
-                                  float* lse, Stream stream) {
-  if (p.dtype == DType::f16)
-    launch_forward_sm80<cute::half_t, kHeadDim, kHeadDimV>(p, q, k, v, out, lse, stream);
-  else
-    launch_forward_sm80<cute::bfloat16_t, kHeadDim, kHeadDimV>(p, q, k, v, out, lse, stream);
+  launch_forward_kernel<Element>(p, forward_sm80_kernel<Element, kHeadDim, kHeadDimV, true>,
+                                 forward_sm80_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kBlockM, Cfg::kThreads,
+                                 Cfg::kSmemBytes, q, k, v, out, lse, stream);
 }
 
 }  // namespace rudnn::attention::flash

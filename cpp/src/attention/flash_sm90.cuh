@@ -194,27 +194,9 @@ template <class Element, int kHeadDim>
 void launch_forward_sm90(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                          Stream stream) {
   using Cfg = Sm90Config<Element, kHeadDim>;
-  const std::int64_t m_blocks = (p.sq + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  if (m_blocks == 0 || p.hq == 0 || p.batch == 0) return;
-  const dim3 grid(unsigned(m_blocks), unsigned(p.hq), unsigned(p.batch));
-  auto kernel = p.plain_scores() ? forward_sm90_kernel<Element, kHeadDim, true>
-                                 : forward_sm90_kernel<Element, kHeadDim, false>;
-  if (Cfg::kSmemBytes > 48 * 1024)
-    RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  kernel<<<grid, 128, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
-      p, static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
-      static_cast<Element*>(out), lse);
-  RUDNN_CUDA_CHECK_LAUNCH("attention flash forward_sm90_kernel");
-}
-
-// Both element types of one head dim: what each flash_fwd_sm90_d*.cu instantiates.
-template <int kHeadDim>
-void launch_forward_sm90_f16_bf16(const Problem& p, const void* q, const void* k, const void* v, void* out,
-                                  float* lse, Stream stream) {
-  if (p.dtype == DType::f16)
-    launch_forward_sm90<cute::half_t, kHeadDim>(p, q, k, v, out, lse, stream);
-  else
-    launch_forward_sm90<cute::bfloat16_t, kHeadDim>(p, q, k, v, out, lse, stream);
+  launch_forward_kernel<Element>(p, forward_sm90_kernel<Element, kHeadDim, true>,
+                                 forward_sm90_kernel<Element, kHeadDim, false>, Cfg::kBlockM, 128, Cfg::kSmemBytes, q,
+                                 k, v, out, lse, stream);
 }
 
 }  // namespace rudnn::attention::flash
