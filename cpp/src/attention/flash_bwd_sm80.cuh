@@ -1,6 +1,6 @@
-// The "flash" backward for sm80+ (CuTe, mma.sync), head dims D == Dv (64, 96, 128). Probabilities are recomputed
-// from lse; no Sq x Sk matrix exists and no atomics are used, so the result is bitwise
-// deterministic. Three kernels on the stream:
+// The "flash" backward for sm80+ (CuTe, mma.sync), head dims D == Dv (64, 96, 128). Probabilities
+// are recomputed from lse; no Sq x Sk matrix exists and no atomics are used, so the result is
+// bitwise deterministic. Three kernels on the stream:
 //   delta   delta_i = dout_i . out_i per query row (into the workspace)
 //   dq      one CTA per 64 query rows: for each visible 64-key block, S = Q K^T, dP = dO V^T,
 //           dS = P (dP - delta) (softcap') scale, dQ += dS K

@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
         Barrier::arrive(&full_v[stage]);
       }
     }
-    cp_async_wait<0>();  // no copy may outlive the CTA
+    cp_async_fence();  // the whole tiles' copies were never committed to a group: commit them, so
+    cp_async_wait<0>();  // that this thread leaves with no copy in flight
     return;
   }
 
