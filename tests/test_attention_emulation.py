@@ -176,6 +176,7 @@ FLASH_SM90_EDITS = [("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900", "#if 
                     ("cutlass::arch::fence_view_async_shared()", "emu_fence_view_async_shared()")]
 # ... and the warp-specialized sm90a kernel's (flash_sm90_ws.cuh).
 FLASH_SM90WS_EDITS = [("cutlass::arch::ClusterBarrier", "EmuMbarrier"),
+                      ("cutlass::arch::NamedBarrier", "EmuNamedBarrier"),
                       ("cutlass::arch::cpasync_barrier_arrive_noinc(", "emu_cpasync_barrier_arrive_noinc("),
                       ("cutlass::arch::fence_barrier_init()", "emu_fence_barrier_init()"),
                       ("cutlass::arch::warpgroup_reg_dealloc<", "emu_setmaxnreg<"),
@@ -295,8 +296,7 @@ PLANTED_FLASH_BUGS = {
     "sm90ws_v_read_from_stage_0": ("thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)))",
                                    "thr_o.make_fragment_B(thr_o.partition_B(sVt(0)))", "sm90ws"),
     "sm90ws_next_scores_read_before_their_wait": (
-        "    if (more) {  // Q K^T of block i + 1 is complete; it becomes the current block\n      warpgroup_wait<1>();",
-        "    if (more) {", "sm90ws"),
+        "      warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done", "", "sm90ws"),
     "sm90_k_descriptor_not_advanced": ("cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s90);",
                                        "cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, 0), acc_s90);", "sm90"),
 }

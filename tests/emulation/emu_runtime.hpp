@@ -33,6 +33,7 @@ inline thread_local EmuDim3 threadIdx, blockIdx, blockDim, gridDim;
 inline thread_local int emu_lane = 0, emu_warp = 0;
 inline unsigned char* emu_smem = nullptr;  // dynamic shared memory of the running block
 inline std::barrier<>* emu_block_barrier = nullptr;
+inline unsigned long emu_block_serial = 0;  // which block is running (blocks run one after another)
 
 struct EmuWarp {
   std::unique_ptr<std::barrier<>> barrier;
@@ -94,6 +95,7 @@ void emu_launch(EmuDim3 grid, unsigned bx, unsigned by, std::size_t dyn_smem, Ke
       for (unsigned x = 0; x < grid.x; ++x) {
         std::fill(smem.begin(), smem.end(), 0xff);
         emu_smem = aligned;
+        ++emu_block_serial;
         std::barrier<> block_barrier(threads);
         emu_block_barrier = &block_barrier;
         std::vector<EmuWarp> warps((threads + 31) / 32);

@@ -7,9 +7,10 @@
 //     MN-major, through its descriptor; 128-byte swizzle. Every thread computes its own N / 2
 //     accumulators, from shared memory as it is when the kernel waits for the group
 //     (emu_warpgroup_wait), the latest moment the hardware may read it;
-//   EmuMbarrier, emu_cpasync_barrier_arrive_noinc  mbarrier init / arrive / phase-parity wait
-//     and the cp.async arrival (after the thread's copies have landed) of the warp-specialized
-//     kernel; setmaxnreg and the barrier-init fence are no-ops.
+//   EmuMbarrier, emu_cpasync_barrier_arrive_noinc, EmuNamedBarrier  mbarrier init / arrive /
+//     phase-parity wait, the cp.async arrival (after the thread's copies have landed) and the
+//     named barriers of the warp-specialized kernel; setmaxnreg and the barrier-init fence are
+//     no-ops.
 // Shared-memory addresses reach the descriptors through cute::cast_smem_ptr_to_uint, which here
 // (through the NVVM hook CuTe already has) gives the offset from the running block's shared
 // memory, so the descriptors hold the offsets the kernel would see on the GPU with its
@@ -191,6 +192,40 @@ struct EmuMbarrier {
   static void wait(const std::uint64_t* bar, std::uint32_t parity) {
     std::unique_lock<std::mutex> lock(mutex);
     changed.wait(lock, [&] { return (states.at(bar).completed & 1u) != (parity & 1u); });
+  }
+};
+
+// Named barriers (bar.sync / bar.arrive with a thread count; the NamedBarrier static interface):
+// a phase completes when `count` threads have arrived, and bar.sync waits for the phase it arrived
+// in. State is per running block, so nothing carries over from one block to the next.
+struct EmuNamedBarrier {
+  struct State {
+    unsigned long block = 0;
+    unsigned arrived = 0, completed = 0;
+  };
+  static inline std::mutex mutex;
+  static inline std::condition_variable changed;
+  static inline std::map<std::uint32_t, State> states;
+
+  static unsigned arrive_in(std::uint32_t count, std::uint32_t id) {  // the caller holds the lock
+    State& s = states[id];
+    if (s.block != emu_block_serial) s = State{emu_block_serial, 0, 0};
+    const unsigned phase = s.completed;
+    if (++s.arrived == count) {
+      s.arrived = 0;
+      ++s.completed;
+      changed.notify_all();
+    }
+    return phase;
+  }
+  static void arrive(std::uint32_t count, std::uint32_t id) {
+    std::lock_guard<std::mutex> lock(mutex);
+    arrive_in(count, id);
+  }
+  static void sync(std::uint32_t count, std::uint32_t id) {
+    std::unique_lock<std::mutex> lock(mutex);
+    const unsigned phase = arrive_in(count, id);
+    changed.wait(lock, [&] { return states[id].completed != phase; });
   }
 };
 

@@ -7,14 +7,14 @@
 //   consumers   warpgroups 1 and 2, 64 query rows each: S = Q K^T (wgmma SS), masking and the
 //               online softmax in registers, O += P V (wgmma RS, P from registers), then an
 //               arrival on the stage's "empty" mbarrier that hands the slot back. Within a
-//               consumer, Q K^T of the next block and P V of this one overlap the softmax
-//               (FlashAttention-3's intra-warpgroup pipelining; see the consumer loop).
+//               consumer, the softmax of the next block overlaps P V of this one; between the
+//               consumers, named barriers alternate GEMM issue so one's softmax overlaps the
+//               other's GEMMs (FlashAttention-3's two overlaps; see the consumer loop).
 // K and V have separate full barriers, so S = Q K^T starts while V is still landing. Both
 // consumers walk the key blocks any row of the CTA sees; the masking handles the rest.
 //
-// Not yet FlashAttention-3: TMA loads, and the two consumers' softmax phases kept apart by named
-// barriers ("ping-pong"; here they interleave only as the warp schedulers let them). Layouts, the
-// wgmma atoms and the per-element code are the sm90a kernel's (flash_sm90.cuh).
+// Not yet FlashAttention-3: TMA loads (cp.async from a whole warpgroup instead). Layouts, the wgmma
+// atoms and the per-element code are the sm90a kernel's (flash_sm90.cuh).
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -30,7 +30,8 @@ struct Sm90WsConfig : Sm90Config<Element, kHeadDim> {
   static constexpr int kConsumers = 2;                            // warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kRowsPerCta = 64 * kConsumers;
-  static constexpr int kStages = 3;  // see the consumer loop
+  static constexpr int kStages = 3;  // two would do (a stage is handed back before the next is
+                                     // waited for); the third gives the producer slack
   static constexpr int kProducerRegisters = 40;                  // 40 + 2 * 232 <= 512 per thread slot
   static constexpr int kConsumerRegisters = 232;
   using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
@@ -176,57 +177,63 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
 
-  // Q K^T of key block i (the i-th the CTA sees) into acc: issued and committed, not waited for.
-  auto issue_scores = [&](std::int64_t i, auto& acc) {
+  // Q K^T of key block i (the i-th the CTA sees) into acc_s90: issued and committed, not waited for.
+  cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
+  auto issue_scores = [&](std::int64_t i) {
     const int stage = int(i % kStages);
     Barrier::wait(&full_k[stage], std::uint32_t((i / kStages) & 1));
     cute::Tensor tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK(stage)));
-    warpgroup_fence_operand(acc);
+    warpgroup_fence_operand(acc_s90);
     warpgroup_arrive();
     mma_s.accumulate_ = GMMA::ScaleOut::Zero;  // the first k step overwrites the accumulator
     CUTE_UNROLL
     for (int kk = 0; kk < size<2>(tSrQ); ++kk) {
-      cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc);
+      cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s90);
       mma_s.accumulate_ = GMMA::ScaleOut::One;
     }
     warpgroup_commit_batch();
   };
+  // Masking and the online softmax of block i's scores (complete in acc_s90); O's correction is
+  // kept for later, P goes to rP (Element, the RS wgmma's A operand registers).
+  cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
+  cute::Tensor rP = make_tensor_like<Element>(acc_s);
+  cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
+  float correction[kRows];
+  auto softmax = [&](std::int64_t i) {
+    mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, (n_first + i) * BN, len_q, len_k);
+    online_softmax_scores(acc_s, row_max, row_sum, correction);
+  };
+  auto to_p = [&] {
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_s); ++e) rP(e) = static_cast<Element>(acc_s(e));
+  };
 
-  // Software pipeline (FlashAttention-3's intra-warpgroup overlap): while the softmax of block i
-  // runs on the CUDA cores, Q K^T of block i + 1 runs on the tensor cores; P V of block i then
-  // overlaps the next iteration's softmax. wgmma groups complete in order, so wait<1> retires all
-  // but the newest group. The stage of block i - 1 is handed back once its P V is complete, which
-  // is after Q K^T of block i + 1 was issued: hence three stages, not two.
+  // FlashAttention-3's schedule, both parts:
+  // * intra-warpgroup: Q K^T of block i + 1 and P V of block i are issued together, then the
+  //   softmax of block i + 1 runs on the CUDA cores while P V of block i runs on the tensor cores;
+  // * ping-pong between the two consumers: named barriers hand the right to issue GEMMs back and
+  //   forth, so that one warpgroup's softmax runs while the other's GEMMs do. Consumer 0 goes
+  //   first. The barriers order issue only; every data dependency is on the mbarriers and wgmma
+  //   waits.
   const std::int64_t blocks = n_last - n_first;
-  cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
-  cute::Tensor acc_next90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
+  const std::uint32_t my_turn = std::uint32_t(consumer), other_turn = std::uint32_t(1 - consumer);
+  constexpr std::uint32_t kConsumerThreads = 128 * Cfg::kConsumers;
+  if (consumer == 1) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
   if (blocks > 0) {
-    issue_scores(0, acc_s90);
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+    issue_scores(0);
+    cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s90);
+    softmax(0);
+    to_p();
   }
   for (std::int64_t i = 0; i < blocks; ++i) {
     const int stage = int(i % kStages);
     const bool more = i + 1 < blocks;
-    if (more) issue_scores(i + 1, acc_next90);  // pending: [P V of i - 1,] Q K^T of i + 1
-
-    cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
-    mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, (n_first + i) * BN, len_q, len_k);
-    float correction[kRows];
-    online_softmax_scores(acc_s, row_max, row_sum, correction);
-    cute::Tensor rP = make_tensor_like<Element>(acc_s);
-    CUTE_UNROLL
-    for (int e = 0; e < size(acc_s); ++e) rP(e) = static_cast<Element>(acc_s(e));
-    cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
-
-    if (more)  // P V of block i - 1 is complete: O may be rescaled, its stage handed back
-      warpgroup_wait<1>();
-    else
-      warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_o90);
-    if (i > 0) Barrier::arrive(&empty[(i - 1) % kStages]);
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+    if (more) issue_scores(i + 1);  // acc_s90 is free: block i's P is in rP
     rescale_rows(acc_o_rc, correction);
-
     Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));
     cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));
     warpgroup_fence_operand(acc_o90);
@@ -234,17 +241,20 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
     CUTE_UNROLL
     for (int kk = 0; kk < size<2>(tOrP); ++kk) cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, kk), acc_o90);
     warpgroup_commit_batch();  // pending: [Q K^T of i + 1,] P V of i
-
-    if (more) {  // Q K^T of block i + 1 is complete; it becomes the current block
-      warpgroup_wait<1>();
-      warpgroup_fence_operand(acc_next90);
-      CUTE_UNROLL
-      for (int e = 0; e < size(acc_s90); ++e) acc_s90(e) = acc_next90(e);
+    if (more || consumer == 0)  // consumer 1's last turn is handed to no one (its first was free)
+      cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
+    if (more) {
+      warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done
+      warpgroup_fence_operand(acc_s90);
+      softmax(i + 1);  // overlaps P V of block i
     }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o90);
+    Barrier::arrive(&empty[stage]);  // K and V of block i are no longer read
+    if (more) to_p();                // rP is free now that P V of block i is done
   }
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(acc_o90);
-  if (blocks > 0) Barrier::arrive(&empty[(blocks - 1) % kStages]);  // keeps the phases whole
+  if (blocks == 0 && consumer == 0)  // match consumer 1's first arrival: no barrier is left half done
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
 
   store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, p, b, h, q0, m0, len_q, out, lse, tid);
 #else
