@@ -339,8 +339,9 @@ def test_auto_picks_flash_where_supported_and_fallback_elsewhere():
         rudnn.attention(q, k, v, strategy="flash")
     q, k, v, _ = _inputs(CASES["d192_dv128"], torch.bfloat16, "cuda")
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash")  # forward only for (192, 128)
-    with pytest.raises(rudnn.UnsupportedError, match="attention_backward: strategy 'flash': supports head dims D = Dv "
-                                                     "in {64, 96, 128}, got D = 192, Dv = 128"):
+    with pytest.raises(rudnn.UnsupportedError, match=r"attention_backward: strategy 'flash': supports head dims "
+                                                     r"\(D, Dv\) in \{\(64, 64\), \(96, 96\), \(128, 128\)\}, "
+                                                     r"got D = 192, Dv = 128"):
         rudnn.attention_backward(out, q, k, v, out, lse, strategy="flash")
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from test_attention import CASES, _grads, _inputs, _oracle, _same_dtype
-from util import ROOT, assert_close_to_oracle, build_emulator, rand
+from util import ROOT, emu_array_bits, emu_array_from_file, assert_close_to_oracle, build_emulator, rand
 
 
 def _kernels_source():
@@ -34,18 +34,6 @@ def _kernels_source():
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
     return build_emulator("attention_fallback_emu.cpp", _kernels_source(), tmp_path_factory.mktemp("attn_emu"))
-
-
-def _bits(t):
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy().view(np.uint16)
-    return t.contiguous().float().numpy()
-
-
-def _from_bits(path, shape, dtype):
-    if dtype == torch.bfloat16:
-        return torch.from_numpy(np.fromfile(path, np.uint16).astype(np.int16)).view(torch.bfloat16).reshape(shape)
-    return torch.from_numpy(np.fromfile(path, np.float32)).reshape(shape)
 
 
 def _run(exe, tmp_path, q, k, v, opts, cu_q=None, cu_k=None, backward=None, env=None):
@@ -75,24 +63,24 @@ def _run(exe, tmp_path, q, k, v, opts, cu_q=None, cu_k=None, backward=None, env=
             int(varlen), Tq, Tk, mask_kind, mask_batch, bias_kind, bias_batch]
     (tmp_path / "meta.txt").write_text(" ".join(map(str, meta)) + "\n")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _bits(t).tofile(tmp_path / f"{name}.bin")  # dense: contiguous copies of strided views
+        emu_array_bits(t).tofile(tmp_path / f"{name}.bin")  # dense: contiguous copies of strided views
     if varlen:
         np.asarray(cu_q, np.int32).tofile(tmp_path / "cu_q.bin")
         np.asarray(cu_k, np.int32).tofile(tmp_path / "cu_k.bin")
     if backward is not None:
         dout, out, lse = backward
-        _bits(dout).tofile(tmp_path / "dout.bin")
-        _bits(out.to(q.dtype)).tofile(tmp_path / "out.bin")
+        emu_array_bits(dout).tofile(tmp_path / "dout.bin")
+        emu_array_bits(out.to(q.dtype)).tofile(tmp_path / "out.bin")
         lse.float().contiguous().numpy().tofile(tmp_path / "lse.bin")
     mode = "forward" if backward is None else "backward"
     result = subprocess.run([str(exe), mode, str(tmp_path)], capture_output=True, text=True, timeout=600,
                             env=None if env is None else {**os.environ, **env})
     assert result.returncode == 0, result.stderr
     if backward is not None:
-        return [_from_bits(tmp_path / f"{n}.bin", t.shape, q.dtype) for n, t in (("dq", q), ("dk", k), ("dv", v))]
+        return [emu_array_from_file(tmp_path / f"{n}.bin", t.shape, q.dtype) for n, t in (("dq", q), ("dk", k), ("dv", v))]
     out_shape = (Tq, Hq, Dv) if varlen else (B, Hq, Sq, Dv)
     lse_shape = (Hq, Tq) if varlen else (B, Hq, Sq)
-    return _from_bits(tmp_path / "out.bin", out_shape, q.dtype), _from_bits(tmp_path / "lse.bin", lse_shape,
+    return emu_array_from_file(tmp_path / "out.bin", out_shape, q.dtype), emu_array_from_file(tmp_path / "lse.bin", lse_shape,
                                                                           torch.float32)
 
 

@@ -16,7 +16,7 @@ import torch
 
 from test_gated_delta import make_inputs, oracle_grads
 from reference import gated_delta as ref
-from util import ROOT, assert_close_to_oracle, build_emulator
+from util import ROOT, emu_array_bits, emu_array_from_file, assert_close_to_oracle, build_emulator
 
 SRC = os.path.join(ROOT, "cpp", "src", "gated_delta")
 
@@ -54,18 +54,6 @@ def emulator(tmp_path_factory):
                           needs_cutlass=True)
 
 
-def _bits(t):
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy().view(np.uint16)
-    return t.contiguous().float().numpy()
-
-
-def _from_bits(path, shape, dtype):
-    if dtype == torch.bfloat16:
-        return torch.from_numpy(np.fromfile(path, np.uint16).astype(np.int16)).view(torch.bfloat16).reshape(shape)
-    return torch.from_numpy(np.fromfile(path, np.float32)).reshape(shape)
-
-
 def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=None, dfinal=None):
     B, Hk, T, K = q.shape
     Hv, V = v.shape[1], v.shape[3]
@@ -75,7 +63,7 @@ def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=No
     (tmp_path / "meta.txt").write_text(" ".join(map(str, meta)) + f" {scale!r}\n")
     for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta), ("dout", dout)):
         if t is not None:
-            _bits(t).tofile(tmp_path / f"{name}.bin")
+            emu_array_bits(t).tofile(tmp_path / f"{name}.bin")
     for name, t in (("g", g), ("init", state), ("dfinal", dfinal)):
         if t is not None:
             t.contiguous().float().numpy().tofile(tmp_path / f"{name}.bin")
@@ -83,7 +71,7 @@ def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=No
         np.asarray(cu, np.int32).tofile(tmp_path / "cu.bin")
     result = subprocess.run([str(exe), kernel, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    f = lambda name, shape, dtype: _from_bits(tmp_path / f"{name}.bin", shape, dtype)
+    f = lambda name, shape, dtype: emu_array_from_file(tmp_path / f"{name}.bin", shape, dtype)
     if kernel != "recurrent_backward":
         return f("out", (B, Hv, T, V), q.dtype), f("final", (N, Hv, K, V), torch.float32)
     grads = [f("dq", q.shape, q.dtype), f("dk", k.shape, q.dtype), f("dv", v.shape, q.dtype),

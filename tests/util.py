@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 
@@ -86,3 +87,17 @@ def build_emulator(source, kernels_inc, build_dir, needs_cutlass=False):
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
     return exe
+
+
+def emu_array_bits(t):
+    """A tensor as the emulators' raw files hold it: bfloat16 as its 16-bit patterns, else float32."""
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+    return t.contiguous().float().numpy()
+
+
+def emu_array_from_file(path, shape, dtype):
+    """The inverse of emu_array_bits for an emulator's output file."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(np.fromfile(path, np.uint16).astype(np.int16)).view(torch.bfloat16).reshape(shape)
+    return torch.from_numpy(np.fromfile(path, np.float32)).reshape(shape)

@@ -40,18 +40,28 @@ struct FlashKernels {
   FlashForward forward_sm80, forward_sm90, forward_sm90ws;
   FlashBackward backward;
 };
+constexpr FlashKernels kFlashBuilt[] = {
+    {64, 64, flash_forward_sm80_d64, flash_forward_sm90_d64, flash_forward_sm90ws_d64, flash_backward_sm80_d64},
+    {96, 96, flash_forward_sm80_d96, nullptr, nullptr, flash_backward_sm80_d96},
+    {128, 128, flash_forward_sm80_d128, flash_forward_sm90_d128, flash_forward_sm90ws_d128, flash_backward_sm80_d128},
+    {192, 128, flash_forward_sm80_d192_dv128, nullptr, nullptr, nullptr},
+    {256, 256, flash_forward_sm80_d256, nullptr, nullptr, nullptr},
+};
+
 const FlashKernels* flash_kernels_for(const Problem& p) {
-  static constexpr FlashKernels kBuilt[] = {
-      {64, 64, flash_forward_sm80_d64, flash_forward_sm90_d64, flash_forward_sm90ws_d64, flash_backward_sm80_d64},
-      {96, 96, flash_forward_sm80_d96, nullptr, nullptr, flash_backward_sm80_d96},
-      {128, 128, flash_forward_sm80_d128, flash_forward_sm90_d128, flash_forward_sm90ws_d128,
-       flash_backward_sm80_d128},
-      {192, 128, flash_forward_sm80_d192_dv128, nullptr, nullptr, nullptr},
-      {256, 256, flash_forward_sm80_d256, nullptr, nullptr, nullptr},
-  };
-  for (const FlashKernels& k : kBuilt)
+  for (const FlashKernels& k : kFlashBuilt)
     if (k.d == p.d && k.dv == p.dv) return &k;
   return nullptr;
+}
+
+// "supports head dims ..., got ..." from the table: the forward's pairs, or the backward's.
+std::string flash_head_dims_error(const Problem& p, bool backward) {
+  std::string pairs;
+  for (const FlashKernels& k : kFlashBuilt)
+    if (!backward || k.backward != nullptr)
+      pairs += (pairs.empty() ? "(" : ", (") + std::to_string(k.d) + ", " + std::to_string(k.dv) + ")";
+  return "supports head dims (D, Dv) in {" + pairs + "}, got D = " + std::to_string(p.d) + ", Dv = " +
+         std::to_string(p.dv);
 }
 
 // Why the flash forward cannot serve this call (empty: it can).
@@ -62,9 +72,7 @@ std::string flash_forward_unsupported(const AttentionForwardArgs& a, const Probl
            std::to_string(props.cc_minor);
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
     return std::string("supports float16 and bfloat16, got ") + dtype_name(p.dtype);
-  if (flash_kernels_for(p) == nullptr)
-    return "supports head dims (D, Dv) in {(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)}, got D = " +
-           std::to_string(p.d) + ", Dv = " + std::to_string(p.dv);
+  if (flash_kernels_for(p) == nullptr) return flash_head_dims_error(p, false);
   if (!aligned16(a.q.data) || !aligned16(a.k.data) || !aligned16(a.v.data) || !aligned16(a.out.data) ||
       !rows_aligned(p.q) || !rows_aligned(p.k) || !rows_aligned(p.v) || !rows_aligned(p.out))
     return "needs 16-byte aligned rows (data pointers aligned to 16 bytes, strides multiples of 8 elements)";
@@ -204,9 +212,7 @@ std::string flash_backward_unsupported(const AttentionBackwardArgs& a, const Bac
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
     return std::string("supports float16 and bfloat16, got ") + dtype_name(p.dtype);
   const FlashKernels* kernels = flash_kernels_for(p);
-  if (kernels == nullptr || kernels->backward == nullptr)
-    return "supports head dims D = Dv in {64, 96, 128}, got D = " + std::to_string(p.d) + ", Dv = " +
-           std::to_string(p.dv);
+  if (kernels == nullptr || kernels->backward == nullptr) return flash_head_dims_error(p, true);
   for (const void* ptr : {a.q.data, a.k.data, a.v.data, a.dout.data, a.dq.data, a.dk.data, a.dv.data})
     if (!aligned16(ptr)) return "needs data pointers aligned to 16 bytes";
   for (const Strides* s : {&p.q, &p.k, &p.v, &bp.dout, &bp.dq, &bp.dk, &bp.dv})
