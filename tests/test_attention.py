@@ -29,7 +29,7 @@ DEVICE_STRATEGIES = _device_strategies()
 
 # The head dims (D, Dv) of the flash kernels in this build (float16/bfloat16 only).
 FLASH_FORWARD_DIMS = {(64, 64), (96, 96), (128, 128), (192, 128), (256, 256)}
-FLASH_BACKWARD_DIMS = {(64, 64), (96, 96), (128, 128)}
+FLASH_BACKWARD_DIMS = FLASH_FORWARD_DIMS
 
 
 def _skip_unsupported_flash(strategy, dtype, D, Dv):
@@ -37,9 +37,18 @@ def _skip_unsupported_flash(strategy, dtype, D, Dv):
         pytest.skip("no flash kernel for this case in this build (strategy 'flash' raises UnsupportedError)")
 
 
+def _device_holds_d256_backward():
+    """The D = 256 flash backward takes 144 KiB of shared memory per block: A100/A800 and Hopper have
+    it, Ada and consumer Ampere do not."""
+    props = torch.cuda.get_device_properties(0)
+    big = (props.major, props.minor) == (8, 0) or props.major == 9
+    return getattr(props, "shared_memory_per_block_optin", (144 if big else 99) * 1024) >= 144 * 1024
+
+
 def _backward_strategy(strategy, dtype=None, D=None, Dv=None):
     """Cases of a flash forward without a flash backward are differentiated by the 'auto' backward."""
-    if strategy == "flash" and (dtype == torch.float32 or (D, Dv) not in FLASH_BACKWARD_DIMS):
+    if strategy == "flash" and (dtype == torch.float32 or (D, Dv) not in FLASH_BACKWARD_DIMS
+                                or (D == 256 and not _device_holds_d256_backward())):
         return "auto"
     return strategy
 
@@ -337,12 +346,28 @@ def test_auto_picks_flash_where_supported_and_fallback_elsewhere():
     with pytest.raises(rudnn.UnsupportedError, match=r"attention: strategy 'flash': supports head dims \(D, Dv\) in "
                                                      r"\{\(64, 64\).*got D = 40, Dv = 24"):
         rudnn.attention(q, k, v, strategy="flash")
-    q, k, v, _ = _inputs(CASES["d192_dv128"], torch.bfloat16, "cuda")
-    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash")  # forward only for (192, 128)
+    q, k, v, _ = _inputs(CASES["odd_dims"], torch.bfloat16, "cuda")
+    out, lse = rudnn.attention(q, k, v, return_lse=True)
     with pytest.raises(rudnn.UnsupportedError, match=r"attention_backward: strategy 'flash': supports head dims "
-                                                     r"\(D, Dv\) in \{\(64, 64\), \(96, 96\), \(128, 128\)\}, "
-                                                     r"got D = 192, Dv = 128"):
+                                                     r"\(D, Dv\) in \{\(64, 64\), \(96, 96\), \(128, 128\), "
+                                                     r"\(192, 128\), \(256, 256\)\}, got D = 40, Dv = 24"):
         rudnn.attention_backward(out, q, k, v, out, lse, strategy="flash")
+
+
+@pytest.mark.cuda
+def test_flash_backward_d256_needs_its_shared_memory():
+    """The D = 256 flash backward holds 144 KiB of tiles per block: it runs where the device allows
+    that (A100, Hopper) and says why not elsewhere (Ada, consumer Ampere)."""
+    q, k, v, _ = _inputs(CASES["d256"], torch.bfloat16, "cuda")
+    out, lse = rudnn.attention(q, k, v, return_lse=True)
+    dout = torch.randn_like(out)
+    if _device_holds_d256_backward():
+        rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash")  # its values: test_backward_*
+        assert rudnn.attention_last_algorithm() == "flash_sm80"
+    else:
+        with pytest.raises(rudnn.UnsupportedError, match=r"attention_backward: strategy 'flash': needs 144 KiB of "
+                                                         r"shared memory per block for head dims \(256, 256\)"):
+            rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash")
 
 
 @pytest.mark.cuda
@@ -385,7 +410,32 @@ def test_auto_backward_picks_flash_for_d64():
     q, k, v, opts = _inputs(CASES["d64_tile_tail"], torch.bfloat16, "cuda")
     out, lse = rudnn.attention(q, k, v, return_lse=True, **opts)
     rudnn.attention_backward(torch.ones_like(out), q, k, v, out, lse, **opts)
-    assert rudnn.attention_last_algorithm() == "flash_sm80"
+    expected = "flash_sm90" if torch.cuda.get_device_capability()[0] == 9 else "flash_sm80"
+    assert rudnn.attention_last_algorithm() == expected
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU (both flash backward generations run there)")
+@pytest.mark.parametrize("kernel", ["sm80", "sm90"])
+@pytest.mark.parametrize("name", ["d64_tile_tail", "d128_gqa4", "all_options", "decode", "sq_gt_sk_causal",
+                                  "flash_long_causal_d128", "flash_no_keys_d64", "flash_float_mask_bias_d128"])
+def test_every_flash_backward_on_hopper(monkeypatch, kernel, name):
+    case = dict(CASES[name])
+    B, Hq, Hkv, Sq, Sk, D, Dv = case["shape"]
+    if D not in (64, 128):
+        case["shape"] = (B, Hq, Hkv, Sq, Sk, 64, 64)
+    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", kernel)
+    q, k, v, opts = _inputs(case, torch.bfloat16, "cuda")
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **opts)
+    dout = rand(out.shape, torch.bfloat16, "cuda", seed=7)
+    grads = rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash", **opts)
+    assert rudnn.attention_last_algorithm() == f"flash_{kernel}"
+    g64 = _grads(q, k, v, opts, dout, torch.float64)
+    g_same = _grads(q, k, v, opts, dout, torch.bfloat16)
+    for ours, same, exact, what in zip(grads, g_same, g64, ("dq", "dk", "dv")):
+        assert torch.isfinite(ours.cpu().float()).all(), what
+        assert_close_to_oracle(ours, same, exact, what)
 
 
 def test_last_algorithm_cpu():

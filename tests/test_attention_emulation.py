@@ -172,16 +172,18 @@ FLASH_SM90WS_EDITS = [("cutlass::arch::ClusterBarrier", "EmuMbarrier"),
 
 
 def _flash_source(extra_edits=()):
-    """flash_sm80.cuh, flash_bwd_sm80.cuh, flash_sm90.cuh and flash_sm90_ws.cuh without their host
-    launchers, atoms renamed."""
+    """flash_sm80.cuh, flash_bwd_sm80.cuh, flash_sm90.cuh, flash_sm90_ws.cuh and flash_bwd_sm90.cuh
+    without their host launchers, atoms renamed."""
     def kernels_of(name, end):
         text = open(os.path.join(ROOT, "cpp", "src", "attention", name)).read()
         return text[text.index("namespace rudnn::attention::flash {"):text.index(end)]
     launcher = "template <class Element, int kHeadDim>\nvoid launch"
-    text = (kernels_of("flash_sm80.cuh", '#include "core/cuda_check.hpp"') + kernels_of("flash_bwd_sm80.cuh", launcher)
-            + "}  // namespace rudnn::attention::flash\n" + kernels_of("flash_sm90.cuh", launcher)
-            + "}  // namespace rudnn::attention::flash\n"
-            + kernels_of("flash_sm90_ws.cuh", '#include "core/cuda_check.hpp"'))
+    end = "}  // namespace rudnn::attention::flash\n"
+    text = (kernels_of("flash_sm80.cuh", '#include "core/cuda_check.hpp"')
+            + kernels_of("flash_bwd_sm80.cuh", "// The dq and dk/dv kernels of one generation") + end
+            + kernels_of("flash_sm90.cuh", launcher) + end
+            + kernels_of("flash_sm90_ws.cuh", '#include "core/cuda_check.hpp"')
+            + kernels_of("flash_bwd_sm90.cuh", launcher) + end)
     edits = FLASH_EDITS + FLASH_SM90_EDITS + FLASH_SM90WS_EDITS
     for old, new in list(extra_edits) + edits:  # planted bugs use the original names
         assert old in text, f"emulation edit no longer applies: {old}"
@@ -253,19 +255,32 @@ def test_flash_sm90_forward_kernels(flash_emulator, tmp_path, name, generation):
     torch.testing.assert_close(lse.double(), l64, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["plain_tails", "causal_sq_lt_sk_gqa", "causal_sq_gt_sk", "window_softcap",
-                                  "bias_gqa4", "bool_mask_empty_rows", "d96_causal_gqa", "d128_causal",
-                                  "d128_window"])
+FLASH_BACKWARD_CASES = ["plain_tails", "causal_sq_lt_sk_gqa", "causal_sq_gt_sk", "window_softcap", "bias_gqa4",
+                        "bool_mask_empty_rows", "d96_causal_gqa", "d128_causal", "d128_window", "d192_dv128_causal",
+                        "d256_softcap"]
+
+
+@pytest.mark.parametrize("name", FLASH_BACKWARD_CASES)
 def test_flash_backward_kernels(flash_emulator, tmp_path, name):
+    _check_flash_backward(flash_emulator, tmp_path, name)
+
+
+def _check_flash_backward(exe, tmp_path, name, env=None):
     q, k, v, opts = _flash_inputs(name, seed=23)
     out, lse = _oracle(q, k, v, opts)
     dout = rand(out.shape, torch.bfloat16, seed=9)
-    ours = _run(flash_emulator, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse))
+    ours = _run(exe, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse), env=env)
     g64 = _grads(q, k, v, opts, dout, torch.float64)
     g_same = _grads(q, k, v, opts, dout, torch.bfloat16)
     for mine, same, exact, what in zip(ours, g_same, g64, ("dq", "dk", "dv")):
         assert torch.isfinite(mine.float()).all(), what
         assert_close_to_oracle(mine, same, exact, f"{name} {what}")
+
+
+# The sm90a backward (wgmma; what Hopper runs for D = Dv in {64, 128}) on the same cases.
+@pytest.mark.parametrize("name", [n for n in FLASH_BACKWARD_CASES if FLASH_CASES[n]["shape"][5:] in ((64, 64), (128, 128))])
+def test_flash_sm90_backward_kernels(flash_emulator, tmp_path, name):
+    _check_flash_backward(flash_emulator, tmp_path, name, env={"EMU_FLASH_GENERATION": "sm90"})
 
 
 # The emulator is only evidence if a broken kernel fails in it: a forward that reads K before its
@@ -279,14 +294,15 @@ PLANTED_FLASH_BUGS = {
     "accumulator_rows_and_cols_swapped": (
         "make_layout(make_layout(get<0, 1>(d), get<1>(d)), make_layout(get<0, 0>(d), get<2>(d)))",
         "make_layout(make_layout(get<0, 0>(d), get<1>(d)), make_layout(get<0, 1>(d), get<2>(d)))", "sm80"),
-    "sm90_v_descriptor_not_advanced": ("cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, kk), acc_o90);",
-                                       "cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, 0), acc_o90);", "sm90"),
+    "sm90_v_descriptor_not_advanced": ("for (int kk = 0; kk < size<2>(a); ++kk) cute::gemm(mma, a(_, _, kk), b(_, _, kk), acc);",
+                                       "for (int kk = 0; kk < size<2>(a); ++kk) cute::gemm(mma, a(_, _, kk), b(_, _, 0), acc);",
+                                       "sm90"),
     "sm90ws_v_read_from_stage_0": ("thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)))",
                                    "thr_o.make_fragment_B(thr_o.partition_B(sVt(0)))", "sm90ws"),
     "sm90ws_next_scores_read_before_their_wait": (
         "      warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done", "", "sm90ws"),
-    "sm90_k_descriptor_not_advanced": ("cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s90);",
-                                       "cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, 0), acc_s90);", "sm90"),
+    "sm90_k_descriptor_not_advanced": ("    cute::gemm(mma, a(_, _, kk), b(_, _, kk), acc);\n    mma.accumulate_",
+                                       "    cute::gemm(mma, a(_, _, kk), b(_, _, 0), acc);\n    mma.accumulate_", "sm90"),
 }
 
 
@@ -298,3 +314,36 @@ def test_flash_emulator_catches_planted_bug(tmp_path, bug):
     out, _ = _run(exe, tmp_path, q, k, v, dict(opts), env={"EMU_FLASH_GENERATION": generation})
     o64, _ = _oracle(q, k, v, opts)
     assert not torch.allclose(out.double(), o64, atol=0.05), f"{bug} went unnoticed"
+
+
+# ... and the backward: an sm80 dq kernel of 8 warps (D = 128) that reads dS back from shared
+# memory before the other warps of its rows have written their halves, an sm80 dk/dv kernel whose
+# dK takes P^T instead of dS^T, and sm90a ones whose dK reads dO^T instead of Q^T or whose dq
+# kernel reads S and dP before waiting for their wgmma group. (A [D, 64] view that is not the
+# transpose of its tile cannot be planted: CuTe rejects the non-canonical layout when compiling.)
+PLANTED_FLASH_BACKWARD_BUGS = {
+    "dq_reads_ds_before_every_warp_wrote_it": (
+        "      __syncthreads();\n      smem_gemm(mma, copy_a, tQsdS,", "      smem_gemm(mma, copy_a, tQsdS,", "dq",
+        "sm80"),
+    "dk_from_p_instead_of_ds": ("smem_gemm(mma, copy_at, tKsdSt, tKrdSt,", "smem_gemm(mma, copy_at, tVsPt, tKrdSt,",
+                                "dk", "sm80"),
+    "sm90_dk_from_dout_instead_of_q": ("wgmma_accumulate(mma_kv, tKrdSt, tKrQt, acc_dk90);",
+                                       "wgmma_accumulate(mma_kv, tKrdSt, tVrdOt, acc_dk90);", "dk", "sm90"),
+    "sm90_dq_reads_scores_before_their_wait": (
+        "    wgmma_overwrite(mma_s, tPrdO, tPrV, acc_dp90);\n    warpgroup_commit_batch();\n    warpgroup_wait<0>();",
+        "    wgmma_overwrite(mma_s, tPrdO, tPrV, acc_dp90);\n    warpgroup_commit_batch();", "dq", "sm90"),
+}
+
+
+@pytest.mark.parametrize("bug", list(PLANTED_FLASH_BACKWARD_BUGS))
+def test_flash_emulator_catches_planted_backward_bug(tmp_path, bug):
+    old, new, grad, generation = PLANTED_FLASH_BACKWARD_BUGS[bug]
+    exe = build_emulator("attention_flash_emu.cpp", _flash_source([(old, new)]), tmp_path, needs_cutlass=True)
+    q, k, v, opts = _flash_inputs("d128_causal", seed=23)
+    out, lse = _oracle(q, k, v, opts)
+    dout = rand(out.shape, torch.bfloat16, seed=9)
+    dq, dk, _ = _run(exe, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse),
+                     env={"EMU_FLASH_GENERATION": generation})
+    g64 = _grads(q, k, v, opts, dout, torch.float64)
+    mine, exact = (dq, g64[0]) if grad == "dq" else (dk, g64[1])
+    assert not torch.allclose(mine.double(), exact, atol=0.05), f"{bug} went unnoticed"

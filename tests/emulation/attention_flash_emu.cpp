@@ -1,6 +1,6 @@
 // Host emulator of the attention "flash" sm80 kernels (CuTe, mma.sync), forward and backward
 // (tests/test_attention_emulation.py builds it). The kernels' own source text
-// (cpp/src/attention/flash_sm80.cuh and flash_bwd_sm80.cuh, extracted by the test into
+// (cpp/src/attention/flash_sm80.cuh, flash_bwd_sm80.cuh and the sm90a ones, extracted by the test into
 // kernels.inc) runs on the CPU through emu_runtime.hpp with its hardware atoms renamed to the
 // stand-ins of emu_sm80_atoms.hpp (tensor-core MMA, ldmatrix, cp.async) and the dynamic
 // shared-memory pointer edited; the CuTe layouts, swizzles, partitions, the cp.async schedule,
@@ -15,8 +15,10 @@
 #include "emu_keywords.hpp"
 
 #include "attention/cuda_common.cuh"
+#include "attention/kernels.hpp"
 
-// namespace rudnn::attention::flash { ...flash_sm80.cuh, flash_bwd_sm80.cuh, flash_sm90.cuh, flash_sm90_ws.cuh
+// namespace rudnn::attention::flash { ...flash_sm80.cuh, flash_bwd_sm80.cuh, flash_sm90.cuh, flash_sm90_ws.cuh,
+// flash_bwd_sm90.cuh
 // without their launchers... }
 #include "kernels.inc"
 
@@ -29,29 +31,20 @@ using emu_attention::i64;
 const Element* as_element(const std::uint16_t* p) { return reinterpret_cast<const Element*>(p); }
 Element* as_element(std::uint16_t* p) { return reinterpret_cast<Element*>(p); }
 
-// The head dims the library instantiates (cpp/src/attention/flash_*_sm80_d*.cu).
+// The head dims the library instantiates (cpp/src/attention/flash_*_sm80_d*.cu), forward and backward.
 template <class Body>
-void forward_head_dims(i64 d, i64 dv, Body&& body) {
+void head_dims(i64 d, i64 dv, Body&& body) {
   if (d == 64 && dv == 64) return body(cute::Int<64>{}, cute::Int<64>{});
   if (d == 96 && dv == 96) return body(cute::Int<96>{}, cute::Int<96>{});
   if (d == 128 && dv == 128) return body(cute::Int<128>{}, cute::Int<128>{});
   if (d == 192 && dv == 128) return body(cute::Int<192>{}, cute::Int<128>{});
   if (d == 256 && dv == 256) return body(cute::Int<256>{}, cute::Int<256>{});
-  std::fprintf(stderr, "no flash forward for head dims %lld, %lld\n", static_cast<long long>(d),
+  std::fprintf(stderr, "no flash kernels for head dims %lld, %lld\n", static_cast<long long>(d),
                static_cast<long long>(dv));
   std::exit(2);
 }
-template <class Body>
-void backward_head_dim(i64 d, i64 dv, Body&& body) {
-  if (d == dv && d == 64) return body(cute::Int<64>{});
-  if (d == dv && d == 96) return body(cute::Int<96>{});
-  if (d == dv && d == 128) return body(cute::Int<128>{});
-  std::fprintf(stderr, "no flash backward for head dims %lld, %lld\n", static_cast<long long>(d),
-               static_cast<long long>(dv));
-  std::exit(2);
-}
-
-// EMU_FLASH_GENERATION=sm90 or sm90ws: the forward runs that sm90a kernel where it exists.
+// EMU_FLASH_GENERATION=sm90 or sm90ws: the forward runs that sm90a kernel where it exists, the
+// backward the sm90a one (both generations).
 std::string generation() {
   const char* g = std::getenv("EMU_FLASH_GENERATION");
   return g != nullptr ? g : "sm80";
@@ -66,7 +59,7 @@ struct FlashKernels {
   static void forward(const rudnn::attention::Problem& p, const Bits* q, const Bits* k, const Bits* v, Bits* out,
                       float* lse) {
     if constexpr (std::is_same_v<Bits, std::uint16_t>) {
-      forward_head_dims(p.d, p.dv, [&](auto head_dim, auto head_dim_v) {
+      head_dims(p.d, p.dv, [&](auto head_dim, auto head_dim_v) {
         constexpr int D = decltype(head_dim)::value, Dv = decltype(head_dim_v)::value;
         using Cfg = Sm80Config<Element, D, Dv>;
         auto kernel = p.plain_scores() ? forward_sm80_kernel<Element, D, Dv, true>
@@ -93,23 +86,32 @@ struct FlashKernels {
                        const Bits* v, const Bits* out, const float* lse, Bits* dq, Bits* dk, Bits* dv, float* delta) {
     if constexpr (std::is_same_v<Bits, std::uint16_t>) {
       const rudnn::attention::Problem& p = bp.fwd;
-      backward_head_dim(p.d, p.dv, [&](auto head_dim) {
-        constexpr int D = decltype(head_dim)::value;
-        using Cfg = Sm80BwdConfig<Element, D>;
+      head_dims(p.d, p.dv, [&](auto head_dim, auto head_dim_v) {
+        constexpr int D = decltype(head_dim)::value, Dv = decltype(head_dim_v)::value;
+        using Cfg = Sm80BwdConfig<Element, D, Dv>;
         emu_launch(EmuDim3{unsigned(blocks(p.sq, 4)), unsigned(p.hq), unsigned(p.batch)}, 128, 1, 0,
                    [&] { delta_kernel<Element>(bp, as_element(dout), as_element(out), delta); });
-        auto dq_kernel_here = p.plain_scores() ? dq_kernel<Element, D, true> : dq_kernel<Element, D, false>;
-        emu_launch(EmuDim3{unsigned(blocks(p.sq, Cfg::kBlockM)), unsigned(p.hq), unsigned(p.batch)}, 128, 1,
-                   Cfg::kDqSmemBytes, [&] {
-                     dq_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta,
-                                    as_element(dq));
-                   });
-        auto dkdv_kernel_here = p.plain_scores() ? dkdv_kernel<Element, D, true> : dkdv_kernel<Element, D, false>;
-        emu_launch(EmuDim3{unsigned(blocks(p.sk, Cfg::kBlockN)), unsigned(p.hkv), unsigned(p.batch)}, 128, 1,
-                   Cfg::kDkdvSmemBytes, [&] {
-                     dkdv_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta,
-                                      as_element(dk), as_element(dv));
-                   });
+        auto dq_kernel_here = p.plain_scores() ? dq_kernel<Element, D, Dv, true> : dq_kernel<Element, D, Dv, false>;
+        auto dkdv_kernel_here =
+            p.plain_scores() ? dkdv_kernel<Element, D, Dv, true> : dkdv_kernel<Element, D, Dv, false>;
+        unsigned threads = Cfg::kThreads;
+        std::size_t dq_smem = Cfg::kDqSmemBytes, dkdv_smem = Cfg::kDkdvSmemBytes;
+        if constexpr (D == Dv && (D == 64 || D == 128)) {  // the sm90a backward's head dims
+          if (generation() != "sm80") {
+            using Cfg90 = Sm90BwdConfig<Element, D>;
+            dq_kernel_here = p.plain_scores() ? dq_sm90_kernel<Element, D, true> : dq_sm90_kernel<Element, D, false>;
+            dkdv_kernel_here =
+                p.plain_scores() ? dkdv_sm90_kernel<Element, D, true> : dkdv_sm90_kernel<Element, D, false>;
+            threads = 128, dq_smem = dkdv_smem = Cfg90::kBwdSmemBytes;
+          }
+        }
+        emu_launch(EmuDim3{unsigned(blocks(p.sq, 64)), unsigned(p.hq), unsigned(p.batch)}, threads, 1, dq_smem, [&] {
+          dq_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta, as_element(dq));
+        });
+        emu_launch(EmuDim3{unsigned(blocks(p.sk, 64)), unsigned(p.hkv), unsigned(p.batch)}, threads, 1, dkdv_smem, [&] {
+          dkdv_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta,
+                           as_element(dk), as_element(dv));
+        });
       });
     }
   }

@@ -6,8 +6,11 @@
 //               environment variable RUDNN_ATTENTION_FLASH=sm80|sm90|sm90ws forces one
 //               generation where it has a kernel for the head dims (sm90ws: the warp-specialized
 //               sm90a kernel, flash_sm90_ws.cuh, not the default until measured).
-//               backward, f16/bf16 with D == Dv in {64, 96, 128}: the CuTe sm80 kernels
-//               (flash_bwd_sm80.cuh; on Hopper too), deterministic (no atomics).
+//               backward, f16/bf16, the same head-dim pairs: the CuTe sm80 kernels
+//               (flash_bwd_sm80.cuh) where the device's shared memory per block holds their
+//               tiles (D = 256 takes 144 KiB: A100 and Hopper, not Ada or consumer Ampere); on
+//               Hopper for D = Dv in {64, 128} the sm90a kernels (flash_bwd_sm90.cuh: wgmma),
+//               unless RUDNN_ATTENTION_FLASH=sm80. Deterministic (no atomics).
 //   "fallback"  fallback_cuda.cu: any dtype, head dim and option; deterministic backward.
 //   "auto"      flash where it supports the case, the fallback otherwise.
 //   "autotune"  times the supported candidates once per (shape class, dtype, device) on the
@@ -33,19 +36,21 @@ namespace {
 bool aligned16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
 bool rows_aligned(const Strides& s) { return s.b % 8 == 0 && s.h % 8 == 0 && s.s % 8 == 0; }
 
-// The flash kernels of this build per head-dim pair: the forward of each generation (sm90 and
-// sm90ws: null where only the sm80 kernel exists) and the backward (null: none).
+// The flash kernels of this build per head-dim pair: the forward and backward of each generation
+// (null where that generation has no kernel for the pair).
 struct FlashKernels {
   std::int64_t d, dv;
   FlashForward forward_sm80, forward_sm90, forward_sm90ws;
-  FlashBackward backward;
+  FlashBackward backward_sm80, backward_sm90;
 };
 constexpr FlashKernels kFlashBuilt[] = {
-    {64, 64, flash_forward_sm80_d64, flash_forward_sm90_d64, flash_forward_sm90ws_d64, flash_backward_sm80_d64},
-    {96, 96, flash_forward_sm80_d96, nullptr, nullptr, flash_backward_sm80_d96},
-    {128, 128, flash_forward_sm80_d128, flash_forward_sm90_d128, flash_forward_sm90ws_d128, flash_backward_sm80_d128},
-    {192, 128, flash_forward_sm80_d192_dv128, nullptr, nullptr, nullptr},
-    {256, 256, flash_forward_sm80_d256, nullptr, nullptr, nullptr},
+    {64, 64, flash_forward_sm80_d64, flash_forward_sm90_d64, flash_forward_sm90ws_d64, flash_backward_sm80_d64,
+     flash_backward_sm90_d64},
+    {96, 96, flash_forward_sm80_d96, nullptr, nullptr, flash_backward_sm80_d96, nullptr},
+    {128, 128, flash_forward_sm80_d128, flash_forward_sm90_d128, flash_forward_sm90ws_d128, flash_backward_sm80_d128,
+     flash_backward_sm90_d128},
+    {192, 128, flash_forward_sm80_d192_dv128, nullptr, nullptr, flash_backward_sm80_d192_dv128, nullptr},
+    {256, 256, flash_forward_sm80_d256, nullptr, nullptr, flash_backward_sm80_d256, nullptr},
 };
 
 const FlashKernels* flash_kernels_for(const Problem& p) {
@@ -58,7 +63,7 @@ const FlashKernels* flash_kernels_for(const Problem& p) {
 std::string flash_head_dims_error(const Problem& p, bool backward) {
   std::string pairs;
   for (const FlashKernels& k : kFlashBuilt)
-    if (!backward || k.backward != nullptr)
+    if (!backward || k.backward_sm80 != nullptr)
       pairs += (pairs.empty() ? "(" : ", (") + std::to_string(k.d) + ", " + std::to_string(k.dv) + ")";
   return "supports head dims (D, Dv) in {" + pairs + "}, got D = " + std::to_string(p.d) + ", Dv = " +
          std::to_string(p.dv);
@@ -212,7 +217,12 @@ std::string flash_backward_unsupported(const AttentionBackwardArgs& a, const Bac
   if (p.dtype != DType::f16 && p.dtype != DType::bf16)
     return std::string("supports float16 and bfloat16, got ") + dtype_name(p.dtype);
   const FlashKernels* kernels = flash_kernels_for(p);
-  if (kernels == nullptr || kernels->backward == nullptr) return flash_head_dims_error(p, true);
+  if (kernels == nullptr || kernels->backward_sm80 == nullptr) return flash_head_dims_error(p, true);
+  const std::size_t smem = flash_backward_smem_bytes(p.d, p.dv);
+  if (smem > std::size_t(props.max_smem_per_block_optin))
+    return "needs " + std::to_string(smem / 1024) + " KiB of shared memory per block for head dims (" +
+           std::to_string(p.d) + ", " + std::to_string(p.dv) + "), this device has " +
+           std::to_string(props.max_smem_per_block_optin / 1024) + " KiB";
   for (const void* ptr : {a.q.data, a.k.data, a.v.data, a.dout.data, a.dq.data, a.dk.data, a.dv.data})
     if (!aligned16(ptr)) return "needs data pointers aligned to 16 bytes";
   for (const Strides* s : {&p.q, &p.k, &p.v, &bp.dout, &bp.dq, &bp.dk, &bp.dv})
@@ -228,10 +238,17 @@ void run_fallback_backward(const AttentionBackwardArgs& a, const BackwardProblem
                     a.dk.data, a.dv.data, workspace ? workspace->data : nullptr, stream);
 }
 
-void run_flash_backward(const AttentionBackwardArgs& a, const BackwardProblem& bp, const Tensor* workspace,
-                        Stream stream) {
-  flash_kernels_for(bp.fwd)->backward(bp, a.dout.data, a.q.data, a.k.data, a.v.data, a.out.data, a.lse.ptr<float>(),
-                                      a.dq.data, a.dk.data, a.dv.data, workspace ? workspace->data : nullptr, stream);
+// The sm90a backward on Hopper where the pair has one (unless RUDNN_ATTENTION_FLASH=sm80; sm90ws
+// has no backward of its own and takes sm90's), the sm80 one otherwise; returns the name of the
+// kernels that ran.
+const char* run_flash_backward(const AttentionBackwardArgs& a, const BackwardProblem& bp, const Tensor* workspace,
+                               Stream stream) {
+  const FlashKernels& kernels = *flash_kernels_for(bp.fwd);
+  const bool sm90 = flash_generation() != Generation::sm80 && kernels.backward_sm90 != nullptr;
+  (sm90 ? kernels.backward_sm90 : kernels.backward_sm80)(bp, a.dout.data, a.q.data, a.k.data, a.v.data, a.out.data,
+                                                         a.lse.ptr<float>(), a.dq.data, a.dk.data, a.dv.data,
+                                                         workspace ? workspace->data : nullptr, stream);
+  return sm90 ? "flash_sm90" : "flash_sm80";
 }
 
 std::map<TuneKey, Choice> tune_cache_backward;
@@ -285,10 +302,7 @@ const char* forward_cuda(const AttentionForwardArgs& a, const Problem& p, const 
 
 const char* backward_cuda(const AttentionBackwardArgs& a, const BackwardProblem& bp, const Tensor* workspace,
                           Stream stream) {
-  if (choose_backward(a, bp, workspace, stream) == Choice::flash) {
-    run_flash_backward(a, bp, workspace, stream);
-    return "flash_sm80";
-  }
+  if (choose_backward(a, bp, workspace, stream) == Choice::flash) return run_flash_backward(a, bp, workspace, stream);
   run_fallback_backward(a, bp, workspace, stream);
   return "fallback";
 }

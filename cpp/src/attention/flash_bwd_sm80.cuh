@@ -1,6 +1,7 @@
-// The "flash" backward for sm80+ (CuTe, mma.sync), head dims D == Dv (64, 96, 128). Probabilities
-// are recomputed from lse; no Sq x Sk matrix exists and no atomics are used, so the result is
-// bitwise deterministic. Three kernels on the stream:
+// The "flash" backward for sm80+ (CuTe, mma.sync), head dims (D, Dv) in {(64, 64), (96, 96),
+// (128, 128), (192, 128), (256, 256)}. Probabilities are recomputed from lse; no Sq x Sk matrix
+// exists and no atomics are used, so the result is bitwise deterministic. Three kernels on the
+// stream:
 //   delta   delta_i = dout_i . out_i per query row (into the workspace)
 //   dq      one CTA per 64 query rows: for each visible 64-key block, S = Q K^T, dP = dO V^T,
 //           dS = P (dP - delta) (softcap') scale, dQ += dS K
@@ -8,52 +9,87 @@
 //           sees these keys, the same S, dP, P and dS (written to shared memory), then
 //           dV += P^T dO and dK += dS^T Q (transposed operands read with ldmatrix.trans)
 // dq recomputes S and dP that dkdv also computes: the price of needing no atomics.
+//
+// Warps: 4, stacked along the 64 rows of every product, for D = Dv = 64; 8 for wider heads
+// (4 along the rows x 2 splitting the columns), so that the dK and dV (or dQ) accumulators,
+// D or Dv floats per row, are spread over twice the threads instead of spilling. With the
+// columns split a warp holds only part of a row of dS, so dq then reads dS back from shared
+// memory like dkdv instead of feeding it from registers.
 #pragma once
 
 #include "attention/flash_sm80.cuh"
+#include "attention/kernels.hpp"
 
 namespace rudnn::attention::flash {
 
-template <class Element, int kHeadDim>
-struct Sm80BwdConfig : Sm80Config<Element, kHeadDim> {
-  using Base = Sm80Config<Element, kHeadDim>;
-  using SmemLayoutPdS = decltype(tile_to_shape(typename Base::SmemAtom{}, Shape<Int<Base::kBlockM>, Int<Base::kBlockN>>{}));
-  // Transposed views (no data movement): K^T [D, BN]; P^T, dS^T [BN, BM]; Q^T, dO^T [D, BM].
-  using SmemLayoutKt = typename Base::SmemLayoutVt;
-  using SmemLayoutPdSt = decltype(composition(SmemLayoutPdS{},
-                                              make_layout(Shape<Int<Base::kBlockN>, Int<Base::kBlockM>>{}, GenRowMajor{})));
-  using SmemLayoutQt = decltype(composition(typename Base::SmemLayoutQ{},
-                                            make_layout(Shape<Int<kHeadDim>, Int<Base::kBlockM>>{}, GenRowMajor{})));
-  static constexpr int kDqSmemBytes = (2 * Base::kBlockM + 2 * Base::kBlockN) * kHeadDim * int(sizeof(Element));
-  static constexpr int kDkdvSmemBytes = kDqSmemBytes + 2 * Base::kBlockM * Base::kBlockN * int(sizeof(Element));
+template <class Element, int kHeadDim, int kHeadDimV>
+struct Sm80BwdConfig : Sm80Config<Element, kHeadDim, kHeadDimV, flash_backward_warps_along_n(kHeadDim, kHeadDimV)> {
+  using Base = Sm80Config<Element, kHeadDim, kHeadDimV, flash_backward_warps_along_n(kHeadDim, kHeadDimV)>;
+  static constexpr int BM = Base::kBlockM, BN = Base::kBlockN;
+  static constexpr bool kDsFromRegisters = flash_backward_warps_along_n(kHeadDim, kHeadDimV) == 1;
+  using SmemLayoutdO = decltype(tile_to_shape(typename Base::SmemAtom{}, Shape<Int<BM>, Int<kHeadDimV>>{}));
+  using SmemLayoutPdS = decltype(tile_to_shape(typename Base::SmemAtom{}, Shape<Int<BM>, Int<BN>>{}));
+  // Transposed views (no data movement): K^T [D, BN]; P^T, dS^T [BN, BM]; Q^T [D, BM]; dO^T [Dv, BM].
+  using SmemLayoutKt =
+      decltype(composition(typename Base::SmemLayoutK{}, make_layout(Shape<Int<kHeadDim>, Int<BN>>{}, GenRowMajor{})));
+  using SmemLayoutPdSt = decltype(composition(SmemLayoutPdS{}, make_layout(Shape<Int<BN>, Int<BM>>{}, GenRowMajor{})));
+  using SmemLayoutQt =
+      decltype(composition(typename Base::SmemLayoutQ{}, make_layout(Shape<Int<kHeadDim>, Int<BM>>{}, GenRowMajor{})));
+  using SmemLayoutdOt =
+      decltype(composition(SmemLayoutdO{}, make_layout(Shape<Int<kHeadDimV>, Int<BM>>{}, GenRowMajor{})));
+  static constexpr int kOperandBytes = (BM + BN) * (kHeadDim + kHeadDimV) * int(sizeof(Element));  // Q, dO, K, V
+  static constexpr int kTileBytes = BM * BN * int(sizeof(Element));                                // P or dS
+  static constexpr int kDqSmemBytes = kOperandBytes + (kDsFromRegisters ? 0 : kTileBytes);
+  static constexpr int kDkdvSmemBytes = kOperandBytes + 2 * kTileBytes;
+  static_assert(kDkdvSmemBytes == flash_backward_smem_bytes(kHeadDim, kHeadDimV) && kDkdvSmemBytes >= kDqSmemBytes,
+                "flash_backward_smem_bytes (kernels.hpp) must state what the kernels take");
 };
 
 // dS and P of one (query block, key block) tile from the raw S = Q K^T and dP = dO V^T
-// accumulators, in place: acc_s becomes P, acc_dp becomes dS. lse_r / delta_r are the
-// thread's rows (rowcol order); rows and keys outside the sequences or hidden get 0.
-template <bool kPlain, class AccS, class AccDp, class Coords, int kRows>
+// accumulators, in place: acc_s becomes P, acc_dp becomes dS. coords gives each element's
+// (row, col) in the tile: (query, key), or (key, query) when kKeysByRow (the sm90a dk/dv kernel
+// computes the transposed products). lse_of(i) and delta_of(i) are those of the thread's i-th
+// query: its rows in rowcol order, or its columns when kKeysByRow. Queries and keys outside the
+// sequences or hidden get 0.
+template <bool kPlain, bool kKeysByRow = false, class AccS, class AccDp, class Coords, class LseOf, class DeltaOf>
 __device__ __forceinline__ void probabilities_and_dscores(const Problem& p, AccS& acc_s, AccDp& acc_dp,
                                                          Coords const& coords, std::int64_t b, std::int64_t h,
                                                          std::int64_t m0, std::int64_t n0, std::int64_t len_q,
-                                                         std::int64_t len_k, const float (&lse_r)[kRows],
-                                                         const float (&delta_r)[kRows]) {
+                                                         std::int64_t len_k, LseOf&& lse_of, DeltaOf&& delta_of) {
   cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
   cute::Tensor dp_rc = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));
   cute::Tensor c_rc = make_tensor(coords.data(), rowcol(coords.layout()));
   CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
+  for (int r = 0; r < size<0>(s_rc); ++r) {
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s_rc); ++c) {
-      const std::int64_t row = m0 + get<0>(c_rc(r, c)), col = n0 + get<1>(c_rc(r, c));
+      const int i = kKeysByRow ? c : r;
+      const std::int64_t row = m0 + (kKeysByRow ? get<1>(c_rc(r, c)) : get<0>(c_rc(r, c)));
+      const std::int64_t col = n0 + (kKeysByRow ? get<0>(c_rc(r, c)) : get<1>(c_rc(r, c)));
+      const float lse_i = lse_of(i);
       float prob = 0.0f, ds = 0.0f;
-      if (row < len_q && col < len_k && lse_r[r] != -INFINITY) {
+      if (row < len_q && col < len_k && lse_i != -INFINITY) {
         float t;
         const float s = cuda::score<kPlain>(p, s_rc(r, c), b, h, row, col, len_q, len_k, &t);
-        cuda::probability_and_dscore(p, s, t, lse_r[r], dp_rc(r, c), delta_r[r], prob, ds);
+        cuda::probability_and_dscore(p, s, t, lse_i, dp_rc(r, c), delta_of(i), prob, ds);
       }
       s_rc(r, c) = prob;
       dp_rc(r, c) = ds;
     }
+  }
+}
+
+// lse and delta of the thread's queries m0 + query_of(i), i < kN, of head (b, h); -inf and 0 past
+// the sequence.
+template <int kN, class QueryOf>
+__device__ __forceinline__ void load_lse_delta(const Problem& p, const float* lse, const float* delta, std::int64_t b,
+                                               std::int64_t h, std::int64_t q0, std::int64_t m0, std::int64_t len_q,
+                                               QueryOf&& query_of, float (&lse_q)[kN], float (&delta_q)[kN]) {
+  CUTE_UNROLL
+  for (int i = 0; i < kN; ++i) {
+    const std::int64_t row = m0 + query_of(i);
+    lse_q[i] = row < len_q ? lse[p.lse.at(b, h, q0 + row)] : -INFINITY;
+    delta_q[i] = row < len_q ? delta[cuda::delta_index(p, b, h, q0 + row)] : 0.0f;
   }
 }
 
@@ -75,13 +111,27 @@ __global__ void __launch_bounds__(128)
   if (threadIdx.x % 32 == 0) delta[cuda::delta_index(p, b, h, q0 + i)] = s;
 }
 
-template <class Element, int kHeadDim, bool kPlain>
-__global__ void __launch_bounds__(128)
+// acc += A B over the k axis of the fragments, both operands loaded from shared memory by their
+// tiled copies k step by k step (so only one step's fragments need to be live).
+template <class Mma, class CopyA, class SA, class RA, class RAView, class CopyB, class SB, class RB, class RBView,
+          class Acc>
+__device__ __forceinline__ void smem_gemm(Mma const& mma, CopyA const& copy_a, SA const& sa, RA& ra, RAView& ra_view,
+                                          CopyB const& copy_b, SB const& sb, RB& rb, RBView& rb_view, Acc& acc) {
+  CUTE_UNROLL
+  for (int kk = 0; kk < size<2>(ra); ++kk) {
+    cute::copy(copy_a, sa(_, _, kk), ra_view(_, _, kk));
+    cute::copy(copy_b, sb(_, _, kk), rb_view(_, _, kk));
+    cute::gemm(mma, ra(_, _, kk), rb(_, _, kk), acc);
+  }
+}
+
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+__global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::kThreads)
     dq_kernel(const __grid_constant__ BackwardProblem bp, const Element* __restrict__ dout, const Element* __restrict__ q,
               const Element* __restrict__ k, const Element* __restrict__ v, const float* __restrict__ lse,
               const float* __restrict__ delta, Element* __restrict__ dq) {
-  using Cfg = Sm80BwdConfig<Element, kHeadDim>;
-  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  using Cfg = Sm80BwdConfig<Element, kHeadDim, kHeadDimV>;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN;
   const Problem& p = bp.fwd;
   const int m_block = blockIdx.x;
   const std::int64_t h = blockIdx.y, b = blockIdx.z;
@@ -92,19 +142,24 @@ __global__ void __launch_bounds__(128)
   const std::int64_t hk = h / p.group;
   const int tid = threadIdx.x;
 
-  cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m_block, 0));
-  cute::Tensor gdO = local_tile(head_rows<kHeadDim>(dout, bp.dout, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{},
+  cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{},
+                               make_coord(m_block, 0));
+  cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDimV>>{},
                                 make_coord(m_block, 0));
-  cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
-  cute::Tensor gV = local_tile(head_rows<kHeadDim>(v, p.v, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
+  cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
+                               make_coord(_, 0));
+  cute::Tensor gV = local_tile(head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDimV>>{},
+                               make_coord(_, 0));
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
-  cute::Tensor sdO = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutQ{});
+  cute::Tensor sdO = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutdO{});
   cute::Tensor sK = make_tensor(sdO.data() + size(sdO), typename Cfg::SmemLayoutK{});
   cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutV{});
   cute::Tensor sKt = make_tensor(sK.data(), typename Cfg::SmemLayoutKt{});
+  // dS for dQ += dS K when the warps split its rows (beyond the operands; none otherwise).
+  cute::Tensor sdS = make_tensor(sV.data() + size(sV), typename Cfg::SmemLayoutPdS{});
 
   typename Cfg::GmemCopy gmem_copy;
   auto gthr = gmem_copy.get_thread_slice(tid);
@@ -117,7 +172,9 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tVg = gthr.partition_S(gV);
   cute::Tensor tVs = gthr.partition_D(sV);
   cute::Tensor tQc = gthr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
-  cute::Tensor tKVc = gthr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
+  cute::Tensor tdOc = gthr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDimV>>{}));
+  cute::Tensor tKc = gthr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
+  cute::Tensor tVc = gthr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDimV>>{}));
 
   typename Cfg::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(tid);
@@ -126,6 +183,7 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tSrK = thr_mma.partition_fragment_B(sK);
   cute::Tensor tSrV = thr_mma.partition_fragment_B(sV);
   cute::Tensor tQrKt = thr_mma.partition_fragment_B(sKt);
+  cute::Tensor tQrdS = thr_mma.partition_fragment_A(sdS);
   cute::Tensor acc_dq = partition_fragment_C(mma, Shape<Int<BM>, Int<kHeadDim>>{});
   clear(acc_dq);
 
@@ -135,6 +193,8 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tSrQ_view = thr_copy_a.retile_D(tSrQ);
   cute::Tensor tSsdO = thr_copy_a.partition_S(sdO);
   cute::Tensor tSrdO_view = thr_copy_a.retile_D(tSrdO);
+  cute::Tensor tQsdS = thr_copy_a.partition_S(sdS);
+  cute::Tensor tQrdS_view = thr_copy_a.retile_D(tQrdS);
   auto copy_b = make_tiled_copy_B(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
   auto thr_copy_b = copy_b.get_thread_slice(tid);
   cute::Tensor tSsK = thr_copy_b.partition_S(sK);
@@ -150,25 +210,20 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
   float lse_r[kRows], delta_r[kRows];
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    const std::int64_t row = m0 + get<0>(tScS_rc(r, 0));
-    lse_r[r] = row < len_q ? lse[p.lse.at(b, h, q0 + row)] : -INFINITY;
-    delta_r[r] = row < len_q ? delta[cuda::delta_index(p, b, h, q0 + row)] : 0.0f;
-  }
+  load_lse_delta(p, lse, delta, b, h, q0, m0, len_q, [&](int r) { return get<0>(tScS_rc(r, 0)); }, lse_r, delta_r);
 
   std::int64_t n_first, n_last;
   const std::int64_t rows_here = len_q - m0 < BM ? len_q - m0 : BM;
   cuda::key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
 
   copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
-  copy_rows(gmem_copy, tdOg, tdOs, tQc, len_q - m0);
+  copy_rows(gmem_copy, tdOg, tdOs, tdOc, len_q - m0);
   cp_async_fence();
 
   for (std::int64_t n = n_first; n < n_last; ++n) {
     const std::int64_t n0 = n * BN;
-    copy_rows(gmem_copy, tKg(_, _, _, n), tKs, tKVc, len_k - n0);
-    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tKVc, len_k - n0);
+    copy_rows(gmem_copy, tKg(_, _, _, n), tKs, tKc, len_k - n0);
+    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tVc, len_k - n0);
     cp_async_fence();
     cp_async_wait<0>();
     __syncthreads();
@@ -177,28 +232,29 @@ __global__ void __launch_bounds__(128)
     cute::Tensor acc_dp = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
     clear(acc_s);
     clear(acc_dp);
-    CUTE_UNROLL
-    for (int kk = 0; kk < size<2>(tSrQ); ++kk) {
-      cute::copy(copy_a, tSsQ(_, _, kk), tSrQ_view(_, _, kk));
-      cute::copy(copy_b, tSsK(_, _, kk), tSrK_view(_, _, kk));
-      cute::gemm(mma, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s);
-      cute::copy(copy_a, tSsdO(_, _, kk), tSrdO_view(_, _, kk));
-      cute::copy(copy_b, tSsV(_, _, kk), tSrV_view(_, _, kk));
-      cute::gemm(mma, tSrdO(_, _, kk), tSrV(_, _, kk), acc_dp);
-    }
-    probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k, lse_r, delta_r);
+    smem_gemm(mma, copy_a, tSsQ, tSrQ, tSrQ_view, copy_b, tSsK, tSrK, tSrK_view, acc_s);
+    smem_gemm(mma, copy_a, tSsdO, tSrdO, tSrdO_view, copy_b, tSsV, tSrV, tSrV_view, acc_dp);
+    probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k,
+                                      [&](int r) { return lse_r[r]; }, [&](int r) { return delta_r[r]; });
 
-    // dQ += dS K: dS straight from registers as the A operand, K^T through ldmatrix.trans.
-    cute::Tensor rdS = make_tensor_like<Element>(acc_dp);
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dp); ++i) rdS(i) = static_cast<Element>(acc_dp(i));
-    cute::Tensor tQrdS = make_tensor(rdS.data(), acc_as_a(rdS.layout()));
-    CUTE_UNROLL
-    for (int kk = 0; kk < size<2>(tQrdS); ++kk) {
-      cute::copy(copy_bt, tQsKt(_, _, kk), tQrKt_view(_, _, kk));
-      cute::gemm(mma, tQrdS(_, _, kk), tQrKt(_, _, kk), acc_dq);
+    // dQ += dS K, K^T through ldmatrix.trans.
+    if constexpr (Cfg::kDsFromRegisters) {  // each warp holds whole rows of dS: the A operand as it is
+      cute::Tensor rdS = make_tensor_like<Element>(acc_dp);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dp); ++i) rdS(i) = static_cast<Element>(acc_dp(i));
+      cute::Tensor tQrdS_acc = make_tensor(rdS.data(), acc_as_a(rdS.layout()));
+      CUTE_UNROLL
+      for (int kk = 0; kk < size<2>(tQrdS_acc); ++kk) {
+        cute::copy(copy_bt, tQsKt(_, _, kk), tQrKt_view(_, _, kk));
+        cute::gemm(mma, tQrdS_acc(_, _, kk), tQrKt(_, _, kk), acc_dq);
+      }
+    } else {  // a row of dS is spread over two warps: through shared memory
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dp); ++i) sdS(get<0>(tScS(i)), get<1>(tScS(i))) = static_cast<Element>(acc_dp(i));
+      __syncthreads();
+      smem_gemm(mma, copy_a, tQsdS, tQrdS, tQrdS_view, copy_bt, tQsKt, tQrKt, tQrKt_view, acc_dq);
     }
-    __syncthreads();  // sK / sV are overwritten next
+    __syncthreads();  // sK, sV (and sdS) are overwritten next
   }
   cp_async_wait<0>();
 
@@ -211,13 +267,13 @@ __global__ void __launch_bounds__(128)
   }
 }
 
-template <class Element, int kHeadDim, bool kPlain>
-__global__ void __launch_bounds__(128)
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+__global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::kThreads)
     dkdv_kernel(const __grid_constant__ BackwardProblem bp, const Element* __restrict__ dout, const Element* __restrict__ q,
                 const Element* __restrict__ k, const Element* __restrict__ v, const float* __restrict__ lse,
                 const float* __restrict__ delta, Element* __restrict__ dk, Element* __restrict__ dv) {
-  using Cfg = Sm80BwdConfig<Element, kHeadDim>;
-  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  using Cfg = Sm80BwdConfig<Element, kHeadDim, kHeadDimV>;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN;
   const Problem& p = bp.fwd;
   const int n_block = blockIdx.x;
   const std::int64_t hk = blockIdx.y, b = blockIdx.z;
@@ -229,13 +285,13 @@ __global__ void __launch_bounds__(128)
 
   cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
                                make_coord(n_block, 0));
-  cute::Tensor gV = local_tile(head_rows<kHeadDim>(v, p.v, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
+  cute::Tensor gV = local_tile(head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDimV>>{},
                                make_coord(n_block, 0));
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
-  cute::Tensor sdO = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutQ{});
+  cute::Tensor sdO = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutdO{});
   cute::Tensor sK = make_tensor(sdO.data() + size(sdO), typename Cfg::SmemLayoutK{});
   cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutV{});
   cute::Tensor sP = make_tensor(sV.data() + size(sV), typename Cfg::SmemLayoutPdS{});
@@ -243,7 +299,7 @@ __global__ void __launch_bounds__(128)
   cute::Tensor sPt = make_tensor(sP.data(), typename Cfg::SmemLayoutPdSt{});
   cute::Tensor sdSt = make_tensor(sdS.data(), typename Cfg::SmemLayoutPdSt{});
   cute::Tensor sQt = make_tensor(sQ.data(), typename Cfg::SmemLayoutQt{});
-  cute::Tensor sdOt = make_tensor(sdO.data(), typename Cfg::SmemLayoutQt{});
+  cute::Tensor sdOt = make_tensor(sdO.data(), typename Cfg::SmemLayoutdOt{});
 
   typename Cfg::GmemCopy gmem_copy;
   auto gthr = gmem_copy.get_thread_slice(tid);
@@ -254,7 +310,9 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tQs = gthr.partition_D(sQ);
   cute::Tensor tdOs = gthr.partition_D(sdO);
   cute::Tensor tQc = gthr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
-  cute::Tensor tKVc = gthr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
+  cute::Tensor tdOc = gthr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDimV>>{}));
+  cute::Tensor tKc = gthr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
+  cute::Tensor tVc = gthr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDimV>>{}));
 
   typename Cfg::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(tid);
@@ -263,12 +321,12 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tSrdO = thr_mma.partition_fragment_A(sdO);
   cute::Tensor tSrK = thr_mma.partition_fragment_B(sK);
   cute::Tensor tSrV = thr_mma.partition_fragment_B(sV);
-  // (keys x D) products dV += P^T dO and dK += dS^T Q.
+  // (keys x Dv) dV += P^T dO and (keys x D) dK += dS^T Q.
   cute::Tensor tVrPt = thr_mma.partition_fragment_A(sPt);
   cute::Tensor tVrdOt = thr_mma.partition_fragment_B(sdOt);
   cute::Tensor tKrdSt = thr_mma.partition_fragment_A(sdSt);
   cute::Tensor tKrQt = thr_mma.partition_fragment_B(sQt);
-  cute::Tensor acc_dv = partition_fragment_C(mma, Shape<Int<BN>, Int<kHeadDim>>{});
+  cute::Tensor acc_dv = partition_fragment_C(mma, Shape<Int<BN>, Int<kHeadDimV>>{});
   cute::Tensor acc_dk = partition_fragment_C(mma, Shape<Int<BN>, Int<kHeadDim>>{});
   clear(acc_dv);
   clear(acc_dk);
@@ -302,8 +360,8 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
 
-  copy_rows(gmem_copy, tKg, tKs, tKVc, len_k - n0);
-  copy_rows(gmem_copy, tVg, tVs, tKVc, len_k - n0);
+  copy_rows(gmem_copy, tKg, tKs, tKc, len_k - n0);
+  copy_rows(gmem_copy, tVg, tVs, tVc, len_k - n0);
   cp_async_fence();
 
   const std::int64_t cols_here = len_k - n0 < BN ? len_k - n0 : BN;
@@ -311,23 +369,20 @@ __global__ void __launch_bounds__(128)
   cuda::query_block_range(p, n0, cols_here, len_q, len_k, BM, m_first, m_last);
 
   for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-    cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(_, 0));
-    cute::Tensor gdO = local_tile(head_rows<kHeadDim>(dout, bp.dout, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{},
-                                  make_coord(_, 0));
+    cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{},
+                                 make_coord(_, 0));
+    cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, h, q0, len_q),
+                                  Shape<Int<BM>, Int<kHeadDimV>>{}, make_coord(_, 0));
     cute::Tensor tQg = gthr.partition_S(gQ);
     cute::Tensor tdOg = gthr.partition_S(gdO);
     for (std::int64_t m = m_first; m < m_last; ++m) {
       const std::int64_t m0 = m * BM;
       copy_rows(gmem_copy, tQg(_, _, _, m), tQs, tQc, len_q - m0);
-      copy_rows(gmem_copy, tdOg(_, _, _, m), tdOs, tQc, len_q - m0);
+      copy_rows(gmem_copy, tdOg(_, _, _, m), tdOs, tdOc, len_q - m0);
       cp_async_fence();
       float lse_r[kRows], delta_r[kRows];
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const std::int64_t row = m0 + get<0>(tScS_rc(r, 0));
-        lse_r[r] = row < len_q ? lse[p.lse.at(b, h, q0 + row)] : -INFINITY;
-        delta_r[r] = row < len_q ? delta[cuda::delta_index(p, b, h, q0 + row)] : 0.0f;
-      }
+      load_lse_delta(p, lse, delta, b, h, q0, m0, len_q, [&](int r) { return get<0>(tScS_rc(r, 0)); }, lse_r,
+                     delta_r);
       cp_async_wait<0>();  // K/V (first time) and Q/dO have landed
       __syncthreads();
 
@@ -335,16 +390,10 @@ __global__ void __launch_bounds__(128)
       cute::Tensor acc_dp = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
       clear(acc_s);
       clear(acc_dp);
-      CUTE_UNROLL
-      for (int kk = 0; kk < size<2>(tSrQ); ++kk) {
-        cute::copy(copy_a, tSsQ(_, _, kk), tSrQ_view(_, _, kk));
-        cute::copy(copy_b, tSsK(_, _, kk), tSrK_view(_, _, kk));
-        cute::gemm(mma, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s);
-        cute::copy(copy_a, tSsdO(_, _, kk), tSrdO_view(_, _, kk));
-        cute::copy(copy_b, tSsV(_, _, kk), tSrV_view(_, _, kk));
-        cute::gemm(mma, tSrdO(_, _, kk), tSrV(_, _, kk), acc_dp);
-      }
-      probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k, lse_r, delta_r);
+      smem_gemm(mma, copy_a, tSsQ, tSrQ, tSrQ_view, copy_b, tSsK, tSrK, tSrK_view, acc_s);
+      smem_gemm(mma, copy_a, tSsdO, tSrdO, tSrdO_view, copy_b, tSsV, tSrV, tSrV_view, acc_dp);
+      probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k,
+                                        [&](int r) { return lse_r[r]; }, [&](int r) { return delta_r[r]; });
 
       // P and dS to shared memory (by coordinates) so that their transposes can be read back.
       CUTE_UNROLL
@@ -355,39 +404,50 @@ __global__ void __launch_bounds__(128)
       }
       __syncthreads();
 
-      CUTE_UNROLL
-      for (int kk = 0; kk < size<2>(tVrPt); ++kk) {
-        cute::copy(copy_at, tVsPt(_, _, kk), tVrPt_view(_, _, kk));
-        cute::copy(copy_bt, tVsdOt(_, _, kk), tVrdOt_view(_, _, kk));
-        cute::gemm(mma, tVrPt(_, _, kk), tVrdOt(_, _, kk), acc_dv);
-        cute::copy(copy_at, tKsdSt(_, _, kk), tKrdSt_view(_, _, kk));
-        cute::copy(copy_bt, tKsQt(_, _, kk), tKrQt_view(_, _, kk));
-        cute::gemm(mma, tKrdSt(_, _, kk), tKrQt(_, _, kk), acc_dk);
-      }
+      smem_gemm(mma, copy_at, tVsPt, tVrPt, tVrPt_view, copy_bt, tVsdOt, tVrdOt, tVrdOt_view, acc_dv);
+      smem_gemm(mma, copy_at, tKsdSt, tKrdSt, tKrdSt_view, copy_bt, tKsQt, tKrQt, tKrQt_view, acc_dk);
       __syncthreads();  // sQ, sdO, sP, sdS are overwritten next
     }
   }
   cp_async_wait<0>();
 
   cute::Tensor tKcK = thr_mma.partition_C(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
+  cute::Tensor tVcV = thr_mma.partition_C(make_identity_tensor(Shape<Int<BN>, Int<kHeadDimV>>{}));
   Element* dk_base = dk + bp.dk.at(b, hk, k0);
   Element* dv_base = dv + bp.dv.at(b, hk, k0);
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) {
     const std::int64_t row = n0 + get<0>(tKcK(i));
-    const int col = get<1>(tKcK(i));
-    if (row < len_k) {
-      dk_base[row * bp.dk.s + col] = static_cast<Element>(acc_dk(i));
-      dv_base[row * bp.dv.s + col] = static_cast<Element>(acc_dv(i));
-    }
+    if (row < len_k) dk_base[row * bp.dk.s + get<1>(tKcK(i))] = static_cast<Element>(acc_dk(i));
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dv); ++i) {
+    const std::int64_t row = n0 + get<0>(tVcV(i));
+    if (row < len_k) dv_base[row * bp.dv.s + get<1>(tVcV(i))] = static_cast<Element>(acc_dv(i));
   }
 }
 
-template <class Element, int kHeadDim>
-void launch_backward_sm80(const BackwardProblem& bp, const void* dout, const void* q, const void* k, const void* v,
-                          const void* out, const float* lse, void* dq, void* dk, void* dv, float* delta,
-                          Stream stream) {
-  using Cfg = Sm80BwdConfig<Element, kHeadDim>;
+// The dq and dk/dv kernels of one generation (plain and general instantiations), their dynamic
+// shared memory and block size.
+template <class Element>
+struct BackwardKernels {
+  using Dq = void (*)(BackwardProblem, const Element*, const Element*, const Element*, const Element*, const float*,
+                      const float*, Element*);
+  using Dkdv = void (*)(BackwardProblem, const Element*, const Element*, const Element*, const Element*,
+                        const float*, const float*, Element*, Element*);
+  Dq dq_plain, dq_general;
+  int dq_smem;
+  Dkdv dkdv_plain, dkdv_general;
+  int dkdv_smem;
+  int threads;
+};
+
+// The backward's launches: delta, then dq (a CTA per 64 query rows of each head) and dk/dv (a CTA
+// per 64 keys of each K/V head).
+template <class Element>
+void launch_backward_kernels(const BackwardProblem& bp, const BackwardKernels<Element>& kernels, const void* dout,
+                             const void* q, const void* k, const void* v, const void* out, const float* lse,
+                             void* dq, void* dk, void* dv, float* delta, Stream stream) {
   const Problem& p = bp.fwd;
   if (p.hq == 0 || p.batch == 0) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -399,22 +459,37 @@ void launch_backward_sm80(const BackwardProblem& bp, const void* dout, const voi
     delta_kernel<Element><<<dim3(unsigned((p.sq + 3) / 4), unsigned(p.hq), unsigned(p.batch)), 128, 0, s>>>(
         bp, dO, static_cast<const Element*>(out), delta);
     RUDNN_CUDA_CHECK_LAUNCH("attention flash delta_kernel");
-    auto kernel = p.plain_scores() ? dq_kernel<Element, kHeadDim, true> : dq_kernel<Element, kHeadDim, false>;
-    if (Cfg::kDqSmemBytes > 48 * 1024)
-      RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kDqSmemBytes));
-    kernel<<<dim3(unsigned((p.sq + Cfg::kBlockM - 1) / Cfg::kBlockM), unsigned(p.hq), unsigned(p.batch)), 128,
-             Cfg::kDqSmemBytes, s>>>(bp, dO, Q, K, V, lse, delta, static_cast<Element*>(dq));
-    RUDNN_CUDA_CHECK_LAUNCH("attention flash dq_kernel");
+    auto kernel = p.plain_scores() ? kernels.dq_plain : kernels.dq_general;
+    if (kernels.dq_smem > 48 * 1024)
+      RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kernels.dq_smem));
+    kernel<<<dim3(unsigned((p.sq + 63) / 64), unsigned(p.hq), unsigned(p.batch)), kernels.threads, kernels.dq_smem,
+             s>>>(bp, dO, Q, K, V, lse, delta, static_cast<Element*>(dq));
+    RUDNN_CUDA_CHECK_LAUNCH("attention flash dq kernel");
   }
   if (p.sk > 0) {
-    auto kernel = p.plain_scores() ? dkdv_kernel<Element, kHeadDim, true> : dkdv_kernel<Element, kHeadDim, false>;
-    if (Cfg::kDkdvSmemBytes > 48 * 1024)
-      RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kDkdvSmemBytes));
-    kernel<<<dim3(unsigned((p.sk + Cfg::kBlockN - 1) / Cfg::kBlockN), unsigned(p.hkv), unsigned(p.batch)), 128,
-             Cfg::kDkdvSmemBytes, s>>>(bp, dO, Q, K, V, lse, delta, static_cast<Element*>(dk),
-                                       static_cast<Element*>(dv));
-    RUDNN_CUDA_CHECK_LAUNCH("attention flash dkdv_kernel");
+    auto kernel = p.plain_scores() ? kernels.dkdv_plain : kernels.dkdv_general;
+    if (kernels.dkdv_smem > 48 * 1024)
+      RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kernels.dkdv_smem));
+    kernel<<<dim3(unsigned((p.sk + 63) / 64), unsigned(p.hkv), unsigned(p.batch)), kernels.threads,
+             kernels.dkdv_smem, s>>>(bp, dO, Q, K, V, lse, delta, static_cast<Element*>(dk),
+                                     static_cast<Element*>(dv));
+    RUDNN_CUDA_CHECK_LAUNCH("attention flash dk/dv kernel");
   }
+}
+
+template <class Element, int kHeadDim, int kHeadDimV>
+void launch_backward_sm80(const BackwardProblem& bp, const void* dout, const void* q, const void* k, const void* v,
+                          const void* out, const float* lse, void* dq, void* dk, void* dv, float* delta,
+                          Stream stream) {
+  using Cfg = Sm80BwdConfig<Element, kHeadDim, kHeadDimV>;
+  static_assert(Cfg::BM == 64 && Cfg::BN == 64, "launch_backward_kernels launches 64-row tiles");
+  launch_backward_kernels<Element>(
+      bp, BackwardKernels<Element>{dq_kernel<Element, kHeadDim, kHeadDimV, true>,
+                                   dq_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kDqSmemBytes,
+                                   dkdv_kernel<Element, kHeadDim, kHeadDimV, true>,
+                                   dkdv_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kDkdvSmemBytes,
+                                   Cfg::kThreads},
+      dout, q, k, v, out, lse, dq, dk, dv, delta, stream);
 }
 
 }  // namespace rudnn::attention::flash

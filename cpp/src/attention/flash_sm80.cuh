@@ -20,18 +20,22 @@ namespace rudnn::attention::flash {
 
 using namespace cute;
 
-template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
+// kWarpsAlongN: 1 for the forward (4 warps stacked along the 64 rows); the backward of wide heads
+// takes 2 (8 warps, each pair splitting the columns of every product).
+template <class Element, int kHeadDim, int kHeadDimV = kHeadDim, int kWarpsAlongN = 1>
 struct Sm80Config {
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = 64;
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = 4 * kWarpsAlongN;
   static constexpr int kThreads = kWarps * 32;
   static_assert(kHeadDim % 32 == 0 && kHeadDimV % 32 == 0, "head dims must be multiples of 32 (64-byte smem rows)");
 
   using MmaAtom = std::conditional_t<std::is_same_v<Element, cute::half_t>, SM80_16x8x16_F32F16F16F32_TN,
                                      SM80_16x8x16_F32BF16BF16F32_TN>;
-  // Warps stacked along M (16 rows each); the N tile of 16 lets ldmatrix.x4 feed B.
-  using TiledMma = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<Int<kWarps>, _1, _1>>, Tile<Int<16 * kWarps>, _16, _16>>;
+  // 4 warps along M (16 rows each), kWarpsAlongN along N; an N tile of 16 per warp lets
+  // ldmatrix.x4 feed B.
+  using TiledMma = TiledMMA<MMA_Atom<MmaAtom>, Layout<Shape<_4, Int<kWarpsAlongN>, _1>>,
+                            Tile<_64, Int<16 * kWarpsAlongN>, _16>>;
 
   // 8 rows x 64 elements (128 bytes) per atom, XOR-swizzled so that the 16-byte chunks of one
   // column block land in different banks for both cp.async stores and ldmatrix loads; 8 x 32

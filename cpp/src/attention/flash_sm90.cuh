@@ -54,6 +54,26 @@ struct Sm90Config : Sm80Config<Element, kHeadDim> {
                                            make_layout(Shape<Int<Base::kBlockN>, Int<kHeadDim>>{}, GenRowMajor{})));
 };
 
+// The k steps of one wgmma product, issue only (the caller fences, arrives, commits and waits):
+// acc = A B, the first k step overwriting the accumulator ...
+template <class Mma, class FragA, class FragB, class Acc>
+__device__ __forceinline__ void wgmma_overwrite(Mma& mma, FragA const& a, FragB const& b, Acc& acc) {
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int kk = 0; kk < size<2>(a); ++kk) {
+    cute::gemm(mma, a(_, _, kk), b(_, _, kk), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+}
+
+// ... or acc += A B.
+template <class Mma, class FragA, class FragB, class Acc>
+__device__ __forceinline__ void wgmma_accumulate(Mma& mma, FragA const& a, FragB const& b, Acc& acc) {
+  mma.accumulate_ = GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int kk = 0; kk < size<2>(a); ++kk) cute::gemm(mma, a(_, _, kk), b(_, _, kk), acc);
+}
+
 template <class Element, int kHeadDim, bool kPlain>
 __global__ void __launch_bounds__(128)
     forward_sm90_kernel(const __grid_constant__ Problem p, const Element* __restrict__ q, const Element* __restrict__ k,
@@ -102,8 +122,7 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK));
 
   // O += P V: wgmma with P from registers and V through shared-memory descriptors.
-  typename Cfg::TiledMmaO mma_o;
-  mma_o.accumulate_ = GMMA::ScaleOut::One;  // the accumulator starts cleared and always accumulates
+  typename Cfg::TiledMmaO mma_o;  // the accumulator starts cleared and always accumulates
   auto thr_o = mma_o.get_thread_slice(tid);
   cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt));  // descriptors (MMA, 1, BN/16)
   cute::Tensor acc_o90 = partition_fragment_C(mma_o, Shape<Int<BM>, Int<kHeadDim>>{});
@@ -146,12 +165,7 @@ __global__ void __launch_bounds__(128)
     cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
     warpgroup_fence_operand(acc_s90);
     warpgroup_arrive();
-    mma_s.accumulate_ = GMMA::ScaleOut::Zero;  // the first k step overwrites the accumulator
-    CUTE_UNROLL
-    for (int kk = 0; kk < size<2>(tSrQ); ++kk) {
-      cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s90);
-      mma_s.accumulate_ = GMMA::ScaleOut::One;
-    }
+    wgmma_overwrite(mma_s, tSrQ, tSrK, acc_s90);
     warpgroup_commit_batch();
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s90);
@@ -176,8 +190,7 @@ __global__ void __launch_bounds__(128)
     }
     warpgroup_fence_operand(acc_o90);
     warpgroup_arrive();
-    CUTE_UNROLL
-    for (int kk = 0; kk < size<2>(tOrP); ++kk) cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, kk), acc_o90);
+    wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);
     warpgroup_commit_batch();
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o90);

@@ -158,7 +158,6 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
   auto thr_s = mma_s.get_thread_slice(tid);
   cute::Tensor tSrQ = thr_s.make_fragment_A(thr_s.partition_A(sQmine));  // descriptors (MMA, 1, D/16)
   typename Cfg::TiledMmaO mma_o;
-  mma_o.accumulate_ = GMMA::ScaleOut::One;
   auto thr_o = mma_o.get_thread_slice(tid);
   cute::Tensor acc_o90 = partition_fragment_C(mma_o, Shape<Int<BM>, Int<kHeadDim>>{});
   clear(acc_o90);
@@ -185,12 +184,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
     cute::Tensor tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK(stage)));
     warpgroup_fence_operand(acc_s90);
     warpgroup_arrive();
-    mma_s.accumulate_ = GMMA::ScaleOut::Zero;  // the first k step overwrites the accumulator
-    CUTE_UNROLL
-    for (int kk = 0; kk < size<2>(tSrQ); ++kk) {
-      cute::gemm(mma_s, tSrQ(_, _, kk), tSrK(_, _, kk), acc_s90);
-      mma_s.accumulate_ = GMMA::ScaleOut::One;
-    }
+    wgmma_overwrite(mma_s, tSrQ, tSrK, acc_s90);
     warpgroup_commit_batch();
   };
   // Masking and the online softmax of block i's scores (complete in acc_s90); O's correction is
@@ -238,8 +232,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
     cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));
     warpgroup_fence_operand(acc_o90);
     warpgroup_arrive();
-    CUTE_UNROLL
-    for (int kk = 0; kk < size<2>(tOrP); ++kk) cute::gemm(mma_o, tOrP(_, _, kk), tOrV(_, _, kk), acc_o90);
+    wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);
     warpgroup_commit_batch();  // pending: [Q K^T of i + 1,] P V of i
     if (more || consumer == 0)  // consumer 1's last turn is handed to no one (its first was free)
       cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "attention/problem.hpp"
 
@@ -40,13 +41,30 @@ void flash_forward_sm90_d128(const Problem&, const void*, const void*, const voi
 void flash_forward_sm90ws_d64(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 void flash_forward_sm90ws_d128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 
-// flash_bwd_sm80_*.cu: the CuTe sm80 backward (D == Dv), no atomics (deterministic). The workspace
-// holds delta_i = dout_i . out_i: fallback_backward_workspace_bytes.
+// flash_bwd_sm80_*.cu: the CuTe sm80 backward, no atomics (deterministic). The workspace holds
+// delta_i = dout_i . out_i: fallback_backward_workspace_bytes.
 void flash_backward_sm80_d64(const BackwardProblem&, const void*, const void*, const void*, const void*,
                              const void*, const float*, void*, void*, void*, void*, Stream);
 void flash_backward_sm80_d96(const BackwardProblem&, const void*, const void*, const void*, const void*,
                              const void*, const float*, void*, void*, void*, void*, Stream);
 void flash_backward_sm80_d128(const BackwardProblem&, const void*, const void*, const void*, const void*,
                               const void*, const float*, void*, void*, void*, void*, Stream);
+void flash_backward_sm80_d192_dv128(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                                    const void*, const float*, void*, void*, void*, void*, Stream);
+void flash_backward_sm80_d256(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                              const void*, const float*, void*, void*, void*, void*, Stream);
+// flash_bwd_sm90_*.cu: the sm90a backward (wgmma for all five products), Hopper only.
+void flash_backward_sm90_d64(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                             const void*, const float*, void*, void*, void*, void*, Stream);
+void flash_backward_sm90_d128(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                              const void*, const float*, void*, void*, void*, void*, Stream);
+// The sm80 backward's shape, stated here so that the host can check a device's shared memory
+// before launching (flash_bwd_sm80.cuh asserts that its kernels take what this says): warps split the columns in
+// pairs above D = Dv = 64; the dk/dv kernel, the larger, holds 64-row tiles of Q, dO, K and V
+// and 64 x 64 tiles of P and dS, 16-bit elements.
+constexpr int flash_backward_warps_along_n(std::int64_t d, std::int64_t dv) { return d <= 64 && dv <= 64 ? 1 : 2; }
+constexpr std::size_t flash_backward_smem_bytes(std::int64_t d, std::int64_t dv) {
+  return std::size_t((64 + 64) * (d + dv) + 2 * 64 * 64) * 2;
+}
 
 }  // namespace rudnn::attention

@@ -29,8 +29,8 @@ _GPU_QUICK = [(16, 16, 2048, 128, 0), (16, 16, 2048, 128, 1), (16, 16, 8192, 128
 _GPU_MORE = [(16, 16, s, 128, c) for s in (512, 1024, 4096, 16384) for c in (0, 1)] + \
             [(32, 32, s, 64, c) for s in (512, 8192) for c in (0, 1)] + \
             [(8, 8, s, 256, c) for s in (512, 8192) for c in (0, 1)]
-# The flash backward covers D = Dv in {64, 96, 128}; D = 256 runs the fallback kernels (kept short:
-# they are slow).
+# The flash backward covers the forward's head dims (D = 256 on devices with 144 KiB of shared
+# memory per block: A100, Hopper).
 _GPU_BACKWARD = [(32, 32, 512, 64, 0), (32, 32, 2048, 64, 1), (32, 32, 8192, 64, 1), (64, 8, 2048, 64, 1),
                  (16, 16, 2048, 128, 1), (16, 16, 8192, 128, 0), (8, 8, 2048, 256, 1)]
 _CPU = [(4, 2, 128, 64, 1)]
