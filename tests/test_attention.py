@@ -370,6 +370,17 @@ def test_flash_backward_d256_needs_its_shared_memory():
             rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash")
 
 
+def _hopper_inputs(monkeypatch, kernel, name):
+    """bfloat16 CUDA inputs of case `name` (head dims 64 unless 64 or 128: the sm90a kernels' own)
+    with RUDNN_ATTENTION_FLASH set to `kernel`."""
+    case = dict(CASES[name])
+    B, Hq, Hkv, Sq, Sk, D, Dv = case["shape"]
+    if D not in (64, 128):
+        case["shape"] = (B, Hq, Hkv, Sq, Sk, 64, 64)
+    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", kernel)
+    return _inputs(case, torch.bfloat16, "cuda")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU (every flash kernel generation runs there)")
@@ -378,18 +389,40 @@ def test_flash_backward_d256_needs_its_shared_memory():
                                   "flash_long_d64", "flash_long_causal_d128", "flash_no_keys_d64",
                                   "flash_float_mask_bias_d128"])
 def test_every_flash_kernel_on_hopper(monkeypatch, kernel, name):
-    case = dict(CASES[name])
-    B, Hq, Hkv, Sq, Sk, D, Dv = case["shape"]
-    if D not in (64, 128):
-        case["shape"] = (B, Hq, Hkv, Sq, Sk, 64, 64)
-    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", kernel)
-    q, k, v, opts = _inputs(case, torch.bfloat16, "cuda")
+    q, k, v, opts = _hopper_inputs(monkeypatch, kernel, name)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **opts)
     assert rudnn.attention_last_algorithm() == f"flash_{kernel}"
     o64, l64 = _oracle(q, k, v, opts)
     o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
     assert_close_to_oracle(out, o_same, o64, "out")
     torch.testing.assert_close(lse.cpu().double(), l64, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU")
+def test_sm90ws_leaves_varlen_and_broadcast_operands_to_sm90(monkeypatch):
+    """sm90ws loads by TMA, one descriptor per operand: packed variable-length batches and
+    zero-stride (expanded) operands run the sm90 kernel instead, with correct results."""
+    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", "sm90ws")
+    case = dict(VARLEN["causal_gqa8"], D=64)
+    q, k, v, cu_q, cu_k, opts = _varlen_inputs(case, torch.bfloat16, "cuda")
+    out = rudnn.attention(q, k, v, cu_seqlens_q=cu_q.cuda(), cu_seqlens_k=cu_k.cuda(), strategy="flash", **opts)
+    assert rudnn.attention_last_algorithm() == "flash_sm90"
+    o64, _ = ref.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu_q, cu_k, **opts)
+    o_same, _ = ref.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu_q, cu_k, dtype=torch.bfloat16, **opts)
+    assert_close_to_oracle(out, o_same, o64, "varlen out")
+
+    q = rand((2, 4, 70, 64), torch.bfloat16, "cuda", seed=1)
+    k, v = (rand((1, 4, 90, 64), torch.bfloat16, "cuda", seed=s).expand(2, 4, 90, 64) for s in (2, 3))
+    out = rudnn.attention(q, k, v, strategy="flash")
+    assert rudnn.attention_last_algorithm() == "flash_sm90"
+    o64, _ = _oracle(q, k, v, {})
+    o_same, _ = _same_dtype(q, k, v, {}, torch.bfloat16)
+    assert_close_to_oracle(out, o_same, o64, "broadcast out")
+    q, k, v = (rand((2, 4, 70, 64), torch.bfloat16, "cuda", seed=s) for s in (1, 2, 3))
+    rudnn.attention(q, k, v, strategy="flash")
+    assert rudnn.attention_last_algorithm() == "flash_sm90ws"
 
 
 @pytest.mark.cuda
@@ -421,12 +454,7 @@ def test_auto_backward_picks_flash_for_d64():
 @pytest.mark.parametrize("name", ["d64_tile_tail", "d128_gqa4", "all_options", "decode", "sq_gt_sk_causal",
                                   "flash_long_causal_d128", "flash_no_keys_d64", "flash_float_mask_bias_d128"])
 def test_every_flash_backward_on_hopper(monkeypatch, kernel, name):
-    case = dict(CASES[name])
-    B, Hq, Hkv, Sq, Sk, D, Dv = case["shape"]
-    if D not in (64, 128):
-        case["shape"] = (B, Hq, Hkv, Sq, Sk, 64, 64)
-    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", kernel)
-    q, k, v, opts = _inputs(case, torch.bfloat16, "cuda")
+    q, k, v, opts = _hopper_inputs(monkeypatch, kernel, name)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **opts)
     dout = rand(out.shape, torch.bfloat16, "cuda", seed=7)
     grads = rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash", **opts)

@@ -165,7 +165,8 @@ FLASH_SM90_EDITS = [("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900", "#if 
 # ... and the warp-specialized sm90a kernel's (flash_sm90_ws.cuh).
 FLASH_SM90WS_EDITS = [("cutlass::arch::ClusterBarrier", "EmuMbarrier"),
                       ("cutlass::arch::NamedBarrier", "EmuNamedBarrier"),
-                      ("cutlass::arch::cpasync_barrier_arrive_noinc(", "emu_cpasync_barrier_arrive_noinc("),
+                      ("cutlass::arch::ClusterTransactionBarrier", "EmuMbarrier"),
+                      ("SM90_TMA_LOAD_4D::copy(", "emu_tma_load_4d("),
                       ("cutlass::arch::fence_barrier_init()", "emu_fence_barrier_init()"),
                       ("cutlass::arch::warpgroup_reg_dealloc<", "emu_setmaxnreg<"),
                       ("cutlass::arch::warpgroup_reg_alloc<", "emu_setmaxnreg<")]
@@ -287,7 +288,8 @@ def test_flash_sm90_backward_kernels(flash_emulator, tmp_path, name):
 # cp.async group has landed, one whose softmax reads the accumulator with the MMA's row and column
 # pairs swapped, sm90a forwards whose wgmma reads the first 16 columns of K (or the first 16 keys
 # of V) at every k step, and warp-specialized ones whose consumers read V from the first stage of
-# the ring only, or the next block's scores before waiting for their wgmma group.
+# the ring only, or the next block's scores before waiting for their wgmma group, or whose TMA
+# boxes land in the wrong place or copy the wrong slab.
 PLANTED_FLASH_BUGS = {
     "k_read_before_its_copy_lands": ("cp_async_wait<0>();  // Q and K of block n have landed", ";", "sm80"),
     # the accumulator's (row, col) view with the m16n8 atom's row pair and column pair swapped
@@ -303,14 +305,20 @@ PLANTED_FLASH_BUGS = {
         "      warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done", "", "sm90ws"),
     "sm90_k_descriptor_not_advanced": ("    cute::gemm(mma, a(_, _, kk), b(_, _, kk), acc);\n    mma.accumulate_",
                                        "    cute::gemm(mma, a(_, _, kk), b(_, _, 0), acc);\n    mma.accumulate_", "sm90"),
+    # TMA: both consumers' Q boxes land in the first consumer's rows; every K box copies D's first slab.
+    "sm90ws_tma_q_boxes_overlap": ("q_bytes + slab * (Cfg::kQBytes / Cfg::kSlabs) + half * Cfg::kBoxBytes,",
+                                   "q_bytes + slab * (Cfg::kQBytes / Cfg::kSlabs),", "sm90ws"),
+    "sm90ws_tma_k_slab_coordinate_ignored": (
+        "tiles + stage * Cfg::kTileBytes + slab * Cfg::kBoxBytes, slab * 64,",
+        "tiles + stage * Cfg::kTileBytes + slab * Cfg::kBoxBytes, 0,", "sm90ws", "d128_causal"),
 }
 
 
 @pytest.mark.parametrize("bug", list(PLANTED_FLASH_BUGS))
 def test_flash_emulator_catches_planted_bug(tmp_path, bug):
-    old, new, generation = PLANTED_FLASH_BUGS[bug]
+    old, new, generation, *case = PLANTED_FLASH_BUGS[bug]
     exe = build_emulator("attention_flash_emu.cpp", _flash_source([(old, new)]), tmp_path, needs_cutlass=True)
-    q, k, v, opts = _flash_inputs("causal_three_blocks", seed=21)
+    q, k, v, opts = _flash_inputs(case[0] if case else "causal_three_blocks", seed=21)
     out, _ = _run(exe, tmp_path, q, k, v, dict(opts), env={"EMU_FLASH_GENERATION": generation})
     o64, _ = _oracle(q, k, v, opts)
     assert not torch.allclose(out.double(), o64, atol=0.05), f"{bug} went unnoticed"
@@ -318,8 +326,8 @@ def test_flash_emulator_catches_planted_bug(tmp_path, bug):
 
 # ... and the backward: an sm80 dq kernel of 8 warps (D = 128) that reads dS back from shared
 # memory before the other warps of its rows have written their halves, an sm80 dk/dv kernel whose
-# dK takes P^T instead of dS^T, and sm90a ones whose dK reads dO^T instead of Q^T or whose dq
-# kernel reads S and dP before waiting for their wgmma group. (A [D, 64] view that is not the
+# dK takes P^T instead of dS^T, and sm90a ones whose dK reads dO^T instead of Q^T or that read
+# products (S and dP in the dq kernel) before waiting for their wgmma group. (A [D, 64] view that is not the
 # transpose of its tile cannot be planted: CuTe rejects the non-canonical layout when compiling.)
 PLANTED_FLASH_BACKWARD_BUGS = {
     "dq_reads_ds_before_every_warp_wrote_it": (
@@ -327,11 +335,9 @@ PLANTED_FLASH_BACKWARD_BUGS = {
         "sm80"),
     "dk_from_p_instead_of_ds": ("smem_gemm(mma, copy_at, tKsdSt, tKrdSt,", "smem_gemm(mma, copy_at, tVsPt, tKrdSt,",
                                 "dk", "sm80"),
-    "sm90_dk_from_dout_instead_of_q": ("wgmma_accumulate(mma_kv, tKrdSt, tKrQt, acc_dk90);",
-                                       "wgmma_accumulate(mma_kv, tKrdSt, tVrdOt, acc_dk90);", "dk", "sm90"),
+    "sm90_dk_from_dout_instead_of_q": ("tKrdSt, tKrQt, acc_dk90);", "tKrdSt, tVrdOt, acc_dk90);", "dk", "sm90"),
     "sm90_dq_reads_scores_before_their_wait": (
-        "    wgmma_overwrite(mma_s, tPrdO, tPrV, acc_dp90);\n    warpgroup_commit_batch();\n    warpgroup_wait<0>();",
-        "    wgmma_overwrite(mma_s, tPrdO, tPrV, acc_dp90);\n    warpgroup_commit_batch();", "dq", "sm90"),
+        "  warpgroup_wait<0>();\n  warpgroup_fence_operand(acc1);", "  warpgroup_fence_operand(acc1);", "dq", "sm90"),
 }
 
 

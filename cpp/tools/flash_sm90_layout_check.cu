@@ -54,6 +54,18 @@ int check() {
     }
     for (int i = 0; i < 64 * D; ++i) if (seen[i] != 1) ++errors;
   }
+  // TMA boxes: element (row, col) of a 64-row Q, K or V tile sits in the 64-column slab col / 64
+  // (8 KB each) at row * 128 bytes + its column's bytes, 128-byte swizzled: what one 64 x 64 box
+  // with CU_TENSOR_MAP_SWIZZLE_128B writes at the slab's (1024-aligned) address. (The GMMA layouts'
+  // swizzle acts on byte addresses through the smem pointer: applied here to the unswizzled
+  // offset's bytes.)
+  auto sw128 = [](int a) { return a ^ (((a >> 7) & 7) << 4); };
+  auto tma_byte = [&](int row, int col) { return (col / 64) * 8192 + sw128(row * 128 + (col % 64) * 2); };
+  for (int r = 0; r < 64; ++r) for (int c = 0; c < D; ++c) {
+    if (sw128(2 * int(lk.layout_b()(r, c))) != tma_byte(r, c)) ++errors;
+    if (sw128(2 * int(lv.layout_b()(r, c))) != tma_byte(r, c)) ++errors;
+    if (sw128(2 * int(lq.layout_b()(r, c))) != tma_byte(r, c)) ++errors;
+  }
   printf("D=%d sm90 errors %d smemQ cosize %d\n", D, errors, int(cosize(typename Cfg::SmemLayoutQ{})));
   return errors;
 }

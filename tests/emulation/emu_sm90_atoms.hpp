@@ -7,10 +7,11 @@
 //     MN-major, through its descriptor; 128-byte swizzle. Every thread computes its own N / 2
 //     accumulators, from shared memory as it is when the kernel waits for the group
 //     (emu_warpgroup_wait), the latest moment the hardware may read it;
-//   EmuMbarrier, emu_cpasync_barrier_arrive_noinc, EmuNamedBarrier  mbarrier init / arrive /
-//     phase-parity wait, the cp.async arrival (after the thread's copies have landed) and the
-//     named barriers of the warp-specialized kernel; setmaxnreg and the barrier-init fence are
-//     no-ops.
+//   EmuMbarrier, EmuNamedBarrier  mbarrier init / arrive / expected transaction bytes /
+//     phase-parity wait, and the named barriers of the warp-specialized kernel; setmaxnreg and
+//     the barrier-init fence are no-ops;
+//   emu_tma_load_4d, emu_encode_tma  the TMA tile copy (128-byte swizzle, zeros outside the
+//     tensor, bytes completed on an mbarrier) and its descriptor.
 // Shared-memory addresses reach the descriptors through cute::cast_smem_ptr_to_uint, which here
 // (through the NVVM hook CuTe already has) gives the offset from the running block's shared
 // memory, so the descriptors hold the offsets the kernel would see on the GPU with its
@@ -26,6 +27,8 @@ inline std::uint32_t __nvvm_get_smem_pointer(const void* p) {
 }
 
 #include "emu_sm80_atoms.hpp"
+
+#include "attention/tma.hpp"
 
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <condition_variable>
@@ -164,13 +167,16 @@ using EmuGmmaRS128F16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32F16F16_RS<A, B>, c
 template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS128BF16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32BF16BF16_RS<A, B>, cute::bfloat16_t, 128, true, B>;
 
-// mbarrier (the ClusterBarrier static interface the kernels use: init, arrive, wait on a phase
-// parity), kept beside shared memory by address. A phase completes when `count` arrivals have
-// happened; wait(parity) returns once the phase with that parity has completed, i.e. while the
-// current phase's parity differs (so a wait for parity 1 on a fresh barrier passes at once).
+// mbarrier (the ClusterBarrier / ClusterTransactionBarrier static interface the kernels use: init,
+// arrive, arrive with an expected transaction count, wait on a phase parity), kept beside shared
+// memory by address. A phase completes when `count` arrivals have happened and the transaction
+// bytes expected in it have all completed (TMA copies complete theirs with complete_tx);
+// wait(parity) returns once the phase with that parity has completed, i.e. while the current
+// phase's parity differs (so a wait for parity 1 on a fresh barrier passes at once).
 struct EmuMbarrier {
   struct State {
     unsigned count = 0, pending = 0, completed = 0;
+    long long tx = 0;  // expected bytes not yet completed
   };
   static inline std::mutex mutex;
   static inline std::condition_variable changed;
@@ -178,22 +184,81 @@ struct EmuMbarrier {
 
   static void init(const std::uint64_t* bar, std::uint32_t count) {
     std::lock_guard<std::mutex> lock(mutex);
-    states[bar] = State{count, count, 0};
+    states[bar] = State{count, count, 0, 0};
   }
-  static void arrive(const std::uint64_t* bar) {
-    std::lock_guard<std::mutex> lock(mutex);
-    State& s = states.at(bar);
-    if (--s.pending == 0) {
+  static void complete_phase_if_done(State& s) {  // the caller holds the lock
+    if (s.pending == 0 && s.tx == 0) {
       s.pending = s.count;
       ++s.completed;
       changed.notify_all();
     }
+  }
+  static void arrive(const std::uint64_t* bar) {
+    std::lock_guard<std::mutex> lock(mutex);
+    State& s = states.at(bar);
+    if (s.pending == 0) {
+      std::fprintf(stderr, "mbarrier stand-in: more arrivals than its count in one phase\n");
+      std::abort();
+    }
+    --s.pending;
+    complete_phase_if_done(s);
+  }
+  static void arrive_and_expect_tx(const std::uint64_t* bar, std::uint32_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      states.at(bar).tx += bytes;
+    }
+    arrive(bar);
+  }
+  static void complete_tx(const std::uint64_t* bar, std::uint32_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex);
+    State& s = states.at(bar);
+    s.tx -= bytes;
+    complete_phase_if_done(s);
   }
   static void wait(const std::uint64_t* bar, std::uint32_t parity) {
     std::unique_lock<std::mutex> lock(mutex);
     changed.wait(lock, [&] { return (states.at(bar).completed & 1u) != (parity & 1u); });
   }
 };
+
+// cp.async.bulk.tensor.4d (TMA) into shared memory with the 128-byte swizzle, completing its
+// bytes on an mbarrier. The descriptor holds what the host gave the encoder
+// (rudnn::attention::TmaTensor4d, stored by emu_encode_tma in place of the driver's opaque
+// format). Box element (i, j) (i along dims[0]) goes to byte j * box[0] * 2 + i * 2 of the box,
+// whose 16-byte chunk index (bits 4-6) is XORed with bits 7-9 (the box starts 1024-aligned);
+// elements outside the tensor are zeros; the full box's bytes complete on the barrier.
+inline CUtensorMap emu_encode_tma(const rudnn::attention::TmaTensor4d& t) {
+  static_assert(sizeof(rudnn::attention::TmaTensor4d) <= sizeof(CUtensorMap), "descriptor stand-in too big");
+  CUtensorMap map{};
+  std::memcpy(&map, &t, sizeof t);
+  return map;
+}
+inline void emu_tma_load_4d(const void* desc, std::uint64_t* mbar, std::uint64_t, void* smem, std::int32_t c0,
+                            std::int32_t c1, std::int32_t c2, std::int32_t c3) {
+  rudnn::attention::TmaTensor4d t;
+  std::memcpy(&t, desc, sizeof t);
+  if (reinterpret_cast<std::uintptr_t>(smem) % 1024 != 0 || t.box[2] != 1 || t.box[3] != 1 || t.box[0] * 2 != 128) {
+    std::fprintf(stderr, "TMA stand-in: only 1024-aligned 2-D boxes of 128-byte rows are emulated\n");
+    std::abort();
+  }
+  const std::int64_t crd[4] = {c0, c1, c2, c3};
+  const auto* base = static_cast<const unsigned char*>(t.base);
+  auto* dst = static_cast<unsigned char*>(smem);
+  for (std::uint32_t j = 0; j < t.box[1]; ++j) {
+    for (std::uint32_t i = 0; i < t.box[0]; ++i) {
+      const std::int64_t x = crd[0] + i, y = crd[1] + j;
+      std::uint16_t value = 0;
+      if (x >= 0 && y >= 0 && crd[2] >= 0 && crd[3] >= 0 && std::uint64_t(x) < t.dims[0] &&
+          std::uint64_t(y) < t.dims[1] && std::uint64_t(crd[2]) < t.dims[2] && std::uint64_t(crd[3]) < t.dims[3])
+        std::memcpy(&value, base + x * 2 + y * t.strides_bytes[0] + crd[2] * t.strides_bytes[1] +
+                                crd[3] * t.strides_bytes[2], 2);
+      const std::uint32_t offset = j * t.box[0] * 2 + i * 2;
+      std::memcpy(dst + (offset ^ (((offset >> 7) & 7u) << 4)), &value, 2);
+    }
+  }
+  EmuMbarrier::complete_tx(mbar, t.box[0] * t.box[1] * 2);
+}
 
 // Named barriers (bar.sync / bar.arrive with a thread count; the NamedBarrier static interface):
 // a phase completes when `count` threads have arrived, and bar.sync waits for the phase it arrived
@@ -228,14 +293,6 @@ struct EmuNamedBarrier {
     changed.wait(lock, [&] { return states[id].completed != phase; });
   }
 };
-
-// cp.async.mbarrier.arrive.noinc: the arrival happens once this thread's earlier copies have
-// landed; here they land now.
-inline void emu_cpasync_barrier_arrive_noinc(const std::uint64_t* bar) {
-  emu_cp_async_fence();
-  emu_cp_async_wait<0>();
-  EmuMbarrier::arrive(bar);
-}
 
 // setmaxnreg and fence.mbarrier_init: nothing to do on the host.
 template <std::uint32_t kRegisters>

@@ -5,7 +5,8 @@
 //               where the sm90a kernel (flash_sm90.cuh: wgmma for both GEMMs) runs. The
 //               environment variable RUDNN_ATTENTION_FLASH=sm80|sm90|sm90ws forces one
 //               generation where it has a kernel for the head dims (sm90ws: the warp-specialized
-//               sm90a kernel, flash_sm90_ws.cuh, not the default until measured).
+//               sm90a kernel with TMA loads, flash_sm90_ws.cuh, not the default until measured;
+//               packed varlen batches and zero-stride operands run sm90 instead).
 //               backward, f16/bf16, the same head-dim pairs: the CuTe sm80 kernels
 //               (flash_bwd_sm80.cuh) where the device's shared memory per block holds their
 //               tiles (D = 256 takes 144 KiB: A100 and Hopper, not Ada or consumer Ampere); on
@@ -25,6 +26,7 @@
 #include <tuple>
 
 #include "attention/kernels.hpp"
+#include "attention/tma.hpp"
 #include "core/check.hpp"
 #include "core/cuda_check.hpp"
 #include "core/device.hpp"
@@ -113,7 +115,8 @@ const char* run_flash_forward(const AttentionForwardArgs& a, const Problem& p, S
   float* lse = a.lse ? a.lse->ptr<float>() : nullptr;
   const FlashKernels& kernels = *flash_kernels_for(p);
   const Generation generation = flash_generation();
-  if (generation == Generation::sm90ws && kernels.forward_sm90ws != nullptr) {
+  if (generation == Generation::sm90ws && kernels.forward_sm90ws != nullptr &&
+      tma_forward_supports(p, a.q.data, a.k.data, a.v.data)) {
     kernels.forward_sm90ws(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
     return "flash_sm90ws";
   }

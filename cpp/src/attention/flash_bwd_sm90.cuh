@@ -40,6 +40,27 @@ struct Sm90BwdConfig : Sm90Config<Element, kHeadDim> {
   static constexpr int kBwdSmemBytes = kStatsOffset + 2 * 2 * BM * int(sizeof(float));
 };
 
+// Two products as one wgmma group, waited for: acc1 = A1 B1 and acc2 = A2 B2 (kOverwrite), or
+// acc1 += A1 B1 and acc2 += A2 B2.
+template <bool kOverwrite, class Mma, class A1, class B1, class Acc1, class A2, class B2, class Acc2>
+__device__ __forceinline__ void wgmma_pair(Mma& mma, A1 const& a1, B1 const& b1, Acc1& acc1, A2 const& a2,
+                                           B2 const& b2, Acc2& acc2) {
+  warpgroup_fence_operand(acc1);
+  warpgroup_fence_operand(acc2);
+  warpgroup_arrive();
+  if constexpr (kOverwrite) {
+    wgmma_overwrite(mma, a1, b1, acc1);
+    wgmma_overwrite(mma, a2, b2, acc2);
+  } else {
+    wgmma_accumulate(mma, a1, b1, acc1);
+    wgmma_accumulate(mma, a2, b2, acc2);
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc1);
+  warpgroup_fence_operand(acc2);
+}
+
 template <class Element, int kHeadDim, bool kPlain>
 __global__ void __launch_bounds__(128)
     dq_sm90_kernel(const __grid_constant__ BackwardProblem bp, const Element* __restrict__ dout,
@@ -133,15 +154,7 @@ __global__ void __launch_bounds__(128)
     cute::Tensor tPrV = thr_s.make_fragment_B(thr_s.partition_B(sV(stage)));
     cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
     cute::Tensor acc_dp90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
-    warpgroup_fence_operand(acc_s90);
-    warpgroup_fence_operand(acc_dp90);
-    warpgroup_arrive();
-    wgmma_overwrite(mma_s, tSrQ, tSrK, acc_s90);
-    wgmma_overwrite(mma_s, tPrdO, tPrV, acc_dp90);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_s90);
-    warpgroup_fence_operand(acc_dp90);
+    wgmma_pair<true>(mma_s, tSrQ, tSrK, acc_s90, tPrdO, tPrV, acc_dp90);
     cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
     cute::Tensor acc_dp = make_tensor(acc_dp90.data(), AccLayoutS{});
     probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k,
@@ -282,15 +295,7 @@ __global__ void __launch_bounds__(128)
     cute::Tensor tPrdO = thr_s.make_fragment_B(thr_s.partition_B(sdO(stage)));
     cute::Tensor acc_st90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
     cute::Tensor acc_dpt90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
-    warpgroup_fence_operand(acc_st90);
-    warpgroup_fence_operand(acc_dpt90);
-    warpgroup_arrive();
-    wgmma_overwrite(mma_s, tSrK, tSrQ, acc_st90);
-    wgmma_overwrite(mma_s, tPrV, tPrdO, acc_dpt90);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_st90);
-    warpgroup_fence_operand(acc_dpt90);
+    wgmma_pair<true>(mma_s, tSrK, tSrQ, acc_st90, tPrV, tPrdO, acc_dpt90);
     cute::Tensor acc_st = make_tensor(acc_st90.data(), AccLayoutS{});
     cute::Tensor acc_dpt = make_tensor(acc_dpt90.data(), AccLayoutS{});
     const float* s_lse = s_stats + stage * 2 * BM;
@@ -309,15 +314,7 @@ __global__ void __launch_bounds__(128)
     cute::Tensor tKrdSt = make_tensor(rdSt.data(), acc_as_a(rdSt.layout()));
     cute::Tensor tVrdOt = thr_kv.make_fragment_B(thr_kv.partition_B(sdOt(stage)));
     cute::Tensor tKrQt = thr_kv.make_fragment_B(thr_kv.partition_B(sQt(stage)));
-    warpgroup_fence_operand(acc_dv90);
-    warpgroup_fence_operand(acc_dk90);
-    warpgroup_arrive();
-    wgmma_accumulate(mma_kv, tVrPt, tVrdOt, acc_dv90);
-    wgmma_accumulate(mma_kv, tKrdSt, tKrQt, acc_dk90);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_dv90);
-    warpgroup_fence_operand(acc_dk90);
+    wgmma_pair<false>(mma_kv, tVrPt, tVrdOt, acc_dv90, tKrdSt, tKrQt, acc_dk90);
     __syncthreads();  // every warp is done reading this stage (and its lse, delta) before it is refilled
   }
   cp_async_wait<0>();

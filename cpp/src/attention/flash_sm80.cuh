@@ -354,11 +354,12 @@ namespace rudnn::attention::flash {
 // Host side of every flash forward kernel: one CTA of `threads` per `rows_per_cta` query rows of
 // each (head, sequence), the plain instantiation when Problem::plain_scores() allows it, the
 // general one otherwise. supports (attention_cuda.cu) has checked dtype, head dims, alignment and
-// grid limits.
-template <class Element, class Kernel>
+// grid limits. `extra` follows lse among the kernel's arguments (the sm90ws kernel's TMA
+// descriptors).
+template <class Element, class Kernel, class... Extra>
 void launch_forward_kernel(const Problem& p, Kernel plain, Kernel general, int rows_per_cta, int threads,
                            int smem_bytes, const void* q, const void* k, const void* v, void* out, float* lse,
-                           Stream stream) {
+                           Stream stream, const Extra&... extra) {
   const std::int64_t m_blocks = (p.sq + rows_per_cta - 1) / rows_per_cta;
   if (m_blocks == 0 || p.hq == 0 || p.batch == 0) return;
   const dim3 grid(unsigned(m_blocks), unsigned(p.hq), unsigned(p.batch));
@@ -367,7 +368,7 @@ void launch_forward_kernel(const Problem& p, Kernel plain, Kernel general, int r
     RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   kernel<<<grid, threads, smem_bytes, static_cast<cudaStream_t>(stream)>>>(
       p, static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
-      static_cast<Element*>(out), lse);
+      static_cast<Element*>(out), lse, extra...);
   RUDNN_CUDA_CHECK_LAUNCH("attention flash forward kernel");
 }
 

@@ -47,9 +47,10 @@ struct Sm90Config : Sm80Config<Element, kHeadDim> {
   using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                              Shape<Int<Base::kBlockN>, Int<kHeadDim>>{}));
   // V as the B operand of P V: [Dv, BN] with Dv contiguous (MN-major), and the same bytes seen as
-  // [BN, Dv] for the cp.async loads of V's rows.
+  // [BN, Dv] for the loads of V's rows. The 64-column slabs of Dv are outermost (each 64 keys x
+  // 128 bytes, like K's): one TMA box per slab (flash_sm90_ws.cuh).
   using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
-                                              Shape<Int<kHeadDim>, Int<Base::kBlockN>>{}));
+                                              Shape<Int<kHeadDim>, Int<Base::kBlockN>>{}, Step<_2, _1>{}));
   using SmemLayoutV = decltype(composition(SmemLayoutVt{},
                                            make_layout(Shape<Int<Base::kBlockN>, Int<kHeadDim>>{}, GenRowMajor{})));
 };

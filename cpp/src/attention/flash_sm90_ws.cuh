@@ -1,9 +1,11 @@
 // The warp-specialized "flash" forward for Hopper (sm90a), FlashAttention-3's CTA structure:
 // three warpgroups per CTA of 128 query rows.
-//   producer    warpgroup 0 (registers given back with setmaxnreg): streams the key blocks' K and
-//               V tiles into a three-stage ring in shared memory with cp.async; each thread's
-//               copies of a tile arrive on that tile's "full" mbarrier when they land
-//               (cp.async.mbarrier.arrive.noinc), so several tiles are in flight at once;
+//   producer    warpgroup 0 (registers given back with setmaxnreg), of which one thread issues
+//               every load as a TMA copy (cp.async.bulk.tensor, flash tiles in 64 x 64 boxes, one
+//               per 128-byte slab of D; tma.hpp): Q once, then the key blocks' K and V tiles into
+//               a three-stage ring in shared memory. Each copy completes bytes on its tile's
+//               "full" mbarrier, which the thread armed with the tile's size; rows past the
+//               sequence arrive as zeros from the hardware;
 //   consumers   warpgroups 1 and 2, 64 query rows each: S = Q K^T (wgmma SS), masking and the
 //               online softmax in registers, O += P V (wgmma RS, P from registers), then an
 //               arrival on the stage's "empty" mbarrier that hands the slot back. Within a
@@ -13,14 +15,18 @@
 // K and V have separate full barriers, so S = Q K^T starts while V is still landing. Both
 // consumers walk the key blocks any row of the CTA sees; the masking handles the rest.
 //
-// Not yet FlashAttention-3: TMA loads (cp.async from a whole warpgroup instead). Layouts, the wgmma
-// atoms and the per-element code are the sm90a kernel's (flash_sm90.cuh).
+// TMA needs one descriptor per operand over its (D, S, H, B) dims, so packed variable-length
+// batches and broadcast (zero-stride) operands are left to the sm90 kernel (flash_sm90.cuh);
+// tma_forward_supports (tma.hpp) says which. Layouts, the wgmma atoms and the per-element code are the
+// sm90a kernel's.
 #pragma once
 
+#include <cute/arch/copy_sm90_tma.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "attention/flash_sm90.cuh"
+#include "attention/tma.hpp"
 
 namespace rudnn::attention::flash {
 
@@ -38,16 +44,21 @@ struct Sm90WsConfig : Sm90Config<Element, kHeadDim> {
                                              Shape<Int<kRowsPerCta>, Int<kHeadDim>>{}));
   static constexpr int kQBytes = kRowsPerCta * kHeadDim * int(sizeof(Element));
   static constexpr int kTileBytes = Base::kBlockN * kHeadDim * int(sizeof(Element));
-  // Q, then per stage K and V, then the mbarriers (full K, full V, empty per stage).
+  // A TMA box: 64 rows of one 128-byte slab of D. A K or V tile is kSlabs boxes kBoxBytes apart;
+  // Q's slabs hold its 128 rows, so its boxes are kQBytes / kSlabs apart per slab, kBoxBytes per
+  // consumer (flash_sm90_layout_check.cu checks that the GMMA layouts are these boxes).
+  static constexpr int kSlabs = kHeadDim / 64;
+  static constexpr int kBoxBytes = 64 * 64 * int(sizeof(Element));
+  // Q, then per stage K and V, then the mbarriers (full Q; full K, full V, empty per stage).
   static constexpr int kBarrierOffset = kQBytes + 2 * kStages * kTileBytes;
-  static constexpr int kSmemBytes = kBarrierOffset + 3 * kStages * 8;
+  static constexpr int kSmemBytes = kBarrierOffset + (1 + 3 * kStages) * 8;
 };
 
 template <class Element, int kHeadDim, bool kPlain>
 __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
     forward_sm90ws_kernel(const __grid_constant__ Problem p, const Element* __restrict__ q,
                           const Element* __restrict__ k, const Element* __restrict__ v, Element* __restrict__ out,
-                          float* __restrict__ lse) {
+                          float* __restrict__ lse, const __grid_constant__ TmaLoads tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Cfg = Sm90WsConfig<Element, kHeadDim>;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -67,17 +78,13 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
     return make_tensor(make_smem_ptr(smem + (Cfg::kQBytes + stage * Cfg::kTileBytes) / int(sizeof(Element))),
                        typename Cfg::SmemLayoutK{});
   };
-  auto sV = [&](int stage) {
-    return make_tensor(
-        make_smem_ptr(smem + (Cfg::kQBytes + (kStages + stage) * Cfg::kTileBytes) / int(sizeof(Element))),
-        typename Cfg::SmemLayoutV{});
-  };
   auto sVt = [&](int stage) {
     return make_tensor(
         make_smem_ptr(smem + (Cfg::kQBytes + (kStages + stage) * Cfg::kTileBytes) / int(sizeof(Element))),
         typename Cfg::SmemLayoutVt{});
   };
-  std::uint64_t* full_k = reinterpret_cast<std::uint64_t*>(smem_raw + Cfg::kBarrierOffset);
+  std::uint64_t* full_q = reinterpret_cast<std::uint64_t*>(smem_raw + Cfg::kBarrierOffset);
+  std::uint64_t* full_k = full_q + 1;
   std::uint64_t* full_v = full_k + kStages;
   std::uint64_t* empty = full_v + kStages;
 
@@ -85,66 +92,45 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
   const std::int64_t rows_here = len_q - cta_m0 < Cfg::kRowsPerCta ? len_q - cta_m0 : Cfg::kRowsPerCta;
   cuda::key_block_range(p, cta_m0, rows_here, len_q, len_k, BN, n_first, n_last);
 
-  // Everyone: the barriers (one thread), Q (the producer's threads, 64 rows at a time).
-  typename Cfg::GmemCopy gmem_copy;
-  auto gmem_thr = gmem_copy.get_thread_slice(tid);
-  cute::Tensor tQc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
-  cute::Tensor tKVc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
   if (threadIdx.x == 0) {
+    Barrier::init(full_q, 1);  // the producer's arming arrival, then the bytes of the copies
     for (int s = 0; s < kStages; ++s) {
-      Barrier::init(&full_k[s], 128);            // every producer thread's copies of the tile
-      Barrier::init(&full_v[s], 128);
+      Barrier::init(&full_k[s], 1);
+      Barrier::init(&full_v[s], 1);
       Barrier::init(&empty[s], 128 * Cfg::kConsumers);  // every consumer thread is done with it
     }
     cutlass::arch::fence_barrier_init();
   }
-  if (warpgroup == 0) {
-    cute::Tensor gQ = head_rows<kHeadDim>(q, p.q, b, h, q0, len_q);
-    for (int half = 0; half < Cfg::kConsumers; ++half) {
-      const std::int64_t m0 = cta_m0 + 64 * half;
-      cute::Tensor tQg = gmem_thr.partition_S(local_tile(gQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m0 / BM, 0)));
-      cute::Tensor tQs = gmem_thr.partition_D(local_tile(sQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(half, 0)));
-      copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
-    }
-    cp_async_fence();
-    cp_async_wait<0>();
-    cutlass::arch::fence_view_async_shared();  // Q is read by wgmma (async proxy)
-  }
   __syncthreads();
 
   if (warpgroup == 0) {
-    // ---- producer ----
+    // ---- producer: one thread issues every copy ----
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegisters>();
-    cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
-                                 make_coord(_, 0));
-    cute::Tensor gV = local_tile(head_rows<kHeadDim>(v, p.v, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
-                                 make_coord(_, 0));
-    cute::Tensor tKg = gmem_thr.partition_S(gK);
-    cute::Tensor tVg = gmem_thr.partition_S(gV);
+    if (tid != 0) return;
+    using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+    constexpr std::uint64_t kCacheHint = std::uint64_t(TMA::CacheHintSm90::EVICT_NORMAL);
+    unsigned char* q_bytes = smem_raw;
+    unsigned char* tiles = smem_raw + Cfg::kQBytes;
+    TxBarrier::arrive_and_expect_tx(full_q, Cfg::kQBytes);
+    for (int half = 0; half < Cfg::kConsumers; ++half)
+      for (int slab = 0; slab < Cfg::kSlabs; ++slab)
+        SM90_TMA_LOAD_4D::copy(&tma.q, full_q, kCacheHint,
+                               q_bytes + slab * (Cfg::kQBytes / Cfg::kSlabs) + half * Cfg::kBoxBytes, slab * 64,
+                               int(cta_m0 + 64 * half), int(h), int(b));
     for (std::int64_t n = n_first, i = 0; n < n_last; ++n, ++i) {
       const int stage = int(i % kStages);
       Barrier::wait(&empty[stage], std::uint32_t((i / kStages) & 1) ^ 1u);  // the first round passes
-      cute::Tensor tKs = gmem_thr.partition_D(sK(stage));
-      cute::Tensor tVs = gmem_thr.partition_D(sV(stage));
-      const std::int64_t rows = len_k - n * BN;
-      if (rows >= BN) {  // a whole tile: every byte arrives by cp.async, tracked by the barriers
-        cute::copy(gmem_copy, tKg(_, _, _, n), tKs);
-        cutlass::arch::cpasync_barrier_arrive_noinc(&full_k[stage]);
-        cute::copy(gmem_copy, tVg(_, _, _, n), tVs);
-        cutlass::arch::cpasync_barrier_arrive_noinc(&full_v[stage]);
-      } else {  // the sequence's last tile: rows past its end are zeroed by plain stores, so this
-                // thread waits for its copies and publishes everything with a releasing arrive
-        copy_rows(gmem_copy, tKg(_, _, _, n), tKs, tKVc, rows);
-        copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tKVc, rows);
-        cp_async_fence();
-        cp_async_wait<0>();
-        cutlass::arch::fence_view_async_shared();  // the zeros are read by wgmma (async proxy)
-        Barrier::arrive(&full_k[stage]);
-        Barrier::arrive(&full_v[stage]);
-      }
+      TxBarrier::arrive_and_expect_tx(&full_k[stage], Cfg::kTileBytes);
+      for (int slab = 0; slab < Cfg::kSlabs; ++slab)
+        SM90_TMA_LOAD_4D::copy(&tma.k, &full_k[stage], kCacheHint,
+                               tiles + stage * Cfg::kTileBytes + slab * Cfg::kBoxBytes, slab * 64, int(n * BN),
+                               int(hk), int(b));
+      TxBarrier::arrive_and_expect_tx(&full_v[stage], Cfg::kTileBytes);
+      for (int slab = 0; slab < Cfg::kSlabs; ++slab)
+        SM90_TMA_LOAD_4D::copy(&tma.v, &full_v[stage], kCacheHint,
+                               tiles + (kStages + stage) * Cfg::kTileBytes + slab * Cfg::kBoxBytes, slab * 64,
+                               int(n * BN), int(hk), int(b));
     }
-    cp_async_fence();  // the whole tiles' copies were never committed to a group: commit them, so
-    cp_async_wait<0>();  // that this thread leaves with no copy in flight
     return;
   }
 
@@ -153,6 +139,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
   const int consumer = warpgroup - 1;
   const std::int64_t m0 = cta_m0 + 64 * consumer;
   cute::Tensor sQmine = local_tile(sQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(consumer, 0));
+  Barrier::wait(full_q, 0);
 
   typename Cfg::TiledMmaS mma_s;
   auto thr_s = mma_s.get_thread_slice(tid);
@@ -265,9 +252,16 @@ template <class Element, int kHeadDim>
 void launch_forward_sm90ws(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                            Stream stream) {
   using Cfg = Sm90WsConfig<Element, kHeadDim>;
+  if (p.sq == 0 || p.hq == 0 || p.batch == 0) return;
+  TmaLoads tma{};  // K and V stay unencoded when there are no keys (no copy is issued)
+  tma.q = encode_tma(tma_tensor_of(q, p.q, kHeadDim, p.sq, p.hq, p.batch), p.dtype);
+  if (p.sk > 0) {
+    tma.k = encode_tma(tma_tensor_of(k, p.k, kHeadDim, p.sk, p.hkv, p.batch), p.dtype);
+    tma.v = encode_tma(tma_tensor_of(v, p.v, kHeadDim, p.sk, p.hkv, p.batch), p.dtype);
+  }
   launch_forward_kernel<Element>(p, forward_sm90ws_kernel<Element, kHeadDim, true>,
                                  forward_sm90ws_kernel<Element, kHeadDim, false>, Cfg::kRowsPerCta, Cfg::kThreads,
-                                 Cfg::kSmemBytes, q, k, v, out, lse, stream);
+                                 Cfg::kSmemBytes, q, k, v, out, lse, stream, tma);
 }
 
 }  // namespace rudnn::attention::flash
