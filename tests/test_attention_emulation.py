@@ -324,14 +324,14 @@ def test_flash_emulator_catches_planted_bug(tmp_path, bug):
     assert not torch.allclose(out.double(), o64, atol=0.05), f"{bug} went unnoticed"
 
 
-# ... and the backward: an sm80 dq kernel of 8 warps (D = 128) that reads dS back from shared
+# ... and the backward: an sm80 dq kernel (8 warps) that reads dS back from shared
 # memory before the other warps of its rows have written their halves, an sm80 dk/dv kernel whose
 # dK takes P^T instead of dS^T, and sm90a ones whose dK reads dO^T instead of Q^T or that read
 # products (S and dP in the dq kernel) before waiting for their wgmma group. (A [D, 64] view that is not the
 # transpose of its tile cannot be planted: CuTe rejects the non-canonical layout when compiling.)
 PLANTED_FLASH_BACKWARD_BUGS = {
     "dq_reads_ds_before_every_warp_wrote_it": (
-        "      __syncthreads();\n      smem_gemm(mma, copy_a, tQsdS,", "      smem_gemm(mma, copy_a, tQsdS,", "dq",
+        "    __syncthreads();\n    smem_gemm(mma, copy_a, tQsdS,", "    smem_gemm(mma, copy_a, tQsdS,", "dq",
         "sm80"),
     "dk_from_p_instead_of_ds": ("smem_gemm(mma, copy_at, tKsdSt, tKrdSt,", "smem_gemm(mma, copy_at, tVsPt, tKrdSt,",
                                 "dk", "sm80"),

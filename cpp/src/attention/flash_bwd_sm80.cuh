@@ -10,11 +10,13 @@
 //           dV += P^T dO and dK += dS^T Q (transposed operands read with ldmatrix.trans)
 // dq recomputes S and dP that dkdv also computes: the price of needing no atomics.
 //
-// Warps: 4, stacked along the 64 rows of every product, for D = Dv = 64; 8 for wider heads
-// (4 along the rows x 2 splitting the columns), so that the dK and dV (or dQ) accumulators,
-// D or Dv floats per row, are spread over twice the threads instead of spilling. With the
-// columns split a warp holds only part of a row of dS, so dq then reads dS back from shared
-// memory like dkdv instead of feeding it from registers.
+// Warps: 8, 4 along the 64 rows of every product x 2 splitting its columns, so that the dK and dV
+// (or dQ) accumulators, D or Dv floats per row, are spread over 256 threads (with 4 warps the
+// dk/dv kernel spilled from D = 64 on). A warp holds only part of a row of dS, so dq reads dS
+// back from shared memory like dkdv.
+//
+// Loads overlap the products without a second buffer: V (dq) or dO (dk/dv) of the next block
+// streams in once the current one has been read for the last time, K or Q after that.
 #pragma once
 
 #include "attention/flash_sm80.cuh"
@@ -23,10 +25,9 @@
 namespace rudnn::attention::flash {
 
 template <class Element, int kHeadDim, int kHeadDimV>
-struct Sm80BwdConfig : Sm80Config<Element, kHeadDim, kHeadDimV, flash_backward_warps_along_n(kHeadDim, kHeadDimV)> {
-  using Base = Sm80Config<Element, kHeadDim, kHeadDimV, flash_backward_warps_along_n(kHeadDim, kHeadDimV)>;
+struct Sm80BwdConfig : Sm80Config<Element, kHeadDim, kHeadDimV, 2> {
+  using Base = Sm80Config<Element, kHeadDim, kHeadDimV, 2>;
   static constexpr int BM = Base::kBlockM, BN = Base::kBlockN;
-  static constexpr bool kDsFromRegisters = flash_backward_warps_along_n(kHeadDim, kHeadDimV) == 1;
   using SmemLayoutdO = decltype(tile_to_shape(typename Base::SmemAtom{}, Shape<Int<BM>, Int<kHeadDimV>>{}));
   using SmemLayoutPdS = decltype(tile_to_shape(typename Base::SmemAtom{}, Shape<Int<BM>, Int<BN>>{}));
   // Transposed views (no data movement): K^T [D, BN]; P^T, dS^T [BN, BM]; Q^T [D, BM]; dO^T [Dv, BM].
@@ -39,7 +40,7 @@ struct Sm80BwdConfig : Sm80Config<Element, kHeadDim, kHeadDimV, flash_backward_w
       decltype(composition(SmemLayoutdO{}, make_layout(Shape<Int<kHeadDimV>, Int<BM>>{}, GenRowMajor{})));
   static constexpr int kOperandBytes = (BM + BN) * (kHeadDim + kHeadDimV) * int(sizeof(Element));  // Q, dO, K, V
   static constexpr int kTileBytes = BM * BN * int(sizeof(Element));                                // P or dS
-  static constexpr int kDqSmemBytes = kOperandBytes + (kDsFromRegisters ? 0 : kTileBytes);
+  static constexpr int kDqSmemBytes = kOperandBytes + kTileBytes;  // and dS
   static constexpr int kDkdvSmemBytes = kOperandBytes + 2 * kTileBytes;
   static_assert(kDkdvSmemBytes == flash_backward_smem_bytes(kHeadDim, kHeadDimV) && kDkdvSmemBytes >= kDqSmemBytes,
                 "flash_backward_smem_bytes (kernels.hpp) must state what the kernels take");
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
   cute::Tensor sK = make_tensor(sdO.data() + size(sdO), typename Cfg::SmemLayoutK{});
   cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutV{});
   cute::Tensor sKt = make_tensor(sK.data(), typename Cfg::SmemLayoutKt{});
-  // dS for dQ += dS K when the warps split its rows (beyond the operands; none otherwise).
+  // dS for dQ += dS K.
   cute::Tensor sdS = make_tensor(sV.data() + size(sV), typename Cfg::SmemLayoutPdS{});
 
   typename Cfg::GmemCopy gmem_copy;
@@ -216,16 +217,21 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
   const std::int64_t rows_here = len_q - m0 < BM ? len_q - m0 : BM;
   cuda::key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
 
+  // Loads overlap the products as in the forward: V of block n + 1 streams in during the
+  // softmax-gradient math and dQ += dS K of block n (V is done with once dP exists); K of block
+  // n + 1 follows once dQ has read K of block n.
   copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
   copy_rows(gmem_copy, tdOg, tdOs, tdOc, len_q - m0);
+  if (n_first < n_last) {
+    copy_rows(gmem_copy, tKg(_, _, _, n_first), tKs, tKc, len_k - n_first * BN);
+    copy_rows(gmem_copy, tVg(_, _, _, n_first), tVs, tVc, len_k - n_first * BN);
+  }
   cp_async_fence();
 
   for (std::int64_t n = n_first; n < n_last; ++n) {
     const std::int64_t n0 = n * BN;
-    copy_rows(gmem_copy, tKg(_, _, _, n), tKs, tKc, len_k - n0);
-    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tVc, len_k - n0);
-    cp_async_fence();
-    cp_async_wait<0>();
+    const bool more = n + 1 < n_last;
+    cp_async_wait<0>();  // K and V of block n (and Q, dO the first time) have landed
     __syncthreads();
 
     cute::Tensor acc_s = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
@@ -234,27 +240,25 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
     clear(acc_dp);
     smem_gemm(mma, copy_a, tSsQ, tSrQ, tSrQ_view, copy_b, tSsK, tSrK, tSrK_view, acc_s);
     smem_gemm(mma, copy_a, tSsdO, tSrdO, tSrdO_view, copy_b, tSsV, tSrV, tSrV_view, acc_dp);
+    __syncthreads();  // every warp is done reading sV
+    if (more) {
+      copy_rows(gmem_copy, tVg(_, _, _, n + 1), tVs, tVc, len_k - n0 - BN);
+      cp_async_fence();
+    }
     probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k,
                                       [&](int r) { return lse_r[r]; }, [&](int r) { return delta_r[r]; });
 
-    // dQ += dS K, K^T through ldmatrix.trans.
-    if constexpr (Cfg::kDsFromRegisters) {  // each warp holds whole rows of dS: the A operand as it is
-      cute::Tensor rdS = make_tensor_like<Element>(acc_dp);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dp); ++i) rdS(i) = static_cast<Element>(acc_dp(i));
-      cute::Tensor tQrdS_acc = make_tensor(rdS.data(), acc_as_a(rdS.layout()));
-      CUTE_UNROLL
-      for (int kk = 0; kk < size<2>(tQrdS_acc); ++kk) {
-        cute::copy(copy_bt, tQsKt(_, _, kk), tQrKt_view(_, _, kk));
-        cute::gemm(mma, tQrdS_acc(_, _, kk), tQrKt(_, _, kk), acc_dq);
-      }
-    } else {  // a row of dS is spread over two warps: through shared memory
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_dp); ++i) sdS(get<0>(tScS(i)), get<1>(tScS(i))) = static_cast<Element>(acc_dp(i));
-      __syncthreads();
-      smem_gemm(mma, copy_a, tQsdS, tQrdS, tQrdS_view, copy_bt, tQsKt, tQrKt, tQrKt_view, acc_dq);
+    // dQ += dS K, dS through shared memory (a row of it is spread over two warps), K^T through
+    // ldmatrix.trans.
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dp); ++i) sdS(get<0>(tScS(i)), get<1>(tScS(i))) = static_cast<Element>(acc_dp(i));
+    __syncthreads();
+    smem_gemm(mma, copy_a, tQsdS, tQrdS, tQrdS_view, copy_bt, tQsKt, tQrKt, tQrKt_view, acc_dq);
+    __syncthreads();  // every warp is done reading sK and sdS
+    if (more) {
+      copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKc, len_k - n0 - BN);
+      cp_async_fence();
     }
-    __syncthreads();  // sK, sV (and sdS) are overwritten next
   }
   cp_async_wait<0>();
 
@@ -360,53 +364,73 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
   cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
 
-  copy_rows(gmem_copy, tKg, tKs, tKc, len_k - n0);
-  copy_rows(gmem_copy, tVg, tVs, tVc, len_k - n0);
-  cp_async_fence();
-
+  // The (query head, query block) pairs this CTA visits, in order: every head of the group, and of
+  // each the query blocks that see these keys. dO of the next pair streams in during dK += dS^T Q
+  // of this one (dO is done with once dV is updated); its Q follows once dK has read this Q.
   const std::int64_t cols_here = len_k - n0 < BN ? len_k - n0 : BN;
   std::int64_t m_first, m_last;
   cuda::query_block_range(p, n0, cols_here, len_q, len_k, BM, m_first, m_last);
+  const std::int64_t blocks_per_head = m_last > m_first ? m_last - m_first : 0;
+  const std::int64_t steps = p.group * blocks_per_head;
+  auto head_of = [&](std::int64_t i) { return hk * p.group + i / blocks_per_head; };
+  auto block_of = [&](std::int64_t i) { return m_first + i % blocks_per_head; };
+  auto load_q = [&](std::int64_t i) {
+    cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, head_of(i), q0, len_q),
+                                 Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(block_of(i), 0));
+    copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tQc, len_q - block_of(i) * BM);
+  };
+  auto load_dout = [&](std::int64_t i) {
+    cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, head_of(i), q0, len_q),
+                                  Shape<Int<BM>, Int<kHeadDimV>>{}, make_coord(block_of(i), 0));
+    copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tdOc, len_q - block_of(i) * BM);
+  };
 
-  for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
-    cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{},
-                                 make_coord(_, 0));
-    cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, h, q0, len_q),
-                                  Shape<Int<BM>, Int<kHeadDimV>>{}, make_coord(_, 0));
-    cute::Tensor tQg = gthr.partition_S(gQ);
-    cute::Tensor tdOg = gthr.partition_S(gdO);
-    for (std::int64_t m = m_first; m < m_last; ++m) {
-      const std::int64_t m0 = m * BM;
-      copy_rows(gmem_copy, tQg(_, _, _, m), tQs, tQc, len_q - m0);
-      copy_rows(gmem_copy, tdOg(_, _, _, m), tdOs, tdOc, len_q - m0);
+  copy_rows(gmem_copy, tKg, tKs, tKc, len_k - n0);
+  copy_rows(gmem_copy, tVg, tVs, tVc, len_k - n0);
+  if (steps > 0) {
+    load_q(0);
+    load_dout(0);
+  }
+  cp_async_fence();
+
+  for (std::int64_t i = 0; i < steps; ++i) {
+    const std::int64_t h = head_of(i), m0 = block_of(i) * BM;
+    const bool more = i + 1 < steps;
+    float lse_r[kRows], delta_r[kRows];
+    load_lse_delta(p, lse, delta, b, h, q0, m0, len_q, [&](int r) { return get<0>(tScS_rc(r, 0)); }, lse_r,
+                   delta_r);
+    cp_async_wait<0>();  // Q and dO of this step (and K, V the first time) have landed
+    __syncthreads();
+
+    cute::Tensor acc_s = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
+    cute::Tensor acc_dp = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
+    clear(acc_s);
+    clear(acc_dp);
+    smem_gemm(mma, copy_a, tSsQ, tSrQ, tSrQ_view, copy_b, tSsK, tSrK, tSrK_view, acc_s);
+    smem_gemm(mma, copy_a, tSsdO, tSrdO, tSrdO_view, copy_b, tSsV, tSrV, tSrV_view, acc_dp);
+    probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k,
+                                      [&](int r) { return lse_r[r]; }, [&](int r) { return delta_r[r]; });
+
+    // P and dS to shared memory (by coordinates) so that their transposes can be read back.
+    CUTE_UNROLL
+    for (int j = 0; j < size(acc_s); ++j) {
+      const int r = get<0>(tScS(j)), c = get<1>(tScS(j));
+      sP(r, c) = static_cast<Element>(acc_s(j));
+      sdS(r, c) = static_cast<Element>(acc_dp(j));
+    }
+    __syncthreads();
+
+    smem_gemm(mma, copy_at, tVsPt, tVrPt, tVrPt_view, copy_bt, tVsdOt, tVrdOt, tVrdOt_view, acc_dv);
+    __syncthreads();  // every warp is done reading sdO
+    if (more) {
+      load_dout(i + 1);
       cp_async_fence();
-      float lse_r[kRows], delta_r[kRows];
-      load_lse_delta(p, lse, delta, b, h, q0, m0, len_q, [&](int r) { return get<0>(tScS_rc(r, 0)); }, lse_r,
-                     delta_r);
-      cp_async_wait<0>();  // K/V (first time) and Q/dO have landed
-      __syncthreads();
-
-      cute::Tensor acc_s = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
-      cute::Tensor acc_dp = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
-      clear(acc_s);
-      clear(acc_dp);
-      smem_gemm(mma, copy_a, tSsQ, tSrQ, tSrQ_view, copy_b, tSsK, tSrK, tSrK_view, acc_s);
-      smem_gemm(mma, copy_a, tSsdO, tSrdO, tSrdO_view, copy_b, tSsV, tSrV, tSrV_view, acc_dp);
-      probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k,
-                                        [&](int r) { return lse_r[r]; }, [&](int r) { return delta_r[r]; });
-
-      // P and dS to shared memory (by coordinates) so that their transposes can be read back.
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_s); ++i) {
-        const int r = get<0>(tScS(i)), c = get<1>(tScS(i));
-        sP(r, c) = static_cast<Element>(acc_s(i));
-        sdS(r, c) = static_cast<Element>(acc_dp(i));
-      }
-      __syncthreads();
-
-      smem_gemm(mma, copy_at, tVsPt, tVrPt, tVrPt_view, copy_bt, tVsdOt, tVrdOt, tVrdOt_view, acc_dv);
-      smem_gemm(mma, copy_at, tKsdSt, tKrdSt, tKrdSt_view, copy_bt, tKsQt, tKrQt, tKrQt_view, acc_dk);
-      __syncthreads();  // sQ, sdO, sP, sdS are overwritten next
+    }
+    smem_gemm(mma, copy_at, tKsdSt, tKrdSt, tKrdSt_view, copy_bt, tKsQt, tKrQt, tKrQt_view, acc_dk);
+    __syncthreads();  // every warp is done reading sQ, sP and sdS
+    if (more) {
+      load_q(i + 1);
+      cp_async_fence();
     }
   }
   cp_async_wait<0>();

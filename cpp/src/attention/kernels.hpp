@@ -58,11 +58,9 @@ void flash_backward_sm90_d64(const BackwardProblem&, const void*, const void*, c
                              const void*, const float*, void*, void*, void*, void*, Stream);
 void flash_backward_sm90_d128(const BackwardProblem&, const void*, const void*, const void*, const void*,
                               const void*, const float*, void*, void*, void*, void*, Stream);
-// The sm80 backward's shape, stated here so that the host can check a device's shared memory
-// before launching (flash_bwd_sm80.cuh asserts that its kernels take what this says): warps split the columns in
-// pairs above D = Dv = 64; the dk/dv kernel, the larger, holds 64-row tiles of Q, dO, K and V
-// and 64 x 64 tiles of P and dS, 16-bit elements.
-constexpr int flash_backward_warps_along_n(std::int64_t d, std::int64_t dv) { return d <= 64 && dv <= 64 ? 1 : 2; }
+// The sm80 backward's shared memory, stated here so that the host can check a device before
+// launching (flash_bwd_sm80.cuh asserts that its kernels take what this says): the dk/dv kernel,
+// the larger, holds 64-row tiles of Q, dO, K and V and 64 x 64 tiles of P and dS, 16-bit elements.
 constexpr std::size_t flash_backward_smem_bytes(std::int64_t d, std::int64_t dv) {
   return std::size_t((64 + 64) * (d + dv) + 2 * 64 * 64) * 2;
 }
