@@ -1,4 +1,4 @@
-// Flash forward (sm90a warp-specialized kernel: cp.async producer, two wgmma consumer
+// Flash forward (sm90a warp-specialized kernel: TMA producer, two wgmma consumer
 // warpgroups) for head dim 64, float16 and bfloat16. The kernel body exists only in the sm_90a
 // pass; the sm_80 pass compiles an empty stub.
 #include "attention/flash_sm90_ws.cuh"

@@ -36,8 +36,9 @@ void flash_forward_sm80_d256(const Problem&, const void*, const void*, const voi
 void flash_forward_sm90_d64(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 void flash_forward_sm90_d128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 
-// flash_fwd_sm90ws_*.cu: the warp-specialized sm90a forward (cp.async producer warpgroup, two
-// wgmma consumer warpgroups), Hopper only; chosen by RUDNN_ATTENTION_FLASH=sm90ws until measured.
+// flash_fwd_sm90ws_*.cu: the warp-specialized sm90a forward (TMA producer warpgroup, two
+// wgmma consumer warpgroups), Hopper only; chosen by RUDNN_ATTENTION_FLASH=sm90ws until measured,
+// where tma_forward_supports (tma.hpp) allows it.
 void flash_forward_sm90ws_d64(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 void flash_forward_sm90ws_d128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 
