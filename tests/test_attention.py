@@ -337,6 +337,9 @@ def test_auto_picks_flash_where_supported_and_fallback_elsewhere():
     rudnn.attention(q, k, v)
     expected = "flash_sm90" if torch.cuda.get_device_capability()[0] == 9 else "flash_sm80"
     assert rudnn.attention_last_algorithm() == expected
+    q, k, v, _ = _inputs(CASES["d256"], torch.bfloat16, "cuda")
+    rudnn.attention(q, k, v)
+    assert rudnn.attention_last_algorithm() == expected
     q, k, v, _ = _inputs(CASES["d96"], torch.bfloat16, "cuda")
     rudnn.attention(q, k, v)
     assert rudnn.attention_last_algorithm() == "flash_sm80"  # no sm90a kernel for D = 96
@@ -370,12 +373,16 @@ def test_flash_backward_d256_needs_its_shared_memory():
             rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash")
 
 
-def _hopper_inputs(monkeypatch, kernel, name):
-    """bfloat16 CUDA inputs of case `name` (head dims 64 unless 64 or 128: the sm90a kernels' own)
-    with RUDNN_ATTENTION_FLASH set to `kernel`."""
+# The head-dim pairs of the sm90a forwards (sm90, sm90ws): every flash pair but (96, 96).
+SM90_FORWARD_HEAD_DIMS = ((64, 64), (128, 128), (192, 128), (256, 256))
+
+
+def _hopper_inputs(monkeypatch, kernel, name, head_dims):
+    """bfloat16 CUDA inputs of case `name` (head dims 64 unless its (D, Dv) is in `head_dims`, those
+    the sm90a kernels have) with RUDNN_ATTENTION_FLASH set to `kernel`."""
     case = dict(CASES[name])
     B, Hq, Hkv, Sq, Sk, D, Dv = case["shape"]
-    if D not in (64, 128):
+    if (D, Dv) not in head_dims:
         case["shape"] = (B, Hq, Hkv, Sq, Sk, 64, 64)
     monkeypatch.setenv("RUDNN_ATTENTION_FLASH", kernel)
     return _inputs(case, torch.bfloat16, "cuda")
@@ -387,9 +394,9 @@ def _hopper_inputs(monkeypatch, kernel, name):
 @pytest.mark.parametrize("kernel", ["sm80", "sm90", "sm90ws"])
 @pytest.mark.parametrize("name", ["d64_tile_tail", "d128_gqa4", "all_options", "decode", "sq_gt_sk_causal",
                                   "flash_long_d64", "flash_long_causal_d128", "flash_no_keys_d64",
-                                  "flash_float_mask_bias_d128"])
+                                  "flash_float_mask_bias_d128", "flash_d192_dv128_window", "flash_d256_causal_bias"])
 def test_every_flash_kernel_on_hopper(monkeypatch, kernel, name):
-    q, k, v, opts = _hopper_inputs(monkeypatch, kernel, name)
+    q, k, v, opts = _hopper_inputs(monkeypatch, kernel, name, SM90_FORWARD_HEAD_DIMS)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **opts)
     assert rudnn.attention_last_algorithm() == f"flash_{kernel}"
     o64, l64 = _oracle(q, k, v, opts)
@@ -454,7 +461,7 @@ def test_auto_backward_picks_flash_for_d64():
 @pytest.mark.parametrize("name", ["d64_tile_tail", "d128_gqa4", "all_options", "decode", "sq_gt_sk_causal",
                                   "flash_long_causal_d128", "flash_no_keys_d64", "flash_float_mask_bias_d128"])
 def test_every_flash_backward_on_hopper(monkeypatch, kernel, name):
-    q, k, v, opts = _hopper_inputs(monkeypatch, kernel, name)
+    q, k, v, opts = _hopper_inputs(monkeypatch, kernel, name, ((64, 64), (128, 128)))
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **opts)
     dout = rand(out.shape, torch.bfloat16, "cuda", seed=7)
     grads = rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash", **opts)

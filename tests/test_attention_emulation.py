@@ -158,6 +158,8 @@ FLASH_SM90_EDITS = [("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900", "#if 
                     ("SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS", "EmuGmmaRS64BF16"),
                     ("SM90::GMMA::MMA_64x128x16_F32F16F16_RS", "EmuGmmaRS128F16"),
                     ("SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS", "EmuGmmaRS128BF16"),
+                    ("SM90::GMMA::MMA_64x256x16_F32F16F16_RS", "EmuGmmaRS256F16"),
+                    ("SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS", "EmuGmmaRS256BF16"),
                     ("warpgroup_arrive()", "emu_warpgroup_arrive()"),
                     ("warpgroup_commit_batch()", "emu_warpgroup_commit_batch()"),
                     ("warpgroup_wait<", "emu_warpgroup_wait<"),
@@ -182,7 +184,7 @@ def _flash_source(extra_edits=()):
     end = "}  // namespace rudnn::attention::flash\n"
     text = (kernels_of("flash_sm80.cuh", '#include "core/cuda_check.hpp"')
             + kernels_of("flash_bwd_sm80.cuh", "// The dq and dk/dv kernels of one generation") + end
-            + kernels_of("flash_sm90.cuh", launcher) + end
+            + kernels_of("flash_sm90.cuh", "template <class Element, int kHeadDim, int kHeadDimV>\nvoid launch") + end
             + kernels_of("flash_sm90_ws.cuh", '#include "core/cuda_check.hpp"')
             + kernels_of("flash_bwd_sm90.cuh", launcher) + end)
     edits = FLASH_EDITS + FLASH_SM90_EDITS + FLASH_SM90WS_EDITS
@@ -243,10 +245,10 @@ def test_flash_forward_kernel(flash_emulator, tmp_path, name):
     torch.testing.assert_close(lse.double(), l64, rtol=1e-4, atol=1e-4)
 
 
-# The sm90a kernels (wgmma; sm90 is what Hopper runs for D = Dv in {64, 128}, sm90ws the
-# warp-specialized one) on the same cases.
+# The sm90a kernels (wgmma; sm90 is what Hopper runs for every head-dim pair but (96, 96), sm90ws
+# the warp-specialized one) on the same cases.
 @pytest.mark.parametrize("generation", ["sm90", "sm90ws"])
-@pytest.mark.parametrize("name", [n for n, c in FLASH_CASES.items() if c["shape"][5:] in ((64, 64), (128, 128))])
+@pytest.mark.parametrize("name", [n for n, c in FLASH_CASES.items() if c["shape"][5] % 64 == 0])
 def test_flash_sm90_forward_kernels(flash_emulator, tmp_path, name, generation):
     q, k, v, opts = _flash_inputs(name, seed=22)
     out, lse = _run(flash_emulator, tmp_path, q, k, v, dict(opts), env={"EMU_FLASH_GENERATION": generation})
@@ -306,11 +308,14 @@ PLANTED_FLASH_BUGS = {
     "sm90_k_descriptor_not_advanced": ("    cute::gemm(mma, a(_, _, kk), b(_, _, kk), acc);\n    mma.accumulate_",
                                        "    cute::gemm(mma, a(_, _, kk), b(_, _, 0), acc);\n    mma.accumulate_", "sm90"),
     # TMA: both consumers' Q boxes land in the first consumer's rows; every K box copies D's first slab.
-    "sm90ws_tma_q_boxes_overlap": ("q_bytes + slab * (Cfg::kQBytes / Cfg::kSlabs) + half * Cfg::kBoxBytes,",
-                                   "q_bytes + slab * (Cfg::kQBytes / Cfg::kSlabs),", "sm90ws"),
+    "sm90ws_tma_q_boxes_overlap": ("q_bytes + slab * (Cfg::kQBytes / Cfg::kSlabsK) + half * Cfg::kBoxBytes,",
+                                   "q_bytes + slab * (Cfg::kQBytes / Cfg::kSlabsK),", "sm90ws"),
     "sm90ws_tma_k_slab_coordinate_ignored": (
-        "tiles + stage * Cfg::kTileBytes + slab * Cfg::kBoxBytes, slab * 64,",
-        "tiles + stage * Cfg::kTileBytes + slab * Cfg::kBoxBytes, 0,", "sm90ws", "d128_causal"),
+        "k_tiles + stage * Cfg::kTileBytesK + slab * Cfg::kBoxBytes, slab * 64,",
+        "k_tiles + stage * Cfg::kTileBytesK + slab * Cfg::kBoxBytes, 0,", "sm90ws", "d128_causal"),
+    # V's boxes at K's tile size apart (right for D = Dv only): caught where Dv != D.
+    "sm90ws_v_tiles_at_k_tile_stride": ("v_tiles + stage * Cfg::kTileBytesV", "v_tiles + stage * Cfg::kTileBytesK",
+                                        "sm90ws", "d192_dv128_causal"),
 }
 
 

@@ -66,24 +66,26 @@ struct FlashKernels {
                                        : forward_sm80_kernel<Element, D, Dv, false>;
         unsigned rows_per_cta = Cfg::kBlockM, threads = Cfg::kThreads;
         std::size_t smem = Cfg::kSmemBytes;
-        if constexpr (D == Dv && (D == 64 || D == 128)) {  // the sm90a kernels' head dims
+        if constexpr (D % 64 == 0) {  // the sm90a forwards' head dims: all but 96
           // sm90ws where TMA can load the operands (as the library decides), sm90 otherwise.
           if (generation() == "sm90ws" && rudnn::attention::tma_forward_supports(p, q, k, v)) {
-            using Ws = Sm90WsConfig<Element, D>;
+            using Ws = Sm90WsConfig<Element, D, Dv>;
             rudnn::attention::TmaLoads tma{};
             tma.q = emu_encode_tma(rudnn::attention::tma_tensor_of(q, p.q, D, p.sq, p.hq, p.batch));
             if (p.sk > 0) {
               tma.k = emu_encode_tma(rudnn::attention::tma_tensor_of(k, p.k, D, p.sk, p.hkv, p.batch));
-              tma.v = emu_encode_tma(rudnn::attention::tma_tensor_of(v, p.v, D, p.sk, p.hkv, p.batch));
+              tma.v = emu_encode_tma(rudnn::attention::tma_tensor_of(v, p.v, Dv, p.sk, p.hkv, p.batch));
             }
-            auto ws = p.plain_scores() ? forward_sm90ws_kernel<Element, D, true> : forward_sm90ws_kernel<Element, D, false>;
+            auto ws = p.plain_scores() ? forward_sm90ws_kernel<Element, D, Dv, true>
+                                       : forward_sm90ws_kernel<Element, D, Dv, false>;
             emu_launch(EmuDim3{unsigned(blocks(p.sq, Ws::kRowsPerCta)), unsigned(p.hq), unsigned(p.batch)},
                        Ws::kThreads, 1, Ws::kSmemBytes,
                        [&] { ws(p, as_element(q), as_element(k), as_element(v), as_element(out), lse, tma); });
             return;
           }
           if (generation() != "sm80")  // same launch shape and shared memory as the sm80 kernel
-            kernel = p.plain_scores() ? forward_sm90_kernel<Element, D, true> : forward_sm90_kernel<Element, D, false>;
+            kernel = p.plain_scores() ? forward_sm90_kernel<Element, D, Dv, true>
+                                      : forward_sm90_kernel<Element, D, Dv, false>;
         }
         emu_launch(EmuDim3{unsigned(blocks(p.sq, rows_per_cta)), unsigned(p.hq), unsigned(p.batch)}, threads, 1, smem,
                    [&] { kernel(p, as_element(q), as_element(k), as_element(v), as_element(out), lse); });

@@ -166,6 +166,10 @@ template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS128F16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32F16F16_RS<A, B>, cute::half_t, 128, true, B>;
 template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS128BF16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32BF16BF16_RS<A, B>, cute::bfloat16_t, 128, true, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaRS256F16 = EmuGmma<emu_gmma::G::MMA_64x256x16_F32F16F16_RS<A, B>, cute::half_t, 256, true, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaRS256BF16 = EmuGmma<emu_gmma::G::MMA_64x256x16_F32BF16BF16_RS<A, B>, cute::bfloat16_t, 256, true, B>;
 
 // mbarrier (the ClusterBarrier / ClusterTransactionBarrier static interface the kernels use: init,
 // arrive, arrive with an expected transaction count, wait on a phase parity), kept beside shared

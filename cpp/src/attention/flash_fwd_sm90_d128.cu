@@ -1,4 +1,4 @@
-// Flash forward (sm90a kernel: wgmma scores) for head dim 128, float16 and bfloat16.
+// Flash forward (sm90a kernel: wgmma for both GEMMs) for head dim 128, float16 and bfloat16.
 // The kernel body exists only in the sm_90a pass; the sm_80 pass compiles an empty stub.
 #include "attention/flash_sm90.cuh"
 #include "attention/kernels.hpp"
@@ -8,7 +8,7 @@ namespace rudnn::attention {
 void flash_forward_sm90_d128(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                              Stream stream) {
   flash::with_element_type(p.dtype, [&](auto e) {
-    flash::launch_forward_sm90<decltype(e), 128>(p, q, k, v, out, lse, stream);
+    flash::launch_forward_sm90<decltype(e), 128, 128>(p, q, k, v, out, lse, stream);
   });
 }
 

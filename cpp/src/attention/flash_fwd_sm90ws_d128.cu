@@ -6,10 +6,10 @@
 
 namespace rudnn::attention {
 
-void flash_forward_sm90ws_d128(const Problem& p, const void* q, const void* k, const void* v, void* out,
-                              float* lse, Stream stream) {
+void flash_forward_sm90ws_d128(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
+                               Stream stream) {
   flash::with_element_type(p.dtype, [&](auto e) {
-    flash::launch_forward_sm90ws<decltype(e), 128>(p, q, k, v, out, lse, stream);
+    flash::launch_forward_sm90ws<decltype(e), 128, 128>(p, q, k, v, out, lse, stream);
   });
 }
 

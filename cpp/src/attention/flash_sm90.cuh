@@ -1,5 +1,7 @@
 // The "flash" forward kernel for Hopper (sm90a): the sm80 kernel's schedule with both GEMMs
-// issued as warpgroup MMAs (wgmma). One warpgroup (4 warps) owns 64 query rows.
+// issued as warpgroup MMAs (wgmma). One warpgroup (4 warps) owns 64 query rows. Head dims: D any
+// multiple of 64 (whole 128-byte swizzle atoms; the library builds 64, 128, 192, 256), Dv 64, 128
+// or 256 (one wgmma atom wide).
 //   S = Q K^T   wgmma SS: Q and K read from shared memory in the GMMA 128-byte-swizzled K-major
 //               layout;
 //   O += P V    wgmma RS: P (the exponentiated scores, rounded to Element) straight from the
@@ -23,22 +25,30 @@
 
 namespace rudnn::attention::flash {
 
-template <class Element, int kHeadDim>
-struct Sm90Config : Sm80Config<Element, kHeadDim> {
-  using Base = Sm80Config<Element, kHeadDim>;
+// D = kHeadDim (the K dim of S = Q K^T, any multiple of 64: whole 128-byte swizzle atoms) and
+// Dv = kHeadDimV (the N of O += P V: a wgmma atom of that width).
+template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
+struct Sm90Config : Sm80Config<Element, kHeadDim, kHeadDimV> {
+  using Base = Sm80Config<Element, kHeadDim, kHeadDimV>;
   static_assert(Base::kBlockM == 64 && Base::kBlockN == 64, "one 64-row warpgroup, 64-key blocks");
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "the wgmma atoms below exist for Dv 64 and 128");
+  static_assert(kHeadDim % 64 == 0, "D in whole 64-column slabs (128-byte swizzle atoms)");
+  static_assert(kHeadDimV == 64 || kHeadDimV == 128 || kHeadDimV == 256, "the P V wgmma atoms below: Dv 64, 128, 256");
   static constexpr bool kHalf = std::is_same_v<Element, cute::half_t>;
   using Major = GMMA::Major;
 
   using GmmaOpS = std::conditional_t<kHalf, SM90::GMMA::MMA_64x64x16_F32F16F16_SS<Major::K, Major::K>,
                                      SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>>;
+  template <class Half, class BFloat>
+  using ByType = std::conditional_t<kHalf, Half, BFloat>;
   using GmmaOpO = std::conditional_t<
-      kHeadDim == 64,
-      std::conditional_t<kHalf, SM90::GMMA::MMA_64x64x16_F32F16F16_RS<Major::K, Major::MN>,
-                         SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<Major::K, Major::MN>>,
-      std::conditional_t<kHalf, SM90::GMMA::MMA_64x128x16_F32F16F16_RS<Major::K, Major::MN>,
-                         SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<Major::K, Major::MN>>>;
+      kHeadDimV == 64,
+      ByType<SM90::GMMA::MMA_64x64x16_F32F16F16_RS<Major::K, Major::MN>,
+             SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<Major::K, Major::MN>>,
+      std::conditional_t<kHeadDimV == 128,
+                         ByType<SM90::GMMA::MMA_64x128x16_F32F16F16_RS<Major::K, Major::MN>,
+                                SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<Major::K, Major::MN>>,
+                         ByType<SM90::GMMA::MMA_64x256x16_F32F16F16_RS<Major::K, Major::MN>,
+                                SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<Major::K, Major::MN>>>>;
   using TiledMmaS = decltype(make_tiled_mma(GmmaOpS{}));
   using TiledMmaO = decltype(make_tiled_mma(GmmaOpO{}));
 
@@ -50,9 +60,9 @@ struct Sm90Config : Sm80Config<Element, kHeadDim> {
   // [BN, Dv] for the loads of V's rows. The 64-column slabs of Dv are outermost (each 64 keys x
   // 128 bytes, like K's): one TMA box per slab (flash_sm90_ws.cuh).
   using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
-                                              Shape<Int<kHeadDim>, Int<Base::kBlockN>>{}, Step<_2, _1>{}));
+                                              Shape<Int<kHeadDimV>, Int<Base::kBlockN>>{}, Step<_2, _1>{}));
   using SmemLayoutV = decltype(composition(SmemLayoutVt{},
-                                           make_layout(Shape<Int<Base::kBlockN>, Int<kHeadDim>>{}, GenRowMajor{})));
+                                           make_layout(Shape<Int<Base::kBlockN>, Int<kHeadDimV>>{}, GenRowMajor{})));
 };
 
 // The k steps of one wgmma product, issue only (the caller fences, arrives, commits and waits):
@@ -75,12 +85,12 @@ __device__ __forceinline__ void wgmma_accumulate(Mma& mma, FragA const& a, FragB
   for (int kk = 0; kk < size<2>(a); ++kk) cute::gemm(mma, a(_, _, kk), b(_, _, kk), acc);
 }
 
-template <class Element, int kHeadDim, bool kPlain>
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
 __global__ void __launch_bounds__(128)
     forward_sm90_kernel(const __grid_constant__ Problem p, const Element* __restrict__ q, const Element* __restrict__ k,
                         const Element* __restrict__ v, Element* __restrict__ out, float* __restrict__ lse) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Cfg = Sm90Config<Element, kHeadDim>;
+  using Cfg = Sm90Config<Element, kHeadDim, kHeadDimV>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
   const int m_block = blockIdx.x;
   const std::int64_t h = blockIdx.y, b = blockIdx.z;
@@ -93,10 +103,10 @@ __global__ void __launch_bounds__(128)
 
   cute::Tensor gQ = head_rows<kHeadDim>(q, p.q, b, h, q0, len_q);
   cute::Tensor gK = head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k);
-  cute::Tensor gV = head_rows<kHeadDim>(v, p.v, b, hk, k0, len_k);
+  cute::Tensor gV = head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k);
   cute::Tensor gQtile = local_tile(gQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m_block, 0));
   cute::Tensor gKtiles = local_tile(gK, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
-  cute::Tensor gVtiles = local_tile(gV, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
+  cute::Tensor gVtiles = local_tile(gV, Shape<Int<BN>, Int<kHeadDimV>>{}, make_coord(_, 0));
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
   Element* smem = reinterpret_cast<Element*>(smem_raw);
@@ -115,6 +125,7 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tVs = gmem_thr.partition_D(sV);
   cute::Tensor tQc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
   cute::Tensor tKc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
+  cute::Tensor tVc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDimV>>{}));
 
   // S = Q K^T: wgmma with shared-memory descriptors for both operands.
   typename Cfg::TiledMmaS mma_s;
@@ -126,7 +137,7 @@ __global__ void __launch_bounds__(128)
   typename Cfg::TiledMmaO mma_o;  // the accumulator starts cleared and always accumulates
   auto thr_o = mma_o.get_thread_slice(tid);
   cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt));  // descriptors (MMA, 1, BN/16)
-  cute::Tensor acc_o90 = partition_fragment_C(mma_o, Shape<Int<BM>, Int<kHeadDim>>{});
+  cute::Tensor acc_o90 = partition_fragment_C(mma_o, Shape<Int<BM>, Int<kHeadDimV>>{});
   clear(acc_o90);
 
   // The accumulators seen in mma.sync order (the same registers; see the top of this file), with
@@ -134,10 +145,10 @@ __global__ void __launch_bounds__(128)
   typename Cfg::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(tid);
   using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{}).layout());
-  using AccLayoutO = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<kHeadDim>>{}).layout());
+  using AccLayoutO = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<kHeadDimV>>{}).layout());
   cute::Tensor acc_o = make_tensor(acc_o90.data(), AccLayoutO{});
   cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
-  cute::Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
+  cute::Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<kHeadDimV>>{}));
   cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
   cute::Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
@@ -160,7 +171,7 @@ __global__ void __launch_bounds__(128)
     cp_async_wait<0>();                        // Q and K of block n have landed
     cutlass::arch::fence_view_async_shared();  // make these generic-proxy writes visible to wgmma
     __syncthreads();                           // ... for every warp; every warp is done with sV
-    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tKc, len_k - n0);
+    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tVc, len_k - n0);
     cp_async_fence();
 
     cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
@@ -204,13 +215,13 @@ __global__ void __launch_bounds__(128)
 #endif
 }
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kHeadDimV>
 void launch_forward_sm90(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                          Stream stream) {
-  using Cfg = Sm90Config<Element, kHeadDim>;
-  launch_forward_kernel<Element>(p, forward_sm90_kernel<Element, kHeadDim, true>,
-                                 forward_sm90_kernel<Element, kHeadDim, false>, Cfg::kBlockM, 128, Cfg::kSmemBytes, q,
-                                 k, v, out, lse, stream);
+  using Cfg = Sm90Config<Element, kHeadDim, kHeadDimV>;
+  launch_forward_kernel<Element>(p, forward_sm90_kernel<Element, kHeadDim, kHeadDimV, true>,
+                                 forward_sm90_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kBlockM, 128,
+                                 Cfg::kSmemBytes, q, k, v, out, lse, stream);
 }
 
 }  // namespace rudnn::attention::flash

@@ -30,37 +30,46 @@
 
 namespace rudnn::attention::flash {
 
-template <class Element, int kHeadDim>
-struct Sm90WsConfig : Sm90Config<Element, kHeadDim> {
-  using Base = Sm90Config<Element, kHeadDim>;
+template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
+struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV> {
+  using Base = Sm90Config<Element, kHeadDim, kHeadDimV>;
   static constexpr int kConsumers = 2;                            // warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kRowsPerCta = 64 * kConsumers;
-  static constexpr int kStages = 3;  // two would do (a stage is handed back before the next is
-                                     // waited for); the third gives the producer slack
-  static constexpr int kProducerRegisters = 40;                  // 40 + 2 * 232 <= 512 per thread slot
-  static constexpr int kConsumerRegisters = 232;
+  // Registers per thread after setmaxnreg (producer + 2 consumers <= 512 per thread slot): a
+  // consumer's O accumulator takes Dv / 2 of them, so Dv = 256 takes what the producer can spare.
+  static constexpr int kProducerRegisters = kHeadDimV == 256 ? 24 : 40;
+  static constexpr int kConsumerRegisters = kHeadDimV == 256 ? 240 : 232;
   using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                              Shape<Int<kRowsPerCta>, Int<kHeadDim>>{}));
   static constexpr int kQBytes = kRowsPerCta * kHeadDim * int(sizeof(Element));
-  static constexpr int kTileBytes = Base::kBlockN * kHeadDim * int(sizeof(Element));
-  // A TMA box: 64 rows of one 128-byte slab of D. A K or V tile is kSlabs boxes kBoxBytes apart;
-  // Q's slabs hold its 128 rows, so its boxes are kQBytes / kSlabs apart per slab, kBoxBytes per
-  // consumer (flash_sm90_layout_check.cu checks that the GMMA layouts are these boxes).
-  static constexpr int kSlabs = kHeadDim / 64;
+  static constexpr int kTileBytesK = Base::kBlockN * kHeadDim * int(sizeof(Element));
+  static constexpr int kTileBytesV = Base::kBlockN * kHeadDimV * int(sizeof(Element));
+  // A TMA box: 64 rows of one 128-byte slab of D (or Dv). A K tile is kSlabsK boxes kBoxBytes
+  // apart, a V tile kSlabsV; Q's slabs hold its 128 rows, so its boxes are kQBytes / kSlabsK
+  // apart per slab, kBoxBytes per consumer (flash_sm90_layout_check.cu checks that the GMMA
+  // layouts are these boxes).
+  static constexpr int kSlabsK = kHeadDim / 64;
+  static constexpr int kSlabsV = kHeadDimV / 64;
   static constexpr int kBoxBytes = 64 * 64 * int(sizeof(Element));
-  // Q, then per stage K and V, then the mbarriers (full Q; full K, full V, empty per stage).
-  static constexpr int kBarrierOffset = kQBytes + 2 * kStages * kTileBytes;
+  // Three stages where they fit in the 227 KiB a block may have (two would do: a stage is handed
+  // back before the next is waited for; the third gives the producer slack); two for D = 256.
+  static constexpr int kStages = kQBytes + 3 * (kTileBytesK + kTileBytesV) + 1024 <= 227 * 1024 ? 3 : 2;
+  // Q, then the stages' K tiles, then their V tiles, then the mbarriers (full Q; full K, full V,
+  // empty per stage).
+  static constexpr int kVOffset = kQBytes + kStages * kTileBytesK;
+  static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytesV;
   static constexpr int kSmemBytes = kBarrierOffset + (1 + 3 * kStages) * 8;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on Hopper");
 };
 
-template <class Element, int kHeadDim, bool kPlain>
-__global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+__global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kThreads, 1)
     forward_sm90ws_kernel(const __grid_constant__ Problem p, const Element* __restrict__ q,
                           const Element* __restrict__ k, const Element* __restrict__ v, Element* __restrict__ out,
                           float* __restrict__ lse, const __grid_constant__ TmaLoads tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Cfg = Sm90WsConfig<Element, kHeadDim>;
+  using Cfg = Sm90WsConfig<Element, kHeadDim, kHeadDimV>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, kStages = Cfg::kStages;
   const std::int64_t h = blockIdx.y, b = blockIdx.z;
@@ -75,13 +84,12 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
   auto sK = [&](int stage) {
-    return make_tensor(make_smem_ptr(smem + (Cfg::kQBytes + stage * Cfg::kTileBytes) / int(sizeof(Element))),
+    return make_tensor(make_smem_ptr(smem + (Cfg::kQBytes + stage * Cfg::kTileBytesK) / int(sizeof(Element))),
                        typename Cfg::SmemLayoutK{});
   };
   auto sVt = [&](int stage) {
-    return make_tensor(
-        make_smem_ptr(smem + (Cfg::kQBytes + (kStages + stage) * Cfg::kTileBytes) / int(sizeof(Element))),
-        typename Cfg::SmemLayoutVt{});
+    return make_tensor(make_smem_ptr(smem + (Cfg::kVOffset + stage * Cfg::kTileBytesV) / int(sizeof(Element))),
+                       typename Cfg::SmemLayoutVt{});
   };
   std::uint64_t* full_q = reinterpret_cast<std::uint64_t*>(smem_raw + Cfg::kBarrierOffset);
   std::uint64_t* full_k = full_q + 1;
@@ -110,26 +118,27 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
     using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
     constexpr std::uint64_t kCacheHint = std::uint64_t(TMA::CacheHintSm90::EVICT_NORMAL);
     unsigned char* q_bytes = smem_raw;
-    unsigned char* tiles = smem_raw + Cfg::kQBytes;
+    unsigned char* k_tiles = smem_raw + Cfg::kQBytes;
+    unsigned char* v_tiles = smem_raw + Cfg::kVOffset;
     TxBarrier::arrive_and_expect_tx(full_q, Cfg::kQBytes);
     for (int half = 0; half < Cfg::kConsumers; ++half)
-      for (int slab = 0; slab < Cfg::kSlabs; ++slab)
+      for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
         SM90_TMA_LOAD_4D::copy(&tma.q, full_q, kCacheHint,
-                               q_bytes + slab * (Cfg::kQBytes / Cfg::kSlabs) + half * Cfg::kBoxBytes, slab * 64,
+                               q_bytes + slab * (Cfg::kQBytes / Cfg::kSlabsK) + half * Cfg::kBoxBytes, slab * 64,
                                int(cta_m0 + 64 * half), int(h), int(b));
     for (std::int64_t n = n_first, i = 0; n < n_last; ++n, ++i) {
       const int stage = int(i % kStages);
       Barrier::wait(&empty[stage], std::uint32_t((i / kStages) & 1) ^ 1u);  // the first round passes
-      TxBarrier::arrive_and_expect_tx(&full_k[stage], Cfg::kTileBytes);
-      for (int slab = 0; slab < Cfg::kSlabs; ++slab)
+      TxBarrier::arrive_and_expect_tx(&full_k[stage], Cfg::kTileBytesK);
+      for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
         SM90_TMA_LOAD_4D::copy(&tma.k, &full_k[stage], kCacheHint,
-                               tiles + stage * Cfg::kTileBytes + slab * Cfg::kBoxBytes, slab * 64, int(n * BN),
+                               k_tiles + stage * Cfg::kTileBytesK + slab * Cfg::kBoxBytes, slab * 64, int(n * BN),
                                int(hk), int(b));
-      TxBarrier::arrive_and_expect_tx(&full_v[stage], Cfg::kTileBytes);
-      for (int slab = 0; slab < Cfg::kSlabs; ++slab)
+      TxBarrier::arrive_and_expect_tx(&full_v[stage], Cfg::kTileBytesV);
+      for (int slab = 0; slab < Cfg::kSlabsV; ++slab)
         SM90_TMA_LOAD_4D::copy(&tma.v, &full_v[stage], kCacheHint,
-                               tiles + (kStages + stage) * Cfg::kTileBytes + slab * Cfg::kBoxBytes, slab * 64,
-                               int(n * BN), int(hk), int(b));
+                               v_tiles + stage * Cfg::kTileBytesV + slab * Cfg::kBoxBytes, slab * 64, int(n * BN),
+                               int(hk), int(b));
     }
     return;
   }
@@ -146,16 +155,16 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
   cute::Tensor tSrQ = thr_s.make_fragment_A(thr_s.partition_A(sQmine));  // descriptors (MMA, 1, D/16)
   typename Cfg::TiledMmaO mma_o;
   auto thr_o = mma_o.get_thread_slice(tid);
-  cute::Tensor acc_o90 = partition_fragment_C(mma_o, Shape<Int<BM>, Int<kHeadDim>>{});
+  cute::Tensor acc_o90 = partition_fragment_C(mma_o, Shape<Int<BM>, Int<kHeadDimV>>{});
   clear(acc_o90);
 
   typename Cfg::TiledMma mma;  // the mma.sync-ordered views of the accumulators
   auto thr_mma = mma.get_thread_slice(tid);
   using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{}).layout());
-  using AccLayoutO = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<kHeadDim>>{}).layout());
+  using AccLayoutO = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<kHeadDimV>>{}).layout());
   cute::Tensor acc_o = make_tensor(acc_o90.data(), AccLayoutO{});
   cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
-  cute::Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
+  cute::Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<kHeadDimV>>{}));
   cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
   cute::Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
@@ -248,20 +257,20 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim>::kThreads, 1)
 
 namespace rudnn::attention::flash {
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, int kHeadDimV>
 void launch_forward_sm90ws(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                            Stream stream) {
-  using Cfg = Sm90WsConfig<Element, kHeadDim>;
+  using Cfg = Sm90WsConfig<Element, kHeadDim, kHeadDimV>;
   if (p.sq == 0 || p.hq == 0 || p.batch == 0) return;
   TmaLoads tma{};  // K and V stay unencoded when there are no keys (no copy is issued)
   tma.q = encode_tma(tma_tensor_of(q, p.q, kHeadDim, p.sq, p.hq, p.batch), p.dtype);
   if (p.sk > 0) {
     tma.k = encode_tma(tma_tensor_of(k, p.k, kHeadDim, p.sk, p.hkv, p.batch), p.dtype);
-    tma.v = encode_tma(tma_tensor_of(v, p.v, kHeadDim, p.sk, p.hkv, p.batch), p.dtype);
+    tma.v = encode_tma(tma_tensor_of(v, p.v, kHeadDimV, p.sk, p.hkv, p.batch), p.dtype);
   }
-  launch_forward_kernel<Element>(p, forward_sm90ws_kernel<Element, kHeadDim, true>,
-                                 forward_sm90ws_kernel<Element, kHeadDim, false>, Cfg::kRowsPerCta, Cfg::kThreads,
-                                 Cfg::kSmemBytes, q, k, v, out, lse, stream, tma);
+  launch_forward_kernel<Element>(p, forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>,
+                                 forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kRowsPerCta,
+                                 Cfg::kThreads, Cfg::kSmemBytes, q, k, v, out, lse, stream, tma);
 }
 
 }  // namespace rudnn::attention::flash

@@ -32,15 +32,20 @@ void flash_forward_sm80_d128(const Problem&, const void*, const void*, const voi
 void flash_forward_sm80_d192_dv128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 void flash_forward_sm80_d256(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 
-// flash_fwd_sm90_*.cu: the sm90a forward (wgmma for Q K^T), Hopper only.
+// flash_fwd_sm90_*.cu: the sm90a forward (wgmma for both GEMMs), Hopper only; every head-dim pair
+// but 96 (not whole 128-byte swizzle atoms).
 void flash_forward_sm90_d64(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 void flash_forward_sm90_d128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+void flash_forward_sm90_d192_dv128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+void flash_forward_sm90_d256(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 
 // flash_fwd_sm90ws_*.cu: the warp-specialized sm90a forward (TMA producer warpgroup, two
 // wgmma consumer warpgroups), Hopper only; chosen by RUDNN_ATTENTION_FLASH=sm90ws until measured,
 // where tma_forward_supports (tma.hpp) allows it.
 void flash_forward_sm90ws_d64(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 void flash_forward_sm90ws_d128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+void flash_forward_sm90ws_d192_dv128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+void flash_forward_sm90ws_d256(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 
 // flash_bwd_sm80_*.cu: the CuTe sm80 backward, no atomics (deterministic). The workspace holds
 // delta_i = dout_i . out_i: fallback_backward_workspace_bytes.
