@@ -455,6 +455,33 @@ def test_auto_backward_picks_flash_for_d64():
 
 
 @pytest.mark.cuda
+def test_autotune_times_every_flash_generation_and_keeps_its_pick(monkeypatch):
+    """autotune picks among the fallback and every flash generation the device runs (all three on
+    Hopper; only the one RUDNN_ATTENTION_FLASH names when it is set), forward and backward apart,
+    and keeps its pick for the shape class."""
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    q, k, v, opts = _inputs(CASES["flash_long_causal_d128"], torch.bfloat16, "cuda")
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="autotune", **opts)
+    picked = rudnn.attention_last_algorithm()
+    assert picked in {"fallback", "flash_sm80"} | ({"flash_sm90", "flash_sm90ws"} if hopper else set())
+    o64, _ = _oracle(q, k, v, opts)
+    o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
+    assert_close_to_oracle(out, o_same, o64, "out")
+    rudnn.attention(q, k, v, strategy="autotune", **opts)
+    assert rudnn.attention_last_algorithm() == picked
+    dout = rand(out.shape, torch.bfloat16, "cuda", seed=7)
+    grads = rudnn.attention_backward(dout, q, k, v, out, lse, strategy="autotune", **opts)
+    assert rudnn.attention_last_algorithm() in {"fallback", "flash_sm80"} | ({"flash_sm90"} if hopper else set())
+    for ours, same, exact, what in zip(grads, _grads(q, k, v, opts, dout, torch.bfloat16),
+                                       _grads(q, k, v, opts, dout, torch.float64), ("dq", "dk", "dv")):
+        assert_close_to_oracle(ours, same, exact, what)
+    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", "sm80")
+    q, k, v, opts = _inputs(CASES["flash_long_d64"], torch.bfloat16, "cuda")  # a new shape class
+    rudnn.attention(q, k, v, strategy="autotune", **opts)
+    assert rudnn.attention_last_algorithm() in {"fallback", "flash_sm80"}
+
+
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU (both flash backward generations run there)")
 @pytest.mark.parametrize("kernel", ["sm80", "sm90"])

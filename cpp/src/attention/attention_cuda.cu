@@ -14,16 +14,20 @@
 //               unless RUDNN_ATTENTION_FLASH=sm80. Deterministic (no atomics).
 //   "fallback"  fallback_cuda.cu: any dtype, head dim and option; deterministic backward.
 //   "auto"      flash where it supports the case, the fallback otherwise.
-//   "autotune"  times the supported candidates once per (shape class, dtype, device) on the
-//               caller's stream (synchronizing it once per new key) and caches the winner.
+//   "autotune"  times the candidates once per (shape class, dtype, device) on the caller's
+//               stream (synchronizing it once per new key) and caches the winner: the fallback
+//               and each flash generation the device runs (sm80, sm90, sm90ws on Hopper; the one
+//               RUDNN_ATTENTION_FLASH names if set), forward and backward separately.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "attention/kernels.hpp"
 #include "attention/tma.hpp"
@@ -92,12 +96,13 @@ std::string flash_forward_unsupported(const AttentionForwardArgs& a, const Probl
 
 // The flash kernel generation for the current device: sm90a on Hopper, sm80 elsewhere,
 // unless RUDNN_ATTENTION_FLASH says otherwise (sm90ws, the warp-specialized sm90a kernel, only
-// that way until it is measured).
+// that way until it is measured). `forced` tells whether the variable chose it.
 enum class Generation { sm80, sm90, sm90ws };
-Generation flash_generation() {
+Generation flash_generation(bool* forced = nullptr) {
   const core::DeviceProps& props = core::device_props(core::current_device());
   const char* env = std::getenv("RUDNN_ATTENTION_FLASH");
   const std::string choice = env ? env : "";
+  if (forced != nullptr) *forced = !choice.empty();
   if (choice.empty()) return props.cc_major == 9 ? Generation::sm90 : Generation::sm80;
   if (choice == "sm80") return Generation::sm80;
   if (choice == "sm90" || choice == "sm90ws") {
@@ -111,23 +116,39 @@ Generation flash_generation() {
                                    choice + "'");
 }
 
-// Runs the chosen generation's kernel where this head-dim pair has one, the sm80 kernel otherwise;
-// returns the name of the kernel that ran.
-const char* run_flash_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
+// The generations "autotune" times: the one RUDNN_ATTENTION_FLASH names, else every one the
+// device runs (all three on Hopper).
+std::vector<Generation> tunable_generations() {
+  bool forced = false;
+  const Generation g = flash_generation(&forced);
+  if (forced || g == Generation::sm80) return {g};
+  return {Generation::sm80, Generation::sm90, Generation::sm90ws};
+}
+
+const char* generation_name(Generation g) {
+  return g == Generation::sm90ws ? "flash_sm90ws" : g == Generation::sm90 ? "flash_sm90" : "flash_sm80";
+}
+
+// The generation whose forward kernel serves this call when `wanted` is asked for: itself where
+// it has a kernel for the head dims (and, sm90ws, TMA can load the operands), else sm90, else sm80.
+Generation forward_generation(const AttentionForwardArgs& a, const Problem& p, Generation wanted) {
+  const FlashKernels& kernels = *flash_kernels_for(p);
+  if (wanted == Generation::sm90ws && kernels.forward_sm90ws != nullptr &&
+      tma_forward_supports(p, a.q.data, a.k.data, a.v.data))
+    return Generation::sm90ws;
+  if (wanted != Generation::sm80 && kernels.forward_sm90 != nullptr) return Generation::sm90;
+  return Generation::sm80;
+}
+
+// Runs the forward of `forward_generation(a, p, wanted)`; returns the name of the kernel that ran.
+const char* run_flash_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream, Generation wanted) {
   float* lse = a.lse ? a.lse->ptr<float>() : nullptr;
   const FlashKernels& kernels = *flash_kernels_for(p);
-  const Generation generation = flash_generation();
-  if (generation == Generation::sm90ws && kernels.forward_sm90ws != nullptr &&
-      tma_forward_supports(p, a.q.data, a.k.data, a.v.data)) {
-    kernels.forward_sm90ws(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
-    return "flash_sm90ws";
-  }
-  if (generation != Generation::sm80 && kernels.forward_sm90 != nullptr) {
-    kernels.forward_sm90(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
-    return "flash_sm90";
-  }
-  kernels.forward_sm80(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
-  return "flash_sm80";
+  const Generation g = forward_generation(a, p, wanted);
+  const FlashForward run =
+      g == Generation::sm90ws ? kernels.forward_sm90ws : g == Generation::sm90 ? kernels.forward_sm90 : kernels.forward_sm80;
+  run(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
+  return generation_name(g);
 }
 
 void run_fallback_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
@@ -136,7 +157,11 @@ void run_fallback_forward(const AttentionForwardArgs& a, const Problem& p, Strea
 
 // ---- autotune: the winner per (device, dtype, shape class, options) ----
 
-enum class Choice { flash, fallback };
+// What runs: the fallback, or the flash kernels of a generation.
+struct Choice {
+  bool flash;
+  Generation generation;
+};
 
 std::int64_t log2_bucket(std::int64_t n) {
   std::int64_t b = 0;
@@ -154,7 +179,6 @@ TuneKey tune_key(const Problem& p, int device) {
 }
 
 std::mutex tune_mutex;
-std::map<TuneKey, Choice> tune_cache;
 
 // Milliseconds of `reps` runs of `run` on `stream` (synchronizes the stream once).
 template <class Run>
@@ -178,24 +202,43 @@ float time_on_stream(Run&& run, Stream stream, int reps) {
   }
   RUDNN_CUDA_CHECK(cudaEventDestroy(start));
   RUDNN_CUDA_CHECK(cudaEventDestroy(stop));
-  return ms;
+  return ms / float(reps);
 }
 
-Choice autotune_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
-  if (!flash_forward_unsupported(a, p).empty()) return Choice::fallback;  // the only candidate
-  const TuneKey key = tune_key(p, core::current_device());
+// The cached choice for `key`, or the fastest of the flash generations (each timed once, the
+// same kernel not twice) and the fallback, timed now by run_flash(generation) and run_fallback().
+// The candidates write the outputs, which the chosen kernels then overwrite.
+template <class Distinct, class RunFlash, class RunFallback>
+Choice tuned(std::map<TuneKey, Choice>& cache, const TuneKey& key, Distinct&& distinct, RunFlash&& run_flash,
+             RunFallback&& run_fallback, Stream stream) {
   {
     std::lock_guard<std::mutex> lock(tune_mutex);
-    auto it = tune_cache.find(key);
-    if (it != tune_cache.end()) return it->second;
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
   }
-  // The candidates write out/lse, which the chosen kernel then overwrites.
-  const float flash_ms = time_on_stream([&] { run_flash_forward(a, p, stream); }, stream, 3);
-  const float fallback_ms = time_on_stream([&] { run_fallback_forward(a, p, stream); }, stream, 1);
-  const Choice best = flash_ms <= fallback_ms ? Choice::flash : Choice::fallback;
+  Choice best{false, Generation::sm80};
+  float best_ms = time_on_stream(run_fallback, stream, 1);
+  std::vector<Generation> timed;
+  for (Generation wanted : tunable_generations()) {
+    const Generation g = distinct(wanted);
+    if (std::find(timed.begin(), timed.end(), g) != timed.end()) continue;
+    timed.push_back(g);
+    const float ms = time_on_stream([&] { run_flash(g); }, stream, 3);
+    if (ms <= best_ms) best = Choice{true, g}, best_ms = ms;
+  }
   std::lock_guard<std::mutex> lock(tune_mutex);
-  tune_cache.emplace(key, best);
+  cache.emplace(key, best);
   return best;
+}
+
+std::map<TuneKey, Choice> tune_cache_forward;
+
+Choice autotune_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
+  if (!flash_forward_unsupported(a, p).empty()) return Choice{false, Generation::sm80};  // the only candidate
+  return tuned(
+      tune_cache_forward, tune_key(p, core::current_device()),
+      [&](Generation g) { return forward_generation(a, p, g); }, [&](Generation g) { run_flash_forward(a, p, stream, g); },
+      [&] { run_fallback_forward(a, p, stream); }, stream);
 }
 
 Choice choose_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
@@ -203,12 +246,12 @@ Choice choose_forward(const AttentionForwardArgs& a, const Problem& p, Stream st
     case AttentionStrategy::flash: {
       const std::string why = flash_forward_unsupported(a, p);
       if (!why.empty()) core::fail(ErrorKind::unsupported, "attention: strategy 'flash': " + why);
-      return Choice::flash;
+      return Choice{true, flash_generation()};
     }
-    case AttentionStrategy::fallback: return Choice::fallback;
+    case AttentionStrategy::fallback: return Choice{false, Generation::sm80};
     case AttentionStrategy::autotune: return autotune_forward(a, p, stream);
     case AttentionStrategy::automatic:
-    default: return flash_forward_unsupported(a, p).empty() ? Choice::flash : Choice::fallback;
+    default: return Choice{flash_forward_unsupported(a, p).empty(), flash_generation()};
   }
 }
 
@@ -243,17 +286,22 @@ void run_fallback_backward(const AttentionBackwardArgs& a, const BackwardProblem
                     a.dk.data, a.dv.data, workspace ? workspace->data : nullptr, stream);
 }
 
-// The sm90a backward on Hopper where the pair has one (unless RUDNN_ATTENTION_FLASH=sm80; sm90ws
-// has no backward of its own and takes sm90's), the sm80 one otherwise; returns the name of the
-// kernels that ran.
+// The generation whose backward serves this call when `wanted` is asked for: sm90a where the
+// pair has one (sm90ws has no backward of its own and takes sm90's), sm80 otherwise.
+Generation backward_generation(const BackwardProblem& bp, Generation wanted) {
+  return wanted != Generation::sm80 && flash_kernels_for(bp.fwd)->backward_sm90 != nullptr ? Generation::sm90
+                                                                                           : Generation::sm80;
+}
+
+// Runs the backward of `backward_generation(bp, wanted)`; returns the name of the kernels that ran.
 const char* run_flash_backward(const AttentionBackwardArgs& a, const BackwardProblem& bp, const Tensor* workspace,
-                               Stream stream) {
+                               Stream stream, Generation wanted) {
   const FlashKernels& kernels = *flash_kernels_for(bp.fwd);
-  const bool sm90 = flash_generation() != Generation::sm80 && kernels.backward_sm90 != nullptr;
-  (sm90 ? kernels.backward_sm90 : kernels.backward_sm80)(bp, a.dout.data, a.q.data, a.k.data, a.v.data, a.out.data,
-                                                         a.lse.ptr<float>(), a.dq.data, a.dk.data, a.dv.data,
-                                                         workspace ? workspace->data : nullptr, stream);
-  return sm90 ? "flash_sm90" : "flash_sm80";
+  const Generation g = backward_generation(bp, wanted);
+  (g == Generation::sm90 ? kernels.backward_sm90 : kernels.backward_sm80)(
+      bp, a.dout.data, a.q.data, a.k.data, a.v.data, a.out.data, a.lse.ptr<float>(), a.dq.data, a.dk.data, a.dv.data,
+      workspace ? workspace->data : nullptr, stream);
+  return generation_name(g);
 }
 
 std::map<TuneKey, Choice> tune_cache_backward;
@@ -264,25 +312,17 @@ Choice choose_backward(const AttentionBackwardArgs& a, const BackwardProblem& bp
   switch (a.options.strategy) {
     case AttentionStrategy::flash:
       if (!why.empty()) core::fail(ErrorKind::unsupported, "attention_backward: strategy 'flash': " + why);
-      return Choice::flash;
-    case AttentionStrategy::fallback: return Choice::fallback;
-    case AttentionStrategy::autotune: {
-      if (!why.empty()) return Choice::fallback;
-      const TuneKey key = tune_key(bp.fwd, core::current_device());
-      {
-        std::lock_guard<std::mutex> lock(tune_mutex);
-        auto it = tune_cache_backward.find(key);
-        if (it != tune_cache_backward.end()) return it->second;
-      }
-      const float flash_ms = time_on_stream([&] { run_flash_backward(a, bp, workspace, stream); }, stream, 3);
-      const float fallback_ms = time_on_stream([&] { run_fallback_backward(a, bp, workspace, stream); }, stream, 1);
-      const Choice best = flash_ms <= fallback_ms ? Choice::flash : Choice::fallback;
-      std::lock_guard<std::mutex> lock(tune_mutex);
-      tune_cache_backward.emplace(key, best);
-      return best;
-    }
+      return Choice{true, flash_generation()};
+    case AttentionStrategy::fallback: return Choice{false, Generation::sm80};
+    case AttentionStrategy::autotune:
+      if (!why.empty()) return Choice{false, Generation::sm80};
+      return tuned(
+          tune_cache_backward, tune_key(bp.fwd, core::current_device()),
+          [&](Generation g) { return backward_generation(bp, g); },
+          [&](Generation g) { run_flash_backward(a, bp, workspace, stream, g); },
+          [&] { run_fallback_backward(a, bp, workspace, stream); }, stream);
     case AttentionStrategy::automatic:
-    default: return why.empty() ? Choice::flash : Choice::fallback;
+    default: return Choice{why.empty(), flash_generation()};
   }
 }
 
@@ -300,14 +340,16 @@ std::size_t backward_workspace_bytes_cuda(const BackwardProblem& bp, AttentionSt
 
 const char* forward_cuda(const AttentionForwardArgs& a, const Problem& p, const Tensor* workspace, Stream stream) {
   (void)workspace;
-  if (choose_forward(a, p, stream) == Choice::flash) return run_flash_forward(a, p, stream);
+  const Choice choice = choose_forward(a, p, stream);
+  if (choice.flash) return run_flash_forward(a, p, stream, choice.generation);
   run_fallback_forward(a, p, stream);
   return "fallback";
 }
 
 const char* backward_cuda(const AttentionBackwardArgs& a, const BackwardProblem& bp, const Tensor* workspace,
                           Stream stream) {
-  if (choose_backward(a, bp, workspace, stream) == Choice::flash) return run_flash_backward(a, bp, workspace, stream);
+  const Choice choice = choose_backward(a, bp, workspace, stream);
+  if (choice.flash) return run_flash_backward(a, bp, workspace, stream, choice.generation);
   run_fallback_backward(a, bp, workspace, stream);
   return "fallback";
 }
