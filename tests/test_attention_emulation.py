@@ -4,9 +4,12 @@ reference (and torch autograd through it) with the FlashAttention error budget:
 - the fallback kernels (cpp/src/attention/fallback_cuda.cu: forward, dq, dk/dv): tiling (16-row
   blocks, 32-row tiles, 64-column slices, 256-column accumulator blocks), staging, barriers, team
   reductions and every score option;
-- the flash sm80 kernels (flash_sm80.cuh, flash_bwd_sm80.cuh), with the tensor-core MMA, ldmatrix
-  and cp.async atoms replaced by stand-ins written from the PTX ISA (emu_sm80_atoms.hpp): CuTe
-  layouts, swizzles, the copy schedule, online softmax, masking and the backward's three kernels.
+- the flash kernels (flash_sm80.cuh, flash_bwd_sm80.cuh, and the sm90a ones), with the tensor-core
+  MMA, ldmatrix, cp.async, wgmma, mbarrier and TMA atoms replaced by stand-ins written from the PTX
+  ISA (emu_sm80_atoms.hpp, emu_sm90_atoms.hpp): CuTe layouts, swizzles, the copy schedule, online
+  softmax, masking and the backward's kernels. Copies land as late as they may; an ordering check
+  (emu_runtime.hpp) fails any run in which a cp.async is issued into bytes that another thread
+  reads (ldmatrix, wgmma) between the same two barriers.
 Skipped when g++ (C++20), the CUDA toolkit's headers or (flash) CUTLASS's headers are missing."""
 
 import os
@@ -358,3 +361,34 @@ def test_flash_emulator_catches_planted_backward_bug(tmp_path, bug):
     g64 = _grads(q, k, v, opts, dout, torch.float64)
     mine, exact = (dq, g64[0]) if grad == "dq" else (dk, g64[1])
     assert not torch.allclose(mine.double(), exact, atol=0.05), f"{bug} went unnoticed"
+
+
+# ... and copies issued too early: a prefetch into a tile that other warps may still be reading
+# (write after read). The emulator lands copies as late as it may, so these kernels still give
+# the right numbers there; its ordering check (emu_runtime.hpp: every cp.async against the
+# ldmatrix and wgmma reads of the same bytes between the same two barriers) must report them.
+PLANTED_PREFETCH_HAZARDS = {
+    "sm80_next_k_before_every_warp_read_k": (
+        "  __syncthreads();     // ... for every warp; and every warp is done reading sK\n  prefetch_next_k();",
+        "  prefetch_next_k();\n  __syncthreads();", "forward", "sm80"),
+    "sm90_v_before_every_warp_read_v": (
+        "    __syncthreads();                           // ... for every warp; every warp is done with sV\n"
+        "    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tVc, len_k - n0);",
+        "    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tVc, len_k - n0);\n    __syncthreads();", "forward", "sm90"),
+    "sm80_dq_next_v_before_every_warp_read_v": (
+        "    __syncthreads();  // every warp is done reading sV\n    if (more) {\n      copy_rows(gmem_copy, tVg(",
+        "    if (more) {\n      copy_rows(gmem_copy, tVg(", "backward", "sm80"),
+}
+
+
+@pytest.mark.parametrize("bug", list(PLANTED_PREFETCH_HAZARDS))
+def test_flash_emulator_reports_early_prefetch(tmp_path, bug):
+    old, new, mode, generation = PLANTED_PREFETCH_HAZARDS[bug]
+    exe = build_emulator("attention_flash_emu.cpp", _flash_source([(old, new)]), tmp_path, needs_cutlass=True)
+    q, k, v, opts = _flash_inputs("causal_three_blocks", seed=21)
+    backward = None
+    if mode == "backward":
+        out, lse = _oracle(q, k, v, opts)
+        backward = (rand(out.shape, torch.bfloat16, seed=9), out, lse)
+    with pytest.raises(AssertionError, match="shared-memory ordering hazard"):
+        _run(exe, tmp_path, q, k, v, dict(opts), backward=backward, env={"EMU_FLASH_GENERATION": generation})

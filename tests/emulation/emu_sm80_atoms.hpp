@@ -7,7 +7,9 @@
 //                      8-element row, each lane receives its fragment of the four 8x8 matrices;
 //   EmuCpAsync<T>      cp.async.cg 16 bytes: queued per thread and performed only when
 //                      emu_cp_async_wait says its group must have landed, so a kernel that reads
-//                      shared memory before waiting sees the poison, not the data.
+//                      shared memory before waiting sees the poison, not the data; issued over a
+//                      tile that other threads may still read, it is reported (emu_runtime.hpp:
+//                      emu_note_async_write, with the reads of ldmatrix and wgmma).
 // The emulators' tests replace the real atoms' names in the kernel text with these. Each stand-in
 // derives from the real atom for its register typedefs and hides its copy/fma; its CuTe traits
 // are the real atom's.
@@ -65,6 +67,7 @@ struct EmuLdsm : Real {
   static void copy(cute::uint128_t const& smem_src, std::uint32_t& dst0, std::uint32_t& dst1, std::uint32_t& dst2,
                    std::uint32_t& dst3) {
     std::uint32_t dst[4];
+    emu_note_read(std::size_t(reinterpret_cast<const unsigned char*>(&smem_src) - emu_smem), emu_epoch);  // my row
     emu_warp_exchange(static_cast<const void*>(&smem_src), [&](auto lane_value) {
       const int l = emu_lane;
       for (int i = 0; i < 4; ++i) {
@@ -93,7 +96,10 @@ inline thread_local std::vector<std::vector<EmuAsyncCopy>> emu_committed_groups;
 
 template <class TS, class TD = TS>
 struct EmuCpAsync : cute::SM80_CP_ASYNC_CACHEGLOBAL<TS, TD> {
-  static void copy(TS const& gmem_src, TD& smem_dst) { emu_open_group.push_back({&gmem_src, &smem_dst}); }
+  static void copy(TS const& gmem_src, TD& smem_dst) {
+    emu_note_async_write(std::size_t(reinterpret_cast<unsigned char*>(&smem_dst) - emu_smem));
+    emu_open_group.push_back({&gmem_src, &smem_dst});
+  }
 };
 
 inline void emu_cp_async_fence() {

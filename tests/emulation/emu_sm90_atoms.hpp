@@ -101,7 +101,15 @@ struct EmuGmma : Real {
     }
     std::array<float*, N / 2> acc;
     for (int i = 0; i < N / 2; ++i) acc[i] = d[i];
+    const long issued = emu_epoch;
     emu_wgmma_open.push_back([=] {
+      if (emu_thread_id() % 128 == 0)  // the warpgroup's reads of its shared-memory operands, once
+        for (int k = 0; k < 16; ++k) {
+          for (int mn = 0; mn < N; ++mn)
+            emu_note_read(emu_gmma_offset(desc_b, kMajorB == cute::SM90::GMMA::Major::MN, mn, k), issued);
+          if (!kRegisterA)
+            for (int m = 0; m < 64; ++m) emu_note_read(emu_gmma_offset(desc_a, false, m, k), issued);
+        }
       for (int i = 0; i < N / 2; ++i) {
         const int half = (i / 2) % 2, row = 16 * w + lane / 4 + 8 * half;
         const int col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
