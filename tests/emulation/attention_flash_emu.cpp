@@ -66,8 +66,9 @@ struct FlashKernels {
                                        : forward_sm80_kernel<Element, D, Dv, false>;
         unsigned rows_per_cta = Cfg::kBlockM, threads = Cfg::kThreads;
         std::size_t smem = Cfg::kSmemBytes;
-        if constexpr (D % 64 == 0) {  // the sm90a forwards' head dims: all but 96
-          // sm90ws where TMA can load the operands (as the library decides), sm90 otherwise.
+        // sm90ws (TMA boxes of 64 columns: not D = 96) where TMA can load the operands, as the
+        // library decides; sm90 otherwise (every head-dim pair).
+        if constexpr (D % 64 == 0 && Dv % 64 == 0) {
           if (generation() == "sm90ws" && rudnn::attention::tma_forward_supports(p, q, k, v)) {
             using Ws = Sm90WsConfig<Element, D, Dv>;
             rudnn::attention::TmaLoads tma{};
@@ -83,10 +84,10 @@ struct FlashKernels {
                        [&] { ws(p, as_element(q), as_element(k), as_element(v), as_element(out), lse, tma); });
             return;
           }
-          if (generation() != "sm80")  // same launch shape and shared memory as the sm80 kernel
-            kernel = p.plain_scores() ? forward_sm90_kernel<Element, D, Dv, true>
-                                      : forward_sm90_kernel<Element, D, Dv, false>;
         }
+        if (generation() != "sm80")  // same launch shape and shared memory as the sm80 kernel
+          kernel = p.plain_scores() ? forward_sm90_kernel<Element, D, Dv, true>
+                                    : forward_sm90_kernel<Element, D, Dv, false>;
         emu_launch(EmuDim3{unsigned(blocks(p.sq, rows_per_cta)), unsigned(p.hq), unsigned(p.batch)}, threads, 1, smem,
                    [&] { kernel(p, as_element(q), as_element(k), as_element(v), as_element(out), lse); });
       });

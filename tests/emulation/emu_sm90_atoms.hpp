@@ -40,26 +40,30 @@ inline std::uint32_t __nvvm_get_smem_pointer(const void* p) {
 // Byte offset of element (mn, k) of a 16-bit operand from its wgmma matrix descriptor (PTX ISA,
 // "Matrix Descriptor Format": start address bits 0-13, leading byte offset bits 16-29, stride byte
 // offset bits 32-45, all in 16-byte units; base offset bits 49-51; layout type bits 62-63, 1 =
-// 128-byte swizzle), for the canonical 128-byte-swizzled layouts:
-//   K-major   rows (M or N) 128 bytes apart in groups of 8, the groups `stride` apart; the 16 k of
+// 128-byte swizzle, 2 = 64-byte), for the canonical swizzled layouts of row width W (128 or 64
+// bytes):
+//   K-major   rows (M or N) W bytes apart in groups of 8, the groups `stride` apart; the 16 k of
 //             one wgmma are 32 contiguous bytes of a row;
-//   MN-major  64 contiguous elements along M or N, the next 64 `leading` bytes on; k rows 128
-//             bytes apart in groups of 8, the groups `stride` apart.
-// The swizzle XORs the 16-byte chunk index of an address (bits 4-6) with its bits 7-9.
+//   MN-major  W / 2 contiguous elements along M or N, the next W / 2 `leading` bytes on; k rows
+//             W bytes apart in groups of 8, the groups `stride` apart.
+// The swizzle XORs the 16-byte chunk index of an address (bits 4-6, or 4-5 for W = 64) with its
+// bits 7-9 (7-8).
 inline std::uint32_t emu_gmma_offset(std::uint64_t desc, bool mn_major, int mn, int k) {
   const std::uint32_t start = std::uint32_t(desc & 0x3fff) << 4;
   const std::uint32_t leading = std::uint32_t((desc >> 16) & 0x3fff) << 4;
   const std::uint32_t stride = std::uint32_t((desc >> 32) & 0x3fff) << 4;
   const unsigned base_offset = unsigned(desc >> 49) & 7u, layout = unsigned(desc >> 62);
-  if (layout != 1 || base_offset != 0) {
-    std::fprintf(stderr, "wgmma stand-in: only the 128-byte swizzle with base offset 0 is emulated\n");
+  if ((layout != 1 && layout != 2) || base_offset != 0) {
+    std::fprintf(stderr, "wgmma stand-in: only the 128- and 64-byte swizzles with base offset 0 are emulated\n");
     std::abort();
   }
+  const std::uint32_t width = layout == 1 ? 128 : 64, per_row = width / 2;
   const std::uint32_t addr =
-      mn_major ? start + std::uint32_t(mn / 64) * leading + std::uint32_t(k / 8) * stride + std::uint32_t(k % 8) * 128 +
-                     2 * std::uint32_t(mn % 64)
-               : start + std::uint32_t(mn / 8) * stride + std::uint32_t(mn % 8) * 128 + 2 * std::uint32_t(k);
-  return addr ^ (((addr >> 7) & 7u) << 4);
+      mn_major ? start + std::uint32_t(mn) / per_row * leading + std::uint32_t(k / 8) * stride +
+                     std::uint32_t(k % 8) * width + 2 * (std::uint32_t(mn) % per_row)
+               : start + std::uint32_t(mn / 8) * stride + std::uint32_t(mn % 8) * width + 2 * std::uint32_t(k);
+  const std::uint32_t row_bits = layout == 1 ? 7u : 3u;
+  return addr ^ (((addr >> 7) & row_bits) << 4);
 }
 
 // The calling thread's wgmma operations: issued since the last commit, then committed groups.
@@ -170,6 +174,10 @@ template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS64F16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32F16F16_RS<A, B>, cute::half_t, 64, true, B>;
 template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS64BF16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32BF16BF16_RS<A, B>, cute::bfloat16_t, 64, true, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaRS96F16 = EmuGmma<emu_gmma::G::MMA_64x96x16_F32F16F16_RS<A, B>, cute::half_t, 96, true, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaRS96BF16 = EmuGmma<emu_gmma::G::MMA_64x96x16_F32BF16BF16_RS<A, B>, cute::bfloat16_t, 96, true, B>;
 template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS128F16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32F16F16_RS<A, B>, cute::half_t, 128, true, B>;
 template <emu_gmma::Major A, emu_gmma::Major B>

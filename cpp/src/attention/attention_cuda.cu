@@ -1,12 +1,12 @@
 // CUDA side of attention: picks the kernels for a strategy and launches them.
 //   "flash"     forward, f16/bf16, head dims (D, Dv) in {(64, 64), (96, 96), (128, 128), (192, 128),
 //               (256, 256)}, 16-byte aligned rows: the CuTe sm80 kernel (flash_sm80.cuh) on every
-//               device >= 8.0, except on Hopper (compute capability 9.x) for every pair but
-//               (96, 96), where the sm90a kernel (flash_sm90.cuh: wgmma for both GEMMs) runs. The
+//               device >= 8.0, except on Hopper (compute capability 9.x), where the sm90a
+//               kernel (flash_sm90.cuh: wgmma for both GEMMs) runs for every pair. The
 //               environment variable RUDNN_ATTENTION_FLASH=sm80|sm90|sm90ws forces one
 //               generation where it has a kernel for the head dims (sm90ws: the warp-specialized
 //               sm90a kernel with TMA loads, flash_sm90_ws.cuh, not the default until measured;
-//               packed varlen batches and zero-stride operands run sm90 instead).
+//               packed varlen batches, zero-stride operands and D = 96 run sm90 instead).
 //               backward, f16/bf16, the same head-dim pairs: the CuTe sm80 kernels
 //               (flash_bwd_sm80.cuh) where the device's shared memory per block holds their
 //               tiles (D = 256 takes 144 KiB: A100 and Hopper, not Ada or consumer Ampere); on
@@ -52,7 +52,7 @@ struct FlashKernels {
 constexpr FlashKernels kFlashBuilt[] = {
     {64, 64, flash_forward_sm80_d64, flash_forward_sm90_d64, flash_forward_sm90ws_d64, flash_backward_sm80_d64,
      flash_backward_sm90_d64},
-    {96, 96, flash_forward_sm80_d96, nullptr, nullptr, flash_backward_sm80_d96, nullptr},
+    {96, 96, flash_forward_sm80_d96, flash_forward_sm90_d96, nullptr, flash_backward_sm80_d96, nullptr},
     {128, 128, flash_forward_sm80_d128, flash_forward_sm90_d128, flash_forward_sm90ws_d128, flash_backward_sm80_d128,
      flash_backward_sm90_d128},
     {192, 128, flash_forward_sm80_d192_dv128, flash_forward_sm90_d192_dv128, flash_forward_sm90ws_d192_dv128,

@@ -1,7 +1,7 @@
 // The "flash" forward kernel for Hopper (sm90a): the sm80 kernel's schedule with both GEMMs
 // issued as warpgroup MMAs (wgmma). One warpgroup (4 warps) owns 64 query rows. Head dims: D any
-// multiple of 64 (whole 128-byte swizzle atoms; the library builds 64, 128, 192, 256), Dv 64, 128
-// or 256 (one wgmma atom wide).
+// multiple of 32 (the library builds 64, 96, 128, 192, 256), Dv 64, 96, 128 or 256 (one wgmma
+// atom wide).
 //   S = Q K^T   wgmma SS: Q and K read from shared memory in the GMMA 128-byte-swizzled K-major
 //               layout;
 //   O += P V    wgmma RS: P (the exponentiated scores, rounded to Element) straight from the
@@ -25,14 +25,16 @@
 
 namespace rudnn::attention::flash {
 
-// D = kHeadDim (the K dim of S = Q K^T, any multiple of 64: whole 128-byte swizzle atoms) and
-// Dv = kHeadDimV (the N of O += P V: a wgmma atom of that width).
+// D = kHeadDim (the K dim of S = Q K^T) and Dv = kHeadDimV (the N of O += P V: a wgmma atom of
+// that width). Rows of 64-multiple head dims sit in 128-byte swizzle atoms (64 columns each),
+// others (96) in 64-byte ones (32 columns).
 template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
 struct Sm90Config : Sm80Config<Element, kHeadDim, kHeadDimV> {
   using Base = Sm80Config<Element, kHeadDim, kHeadDimV>;
   static_assert(Base::kBlockM == 64 && Base::kBlockN == 64, "one 64-row warpgroup, 64-key blocks");
-  static_assert(kHeadDim % 64 == 0, "D in whole 64-column slabs (128-byte swizzle atoms)");
-  static_assert(kHeadDimV == 64 || kHeadDimV == 128 || kHeadDimV == 256, "the P V wgmma atoms below: Dv 64, 128, 256");
+  static_assert(kHeadDim % 32 == 0, "D in whole 64- or 128-byte swizzle atoms");
+  static_assert(kHeadDimV == 64 || kHeadDimV == 96 || kHeadDimV == 128 || kHeadDimV == 256,
+                "the P V wgmma atoms below: Dv 64, 96, 128, 256");
   static constexpr bool kHalf = std::is_same_v<Element, cute::half_t>;
   using Major = GMMA::Major;
 
@@ -44,23 +46,30 @@ struct Sm90Config : Sm80Config<Element, kHeadDim, kHeadDimV> {
       kHeadDimV == 64,
       ByType<SM90::GMMA::MMA_64x64x16_F32F16F16_RS<Major::K, Major::MN>,
              SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<Major::K, Major::MN>>,
-      std::conditional_t<kHeadDimV == 128,
-                         ByType<SM90::GMMA::MMA_64x128x16_F32F16F16_RS<Major::K, Major::MN>,
-                                SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<Major::K, Major::MN>>,
-                         ByType<SM90::GMMA::MMA_64x256x16_F32F16F16_RS<Major::K, Major::MN>,
-                                SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<Major::K, Major::MN>>>>;
+      std::conditional_t<
+          kHeadDimV == 96,
+          ByType<SM90::GMMA::MMA_64x96x16_F32F16F16_RS<Major::K, Major::MN>,
+                 SM90::GMMA::MMA_64x96x16_F32BF16BF16_RS<Major::K, Major::MN>>,
+          std::conditional_t<kHeadDimV == 128,
+                             ByType<SM90::GMMA::MMA_64x128x16_F32F16F16_RS<Major::K, Major::MN>,
+                                    SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<Major::K, Major::MN>>,
+                             ByType<SM90::GMMA::MMA_64x256x16_F32F16F16_RS<Major::K, Major::MN>,
+                                    SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<Major::K, Major::MN>>>>>;
   using TiledMmaS = decltype(make_tiled_mma(GmmaOpS{}));
   using TiledMmaO = decltype(make_tiled_mma(GmmaOpO{}));
 
-  using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                             Shape<Int<Base::kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                             Shape<Int<Base::kBlockN>, Int<kHeadDim>>{}));
+  using AtomK = std::conditional_t<kHeadDim % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                   GMMA::Layout_K_SW64_Atom<Element>>;
+  using AtomMN = std::conditional_t<kHeadDimV % 64 == 0, GMMA::Layout_MN_SW128_Atom<Element>,
+                                    GMMA::Layout_MN_SW64_Atom<Element>>;
+  using SmemLayoutQ = decltype(tile_to_shape(AtomK{}, Shape<Int<Base::kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(AtomK{}, Shape<Int<Base::kBlockN>, Int<kHeadDim>>{}));
   // V as the B operand of P V: [Dv, BN] with Dv contiguous (MN-major), and the same bytes seen as
-  // [BN, Dv] for the loads of V's rows. The 64-column slabs of Dv are outermost (each 64 keys x
-  // 128 bytes, like K's): one TMA box per slab (flash_sm90_ws.cuh).
-  using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
-                                              Shape<Int<kHeadDimV>, Int<Base::kBlockN>>{}, Step<_2, _1>{}));
+  // [BN, Dv] for the loads of V's rows. The slabs of Dv (64 columns, or 32 for Dv = 96) are
+  // outermost (each 64 keys x the atom's row bytes, like K's): one TMA box per 64-column slab
+  // (flash_sm90_ws.cuh).
+  using SmemLayoutVt =
+      decltype(tile_to_shape(AtomMN{}, Shape<Int<kHeadDimV>, Int<Base::kBlockN>>{}, Step<_2, _1>{}));
   using SmemLayoutV = decltype(composition(SmemLayoutVt{},
                                            make_layout(Shape<Int<Base::kBlockN>, Int<kHeadDimV>>{}, GenRowMajor{})));
 };

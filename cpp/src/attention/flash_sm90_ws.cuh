@@ -33,6 +33,7 @@ namespace rudnn::attention::flash {
 template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
 struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV> {
   using Base = Sm90Config<Element, kHeadDim, kHeadDimV>;
+  static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "TMA boxes of 64 columns (128-byte swizzle)");
   static constexpr int kConsumers = 2;                            // warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kRowsPerCta = 64 * kConsumers;

@@ -32,9 +32,9 @@ void flash_forward_sm80_d128(const Problem&, const void*, const void*, const voi
 void flash_forward_sm80_d192_dv128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 void flash_forward_sm80_d256(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 
-// flash_fwd_sm90_*.cu: the sm90a forward (wgmma for both GEMMs), Hopper only; every head-dim pair
-// but 96 (not whole 128-byte swizzle atoms).
+// flash_fwd_sm90_*.cu: the sm90a forward (wgmma for both GEMMs), Hopper only; every head-dim pair.
 void flash_forward_sm90_d64(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
+void flash_forward_sm90_d96(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 void flash_forward_sm90_d128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 void flash_forward_sm90_d192_dv128(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
 void flash_forward_sm90_d256(const Problem&, const void*, const void*, const void*, void*, float*, Stream);
