@@ -145,8 +145,9 @@ const char* run_flash_forward(const AttentionForwardArgs& a, const Problem& p, S
   float* lse = a.lse ? a.lse->ptr<float>() : nullptr;
   const FlashKernels& kernels = *flash_kernels_for(p);
   const Generation g = forward_generation(a, p, wanted);
-  const FlashForward run =
-      g == Generation::sm90ws ? kernels.forward_sm90ws : g == Generation::sm90 ? kernels.forward_sm90 : kernels.forward_sm80;
+  const FlashForward run = g == Generation::sm90ws ? kernels.forward_sm90ws
+                           : g == Generation::sm90  ? kernels.forward_sm90
+                                                    : kernels.forward_sm80;
   run(p, a.q.data, a.k.data, a.v.data, a.out.data, lse, stream);
   return generation_name(g);
 }
@@ -237,8 +238,8 @@ Choice autotune_forward(const AttentionForwardArgs& a, const Problem& p, Stream 
   if (!flash_forward_unsupported(a, p).empty()) return Choice{false, Generation::sm80};  // the only candidate
   return tuned(
       tune_cache_forward, tune_key(p, core::current_device()),
-      [&](Generation g) { return forward_generation(a, p, g); }, [&](Generation g) { run_flash_forward(a, p, stream, g); },
-      [&] { run_fallback_forward(a, p, stream); }, stream);
+      [&](Generation g) { return forward_generation(a, p, g); },
+      [&](Generation g) { run_flash_forward(a, p, stream, g); }, [&] { run_fallback_forward(a, p, stream); }, stream);
 }
 
 Choice choose_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
@@ -251,7 +252,9 @@ Choice choose_forward(const AttentionForwardArgs& a, const Problem& p, Stream st
     case AttentionStrategy::fallback: return Choice{false, Generation::sm80};
     case AttentionStrategy::autotune: return autotune_forward(a, p, stream);
     case AttentionStrategy::automatic:
-    default: return Choice{flash_forward_unsupported(a, p).empty(), flash_generation()};
+    default:
+      if (!flash_forward_unsupported(a, p).empty()) return Choice{false, Generation::sm80};
+      return Choice{true, flash_generation()};
   }
 }
 
@@ -322,7 +325,9 @@ Choice choose_backward(const AttentionBackwardArgs& a, const BackwardProblem& bp
           [&](Generation g) { run_flash_backward(a, bp, workspace, stream, g); },
           [&] { run_fallback_backward(a, bp, workspace, stream); }, stream);
     case AttentionStrategy::automatic:
-    default: return Choice{why.empty(), flash_generation()};
+    default:
+      if (!why.empty()) return Choice{false, Generation::sm80};
+      return Choice{true, flash_generation()};
   }
 }
 
