@@ -82,6 +82,25 @@ __device__ __forceinline__ void probabilities_and_dscores(const Problem& p, AccS
 
 // lse and delta of the thread's queries m0 + query_of(i), i < kN, of head (b, h); -inf and 0 past
 // the sequence.
+// The (query head, query block) pairs a dk/dv CTA of key block [n0, n0 + BN) of KV head hk
+// visits, in order: every query head of the group, and of each the query blocks that see these
+// keys (both backward generations).
+struct QueryVisits {
+  std::int64_t first_head, first_block, blocks_per_head, steps;
+  __device__ std::int64_t head(std::int64_t i) const { return first_head + i / blocks_per_head; }
+  __device__ std::int64_t block(std::int64_t i) const { return first_block + i % blocks_per_head; }
+};
+
+__device__ __forceinline__ QueryVisits query_visits(const Problem& p, std::int64_t hk, std::int64_t n0,
+                                                    std::int64_t len_q, std::int64_t len_k, int block_m,
+                                                    int block_n) {
+  const std::int64_t cols_here = len_k - n0 < block_n ? len_k - n0 : block_n;
+  std::int64_t m_first, m_last;
+  cuda::query_block_range(p, n0, cols_here, len_q, len_k, block_m, m_first, m_last);
+  const std::int64_t blocks_per_head = m_last > m_first ? m_last - m_first : 0;
+  return QueryVisits{hk * p.group, m_first, blocks_per_head, p.group * blocks_per_head};
+}
+
 template <int kN, class QueryOf>
 __device__ __forceinline__ void load_lse_delta(const Problem& p, const float* lse, const float* delta, std::int64_t b,
                                                std::int64_t h, std::int64_t q0, std::int64_t m0, std::int64_t len_q,
@@ -364,25 +383,20 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
   cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
 
-  // The (query head, query block) pairs this CTA visits, in order: every head of the group, and of
-  // each the query blocks that see these keys. dO of the next pair streams in during dK += dS^T Q
-  // of this one (dO is done with once dV is updated); its Q follows once dK has read this Q.
-  const std::int64_t cols_here = len_k - n0 < BN ? len_k - n0 : BN;
-  std::int64_t m_first, m_last;
-  cuda::query_block_range(p, n0, cols_here, len_q, len_k, BM, m_first, m_last);
-  const std::int64_t blocks_per_head = m_last > m_first ? m_last - m_first : 0;
-  const std::int64_t steps = p.group * blocks_per_head;
-  auto head_of = [&](std::int64_t i) { return hk * p.group + i / blocks_per_head; };
-  auto block_of = [&](std::int64_t i) { return m_first + i % blocks_per_head; };
+  // The (query head, query block) pairs this CTA visits (query_visits). dO of the next pair
+  // streams in during dK += dS^T Q of this one (dO is done with once dV is updated); its Q follows
+  // once dK has read this Q.
+  const QueryVisits visits = query_visits(p, hk, n0, len_q, len_k, BM, BN);
+  const std::int64_t steps = visits.steps;
   auto load_q = [&](std::int64_t i) {
-    cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, head_of(i), q0, len_q),
-                                 Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(block_of(i), 0));
-    copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tQc, len_q - block_of(i) * BM);
+    cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, visits.head(i), q0, len_q),
+                                 Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(visits.block(i), 0));
+    copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tQc, len_q - visits.block(i) * BM);
   };
   auto load_dout = [&](std::int64_t i) {
-    cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, head_of(i), q0, len_q),
-                                  Shape<Int<BM>, Int<kHeadDimV>>{}, make_coord(block_of(i), 0));
-    copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tdOc, len_q - block_of(i) * BM);
+    cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, visits.head(i), q0, len_q),
+                                  Shape<Int<BM>, Int<kHeadDimV>>{}, make_coord(visits.block(i), 0));
+    copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tdOc, len_q - visits.block(i) * BM);
   };
 
   copy_rows(gmem_copy, tKg, tKs, tKc, len_k - n0);
@@ -394,7 +408,7 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
   cp_async_fence();
 
   for (std::int64_t i = 0; i < steps; ++i) {
-    const std::int64_t h = head_of(i), m0 = block_of(i) * BM;
+    const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
     const bool more = i + 1 < steps;
     float lse_r[kRows], delta_r[kRows];
     load_lse_delta(p, lse, delta, b, h, q0, m0, len_q, [&](int r) { return get<0>(tScS_rc(r, 0)); }, lse_r,

@@ -229,17 +229,11 @@ __global__ void __launch_bounds__(128)
   auto gthr = gmem_copy.get_thread_slice(tid);
   cute::Tensor tRowsC = gthr.partition_S(make_identity_tensor(Tile{}));
 
-  // The (query head, query block) pairs this CTA visits, in order: every head of the group, and of
-  // each the query blocks that see these keys.
-  const std::int64_t cols_here = len_k - n0 < BN ? len_k - n0 : BN;
-  std::int64_t m_first, m_last;
-  cuda::query_block_range(p, n0, cols_here, len_q, len_k, BM, m_first, m_last);
-  const std::int64_t blocks_per_head = m_last > m_first ? m_last - m_first : 0;
-  const std::int64_t steps = p.group * blocks_per_head;
-  auto head_of = [&](std::int64_t i) { return hk * p.group + i / blocks_per_head; };
-  auto block_of = [&](std::int64_t i) { return m_first + i % blocks_per_head; };
+  // The (query head, query block) pairs this CTA visits (query_visits).
+  const QueryVisits visits = query_visits(p, hk, n0, len_q, len_k, BM, BN);
+  const std::int64_t steps = visits.steps;
   auto load_qdo = [&](std::int64_t i, int stage) {
-    const std::int64_t h = head_of(i), m = block_of(i), m0 = m * BM;
+    const std::int64_t h = visits.head(i), m = visits.block(i), m0 = m * BM;
     cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), Tile{}, make_coord(m, 0));
     cute::Tensor gdO = local_tile(head_rows<kHeadDim>(dout, bp.dout, b, h, q0, len_q), Tile{}, make_coord(m, 0));
     cute::Tensor tQs = gthr.partition_D(sQ(stage));
@@ -283,7 +277,7 @@ __global__ void __launch_bounds__(128)
   cp_async_fence();
 
   for (std::int64_t i = 0; i < steps; ++i) {
-    const std::int64_t h = head_of(i), m0 = block_of(i) * BM;
+    const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
     const int stage = int(i & 1);
     if (i + 1 < steps) load_qdo(i + 1, stage ^ 1);  // its stage was last read two steps ago
     cp_async_fence();
