@@ -374,7 +374,7 @@ def test_flash_backward_d256_needs_its_shared_memory():
 
 
 # The head-dim pairs of the sm90a forward: every flash pair (sm90ws leaves (96, 96) to sm90).
-SM90_FORWARD_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
+SM90_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 
 
 def _hopper_inputs(monkeypatch, kernel, name, head_dims):
@@ -397,7 +397,7 @@ def _hopper_inputs(monkeypatch, kernel, name, head_dims):
                                   "flash_float_mask_bias_d128", "flash_d96_causal_gqa", "flash_d192_dv128_window",
                                   "flash_d256_causal_bias"])
 def test_every_flash_kernel_on_hopper(monkeypatch, kernel, name):
-    q, k, v, opts = _hopper_inputs(monkeypatch, kernel, name, SM90_FORWARD_HEAD_DIMS)
+    q, k, v, opts = _hopper_inputs(monkeypatch, kernel, name, SM90_HEAD_DIMS)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **opts)
     ran = "sm90" if kernel == "sm90ws" and q.shape[-1] == 96 else kernel  # TMA boxes: 64-column multiples
     assert rudnn.attention_last_algorithm() == f"flash_{ran}"
@@ -448,12 +448,17 @@ def test_flash_generation_variable_errors(monkeypatch):
 
 
 @pytest.mark.cuda
-def test_auto_backward_picks_flash_for_d64():
-    q, k, v, opts = _inputs(CASES["d64_tile_tail"], torch.bfloat16, "cuda")
+@pytest.mark.parametrize("name", ["d64_tile_tail", "flash_d96_causal_gqa", "flash_d256_causal_bias"])
+def test_auto_backward_picks_flash(name):
+    """auto's backward is the sm90a one on Hopper for every head-dim pair; sm80 elsewhere (D = 64
+    checked: wider heads depend on the device's shared memory)."""
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    if not hopper and name != "d64_tile_tail":
+        pytest.skip("the sm80 backward of wide heads needs A100-class shared memory")
+    q, k, v, opts = _inputs(CASES[name], torch.bfloat16, "cuda")
     out, lse = rudnn.attention(q, k, v, return_lse=True, **opts)
     rudnn.attention_backward(torch.ones_like(out), q, k, v, out, lse, **opts)
-    expected = "flash_sm90" if torch.cuda.get_device_capability()[0] == 9 else "flash_sm80"
-    assert rudnn.attention_last_algorithm() == expected
+    assert rudnn.attention_last_algorithm() == ("flash_sm90" if hopper else "flash_sm80")
 
 
 @pytest.mark.cuda
@@ -488,9 +493,12 @@ def test_autotune_times_every_flash_generation_and_keeps_its_pick(monkeypatch):
                     reason="needs a Hopper GPU (both flash backward generations run there)")
 @pytest.mark.parametrize("kernel", ["sm80", "sm90"])
 @pytest.mark.parametrize("name", ["d64_tile_tail", "d128_gqa4", "all_options", "decode", "sq_gt_sk_causal",
-                                  "flash_long_causal_d128", "flash_no_keys_d64", "flash_float_mask_bias_d128"])
+                                  "flash_long_causal_d128", "flash_no_keys_d64", "flash_float_mask_bias_d128",
+                                  "flash_d96_causal_gqa", "flash_d192_dv128_window", "flash_d256_causal_bias"])
 def test_every_flash_backward_on_hopper(monkeypatch, kernel, name):
-    q, k, v, opts = _hopper_inputs(monkeypatch, kernel, name, ((64, 64), (128, 128)))
+    """Both backward generations on Hopper, every head-dim pair (sm90a: two warpgroups in dk/dv for
+    (192, 128) and 256)."""
+    q, k, v, opts = _hopper_inputs(monkeypatch, kernel, name, SM90_HEAD_DIMS)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **opts)
     dout = rand(out.shape, torch.bfloat16, "cuda", seed=7)
     grads = rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash", **opts)

@@ -163,6 +163,8 @@ FLASH_SM90_EDITS = [("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900", "#if 
                     ("SM90::GMMA::MMA_64x96x16_F32BF16BF16_RS", "EmuGmmaRS96BF16"),
                     ("SM90::GMMA::MMA_64x128x16_F32F16F16_RS", "EmuGmmaRS128F16"),
                     ("SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS", "EmuGmmaRS128BF16"),
+                    ("SM90::GMMA::MMA_64x192x16_F32F16F16_RS", "EmuGmmaRS192F16"),
+                    ("SM90::GMMA::MMA_64x192x16_F32BF16BF16_RS", "EmuGmmaRS192BF16"),
                     ("SM90::GMMA::MMA_64x256x16_F32F16F16_RS", "EmuGmmaRS256F16"),
                     ("SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS", "EmuGmmaRS256BF16"),
                     ("warpgroup_arrive()", "emu_warpgroup_arrive()"),
@@ -185,7 +187,7 @@ def _flash_source(extra_edits=()):
     def kernels_of(name, end):
         text = open(os.path.join(ROOT, "cpp", "src", "attention", name)).read()
         return text[text.index("namespace rudnn::attention::flash {"):text.index(end)]
-    launcher = "template <class Element, int kHeadDim>\nvoid launch"
+    launcher = "template <class Element, int kHeadDim, int kHeadDimV>\nvoid launch_backward_sm90"
     end = "}  // namespace rudnn::attention::flash\n"
     text = (kernels_of("flash_sm80.cuh", '#include "core/cuda_check.hpp"')
             + kernels_of("flash_bwd_sm80.cuh", "// The dq and dk/dv kernels of one generation") + end
@@ -285,8 +287,9 @@ def _check_flash_backward(exe, tmp_path, name, env=None):
         assert_close_to_oracle(mine, same, exact, f"{name} {what}")
 
 
-# The sm90a backward (wgmma; what Hopper runs for D = Dv in {64, 128}) on the same cases.
-@pytest.mark.parametrize("name", [n for n in FLASH_BACKWARD_CASES if FLASH_CASES[n]["shape"][5:] in ((64, 64), (128, 128))])
+# The sm90a backward (wgmma; what Hopper runs for every head-dim pair; two warpgroups in dk/dv for
+# (192, 128) and 256) on the same cases.
+@pytest.mark.parametrize("name", FLASH_BACKWARD_CASES)
 def test_flash_sm90_backward_kernels(flash_emulator, tmp_path, name):
     _check_flash_backward(flash_emulator, tmp_path, name, env={"EMU_FLASH_GENERATION": "sm90"})
 
@@ -337,8 +340,10 @@ def test_flash_emulator_catches_planted_bug(tmp_path, bug):
 # ... and the backward: an sm80 dq kernel (8 warps) that reads dS back from shared
 # memory before the other warps of its rows have written their halves, an sm80 dk/dv kernel whose
 # dK takes P^T instead of dS^T, and sm90a ones whose dK reads dO^T instead of Q^T or that read
-# products (S and dP in the dq kernel) before waiting for their wgmma group. (A [D, 64] view that is not the
-# transpose of its tile cannot be planted: CuTe rejects the non-canonical layout when compiling.)
+# products (S and dP in the dq kernel) before waiting for their wgmma group; and two-warpgroup
+# dk/dv kernels (wide heads) whose dS side takes another element's weight or lse for delta. (A
+# [D, 64] view that is not the transpose of its tile cannot be planted: CuTe rejects the
+# non-canonical layout when compiling.)
 PLANTED_FLASH_BACKWARD_BUGS = {
     "dq_reads_ds_before_every_warp_wrote_it": (
         "    __syncthreads();\n    smem_gemm(mma, copy_a, tQsdS,", "    smem_gemm(mma, copy_a, tQsdS,", "dq",
@@ -348,14 +353,18 @@ PLANTED_FLASH_BACKWARD_BUGS = {
     "sm90_dk_from_dout_instead_of_q": ("tKrdSt, tKrQt, acc_dk90);", "tKrdSt, tVrdOt, acc_dk90);", "dk", "sm90"),
     "sm90_dq_reads_scores_before_their_wait": (
         "  warpgroup_wait<0>();\n  warpgroup_fence_operand(acc1);", "  warpgroup_fence_operand(acc1);", "dq", "sm90"),
+    "sm90_split_weight_of_another_element": ("cuda::dscore(weight_at(r, c),", "cuda::dscore(weight_at(r ^ 1, c),",
+                                             "dk", "sm90", "d256_softcap"),
+    "sm90_split_lse_for_delta": ("s_stage[BM + get<1>(tScS_rc(0, c))]", "s_stage[get<1>(tScS_rc(0, c))]", "dk",
+                                 "sm90", "d192_dv128_causal"),
 }
 
 
 @pytest.mark.parametrize("bug", list(PLANTED_FLASH_BACKWARD_BUGS))
 def test_flash_emulator_catches_planted_backward_bug(tmp_path, bug):
-    old, new, grad, generation = PLANTED_FLASH_BACKWARD_BUGS[bug]
+    old, new, grad, generation, *case = PLANTED_FLASH_BACKWARD_BUGS[bug]
     exe = build_emulator("attention_flash_emu.cpp", _flash_source([(old, new)]), tmp_path, needs_cutlass=True)
-    q, k, v, opts = _flash_inputs("d128_causal", seed=23)
+    q, k, v, opts = _flash_inputs(case[0] if case else "d128_causal", seed=23)
     out, lse = _oracle(q, k, v, opts)
     dout = rand(out.shape, torch.bfloat16, seed=9)
     dq, dk, _ = _run(exe, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse),
@@ -380,14 +389,18 @@ PLANTED_PREFETCH_HAZARDS = {
     "sm80_dq_next_v_before_every_warp_read_v": (
         "    __syncthreads();  // every warp is done reading sV\n    if (more) {\n      copy_rows(gmem_copy, tVg(",
         "    if (more) {\n      copy_rows(gmem_copy, tVg(", "backward", "sm80"),
+    # the two-warpgroup dk/dv kernel without its end-of-step barrier: one warpgroup prefetches into
+    # the stage the other may still be reading
+    "sm90_split_next_tiles_before_both_warpgroups_read_them": (
+        "    cutlass::arch::NamedBarrier::sync(256, kStageRead);", "", "backward", "sm90", "d192_dv128_causal"),
 }
 
 
 @pytest.mark.parametrize("bug", list(PLANTED_PREFETCH_HAZARDS))
 def test_flash_emulator_reports_early_prefetch(tmp_path, bug):
-    old, new, mode, generation = PLANTED_PREFETCH_HAZARDS[bug]
+    old, new, mode, generation, *case = PLANTED_PREFETCH_HAZARDS[bug]
     exe = build_emulator("attention_flash_emu.cpp", _flash_source([(old, new)]), tmp_path, needs_cutlass=True)
-    q, k, v, opts = _flash_inputs("causal_three_blocks", seed=21)
+    q, k, v, opts = _flash_inputs(case[0] if case else "causal_three_blocks", seed=21)
     backward = None
     if mode == "backward":
         out, lse = _oracle(q, k, v, opts)

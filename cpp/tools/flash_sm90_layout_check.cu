@@ -1,4 +1,4 @@
-// Host-side check (no GPU needed) that the sm90a kernel's wgmma accumulators (S and O) hold, register by
+// Host-side check (no GPU needed) that the sm90a kernels' wgmma accumulators (S, O; dQ, dK) hold, register by
 // register, the same (row, col) elements as the mma.sync accumulator the sm80 softmax/P V code
 // expects, and that the GMMA smem layouts keep every 16-byte cp.async chunk contiguous and are
 // bijections. Build: nvcc -std=c++17 --expt-relaxed-constexpr -arch=sm_90a -Icpp/include -Icpp/src
@@ -29,11 +29,19 @@ int check() {
     // fragments are compact column-major in the same order?
     for (int i = 0; i < size(acc80); ++i) if (acc90.layout()(i) != acc80.layout()(i)) { ++errors; break; }
   }
-  // The P V accumulator (wgmma 64 x D) against the mma.sync one of the same shape.
+  // The P V accumulator (wgmma 64 x Dv) against the mma.sync one of the same shape.
   typename Cfg::TiledMmaO mma_o;
   for (int tid = 0; tid < 128; ++tid) {
     auto c90 = mma_o.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<_64, Int<Dv>>{}));
     auto c80 = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<_64, Int<Dv>>{}));
+    if (size(c90) != size(c80)) { ++errors; continue; }
+    for (int i = 0; i < size(c80); ++i) if (!(c90(i) == c80(i))) ++errors;
+  }
+  // The backward's dQ and dK accumulators (wgmma 64 x D, flash_bwd_sm90.cuh) likewise.
+  TiledMmaRS<E, D> mma_d;
+  for (int tid = 0; tid < 128; ++tid) {
+    auto c90 = mma_d.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<_64, Int<D>>{}));
+    auto c80 = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<_64, Int<D>>{}));
     if (size(c90) != size(c80)) { ++errors; continue; }
     for (int i = 0; i < size(c80); ++i) if (!(c90(i) == c80(i))) ++errors;
   }

@@ -107,24 +107,24 @@ struct FlashKernels {
         auto dq_kernel_here = p.plain_scores() ? dq_kernel<Element, D, Dv, true> : dq_kernel<Element, D, Dv, false>;
         auto dkdv_kernel_here =
             p.plain_scores() ? dkdv_kernel<Element, D, Dv, true> : dkdv_kernel<Element, D, Dv, false>;
-        unsigned threads = Cfg::kThreads;
+        unsigned dq_threads = Cfg::kThreads, dkdv_threads = Cfg::kThreads;
         std::size_t dq_smem = Cfg::kDqSmemBytes, dkdv_smem = Cfg::kDkdvSmemBytes;
-        if constexpr (D == Dv && (D == 64 || D == 128)) {  // the sm90a backward's head dims
-          if (generation() != "sm80") {
-            using Cfg90 = Sm90BwdConfig<Element, D>;
-            dq_kernel_here = p.plain_scores() ? dq_sm90_kernel<Element, D, true> : dq_sm90_kernel<Element, D, false>;
-            dkdv_kernel_here =
-                p.plain_scores() ? dkdv_sm90_kernel<Element, D, true> : dkdv_sm90_kernel<Element, D, false>;
-            threads = 128, dq_smem = dkdv_smem = Cfg90::kBwdSmemBytes;
-          }
+        if (generation() != "sm80") {  // the sm90a backward (every head-dim pair)
+          using Cfg90 = Sm90BwdConfig<Element, D, Dv>;
+          dq_kernel_here =
+              p.plain_scores() ? dq_sm90_kernel<Element, D, Dv, true> : dq_sm90_kernel<Element, D, Dv, false>;
+          dkdv_kernel_here = p.plain_scores() ? dkdv_sm90<Element, D, Dv, true>() : dkdv_sm90<Element, D, Dv, false>();
+          dq_threads = 128, dkdv_threads = Cfg90::kDkdvThreads;
+          dq_smem = Cfg90::kDqSmemBytes, dkdv_smem = Cfg90::kDkdvSmemBytes;
         }
-        emu_launch(EmuDim3{unsigned(blocks(p.sq, 64)), unsigned(p.hq), unsigned(p.batch)}, threads, 1, dq_smem, [&] {
+        emu_launch(EmuDim3{unsigned(blocks(p.sq, 64)), unsigned(p.hq), unsigned(p.batch)}, dq_threads, 1, dq_smem, [&] {
           dq_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta, as_element(dq));
         });
-        emu_launch(EmuDim3{unsigned(blocks(p.sk, 64)), unsigned(p.hkv), unsigned(p.batch)}, threads, 1, dkdv_smem, [&] {
-          dkdv_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta,
-                           as_element(dk), as_element(dv));
-        });
+        emu_launch(EmuDim3{unsigned(blocks(p.sk, 64)), unsigned(p.hkv), unsigned(p.batch)}, dkdv_threads, 1,
+                   dkdv_smem, [&] {
+                     dkdv_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta,
+                                      as_element(dk), as_element(dv));
+                   });
       });
     }
   }

@@ -183,6 +183,10 @@ using EmuGmmaRS128F16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32F16F16_RS<A, B>, c
 template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS128BF16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32BF16BF16_RS<A, B>, cute::bfloat16_t, 128, true, B>;
 template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaRS192F16 = EmuGmma<emu_gmma::G::MMA_64x192x16_F32F16F16_RS<A, B>, cute::half_t, 192, true, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaRS192BF16 = EmuGmma<emu_gmma::G::MMA_64x192x16_F32BF16BF16_RS<A, B>, cute::bfloat16_t, 192, true, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS256F16 = EmuGmma<emu_gmma::G::MMA_64x256x16_F32F16F16_RS<A, B>, cute::half_t, 256, true, B>;
 template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS256BF16 = EmuGmma<emu_gmma::G::MMA_64x256x16_F32BF16BF16_RS<A, B>, cute::bfloat16_t, 256, true, B>;
@@ -282,7 +286,9 @@ inline void emu_tma_load_4d(const void* desc, std::uint64_t* mbar, std::uint64_t
 
 // Named barriers (bar.sync / bar.arrive with a thread count; the NamedBarrier static interface):
 // a phase completes when `count` threads have arrived, and bar.sync waits for the phase it arrived
-// in. State is per running block, so nothing carries over from one block to the next.
+// in. State is per running block, so nothing carries over from one block to the next. A sync of
+// every thread of the block starts a new epoch of the ordering check (emu_runtime.hpp) like
+// __syncthreads; kernels that use one must have every thread sync at it.
 struct EmuNamedBarrier {
   struct State {
     unsigned long block = 0;
@@ -311,6 +317,7 @@ struct EmuNamedBarrier {
     std::unique_lock<std::mutex> lock(mutex);
     const unsigned phase = arrive_in(count, id);
     changed.wait(lock, [&] { return states[id].completed != phase; });
+    if (count == blockDim.x * blockDim.y * blockDim.z) ++emu_epoch;  // orders the whole block, as __syncthreads
   }
 };
 

@@ -10,8 +10,8 @@
 //               backward, f16/bf16, the same head-dim pairs: the CuTe sm80 kernels
 //               (flash_bwd_sm80.cuh) where the device's shared memory per block holds their
 //               tiles (D = 256 takes 144 KiB: A100 and Hopper, not Ada or consumer Ampere); on
-//               Hopper for D = Dv in {64, 128} the sm90a kernels (flash_bwd_sm90.cuh: wgmma),
-//               unless RUDNN_ATTENTION_FLASH=sm80. Deterministic (no atomics).
+//               Hopper the sm90a kernels (flash_bwd_sm90.cuh: wgmma) for every pair, unless
+//               RUDNN_ATTENTION_FLASH=sm80. Deterministic (no atomics).
 //   "fallback"  fallback_cuda.cu: any dtype, head dim and option; deterministic backward.
 //   "auto"      flash where it supports the case, the fallback otherwise.
 //   "autotune"  times the candidates once per (shape class, dtype, device) on the caller's
@@ -52,13 +52,14 @@ struct FlashKernels {
 constexpr FlashKernels kFlashBuilt[] = {
     {64, 64, flash_forward_sm80_d64, flash_forward_sm90_d64, flash_forward_sm90ws_d64, flash_backward_sm80_d64,
      flash_backward_sm90_d64},
-    {96, 96, flash_forward_sm80_d96, flash_forward_sm90_d96, nullptr, flash_backward_sm80_d96, nullptr},
+    {96, 96, flash_forward_sm80_d96, flash_forward_sm90_d96, nullptr, flash_backward_sm80_d96,
+     flash_backward_sm90_d96},
     {128, 128, flash_forward_sm80_d128, flash_forward_sm90_d128, flash_forward_sm90ws_d128, flash_backward_sm80_d128,
      flash_backward_sm90_d128},
     {192, 128, flash_forward_sm80_d192_dv128, flash_forward_sm90_d192_dv128, flash_forward_sm90ws_d192_dv128,
-     flash_backward_sm80_d192_dv128, nullptr},
+     flash_backward_sm80_d192_dv128, flash_backward_sm90_d192_dv128},
     {256, 256, flash_forward_sm80_d256, flash_forward_sm90_d256, flash_forward_sm90ws_d256, flash_backward_sm80_d256,
-     nullptr},
+     flash_backward_sm90_d256},
 };
 
 const FlashKernels* flash_kernels_for(const Problem& p) {

@@ -127,10 +127,28 @@ __device__ __forceinline__ float score(const Problem& p, float dot, std::int64_t
   }
 }
 
-// The backward's probability and score gradient of one (query, key) pair from its transformed
-// score s (-inf where hidden), tanh_s from the transform, the row's lse, dP = dout . v and
-// delta = dout . out: P = exp(s - lse), dS = P (dP - delta) * d(softcap)/d(score) * scale, the
-// gradient of q . k. Both 0 where s or lse is -inf. Shared by the flash and fallback kernels.
+// The backward's probability and score-gradient weight of one (query, key) pair from its
+// transformed score s (-inf where hidden), tanh_s from the transform and the row's lse:
+// P = exp(s - lse) and w = P * d(softcap)/d(score) * scale, so that the gradient of q . k is
+// dS = w (dP - delta) with dP = dout . v and delta = dout . out. Both 0 where s or lse is -inf.
+// (The sm90a dk/dv kernel of wide heads computes P and w in one warpgroup and dS in another.)
+__device__ __forceinline__ void probability_and_weight(const Problem& p, float s, float tanh_s, float lse,
+                                                       float& prob, float& weight) {
+  prob = weight = 0.0f;
+  if (s == -INFINITY || lse == -INFINITY) return;
+  prob = expf(s - lse);
+  weight = prob * p.scale;
+  if (p.softcap > 0.0f) weight *= 1.0f - tanh_s * tanh_s;
+}
+
+// dS from the weight: 0 where the weight is (the pair is hidden, or P underflowed).
+__device__ __forceinline__ float dscore(float weight, float dp, float delta) {
+  return weight == 0.0f ? 0.0f : weight * (dp - delta);
+}
+
+// Both at once, for the kernels that hold dP where they compute P: P and dS = P (dP - delta)
+// d(softcap)/d(score) scale (the same value; this order keeps the sm90a dk/dv kernel of D = 128
+// within its registers). Shared by the flash and fallback kernels.
 __device__ __forceinline__ void probability_and_dscore(const Problem& p, float s, float tanh_s, float lse, float dp,
                                                        float delta, float& prob, float& ds) {
   prob = ds = 0.0f;

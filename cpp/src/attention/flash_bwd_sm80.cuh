@@ -46,19 +46,18 @@ struct Sm80BwdConfig : Sm80Config<Element, kHeadDim, kHeadDimV, 2> {
                 "flash_backward_smem_bytes (kernels.hpp) must state what the kernels take");
 };
 
-// dS and P of one (query block, key block) tile from the raw S = Q K^T and dP = dO V^T
-// accumulators, in place: acc_s becomes P, acc_dp becomes dS. coords gives each element's
-// (row, col) in the tile: (query, key), or (key, query) when kKeysByRow (the sm90a dk/dv kernel
-// computes the transposed products). lse_of(i) and delta_of(i) are those of the thread's i-th
-// query: its rows in rowcol order, or its columns when kKeysByRow. Queries and keys outside the
-// sequences or hidden get 0.
-template <bool kPlain, bool kKeysByRow = false, class AccS, class AccDp, class Coords, class LseOf, class DeltaOf>
-__device__ __forceinline__ void probabilities_and_dscores(const Problem& p, AccS& acc_s, AccDp& acc_dp,
-                                                         Coords const& coords, std::int64_t b, std::int64_t h,
-                                                         std::int64_t m0, std::int64_t n0, std::int64_t len_q,
-                                                         std::int64_t len_k, LseOf&& lse_of, DeltaOf&& delta_of) {
+// The transformed score of every element of one (query block, key block) tile from the raw
+// S = Q K^T accumulator: each(r, c, i, s, t) for the element at (r, c) of acc_s's rowcol view, with
+// s its score (-inf where hidden, outside the sequences or where the query's lse is -inf) and t
+// the transform's tanh (softcap). coords gives each element's (row, col) in the tile: (query,
+// key), or (key, query) when kKeysByRow (the sm90a dk/dv kernels compute the transposed
+// products). i indexes the thread's queries for lse_of(i) (and the caller's delta_of): its rows in
+// rowcol order, or its columns when kKeysByRow.
+template <bool kPlain, bool kKeysByRow = false, class AccS, class Coords, class LseOf, class Each>
+__device__ __forceinline__ void for_each_score(const Problem& p, AccS const& acc_s, Coords const& coords,
+                                               std::int64_t b, std::int64_t h, std::int64_t m0, std::int64_t n0,
+                                               std::int64_t len_q, std::int64_t len_k, LseOf&& lse_of, Each&& each) {
   cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
-  cute::Tensor dp_rc = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));
   cute::Tensor c_rc = make_tensor(coords.data(), rowcol(coords.layout()));
   CUTE_UNROLL
   for (int r = 0; r < size<0>(s_rc); ++r) {
@@ -67,21 +66,30 @@ __device__ __forceinline__ void probabilities_and_dscores(const Problem& p, AccS
       const int i = kKeysByRow ? c : r;
       const std::int64_t row = m0 + (kKeysByRow ? get<1>(c_rc(r, c)) : get<0>(c_rc(r, c)));
       const std::int64_t col = n0 + (kKeysByRow ? get<0>(c_rc(r, c)) : get<1>(c_rc(r, c)));
-      const float lse_i = lse_of(i);
-      float prob = 0.0f, ds = 0.0f;
-      if (row < len_q && col < len_k && lse_i != -INFINITY) {
-        float t;
-        const float s = cuda::score<kPlain>(p, s_rc(r, c), b, h, row, col, len_q, len_k, &t);
-        cuda::probability_and_dscore(p, s, t, lse_i, dp_rc(r, c), delta_of(i), prob, ds);
-      }
-      s_rc(r, c) = prob;
-      dp_rc(r, c) = ds;
+      float s = -INFINITY, t = 0.0f;
+      if (row < len_q && col < len_k && lse_of(i) != -INFINITY)
+        s = cuda::score<kPlain>(p, s_rc(r, c), b, h, row, col, len_q, len_k, &t);
+      each(r, c, i, s, t);
     }
   }
 }
 
-// lse and delta of the thread's queries m0 + query_of(i), i < kN, of head (b, h); -inf and 0 past
-// the sequence.
+// dS and P of one tile in place: acc_s becomes P, acc_dp (the raw dP = dO V^T) becomes dS.
+// lse_of(i) and delta_of(i) as for_each_score's i.
+template <bool kPlain, bool kKeysByRow = false, class AccS, class AccDp, class Coords, class LseOf, class DeltaOf>
+__device__ __forceinline__ void probabilities_and_dscores(const Problem& p, AccS& acc_s, AccDp& acc_dp,
+                                                         Coords const& coords, std::int64_t b, std::int64_t h,
+                                                         std::int64_t m0, std::int64_t n0, std::int64_t len_q,
+                                                         std::int64_t len_k, LseOf&& lse_of, DeltaOf&& delta_of) {
+  cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
+  cute::Tensor dp_rc = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));
+  for_each_score<kPlain, kKeysByRow>(p, acc_s, coords, b, h, m0, n0, len_q, len_k, lse_of,
+                                     [&](int r, int c, int i, float s, float t) {
+                                       cuda::probability_and_dscore(p, s, t, lse_of(i), dp_rc(r, c), delta_of(i),
+                                                                    s_rc(r, c), dp_rc(r, c));
+                                     });
+}
+
 // The (query head, query block) pairs a dk/dv CTA of key block [n0, n0 + BN) of KV head hk
 // visits, in order: every query head of the group, and of each the query blocks that see these
 // keys (both backward generations).
@@ -101,6 +109,8 @@ __device__ __forceinline__ QueryVisits query_visits(const Problem& p, std::int64
   return QueryVisits{hk * p.group, m_first, blocks_per_head, p.group * blocks_per_head};
 }
 
+// lse and delta of the thread's queries m0 + query_of(i), i < kN, of head (b, h); -inf and 0 past
+// the sequence.
 template <int kN, class QueryOf>
 __device__ __forceinline__ void load_lse_delta(const Problem& p, const float* lse, const float* delta, std::int64_t b,
                                                std::int64_t h, std::int64_t q0, std::int64_t m0, std::int64_t len_q,
@@ -466,7 +476,7 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
 }
 
 // The dq and dk/dv kernels of one generation (plain and general instantiations), their dynamic
-// shared memory and block size.
+// shared memory and block sizes.
 template <class Element>
 struct BackwardKernels {
   using Dq = void (*)(BackwardProblem, const Element*, const Element*, const Element*, const Element*, const float*,
@@ -474,10 +484,9 @@ struct BackwardKernels {
   using Dkdv = void (*)(BackwardProblem, const Element*, const Element*, const Element*, const Element*,
                         const float*, const float*, Element*, Element*);
   Dq dq_plain, dq_general;
-  int dq_smem;
+  int dq_smem, dq_threads;
   Dkdv dkdv_plain, dkdv_general;
-  int dkdv_smem;
-  int threads;
+  int dkdv_smem, dkdv_threads;
 };
 
 // The backward's launches: delta, then dq (a CTA per 64 query rows of each head) and dk/dv (a CTA
@@ -500,7 +509,7 @@ void launch_backward_kernels(const BackwardProblem& bp, const BackwardKernels<El
     auto kernel = p.plain_scores() ? kernels.dq_plain : kernels.dq_general;
     if (kernels.dq_smem > 48 * 1024)
       RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kernels.dq_smem));
-    kernel<<<dim3(unsigned((p.sq + 63) / 64), unsigned(p.hq), unsigned(p.batch)), kernels.threads, kernels.dq_smem,
+    kernel<<<dim3(unsigned((p.sq + 63) / 64), unsigned(p.hq), unsigned(p.batch)), kernels.dq_threads, kernels.dq_smem,
              s>>>(bp, dO, Q, K, V, lse, delta, static_cast<Element*>(dq));
     RUDNN_CUDA_CHECK_LAUNCH("attention flash dq kernel");
   }
@@ -508,7 +517,7 @@ void launch_backward_kernels(const BackwardProblem& bp, const BackwardKernels<El
     auto kernel = p.plain_scores() ? kernels.dkdv_plain : kernels.dkdv_general;
     if (kernels.dkdv_smem > 48 * 1024)
       RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kernels.dkdv_smem));
-    kernel<<<dim3(unsigned((p.sk + 63) / 64), unsigned(p.hkv), unsigned(p.batch)), kernels.threads,
+    kernel<<<dim3(unsigned((p.sk + 63) / 64), unsigned(p.hkv), unsigned(p.batch)), kernels.dkdv_threads,
              kernels.dkdv_smem, s>>>(bp, dO, Q, K, V, lse, delta, static_cast<Element*>(dk),
                                      static_cast<Element*>(dv));
     RUDNN_CUDA_CHECK_LAUNCH("attention flash dk/dv kernel");
@@ -523,7 +532,7 @@ void launch_backward_sm80(const BackwardProblem& bp, const void* dout, const voi
   static_assert(Cfg::BM == 64 && Cfg::BN == 64, "launch_backward_kernels launches 64-row tiles");
   launch_backward_kernels<Element>(
       bp, BackwardKernels<Element>{dq_kernel<Element, kHeadDim, kHeadDimV, true>,
-                                   dq_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kDqSmemBytes,
+                                   dq_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kDqSmemBytes, Cfg::kThreads,
                                    dkdv_kernel<Element, kHeadDim, kHeadDimV, true>,
                                    dkdv_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kDkdvSmemBytes,
                                    Cfg::kThreads},

@@ -1,7 +1,7 @@
-// The "flash" backward for Hopper (sm90a), head dims D = Dv in {64, 128}: the two kernels of the
-// sm80 backward (flash_bwd_sm80.cuh, which also provides the delta kernel) with every product a
-// warpgroup MMA (wgmma). One warpgroup (128 threads) per CTA; 64 x 64 tiles.
-//   dq     64 query rows per CTA; for each visible 64-key block
+// The "flash" backward for Hopper (sm90a), every head-dim pair of the forward: the two kernels of
+// the sm80 backward (flash_bwd_sm80.cuh, which also provides the delta kernel) with every product
+// a warpgroup MMA (wgmma); 64 x 64 tiles.
+//   dq     one warpgroup, 64 query rows per CTA; for each visible 64-key block
 //            S  = Q K^T       wgmma SS
 //            dP = dO V^T      wgmma SS
 //            dS from S, dP, lse and delta in registers (the sm80 code, on the mma.sync-order view)
@@ -14,9 +14,12 @@
 //            P^T, dS^T        elementwise, keys by row
 //            dV += P^T dO     wgmma RS, dO through its transposed view
 //            dK += dS^T Q     wgmma RS, Q through its transposed view
-// Q, dO, K and V tiles are stored once each, [64, D] K-major with the 128-byte GMMA swizzle; the
-// MN-major B operands are the same bytes seen as [D, 64]. Loads are cp.async into two stages: the
-// next block's tiles stream in during this block's products. Deterministic: no atomics.
+//          One warpgroup does all of it where dK and dV fit its registers together (D + Dv <= 256:
+//          at most 128 accumulator floats per thread); wider heads ((192, 128), (256, 256)) split
+//          it over two warpgroups, one per gradient (dkdv_sm90_split_kernel).
+// Q, dO, K and V tiles are stored once each, [64, D] or [64, Dv] K-major with the GMMA swizzle;
+// the MN-major B operands are the same bytes seen as [D, 64]. Loads are cp.async into two stages:
+// the next block's tiles stream in during this block's products. Deterministic: no atomics.
 #pragma once
 
 #include "attention/flash_bwd_sm80.cuh"
@@ -24,21 +27,56 @@
 
 namespace rudnn::attention::flash {
 
-template <class Element, int kHeadDim>
-struct Sm90BwdConfig : Sm90Config<Element, kHeadDim> {
-  using Base = Sm90Config<Element, kHeadDim>;
+template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
+struct Sm90BwdConfig : Sm90Config<Element, kHeadDim, kHeadDimV> {
+  using Base = Sm90Config<Element, kHeadDim, kHeadDimV>;
   static constexpr int BM = Base::kBlockM, BN = Base::kBlockN;
-  static_assert(BM == BN, "every tile is [64, D]");
-  // A [64, D] tile of Q, dO, K or V, and the same bytes as [D, 64] (MN-major for wgmma).
-  using SmemLayoutRows = typename Base::SmemLayoutQ;
-  using SmemLayoutRowsT =
-      decltype(composition(SmemLayoutRows{}, make_layout(Shape<Int<kHeadDim>, Int<BM>>{}, GenRowMajor{})));
-  static constexpr int kTileElements = BM * kHeadDim;
-  // Six tiles: the two a CTA keeps (Q, dO in dq; K, V in dk/dv) and two stages of the two it
-  // streams; then, in dk/dv, lse and delta of each stage's 64 queries.
-  static constexpr int kStatsOffset = 6 * kTileElements * int(sizeof(Element));
-  static constexpr int kBwdSmemBytes = kStatsOffset + 2 * 2 * BM * int(sizeof(float));
+  static_assert(BM == BN, "every tile is [64, D] or [64, Dv]");
+  // A [64, W] tile of rows (W = D: Q, K; W = Dv: dO, V), K-major in 128-byte swizzle atoms (64
+  // columns) or 64-byte ones (32 columns: W = 96), and the same bytes seen as [W, 64] (MN-major).
+  template <int W>
+  using Rows = decltype(tile_to_shape(std::conditional_t<W % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                                         GMMA::Layout_K_SW64_Atom<Element>>{},
+                                      Shape<Int<BM>, Int<W>>{}));
+  template <int W>
+  using RowsT = decltype(composition(Rows<W>{}, make_layout(Shape<Int<W>, Int<BM>>{}, GenRowMajor{})));
+  using TiledMmaD = TiledMmaRS<Element, kHeadDim>;    // dQ += dS K and dK += dS^T Q
+  using TiledMmaDv = TiledMmaRS<Element, kHeadDimV>;  // dV += P^T dO
+  static constexpr int kBytesD = BM * kHeadDim * int(sizeof(Element));
+  static constexpr int kBytesDv = BM * kHeadDimV * int(sizeof(Element));
+  // Shared memory of both kernels: the pair of tiles a CTA keeps (Q and dO in dq, K and V in
+  // dk/dv: a D tile, then a Dv tile), then two stages of the pair it streams (K and V; Q and dO),
+  // each at kPairBytes * (1 + stage); then, dk/dv, lse and delta of each stage's 64 queries, and in
+  // the split kernel the dS weights one warpgroup hands the other (64 x 64 floats).
+  static constexpr int kPairBytes = kBytesD + kBytesDv;
+  static constexpr int kDqSmemBytes = 3 * kPairBytes;
+  static constexpr int kStatsOffset = 3 * kPairBytes;
+  static constexpr int kWeightsOffset = kStatsOffset + 2 * 2 * BM * int(sizeof(float));
+  static constexpr bool kSplitDkdv = kHeadDim + kHeadDimV > 256;
+  static constexpr int kDkdvSmemBytes = kWeightsOffset + (kSplitDkdv ? BM * BN * int(sizeof(float)) : 0);
+  static constexpr int kDkdvThreads = kSplitDkdv ? 256 : 128;
+  static_assert(kPairBytes % 1024 == 0, "tiles start on the 1024-byte period of the swizzle");
 };
+
+// A tile of the dynamic shared memory at a byte offset.
+template <class Element, class Layout>
+__device__ __forceinline__ auto smem_tile(unsigned char* smem, int byte_offset, Layout layout) {
+  return make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem + byte_offset)), layout);
+}
+
+// lse (thread t < 64) and delta (64 <= t < 128) of the 64 queries from m0 of head (b, h) into
+// stats[t]: what the dk/dv kernels read per element (the accumulators leave no registers for
+// them). -inf and 0 past the sequence.
+__device__ __forceinline__ void load_query_stats(const Problem& p, const float* lse, const float* delta,
+                                                 float* stats, std::int64_t b, std::int64_t h, std::int64_t q0,
+                                                 std::int64_t m0, std::int64_t len_q, int t) {
+  constexpr int BM = 64;
+  if (t >= 2 * BM) return;
+  const std::int64_t row = m0 + t % BM;
+  float value = t < BM ? -INFINITY : 0.0f;
+  if (row < len_q) value = t < BM ? lse[p.lse.at(b, h, q0 + row)] : delta[cuda::delta_index(p, b, h, q0 + row)];
+  stats[t] = value;
+}
 
 // Two products as one wgmma group, waited for: acc1 = A1 B1 and acc2 = A2 B2 (kOverwrite), or
 // acc1 += A1 B1 and acc2 += A2 B2.
@@ -61,13 +99,39 @@ __device__ __forceinline__ void wgmma_pair(Mma& mma, A1 const& a1, B1 const& b1,
   warpgroup_fence_operand(acc2);
 }
 
-template <class Element, int kHeadDim, bool kPlain>
+// One product as a wgmma group, waited for: acc = A B (kOverwrite) or acc += A B.
+template <bool kOverwrite, class Mma, class A, class B, class Acc>
+__device__ __forceinline__ void wgmma_one(Mma& mma, A const& a, B const& b, Acc& acc) {
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  if constexpr (kOverwrite)
+    wgmma_overwrite(mma, a, b, acc);
+  else
+    wgmma_accumulate(mma, a, b, acc);
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc);
+}
+
+// The epilogue of a gradient: rows row0 + r (r < 64) of acc, those below `rows`, to out (row
+// stride `stride`), each element at its (row, col) in coords (the mma.sync-order view).
+template <class Acc, class Coords, class Element>
+__device__ __forceinline__ void store_rows(Acc const& acc, Coords const& coords, Element* out, std::int64_t stride,
+                                           std::int64_t row0, std::int64_t rows) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) {
+    const std::int64_t row = row0 + get<0>(coords(i));
+    if (row < rows) out[row * stride + get<1>(coords(i))] = static_cast<Element>(acc(i));
+  }
+}
+
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
 __global__ void __launch_bounds__(128)
     dq_sm90_kernel(const __grid_constant__ BackwardProblem bp, const Element* __restrict__ dout,
                    const Element* __restrict__ q, const Element* __restrict__ k, const Element* __restrict__ v,
                    const float* __restrict__ lse, const float* __restrict__ delta, Element* __restrict__ dq) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Cfg = Sm90BwdConfig<Element, kHeadDim>;
+  using Cfg = Sm90BwdConfig<Element, kHeadDim, kHeadDimV>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN;
   const Problem& p = bp.fwd;
   const int m_block = blockIdx.x;
@@ -78,34 +142,40 @@ __global__ void __launch_bounds__(128)
   if (m0 >= len_q) return;
   const std::int64_t hk = h / p.group;
   const int tid = threadIdx.x;
-  using Tile = Shape<Int<BM>, Int<kHeadDim>>;
+  using TileD = Shape<Int<BM>, Int<kHeadDim>>;
+  using TileDv = Shape<Int<BM>, Int<kHeadDimV>>;
 
-  cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), Tile{}, make_coord(m_block, 0));
-  cute::Tensor gdO = local_tile(head_rows<kHeadDim>(dout, bp.dout, b, h, q0, len_q), Tile{}, make_coord(m_block, 0));
-  cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), Tile{}, make_coord(_, 0));
-  cute::Tensor gV = local_tile(head_rows<kHeadDim>(v, p.v, b, hk, k0, len_k), Tile{}, make_coord(_, 0));
+  cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), TileD{}, make_coord(m_block, 0));
+  cute::Tensor gdO =
+      local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, h, q0, len_q), TileDv{}, make_coord(m_block, 0));
+  cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), TileD{}, make_coord(_, 0));
+  cute::Tensor gV = local_tile(head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k), TileDv{}, make_coord(_, 0));
 
   // Q, dO, then K and V of two stages: the next key block streams in during this one's products.
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
-  Element* smem = reinterpret_cast<Element*>(smem_raw);
-  auto tile = [&](int i, auto layout) { return make_tensor(make_smem_ptr(smem + i * Cfg::kTileElements), layout); };
-  using Rows = typename Cfg::SmemLayoutRows;
-  cute::Tensor sQ = tile(0, Rows{});
-  cute::Tensor sdO = tile(1, Rows{});
-  auto sK = [&](int stage) { return tile(2 + 2 * stage, Rows{}); };
-  auto sV = [&](int stage) { return tile(3 + 2 * stage, Rows{}); };
-  auto sKt = [&](int stage) { return tile(2 + 2 * stage, typename Cfg::SmemLayoutRowsT{}); };
+  using RowsD = typename Cfg::template Rows<kHeadDim>;
+  using RowsDv = typename Cfg::template Rows<kHeadDimV>;
+  cute::Tensor sQ = smem_tile<Element>(smem_raw, 0, RowsD{});
+  cute::Tensor sdO = smem_tile<Element>(smem_raw, Cfg::kBytesD, RowsDv{});
+  auto sK = [&](int stage) { return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage), RowsD{}); };
+  auto sV = [&](int stage) {
+    return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage) + Cfg::kBytesD, RowsDv{});
+  };
+  auto sKt = [&](int stage) {
+    return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage), typename Cfg::template RowsT<kHeadDim>{});
+  };
 
   typename Cfg::GmemCopy gmem_copy;
   auto gthr = gmem_copy.get_thread_slice(tid);
   cute::Tensor tKg = gthr.partition_S(gK);
   cute::Tensor tVg = gthr.partition_S(gV);
-  cute::Tensor tRowsC = gthr.partition_S(make_identity_tensor(Tile{}));
+  cute::Tensor tRowsD = gthr.partition_S(make_identity_tensor(TileD{}));
+  cute::Tensor tRowsDv = gthr.partition_S(make_identity_tensor(TileDv{}));
   auto load_kv = [&](std::int64_t n, int stage) {
     cute::Tensor tKs = gthr.partition_D(sK(stage));
     cute::Tensor tVs = gthr.partition_D(sV(stage));
-    copy_rows(gmem_copy, tKg(_, _, _, n), tKs, tRowsC, len_k - n * BN);
-    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tRowsC, len_k - n * BN);
+    copy_rows(gmem_copy, tKg(_, _, _, n), tKs, tRowsD, len_k - n * BN);
+    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tRowsDv, len_k - n * BN);
   };
 
   // S = Q K^T and dP = dO V^T: shared-memory descriptors for both operands.
@@ -114,16 +184,16 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tSrQ = thr_s.make_fragment_A(thr_s.partition_A(sQ));
   cute::Tensor tPrdO = thr_s.make_fragment_A(thr_s.partition_A(sdO));
   // dQ += dS K: dS from registers, K^T [D, BN] by descriptors.
-  typename Cfg::TiledMmaO mma_dq;
+  typename Cfg::TiledMmaD mma_dq;
   auto thr_dq = mma_dq.get_thread_slice(tid);
-  cute::Tensor acc_dq90 = partition_fragment_C(mma_dq, Tile{});
+  cute::Tensor acc_dq90 = partition_fragment_C(mma_dq, TileD{});
   clear(acc_dq90);
 
   // The accumulators in mma.sync order (flash_sm90.cuh) with each element's (row, col).
   typename Cfg::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(tid);
   using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{}).layout());
-  using AccLayoutQ = decltype(partition_fragment_C(mma, Tile{}).layout());
+  using AccLayoutQ = decltype(partition_fragment_C(mma, TileD{}).layout());
   cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
   cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
@@ -136,8 +206,8 @@ __global__ void __launch_bounds__(128)
 
   cute::Tensor tQs = gthr.partition_D(sQ);
   cute::Tensor tdOs = gthr.partition_D(sdO);
-  copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tRowsC, len_q - m0);
-  copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tRowsC, len_q - m0);
+  copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tRowsD, len_q - m0);
+  copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tRowsDv, len_q - m0);
   if (n_first < n_last) load_kv(n_first, 0);
   cp_async_fence();
 
@@ -165,37 +235,27 @@ __global__ void __launch_bounds__(128)
     for (int i = 0; i < size(acc_dp); ++i) rdS(i) = static_cast<Element>(acc_dp(i));
     cute::Tensor tQrdS = make_tensor(rdS.data(), acc_as_a(rdS.layout()));
     cute::Tensor tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt(stage)));
-    warpgroup_fence_operand(acc_dq90);
-    warpgroup_arrive();
-    wgmma_accumulate(mma_dq, tQrdS, tQrKt, acc_dq90);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_dq90);
+    wgmma_one<false>(mma_dq, tQrdS, tQrKt, acc_dq90);
     __syncthreads();  // every warp is done reading this stage before it is refilled
   }
   cp_async_wait<0>();
 
-  cute::Tensor acc_dq = make_tensor(acc_dq90.data(), AccLayoutQ{});
-  cute::Tensor tQcQ = thr_mma.partition_C(make_identity_tensor(Tile{}));
-  Element* dq_base = dq + bp.dq.at(b, h, q0);
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dq); ++i) {
-    const std::int64_t row = m0 + get<0>(tQcQ(i));
-    if (row < len_q) dq_base[row * bp.dq.s + get<1>(tQcQ(i))] = static_cast<Element>(acc_dq(i));
-  }
+  store_rows(make_tensor(acc_dq90.data(), AccLayoutQ{}), thr_mma.partition_C(make_identity_tensor(TileD{})),
+             dq + bp.dq.at(b, h, q0), bp.dq.s, m0, len_q);
 #else
   (void)bp, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)dq;  // compiled for sm_90a only
 #endif
 }
 
-template <class Element, int kHeadDim, bool kPlain>
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
 __global__ void __launch_bounds__(128)
     dkdv_sm90_kernel(const __grid_constant__ BackwardProblem bp, const Element* __restrict__ dout,
                      const Element* __restrict__ q, const Element* __restrict__ k, const Element* __restrict__ v,
                      const float* __restrict__ lse, const float* __restrict__ delta, Element* __restrict__ dk,
                      Element* __restrict__ dv) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Cfg = Sm90BwdConfig<Element, kHeadDim>;
+  using Cfg = Sm90BwdConfig<Element, kHeadDim, kHeadDimV>;
+  static_assert(!Cfg::kSplitDkdv, "dK and dV must fit one warpgroup's registers (else dkdv_sm90_split_kernel)");
   constexpr int BM = Cfg::BM, BN = Cfg::BN;
   const Problem& p = bp.fwd;
   const int n_block = blockIdx.x;
@@ -205,47 +265,50 @@ __global__ void __launch_bounds__(128)
   const std::int64_t n0 = std::int64_t(n_block) * BN;
   if (n0 >= len_k) return;
   const int tid = threadIdx.x;
-  using Tile = Shape<Int<BN>, Int<kHeadDim>>;
+  using TileD = Shape<Int<BN>, Int<kHeadDim>>;
+  using TileDv = Shape<Int<BN>, Int<kHeadDimV>>;
 
-  cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), Tile{}, make_coord(n_block, 0));
-  cute::Tensor gV = local_tile(head_rows<kHeadDim>(v, p.v, b, hk, k0, len_k), Tile{}, make_coord(n_block, 0));
+  cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), TileD{}, make_coord(n_block, 0));
+  cute::Tensor gV = local_tile(head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k), TileDv{}, make_coord(n_block, 0));
 
   // K, V, then Q and dO of two stages (the next query block streams in during this one's
   // products), then lse and delta of each stage's queries: read per element from shared memory,
   // not held in registers (the four accumulators leave no room for them).
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
-  Element* smem = reinterpret_cast<Element*>(smem_raw);
-  auto tile = [&](int i, auto layout) { return make_tensor(make_smem_ptr(smem + i * Cfg::kTileElements), layout); };
-  using Rows = typename Cfg::SmemLayoutRows;
-  cute::Tensor sK = tile(0, Rows{});
-  cute::Tensor sV = tile(1, Rows{});
-  auto sQ = [&](int stage) { return tile(2 + 2 * stage, Rows{}); };
-  auto sdO = [&](int stage) { return tile(3 + 2 * stage, Rows{}); };
-  auto sQt = [&](int stage) { return tile(2 + 2 * stage, typename Cfg::SmemLayoutRowsT{}); };
-  auto sdOt = [&](int stage) { return tile(3 + 2 * stage, typename Cfg::SmemLayoutRowsT{}); };
+  using RowsD = typename Cfg::template Rows<kHeadDim>;
+  using RowsDv = typename Cfg::template Rows<kHeadDimV>;
+  cute::Tensor sK = smem_tile<Element>(smem_raw, 0, RowsD{});
+  cute::Tensor sV = smem_tile<Element>(smem_raw, Cfg::kBytesD, RowsDv{});
+  auto sQ = [&](int stage) { return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage), RowsD{}); };
+  auto sdO = [&](int stage) {
+    return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage) + Cfg::kBytesD, RowsDv{});
+  };
+  auto sQt = [&](int stage) {
+    return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage), typename Cfg::template RowsT<kHeadDim>{});
+  };
+  auto sdOt = [&](int stage) {
+    return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage) + Cfg::kBytesD,
+                              typename Cfg::template RowsT<kHeadDimV>{});
+  };
   float* s_stats = reinterpret_cast<float*>(smem_raw + Cfg::kStatsOffset);  // [stage][lse, delta][BM]
 
   typename Cfg::GmemCopy gmem_copy;
   auto gthr = gmem_copy.get_thread_slice(tid);
-  cute::Tensor tRowsC = gthr.partition_S(make_identity_tensor(Tile{}));
+  cute::Tensor tRowsD = gthr.partition_S(make_identity_tensor(TileD{}));
+  cute::Tensor tRowsDv = gthr.partition_S(make_identity_tensor(TileDv{}));
 
   // The (query head, query block) pairs this CTA visits (query_visits).
   const QueryVisits visits = query_visits(p, hk, n0, len_q, len_k, BM, BN);
   const std::int64_t steps = visits.steps;
   auto load_qdo = [&](std::int64_t i, int stage) {
     const std::int64_t h = visits.head(i), m = visits.block(i), m0 = m * BM;
-    cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), Tile{}, make_coord(m, 0));
-    cute::Tensor gdO = local_tile(head_rows<kHeadDim>(dout, bp.dout, b, h, q0, len_q), Tile{}, make_coord(m, 0));
+    cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), TileD{}, make_coord(m, 0));
+    cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, h, q0, len_q), TileDv{}, make_coord(m, 0));
     cute::Tensor tQs = gthr.partition_D(sQ(stage));
     cute::Tensor tdOs = gthr.partition_D(sdO(stage));
-    copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tRowsC, len_q - m0);
-    copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tRowsC, len_q - m0);
-    if (tid < 2 * BM) {  // thread t: lse (t < 64) or delta of query t % 64
-      const std::int64_t row = m0 + tid % BM;
-      float value = tid < BM ? -INFINITY : 0.0f;
-      if (row < len_q) value = tid < BM ? lse[p.lse.at(b, h, q0 + row)] : delta[cuda::delta_index(p, b, h, q0 + row)];
-      s_stats[stage * 2 * BM + tid] = value;
-    }
+    copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tRowsD, len_q - m0);
+    copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tRowsDv, len_q - m0);
+    load_query_stats(p, lse, delta, s_stats + stage * 2 * BM, b, h, q0, m0, len_q, tid);
   };
 
   // S^T = K Q^T and dP^T = V dO^T: keys are the rows (M), queries the columns (N).
@@ -253,11 +316,13 @@ __global__ void __launch_bounds__(128)
   auto thr_s = mma_s.get_thread_slice(tid);
   cute::Tensor tSrK = thr_s.make_fragment_A(thr_s.partition_A(sK));
   cute::Tensor tPrV = thr_s.make_fragment_A(thr_s.partition_A(sV));
-  // dV += P^T dO and dK += dS^T Q: P^T, dS^T from registers; dO^T, Q^T [D, BM] by descriptors.
-  typename Cfg::TiledMmaO mma_kv;
-  auto thr_kv = mma_kv.get_thread_slice(tid);
-  cute::Tensor acc_dv90 = partition_fragment_C(mma_kv, Tile{});
-  cute::Tensor acc_dk90 = partition_fragment_C(mma_kv, Tile{});
+  // dV += P^T dO and dK += dS^T Q: P^T, dS^T from registers; dO^T [Dv, BM], Q^T [D, BM] by descriptors.
+  typename Cfg::TiledMmaDv mma_dv;
+  typename Cfg::TiledMmaD mma_dk;
+  auto thr_dv = mma_dv.get_thread_slice(tid);
+  auto thr_dk = mma_dk.get_thread_slice(tid);
+  cute::Tensor acc_dv90 = partition_fragment_C(mma_dv, TileDv{});
+  cute::Tensor acc_dk90 = partition_fragment_C(mma_dk, TileD{});
   clear(acc_dv90);
   clear(acc_dk90);
 
@@ -265,14 +330,13 @@ __global__ void __launch_bounds__(128)
   typename Cfg::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(tid);
   using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BN>, Int<BM>>{}).layout());
-  using AccLayoutKV = decltype(partition_fragment_C(mma, Tile{}).layout());
   cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BN>, Int<BM>>{}));
   cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
 
   cute::Tensor tKs = gthr.partition_D(sK);
   cute::Tensor tVs = gthr.partition_D(sV);
-  copy_rows(gmem_copy, gthr.partition_S(gK), tKs, tRowsC, len_k - n0);
-  copy_rows(gmem_copy, gthr.partition_S(gV), tVs, tRowsC, len_k - n0);
+  copy_rows(gmem_copy, gthr.partition_S(gK), tKs, tRowsD, len_k - n0);
+  copy_rows(gmem_copy, gthr.partition_S(gV), tVs, tRowsDv, len_k - n0);
   if (steps > 0) load_qdo(0, 0);
   cp_async_fence();
 
@@ -306,41 +370,222 @@ __global__ void __launch_bounds__(128)
     }
     cute::Tensor tVrPt = make_tensor(rPt.data(), acc_as_a(rPt.layout()));
     cute::Tensor tKrdSt = make_tensor(rdSt.data(), acc_as_a(rdSt.layout()));
-    cute::Tensor tVrdOt = thr_kv.make_fragment_B(thr_kv.partition_B(sdOt(stage)));
-    cute::Tensor tKrQt = thr_kv.make_fragment_B(thr_kv.partition_B(sQt(stage)));
-    wgmma_pair<false>(mma_kv, tVrPt, tVrdOt, acc_dv90, tKrdSt, tKrQt, acc_dk90);
+    cute::Tensor tVrdOt = thr_dv.make_fragment_B(thr_dv.partition_B(sdOt(stage)));
+    cute::Tensor tKrQt = thr_dk.make_fragment_B(thr_dk.partition_B(sQt(stage)));
+    // One wgmma group for both updates (the two MMA types of different widths).
+    warpgroup_fence_operand(acc_dv90);
+    warpgroup_fence_operand(acc_dk90);
+    warpgroup_arrive();
+    wgmma_accumulate(mma_dv, tVrPt, tVrdOt, acc_dv90);
+    wgmma_accumulate(mma_dk, tKrdSt, tKrQt, acc_dk90);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dv90);
+    warpgroup_fence_operand(acc_dk90);
     __syncthreads();  // every warp is done reading this stage (and its lse, delta) before it is refilled
   }
   cp_async_wait<0>();
 
-  cute::Tensor acc_dk = make_tensor(acc_dk90.data(), AccLayoutKV{});
-  cute::Tensor acc_dv = make_tensor(acc_dv90.data(), AccLayoutKV{});
-  cute::Tensor tKcK = thr_mma.partition_C(make_identity_tensor(Tile{}));
-  Element* dk_base = dk + bp.dk.at(b, hk, k0);
-  Element* dv_base = dv + bp.dv.at(b, hk, k0);
-  CUTE_UNROLL
-  for (int j = 0; j < size(acc_dk); ++j) {
-    const std::int64_t row = n0 + get<0>(tKcK(j));
-    const int col = get<1>(tKcK(j));
-    if (row < len_k) {
-      dk_base[row * bp.dk.s + col] = static_cast<Element>(acc_dk(j));
-      dv_base[row * bp.dv.s + col] = static_cast<Element>(acc_dv(j));
-    }
-  }
+  store_rows(make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma, TileD{}).layout()){}),
+             thr_mma.partition_C(make_identity_tensor(TileD{})), dk + bp.dk.at(b, hk, k0), bp.dk.s, n0, len_k);
+  store_rows(make_tensor(acc_dv90.data(), decltype(partition_fragment_C(mma, TileDv{}).layout()){}),
+             thr_mma.partition_C(make_identity_tensor(TileDv{})), dv + bp.dv.at(b, hk, k0), bp.dv.s, n0, len_k);
 #else
   (void)bp, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)dk, (void)dv;  // sm_90a only
 #endif
 }
 
-template <class Element, int kHeadDim>
+// dk/dv for heads whose dK and dV do not fit one warpgroup's registers together (D + Dv > 256):
+// two warpgroups on the same 64 keys and the same visits, one per gradient.
+//   warpgroup 0 (P side)   S^T = K Q^T; P^T and the dS weights W^T (cuda::probability_and_weight),
+//                          W^T to shared memory; dV += P^T dO
+//   warpgroup 1 (dS side)  dP^T = V dO^T; dS^T = W^T (dP^T - delta); dK += dS^T Q
+// Thread t of either warpgroup holds the same (key, query) elements of its 64 x 64 accumulator, so
+// W^T crosses in register order (weights[j][t]: no bank conflicts, no layout). Each warpgroup
+// streams one tile of a step: Q with lse and delta (P side), dO (dS side). Both warpgroups meet at
+// three barriers per step: tiles landed, weights written, stage read.
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+__global__ void __launch_bounds__(256)
+    dkdv_sm90_split_kernel(const __grid_constant__ BackwardProblem bp, const Element* __restrict__ dout,
+                           const Element* __restrict__ q, const Element* __restrict__ k,
+                           const Element* __restrict__ v, const float* __restrict__ lse,
+                           const float* __restrict__ delta, Element* __restrict__ dk, Element* __restrict__ dv) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Cfg = Sm90BwdConfig<Element, kHeadDim, kHeadDimV>;
+  static_assert(Cfg::kSplitDkdv, "narrow heads run dkdv_sm90_kernel");
+  constexpr int BM = Cfg::BM, BN = Cfg::BN;
+  const Problem& p = bp.fwd;
+  const int n_block = blockIdx.x;
+  const std::int64_t hk = blockIdx.y, b = blockIdx.z;
+  std::int64_t q0, len_q, k0, len_k;
+  p.sequence(b, q0, len_q, k0, len_k);
+  const std::int64_t n0 = std::int64_t(n_block) * BN;
+  if (n0 >= len_k) return;
+  const bool p_side = threadIdx.x < 128;  // warpgroup 0
+  const int tid = threadIdx.x % 128;      // within the warpgroup
+  using TileD = Shape<Int<BN>, Int<kHeadDim>>;
+  using TileDv = Shape<Int<BN>, Int<kHeadDimV>>;
+
+  // The layout of dkdv_sm90_kernel, then the weights.
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
+  using RowsD = typename Cfg::template Rows<kHeadDim>;
+  using RowsDv = typename Cfg::template Rows<kHeadDimV>;
+  cute::Tensor sK = smem_tile<Element>(smem_raw, 0, RowsD{});
+  cute::Tensor sV = smem_tile<Element>(smem_raw, Cfg::kBytesD, RowsDv{});
+  auto sQ = [&](int stage) { return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage), RowsD{}); };
+  auto sdO = [&](int stage) {
+    return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage) + Cfg::kBytesD, RowsDv{});
+  };
+  float* s_stats = reinterpret_cast<float*>(smem_raw + Cfg::kStatsOffset);      // [stage][lse, delta][BM]
+  float* s_weights = reinterpret_cast<float*>(smem_raw + Cfg::kWeightsOffset);  // [element j][thread]
+
+  typename Cfg::GmemCopy gmem_copy;  // 128 threads: each warpgroup copies its own tiles
+  auto gthr = gmem_copy.get_thread_slice(tid);
+  cute::Tensor tRowsD = gthr.partition_S(make_identity_tensor(TileD{}));
+  cute::Tensor tRowsDv = gthr.partition_S(make_identity_tensor(TileDv{}));
+
+  const QueryVisits visits = query_visits(p, hk, n0, len_q, len_k, BM, BN);
+  const std::int64_t steps = visits.steps;
+  auto load_step = [&](std::int64_t i, int stage) {  // this warpgroup's tile of step i
+    const std::int64_t h = visits.head(i), m = visits.block(i), m0 = m * BM;
+    if (p_side) {
+      cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), TileD{}, make_coord(m, 0));
+      cute::Tensor tQs = gthr.partition_D(sQ(stage));
+      copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tRowsD, len_q - m0);
+      load_query_stats(p, lse, delta, s_stats + stage * 2 * BM, b, h, q0, m0, len_q, tid);
+    } else {
+      cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, h, q0, len_q), TileDv{}, make_coord(m, 0));
+      cute::Tensor tdOs = gthr.partition_D(sdO(stage));
+      copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tRowsDv, len_q - m0);
+    }
+  };
+  // Both warpgroups: the next step's tile streams in; this step's tiles (both warpgroups' copies)
+  // are in shared memory and visible to wgmma once this returns.
+  enum : std::uint32_t { kTilesLanded = 1, kWeightsWritten = 2, kStageRead = 3 };  // named barriers (0: __syncthreads)
+  auto land_step = [&](std::int64_t i, int stage) {
+    if (i + 1 < steps) load_step(i + 1, stage ^ 1);  // its stage was last read two steps ago
+    cp_async_fence();
+    cp_async_wait<1>();
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(256, kTilesLanded);
+  };
+
+  if (p_side) {
+    cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), TileD{}, make_coord(n_block, 0));
+    cute::Tensor tKs = gthr.partition_D(sK);
+    copy_rows(gmem_copy, gthr.partition_S(gK), tKs, tRowsD, len_k - n0);
+  } else {
+    cute::Tensor gV = local_tile(head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k), TileDv{}, make_coord(n_block, 0));
+    cute::Tensor tVs = gthr.partition_D(sV);
+    copy_rows(gmem_copy, gthr.partition_S(gV), tVs, tRowsDv, len_k - n0);
+  }
+  if (steps > 0) load_step(0, 0);
+  cp_async_fence();
+
+  // S^T and dP^T: keys are the rows (M), queries the columns (N); their mma.sync-order views.
+  typename Cfg::TiledMmaS mma_s;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  typename Cfg::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BN>, Int<BM>>{}).layout());
+  cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BN>, Int<BM>>{}));
+  cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
+  constexpr int kCols = decltype(size<1>(tScS_rc))::value;
+  auto weight_at = [&](int r, int c) -> float& { return s_weights[(r * kCols + c) * 128 + tid]; };
+
+  // One set of registers for both roles, so that the kernel needs no more than one role does
+  // (two role-private sets spilled at D = 256): the gradient accumulator (dK on the dS side; dV,
+  // on the P side, is a view of its first Dv / 2 floats) and the 64 x 64 product (S^T or dP^T).
+  static_assert(kHeadDim >= kHeadDimV, "dV's accumulator is a view of dK's");
+  typename Cfg::TiledMmaD mma_dk;   // dK += dS^T Q: dS^T from registers, Q^T [D, BM] by descriptors
+  typename Cfg::TiledMmaDv mma_dv;  // dV += P^T dO: P^T from registers, dO^T [Dv, BM] by descriptors
+  auto thr_dk = mma_dk.get_thread_slice(tid);
+  auto thr_dv = mma_dv.get_thread_slice(tid);
+  cute::Tensor acc_dk90 = partition_fragment_C(mma_dk, TileD{});
+  cute::Tensor acc_dv90 =
+      make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma_dv, TileDv{}).layout()){});
+  clear(acc_dk90);
+  cute::Tensor tSrK = thr_s.make_fragment_A(thr_s.partition_A(sK));
+  cute::Tensor tPrV = thr_s.make_fragment_A(thr_s.partition_A(sV));
+
+  for (std::int64_t i = 0; i < steps; ++i) {
+    const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
+    const int stage = int(i & 1);
+    land_step(i, stage);
+    cute::Tensor acc_x90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
+    if (p_side)
+      wgmma_one<true>(mma_s, tSrK, thr_s.make_fragment_B(thr_s.partition_B(sQ(stage))), acc_x90);  // S^T
+    else
+      wgmma_one<true>(mma_s, tPrV, thr_s.make_fragment_B(thr_s.partition_B(sdO(stage))), acc_x90);  // dP^T
+    cute::Tensor acc_x = make_tensor(acc_x90.data(), AccLayoutS{});
+    cute::Tensor x_rc = make_tensor(acc_x.data(), rowcol(acc_x.layout()));
+    const float* s_stage = s_stats + stage * 2 * BM;  // lse, then delta
+    if (p_side) {  // S^T becomes P^T
+      auto lse_of = [&](int c) { return s_stage[get<1>(tScS_rc(0, c))]; };
+      for_each_score<kPlain, true>(p, acc_x, tScS, b, h, m0, n0, len_q, len_k, lse_of,
+                                   [&](int r, int c, int, float s, float t) {
+                                     cuda::probability_and_weight(p, s, t, lse_of(c), x_rc(r, c), weight_at(r, c));
+                                   });
+      cutlass::arch::NamedBarrier::sync(256, kWeightsWritten);
+    } else {  // dP^T becomes dS^T
+      cutlass::arch::NamedBarrier::sync(256, kWeightsWritten);
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(x_rc); ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c)
+          x_rc(r, c) = cuda::dscore(weight_at(r, c), x_rc(r, c), s_stage[BM + get<1>(tScS_rc(0, c))]);
+      }
+    }
+
+    cute::Tensor rX = make_tensor_like<Element>(acc_x);
+    CUTE_UNROLL
+    for (int j = 0; j < size(acc_x); ++j) rX(j) = static_cast<Element>(acc_x(j));
+    cute::Tensor tXa = make_tensor(rX.data(), acc_as_a(rX.layout()));
+    const int stage_bytes = Cfg::kPairBytes * (1 + stage);
+    if (p_side)
+      wgmma_one<false>(mma_dv, tXa,
+                       thr_dv.make_fragment_B(thr_dv.partition_B(smem_tile<Element>(
+                           smem_raw, stage_bytes + Cfg::kBytesD, typename Cfg::template RowsT<kHeadDimV>{}))),
+                       acc_dv90);
+    else
+      wgmma_one<false>(mma_dk, tXa,
+                       thr_dk.make_fragment_B(thr_dk.partition_B(
+                           smem_tile<Element>(smem_raw, stage_bytes, typename Cfg::template RowsT<kHeadDim>{}))),
+                       acc_dk90);
+    cutlass::arch::NamedBarrier::sync(256, kStageRead);  // the stage and the weights may be rewritten
+  }
+  cp_async_wait<0>();
+  if (p_side)
+    store_rows(make_tensor(acc_dv90.data(), decltype(partition_fragment_C(mma, TileDv{}).layout()){}),
+               thr_mma.partition_C(make_identity_tensor(TileDv{})), dv + bp.dv.at(b, hk, k0), bp.dv.s, n0, len_k);
+  else
+    store_rows(make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma, TileD{}).layout()){}),
+               thr_mma.partition_C(make_identity_tensor(TileD{})), dk + bp.dk.at(b, hk, k0), bp.dk.s, n0, len_k);
+#else
+  (void)bp, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)dk, (void)dv;  // sm_90a only
+#endif
+}
+
+// The dk/dv kernel of a head-dim pair: one warpgroup, or two where dK and dV do not fit one.
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+constexpr auto dkdv_sm90() {
+  if constexpr (Sm90BwdConfig<Element, kHeadDim, kHeadDimV>::kSplitDkdv)
+    return &dkdv_sm90_split_kernel<Element, kHeadDim, kHeadDimV, kPlain>;
+  else
+    return &dkdv_sm90_kernel<Element, kHeadDim, kHeadDimV, kPlain>;
+}
+
+template <class Element, int kHeadDim, int kHeadDimV>
 void launch_backward_sm90(const BackwardProblem& bp, const void* dout, const void* q, const void* k, const void* v,
                           const void* out, const float* lse, void* dq, void* dk, void* dv, float* delta,
                           Stream stream) {
-  using Cfg = Sm90BwdConfig<Element, kHeadDim>;
+  using Cfg = Sm90BwdConfig<Element, kHeadDim, kHeadDimV>;
   launch_backward_kernels<Element>(
-      bp, BackwardKernels<Element>{dq_sm90_kernel<Element, kHeadDim, true>, dq_sm90_kernel<Element, kHeadDim, false>,
-                                   Cfg::kBwdSmemBytes, dkdv_sm90_kernel<Element, kHeadDim, true>,
-                                   dkdv_sm90_kernel<Element, kHeadDim, false>, Cfg::kBwdSmemBytes, 128},
+      bp, BackwardKernels<Element>{dq_sm90_kernel<Element, kHeadDim, kHeadDimV, true>,
+                                   dq_sm90_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kDqSmemBytes, 128,
+                                   dkdv_sm90<Element, kHeadDim, kHeadDimV, true>(),
+                                   dkdv_sm90<Element, kHeadDim, kHeadDimV, false>(), Cfg::kDkdvSmemBytes,
+                                   Cfg::kDkdvThreads},
       dout, q, k, v, out, lse, dq, dk, dv, delta, stream);
 }
 

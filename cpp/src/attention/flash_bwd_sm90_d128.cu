@@ -9,8 +9,8 @@ void flash_backward_sm90_d128(const BackwardProblem& bp, const void* dout, const
                               const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
                               void* workspace, Stream stream) {
   flash::with_element_type(bp.fwd.dtype, [&](auto e) {
-    flash::launch_backward_sm90<decltype(e), 128>(bp, dout, q, k, v, out, lse, dq, dk, dv,
-                                              static_cast<float*>(workspace), stream);
+    flash::launch_backward_sm90<decltype(e), 128, 128>(bp, dout, q, k, v, out, lse, dq, dk, dv,
+                                                       static_cast<float*>(workspace), stream);
   });
 }
 

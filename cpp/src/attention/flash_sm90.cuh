@@ -25,38 +25,51 @@
 
 namespace rudnn::attention::flash {
 
-// D = kHeadDim (the K dim of S = Q K^T) and Dv = kHeadDimV (the N of O += P V: a wgmma atom of
-// that width). Rows of 64-multiple head dims sit in 128-byte swizzle atoms (64 columns each),
+// The RS wgmma atom of width N (A = a 64 x 16 register fragment, B an MN-major tile of shared
+// memory): O += P V (N = Dv) here, and the backward's dQ, dK (N = D) and dV products.
+template <class Element, int N>
+struct GmmaRSAtom {
+  static_assert(N == 64 || N == 96 || N == 128 || N == 192 || N == 256, "RS wgmma widths: 64, 96, 128, 192, 256");
+  static constexpr bool kHalf = std::is_same_v<Element, cute::half_t>;
+  using Major = GMMA::Major;
+  template <class Half, class BFloat>
+  using ByType = std::conditional_t<kHalf, Half, BFloat>;
+  using type = std::conditional_t<
+      N == 64,
+      ByType<SM90::GMMA::MMA_64x64x16_F32F16F16_RS<Major::K, Major::MN>,
+             SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<Major::K, Major::MN>>,
+      std::conditional_t<
+          N == 96,
+          ByType<SM90::GMMA::MMA_64x96x16_F32F16F16_RS<Major::K, Major::MN>,
+                 SM90::GMMA::MMA_64x96x16_F32BF16BF16_RS<Major::K, Major::MN>>,
+          std::conditional_t<
+              N == 128,
+              ByType<SM90::GMMA::MMA_64x128x16_F32F16F16_RS<Major::K, Major::MN>,
+                     SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<Major::K, Major::MN>>,
+              std::conditional_t<N == 192,
+                                 ByType<SM90::GMMA::MMA_64x192x16_F32F16F16_RS<Major::K, Major::MN>,
+                                        SM90::GMMA::MMA_64x192x16_F32BF16BF16_RS<Major::K, Major::MN>>,
+                                 ByType<SM90::GMMA::MMA_64x256x16_F32F16F16_RS<Major::K, Major::MN>,
+                                        SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<Major::K, Major::MN>>>>>>;
+};
+template <class Element, int N>
+using TiledMmaRS = decltype(make_tiled_mma(typename GmmaRSAtom<Element, N>::type{}));
+
+// D = kHeadDim (the K dim of S = Q K^T) and Dv = kHeadDimV (the N of O += P V: one RS wgmma atom
+// of that width). Rows of 64-multiple head dims sit in 128-byte swizzle atoms (64 columns each),
 // others (96) in 64-byte ones (32 columns).
 template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
 struct Sm90Config : Sm80Config<Element, kHeadDim, kHeadDimV> {
   using Base = Sm80Config<Element, kHeadDim, kHeadDimV>;
   static_assert(Base::kBlockM == 64 && Base::kBlockN == 64, "one 64-row warpgroup, 64-key blocks");
   static_assert(kHeadDim % 32 == 0, "D in whole 64- or 128-byte swizzle atoms");
-  static_assert(kHeadDimV == 64 || kHeadDimV == 96 || kHeadDimV == 128 || kHeadDimV == 256,
-                "the P V wgmma atoms below: Dv 64, 96, 128, 256");
   static constexpr bool kHalf = std::is_same_v<Element, cute::half_t>;
   using Major = GMMA::Major;
 
   using GmmaOpS = std::conditional_t<kHalf, SM90::GMMA::MMA_64x64x16_F32F16F16_SS<Major::K, Major::K>,
                                      SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>>;
-  template <class Half, class BFloat>
-  using ByType = std::conditional_t<kHalf, Half, BFloat>;
-  using GmmaOpO = std::conditional_t<
-      kHeadDimV == 64,
-      ByType<SM90::GMMA::MMA_64x64x16_F32F16F16_RS<Major::K, Major::MN>,
-             SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<Major::K, Major::MN>>,
-      std::conditional_t<
-          kHeadDimV == 96,
-          ByType<SM90::GMMA::MMA_64x96x16_F32F16F16_RS<Major::K, Major::MN>,
-                 SM90::GMMA::MMA_64x96x16_F32BF16BF16_RS<Major::K, Major::MN>>,
-          std::conditional_t<kHeadDimV == 128,
-                             ByType<SM90::GMMA::MMA_64x128x16_F32F16F16_RS<Major::K, Major::MN>,
-                                    SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<Major::K, Major::MN>>,
-                             ByType<SM90::GMMA::MMA_64x256x16_F32F16F16_RS<Major::K, Major::MN>,
-                                    SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<Major::K, Major::MN>>>>>;
   using TiledMmaS = decltype(make_tiled_mma(GmmaOpS{}));
-  using TiledMmaO = decltype(make_tiled_mma(GmmaOpO{}));
+  using TiledMmaO = TiledMmaRS<Element, kHeadDimV>;
 
   using AtomK = std::conditional_t<kHeadDim % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
                                    GMMA::Layout_K_SW64_Atom<Element>>;

@@ -59,10 +59,16 @@ void flash_backward_sm80_d192_dv128(const BackwardProblem&, const void*, const v
                                     const void*, const float*, void*, void*, void*, void*, Stream);
 void flash_backward_sm80_d256(const BackwardProblem&, const void*, const void*, const void*, const void*,
                               const void*, const float*, void*, void*, void*, void*, Stream);
-// flash_bwd_sm90_*.cu: the sm90a backward (wgmma for all five products), Hopper only.
+// flash_bwd_sm90_*.cu: the sm90a backward (wgmma for all five products), Hopper only; every pair.
 void flash_backward_sm90_d64(const BackwardProblem&, const void*, const void*, const void*, const void*,
                              const void*, const float*, void*, void*, void*, void*, Stream);
+void flash_backward_sm90_d96(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                             const void*, const float*, void*, void*, void*, void*, Stream);
 void flash_backward_sm90_d128(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                              const void*, const float*, void*, void*, void*, void*, Stream);
+void flash_backward_sm90_d192_dv128(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                                    const void*, const float*, void*, void*, void*, void*, Stream);
+void flash_backward_sm90_d256(const BackwardProblem&, const void*, const void*, const void*, const void*,
                               const void*, const float*, void*, void*, void*, void*, Stream);
 // The sm80 backward's shared memory, stated here so that the host can check a device before
 // launching (flash_bwd_sm80.cuh asserts that its kernels take what this says): the dk/dv kernel,
