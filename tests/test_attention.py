@@ -373,7 +373,7 @@ def test_flash_backward_d256_needs_its_shared_memory():
             rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash")
 
 
-# The head-dim pairs of the sm90a forward: every flash pair (sm90ws leaves (96, 96) to sm90).
+# The head-dim pairs of the sm90a kernels: every flash pair (sm90ws leaves (96, 96) to sm90).
 SM90_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 
 
@@ -412,7 +412,8 @@ def test_every_flash_kernel_on_hopper(monkeypatch, kernel, name):
                     reason="needs a Hopper GPU")
 def test_sm90ws_leaves_varlen_and_broadcast_operands_to_sm90(monkeypatch):
     """sm90ws loads by TMA, one descriptor per operand: packed variable-length batches and
-    zero-stride (expanded) operands run the sm90 kernel instead, with correct results."""
+    zero-stride (expanded) operands run the sm90 kernels instead, with correct results (forward
+    and backward)."""
     monkeypatch.setenv("RUDNN_ATTENTION_FLASH", "sm90ws")
     case = dict(VARLEN["causal_gqa8"], D=64)
     q, k, v, cu_q, cu_k, opts = _varlen_inputs(case, torch.bfloat16, "cuda")
@@ -430,8 +431,18 @@ def test_sm90ws_leaves_varlen_and_broadcast_operands_to_sm90(monkeypatch):
     o_same, _ = _same_dtype(q, k, v, {}, torch.bfloat16)
     assert_close_to_oracle(out, o_same, o64, "broadcast out")
     q, k, v = (rand((2, 4, 70, 64), torch.bfloat16, "cuda", seed=s) for s in (1, 2, 3))
-    rudnn.attention(q, k, v, strategy="flash")
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash")
     assert rudnn.attention_last_algorithm() == "flash_sm90ws"
+    # The backward likewise (its dk/dv kernel loads Q, K, V and dO by TMA): sm90ws for these
+    # operands, sm90 for a zero-stride dO.
+    rudnn.attention_backward(rand(out.shape, torch.bfloat16, "cuda", seed=4), q, k, v, out, lse, strategy="flash")
+    assert rudnn.attention_last_algorithm() == "flash_sm90ws"
+    dout = rand((1, 4, 70, 64), torch.bfloat16, "cuda", seed=5).expand(2, 4, 70, 64)
+    grads = rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash")
+    assert rudnn.attention_last_algorithm() == "flash_sm90"
+    for ours, same, exact, what in zip(grads, _grads(q, k, v, {}, dout, torch.bfloat16),
+                                       _grads(q, k, v, {}, dout, torch.float64), ("dq", "dk", "dv")):
+        assert_close_to_oracle(ours, same, exact, f"broadcast dout {what}")
 
 
 @pytest.mark.cuda
@@ -478,7 +489,8 @@ def test_autotune_times_every_flash_generation_and_keeps_its_pick(monkeypatch):
     assert rudnn.attention_last_algorithm() == picked
     dout = rand(out.shape, torch.bfloat16, "cuda", seed=7)
     grads = rudnn.attention_backward(dout, q, k, v, out, lse, strategy="autotune", **opts)
-    assert rudnn.attention_last_algorithm() in {"fallback", "flash_sm80"} | ({"flash_sm90"} if hopper else set())
+    assert rudnn.attention_last_algorithm() in {"fallback", "flash_sm80"} | ({"flash_sm90", "flash_sm90ws"} if hopper
+                                                                            else set())
     for ours, same, exact, what in zip(grads, _grads(q, k, v, opts, dout, torch.bfloat16),
                                        _grads(q, k, v, opts, dout, torch.float64), ("dq", "dk", "dv")):
         assert_close_to_oracle(ours, same, exact, what)
@@ -490,19 +502,20 @@ def test_autotune_times_every_flash_generation_and_keeps_its_pick(monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-                    reason="needs a Hopper GPU (both flash backward generations run there)")
-@pytest.mark.parametrize("kernel", ["sm80", "sm90"])
+                    reason="needs a Hopper GPU (every flash backward generation runs there)")
+@pytest.mark.parametrize("kernel", ["sm80", "sm90", "sm90ws"])
 @pytest.mark.parametrize("name", ["d64_tile_tail", "d128_gqa4", "all_options", "decode", "sq_gt_sk_causal",
                                   "flash_long_causal_d128", "flash_no_keys_d64", "flash_float_mask_bias_d128",
                                   "flash_d96_causal_gqa", "flash_d192_dv128_window", "flash_d256_causal_bias"])
 def test_every_flash_backward_on_hopper(monkeypatch, kernel, name):
-    """Both backward generations on Hopper, every head-dim pair (sm90a: two warpgroups in dk/dv for
-    (192, 128) and 256)."""
+    """Every backward generation on Hopper, every head-dim pair (sm90a: two warpgroups in dk/dv for
+    (192, 128) and 256; sm90ws: a TMA producer and two consumers in dk/dv, 64-column head dims)."""
     q, k, v, opts = _hopper_inputs(monkeypatch, kernel, name, SM90_HEAD_DIMS)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **opts)
     dout = rand(out.shape, torch.bfloat16, "cuda", seed=7)
     grads = rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash", **opts)
-    assert rudnn.attention_last_algorithm() == f"flash_{kernel}"
+    ran = "sm90" if kernel == "sm90ws" and q.shape[-1] == 96 else kernel  # TMA boxes: 64-column multiples
+    assert rudnn.attention_last_algorithm() == f"flash_{ran}"
     g64 = _grads(q, k, v, opts, dout, torch.float64)
     g_same = _grads(q, k, v, opts, dout, torch.bfloat16)
     for ours, same, exact, what in zip(grads, g_same, g64, ("dq", "dk", "dv")):

@@ -182,8 +182,8 @@ FLASH_SM90WS_EDITS = [("cutlass::arch::ClusterBarrier", "EmuMbarrier"),
 
 
 def _flash_source(extra_edits=()):
-    """flash_sm80.cuh, flash_bwd_sm80.cuh, flash_sm90.cuh, flash_sm90_ws.cuh and flash_bwd_sm90.cuh
-    without their host launchers, atoms renamed."""
+    """flash_sm80.cuh, flash_bwd_sm80.cuh, flash_sm90.cuh, flash_sm90_ws.cuh, flash_bwd_sm90.cuh and
+    flash_bwd_sm90_ws.cuh without their host launchers, atoms renamed."""
     def kernels_of(name, end):
         text = open(os.path.join(ROOT, "cpp", "src", "attention", name)).read()
         return text[text.index("namespace rudnn::attention::flash {"):text.index(end)]
@@ -193,7 +193,8 @@ def _flash_source(extra_edits=()):
             + kernels_of("flash_bwd_sm80.cuh", "// The dq and dk/dv kernels of one generation") + end
             + kernels_of("flash_sm90.cuh", "template <class Element, int kHeadDim, int kHeadDimV>\nvoid launch") + end
             + kernels_of("flash_sm90_ws.cuh", '#include "core/cuda_check.hpp"')
-            + kernels_of("flash_bwd_sm90.cuh", launcher) + end)
+            + kernels_of("flash_bwd_sm90.cuh", launcher) + end
+            + kernels_of("flash_bwd_sm90_ws.cuh", '#include "core/cuda_check.hpp"'))
     edits = FLASH_EDITS + FLASH_SM90_EDITS + FLASH_SM90WS_EDITS
     for old, new in list(extra_edits) + edits:  # planted bugs use the original names
         assert old in text, f"emulation edit no longer applies: {old}"
@@ -288,10 +289,12 @@ def _check_flash_backward(exe, tmp_path, name, env=None):
 
 
 # The sm90a backward (wgmma; what Hopper runs for every head-dim pair; two warpgroups in dk/dv for
-# (192, 128) and 256) on the same cases.
-@pytest.mark.parametrize("name", FLASH_BACKWARD_CASES)
-def test_flash_sm90_backward_kernels(flash_emulator, tmp_path, name):
-    _check_flash_backward(flash_emulator, tmp_path, name, env={"EMU_FLASH_GENERATION": "sm90"})
+# (192, 128) and 256) and the warp-specialized one (TMA producer and two consumers in dk/dv;
+# 64-column head dims) on the same cases.
+@pytest.mark.parametrize("name,generation", [(n, g) for n in FLASH_BACKWARD_CASES for g in ("sm90", "sm90ws")
+                                             if g == "sm90" or FLASH_CASES[n]["shape"][5] % 64 == 0])
+def test_flash_sm90_backward_kernels(flash_emulator, tmp_path, name, generation):
+    _check_flash_backward(flash_emulator, tmp_path, name, env={"EMU_FLASH_GENERATION": generation})
 
 
 # The emulator is only evidence if a broken kernel fails in it: a forward that reads K before its
@@ -341,9 +344,9 @@ def test_flash_emulator_catches_planted_bug(tmp_path, bug):
 # memory before the other warps of its rows have written their halves, an sm80 dk/dv kernel whose
 # dK takes P^T instead of dS^T, and sm90a ones whose dK reads dO^T instead of Q^T or that read
 # products (S and dP in the dq kernel) before waiting for their wgmma group; and two-warpgroup
-# dk/dv kernels (wide heads) whose dS side takes another element's weight or lse for delta. (A
-# [D, 64] view that is not the transpose of its tile cannot be planted: CuTe rejects the
-# non-canonical layout when compiling.)
+# dk/dv kernels (wide heads) whose dS side takes another element's weight or lse for delta, and a
+# warp-specialized one whose producer lands dO on Q. (A [D, 64] view that is not the transpose of
+# its tile cannot be planted: CuTe rejects the non-canonical layout when compiling.)
 PLANTED_FLASH_BACKWARD_BUGS = {
     "dq_reads_ds_before_every_warp_wrote_it": (
         "    __syncthreads();\n    smem_gemm(mma, copy_a, tQsdS,", "    smem_gemm(mma, copy_a, tQsdS,", "dq",
@@ -355,6 +358,9 @@ PLANTED_FLASH_BACKWARD_BUGS = {
         "  warpgroup_wait<0>();\n  warpgroup_fence_operand(acc1);", "  warpgroup_fence_operand(acc1);", "dq", "sm90"),
     "sm90_split_weight_of_another_element": ("cuda::dscore(weight_at(r, c),", "cuda::dscore(weight_at(r ^ 1, c),",
                                              "dk", "sm90", "d256_softcap"),
+    # the warp-specialized dk/dv kernel's producer lands dO's boxes on Q's
+    "sm90ws_dout_boxes_over_q": ("smem_raw + stage_bytes(stage) + Cfg::kBytesD, kHeadDimV / 64,",
+                                 "smem_raw + stage_bytes(stage), kHeadDimV / 64,", "dk", "sm90ws"),
     "sm90_split_lse_for_delta": ("s_stage[BM + get<1>(tScS_rc(0, c))]", "s_stage[get<1>(tScS_rc(0, c))]", "dk",
                                  "sm90", "d192_dv128_causal"),
 }

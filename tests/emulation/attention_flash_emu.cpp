@@ -18,7 +18,7 @@
 #include "attention/kernels.hpp"
 
 // namespace rudnn::attention::flash { ...flash_sm80.cuh, flash_bwd_sm80.cuh, flash_sm90.cuh, flash_sm90_ws.cuh,
-// flash_bwd_sm90.cuh
+// flash_bwd_sm90.cuh, flash_bwd_sm90_ws.cuh
 // without their launchers... }
 #include "kernels.inc"
 
@@ -43,8 +43,8 @@ void head_dims(i64 d, i64 dv, Body&& body) {
                static_cast<long long>(dv));
   std::exit(2);
 }
-// EMU_FLASH_GENERATION=sm90 or sm90ws: the forward runs that sm90a kernel where it exists, the
-// backward the sm90a one (both generations).
+// EMU_FLASH_GENERATION=sm90 or sm90ws: the forward and the backward run that sm90a generation's
+// kernels where they exist (sm90's where sm90ws has none).
 std::string generation() {
   const char* g = std::getenv("EMU_FLASH_GENERATION");
   return g != nullptr ? g : "sm80";
@@ -120,6 +120,25 @@ struct FlashKernels {
         emu_launch(EmuDim3{unsigned(blocks(p.sq, 64)), unsigned(p.hq), unsigned(p.batch)}, dq_threads, 1, dq_smem, [&] {
           dq_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta, as_element(dq));
         });
+        // sm90ws: the warp-specialized dk/dv kernel where the library would run it (TMA boxes of
+        // 64 columns; operands TMA can load); sm90's otherwise.
+        if constexpr (D % 64 == 0 && Dv % 64 == 0) {
+          if (generation() == "sm90ws" && rudnn::attention::tma_backward_supports(bp, q, k, v, dout)) {
+            using Ws = Sm90WsBwdConfig<Element, D, Dv>;
+            rudnn::attention::TmaBackwardLoads tma{};
+            tma.k = emu_encode_tma(rudnn::attention::tma_tensor_of(k, p.k, D, p.sk, p.hkv, p.batch));
+            tma.v = emu_encode_tma(rudnn::attention::tma_tensor_of(v, p.v, Dv, p.sk, p.hkv, p.batch));
+            if (p.sq > 0) {
+              tma.q = emu_encode_tma(rudnn::attention::tma_tensor_of(q, p.q, D, p.sq, p.hq, p.batch));
+              tma.dout = emu_encode_tma(rudnn::attention::tma_tensor_of(dout, bp.dout, Dv, p.sq, p.hq, p.batch));
+            }
+            auto ws = p.plain_scores() ? dkdv_sm90ws_kernel<Element, D, Dv, true>
+                                       : dkdv_sm90ws_kernel<Element, D, Dv, false>;
+            emu_launch(EmuDim3{unsigned(blocks(p.sk, 64)), unsigned(p.hkv), unsigned(p.batch)}, Ws::kThreads, 1,
+                       Ws::kSmemBytes, [&] { ws(bp, lse, delta, as_element(dk), as_element(dv), tma); });
+            return;
+          }
+        }
         emu_launch(EmuDim3{unsigned(blocks(p.sk, 64)), unsigned(p.hkv), unsigned(p.batch)}, dkdv_threads, 1,
                    dkdv_smem, [&] {
                      dkdv_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta,

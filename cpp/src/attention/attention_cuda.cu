@@ -11,7 +11,9 @@
 //               (flash_bwd_sm80.cuh) where the device's shared memory per block holds their
 //               tiles (D = 256 takes 144 KiB: A100 and Hopper, not Ada or consumer Ampere); on
 //               Hopper the sm90a kernels (flash_bwd_sm90.cuh: wgmma) for every pair, unless
-//               RUDNN_ATTENTION_FLASH=sm80. Deterministic (no atomics).
+//               RUDNN_ATTENTION_FLASH=sm80; with RUDNN_ATTENTION_FLASH=sm90ws, a warp-specialized
+//               dk/dv kernel (flash_bwd_sm90_ws.cuh: TMA producer, two wgmma consumers) where the
+//               forward's sm90ws would run. Deterministic (no atomics).
 //   "fallback"  fallback_cuda.cu: any dtype, head dim and option; deterministic backward.
 //   "auto"      flash where it supports the case, the fallback otherwise.
 //   "autotune"  times the candidates once per (shape class, dtype, device) on the caller's
@@ -47,19 +49,19 @@ bool rows_aligned(const Strides& s) { return s.b % 8 == 0 && s.h % 8 == 0 && s.s
 struct FlashKernels {
   std::int64_t d, dv;
   FlashForward forward_sm80, forward_sm90, forward_sm90ws;
-  FlashBackward backward_sm80, backward_sm90;
+  FlashBackward backward_sm80, backward_sm90, backward_sm90ws;
 };
 constexpr FlashKernels kFlashBuilt[] = {
     {64, 64, flash_forward_sm80_d64, flash_forward_sm90_d64, flash_forward_sm90ws_d64, flash_backward_sm80_d64,
-     flash_backward_sm90_d64},
+     flash_backward_sm90_d64, flash_backward_sm90ws_d64},
     {96, 96, flash_forward_sm80_d96, flash_forward_sm90_d96, nullptr, flash_backward_sm80_d96,
-     flash_backward_sm90_d96},
+     flash_backward_sm90_d96, nullptr},
     {128, 128, flash_forward_sm80_d128, flash_forward_sm90_d128, flash_forward_sm90ws_d128, flash_backward_sm80_d128,
-     flash_backward_sm90_d128},
+     flash_backward_sm90_d128, flash_backward_sm90ws_d128},
     {192, 128, flash_forward_sm80_d192_dv128, flash_forward_sm90_d192_dv128, flash_forward_sm90ws_d192_dv128,
-     flash_backward_sm80_d192_dv128, flash_backward_sm90_d192_dv128},
+     flash_backward_sm80_d192_dv128, flash_backward_sm90_d192_dv128, flash_backward_sm90ws_d192_dv128},
     {256, 256, flash_forward_sm80_d256, flash_forward_sm90_d256, flash_forward_sm90ws_d256, flash_backward_sm80_d256,
-     flash_backward_sm90_d256},
+     flash_backward_sm90_d256, flash_backward_sm90ws_d256},
 };
 
 const FlashKernels* flash_kernels_for(const Problem& p) {
@@ -290,19 +292,25 @@ void run_fallback_backward(const AttentionBackwardArgs& a, const BackwardProblem
                     a.dk.data, a.dv.data, workspace ? workspace->data : nullptr, stream);
 }
 
-// The generation whose backward serves this call when `wanted` is asked for: sm90a where the
-// pair has one (sm90ws has no backward of its own and takes sm90's), sm80 otherwise.
-Generation backward_generation(const BackwardProblem& bp, Generation wanted) {
-  return wanted != Generation::sm80 && flash_kernels_for(bp.fwd)->backward_sm90 != nullptr ? Generation::sm90
-                                                                                           : Generation::sm80;
+// The generation whose backward serves this call when `wanted` is asked for: that one where it
+// has a kernel for the head dims (and, sm90ws, TMA can load the operands), else sm90, else sm80.
+Generation backward_generation(const AttentionBackwardArgs& a, const BackwardProblem& bp, Generation wanted) {
+  const FlashKernels& kernels = *flash_kernels_for(bp.fwd);
+  if (wanted == Generation::sm90ws && kernels.backward_sm90ws != nullptr &&
+      tma_backward_supports(bp, a.q.data, a.k.data, a.v.data, a.dout.data))
+    return Generation::sm90ws;
+  return wanted != Generation::sm80 && kernels.backward_sm90 != nullptr ? Generation::sm90 : Generation::sm80;
 }
 
 // Runs the backward of `backward_generation(bp, wanted)`; returns the name of the kernels that ran.
 const char* run_flash_backward(const AttentionBackwardArgs& a, const BackwardProblem& bp, const Tensor* workspace,
                                Stream stream, Generation wanted) {
   const FlashKernels& kernels = *flash_kernels_for(bp.fwd);
-  const Generation g = backward_generation(bp, wanted);
-  (g == Generation::sm90 ? kernels.backward_sm90 : kernels.backward_sm80)(
+  const Generation g = backward_generation(a, bp, wanted);
+  const FlashBackward run = g == Generation::sm90ws ? kernels.backward_sm90ws
+                            : g == Generation::sm90  ? kernels.backward_sm90
+                                                     : kernels.backward_sm80;
+  run(
       bp, a.dout.data, a.q.data, a.k.data, a.v.data, a.out.data, a.lse.ptr<float>(), a.dq.data, a.dk.data, a.dv.data,
       workspace ? workspace->data : nullptr, stream);
   return generation_name(g);
@@ -322,7 +330,7 @@ Choice choose_backward(const AttentionBackwardArgs& a, const BackwardProblem& bp
       if (!why.empty()) return Choice{false, Generation::sm80};
       return tuned(
           tune_cache_backward, tune_key(bp.fwd, core::current_device()),
-          [&](Generation g) { return backward_generation(bp, g); },
+          [&](Generation g) { return backward_generation(a, bp, g); },
           [&](Generation g) { run_flash_backward(a, bp, workspace, stream, g); },
           [&] { run_fallback_backward(a, bp, workspace, stream); }, stream);
     case AttentionStrategy::automatic:

@@ -513,7 +513,7 @@ void launch_backward_kernels(const BackwardProblem& bp, const BackwardKernels<El
              s>>>(bp, dO, Q, K, V, lse, delta, static_cast<Element*>(dq));
     RUDNN_CUDA_CHECK_LAUNCH("attention flash dq kernel");
   }
-  if (p.sk > 0) {
+  if (p.sk > 0 && kernels.dkdv_plain != nullptr) {  // none: the caller launches its own dk/dv kernel
     auto kernel = p.plain_scores() ? kernels.dkdv_plain : kernels.dkdv_general;
     if (kernels.dkdv_smem > 48 * 1024)
       RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kernels.dkdv_smem));

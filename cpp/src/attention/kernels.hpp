@@ -70,6 +70,16 @@ void flash_backward_sm90_d192_dv128(const BackwardProblem&, const void*, const v
                                     const void*, const float*, void*, void*, void*, void*, Stream);
 void flash_backward_sm90_d256(const BackwardProblem&, const void*, const void*, const void*, const void*,
                               const void*, const float*, void*, void*, void*, void*, Stream);
+// flash_bwd_sm90ws_*.cu: the warp-specialized sm90a backward (sm90's dq, a TMA-fed dk/dv), Hopper
+// only; head dims in 64-column multiples.
+void flash_backward_sm90ws_d64(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                               const void*, const float*, void*, void*, void*, void*, Stream);
+void flash_backward_sm90ws_d128(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                                const void*, const float*, void*, void*, void*, void*, Stream);
+void flash_backward_sm90ws_d192_dv128(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                                      const void*, const float*, void*, void*, void*, void*, Stream);
+void flash_backward_sm90ws_d256(const BackwardProblem&, const void*, const void*, const void*, const void*,
+                                const void*, const float*, void*, void*, void*, void*, Stream);
 // The sm80 backward's shared memory, stated here so that the host can check a device before
 // launching (flash_bwd_sm80.cuh asserts that its kernels take what this says): the dk/dv kernel,
 // the larger, holds 64-row tiles of Q, dO, K and V and 64 x 64 tiles of P and dS, 16-bit elements.

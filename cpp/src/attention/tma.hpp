@@ -61,6 +61,20 @@ struct TmaLoads {
   CUtensorMap q, k, v;
 };
 
+// Whether the warp-specialized flash backward can load Q, K, V and dO by TMA: as the forward,
+// and dO as well.
+inline bool tma_backward_supports(const BackwardProblem& bp, const void* q, const void* k, const void* v,
+                                  const void* dout) {
+  const Problem& p = bp.fwd;
+  return tma_forward_supports(p, q, k, v) &&
+         (p.sq == 0 || tma_loadable(tma_tensor_of(dout, bp.dout, p.dv, p.sq, p.hq, p.batch)));
+}
+
+// ... and its descriptors.
+struct TmaBackwardLoads {
+  CUtensorMap q, k, v, dout;
+};
+
 // cuTensorMapEncodeTiled for a 16-bit tensor (f16 or bf16) with the 128-byte swizzle, through
 // the runtime's driver entry point (the library does not link the driver). tma.cu.
 CUtensorMap encode_tma(const TmaTensor4d& t, DType dtype);

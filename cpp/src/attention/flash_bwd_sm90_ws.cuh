@@ -1,0 +1,259 @@
+// The warp-specialized flash backward for Hopper (sm90a, the "sm90ws" generation): its delta and
+// dq kernels are the sm90 ones (flash_bwd_sm90.cuh); its dk/dv kernel runs the two roles of
+// dkdv_sm90_split_kernel on 64 keys, fed by a producer warpgroup instead of their own cp.async
+// copies:
+//   producer    warpgroup 0 (registers given back with setmaxnreg), its first warp only: one
+//               thread issues TMA copies (tma.hpp: 64 x 64 boxes, one per 128-byte slab) of K and
+//               V once, then of Q and dO of each visited (query head, query block) into a ring of
+//               stages; the 32 lanes load that block's lse and delta into the stage. A stage's
+//               "full" mbarrier completes with the copies' bytes and the lanes' arrivals; the
+//               consumers hand it back on its "empty" mbarrier;
+//   P side      warpgroup 1: S^T = K Q^T, P^T and the dS weights w (to shared memory),
+//               dV += P^T dO;
+//   dS side     warpgroup 2: dP^T = V dO^T, dS^T = w (dP^T - delta), dK += dS^T Q.
+// The consumers meet only at the weights: two named barriers (written, read) guard the one
+// buffer, so the P side runs ahead into the next block's S^T while the dS side finishes dK.
+// TMA needs one descriptor per operand, so packed variable-length batches and zero-stride
+// operands run the sm90 backward (tma_backward_supports), as do head dims that are not 64-column
+// multiples (96).
+#pragma once
+
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "attention/flash_bwd_sm90.cuh"
+#include "attention/tma.hpp"
+
+namespace rudnn::attention::flash {
+
+template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
+struct Sm90WsBwdConfig : Sm90BwdConfig<Element, kHeadDim, kHeadDimV> {
+  using Base = Sm90BwdConfig<Element, kHeadDim, kHeadDimV>;
+  static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "TMA boxes of 64 columns (128-byte swizzle)");
+  static_assert(kHeadDim >= kHeadDimV, "dV's accumulator is a view of dK's");
+  static constexpr int kThreads = 3 * 128;
+  // After setmaxnreg (3 x 128 threads share 64K registers): the consumers hold dK or dV (D / 2
+  // floats per thread) besides the 64 x 64 product.
+  static constexpr int kProducerRegisters = kHeadDim == 256 ? 24 : 40;
+  static constexpr int kConsumerRegisters = kHeadDim == 256 ? 240 : 232;
+  static constexpr int kBoxBytes = 64 * 64 * int(sizeof(Element));
+  // K, V; then the stages (Q, dO); the weights (64 x 64 floats); lse and delta per stage; the
+  // mbarriers (full K/V; full and empty per stage). Three stages where they fit, else two.
+  static constexpr int kFixedBytes = Base::kPairBytes + Base::BM * Base::BN * int(sizeof(float));
+  static constexpr int kStageStatsBytes = 2 * Base::BM * int(sizeof(float));
+  static constexpr int kStages =
+      kFixedBytes + 3 * (Base::kPairBytes + kStageStatsBytes) + 64 <= 227 * 1024 ? 3 : 2;
+  static constexpr int kStageOffset = Base::kPairBytes;  // stage s at kStageOffset + s * kPairBytes
+  static constexpr int kWeightsOffset = kStageOffset + kStages * Base::kPairBytes;
+  static constexpr int kStatsOffset = kWeightsOffset + Base::BM * Base::BN * int(sizeof(float));
+  static constexpr int kBarrierOffset = kStatsOffset + kStages * kStageStatsBytes;
+  static constexpr int kSmemBytes = kBarrierOffset + (1 + 2 * kStages) * 8;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on Hopper");
+};
+
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+__global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>::kThreads, 1)
+    dkdv_sm90ws_kernel(const __grid_constant__ BackwardProblem bp, const float* __restrict__ lse,
+                       const float* __restrict__ delta, Element* __restrict__ dk, Element* __restrict__ dv,
+                       const __grid_constant__ TmaBackwardLoads tma) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Cfg = Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, kStages = Cfg::kStages;
+  const Problem& p = bp.fwd;
+  const int n_block = blockIdx.x;
+  const std::int64_t hk = blockIdx.y, b = blockIdx.z;
+  std::int64_t q0, len_q, k0, len_k;
+  p.sequence(b, q0, len_q, k0, len_k);
+  const std::int64_t n0 = std::int64_t(n_block) * BN;
+  if (n0 >= len_k) return;
+  const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
+  using TileD = Shape<Int<BN>, Int<kHeadDim>>;
+  using TileDv = Shape<Int<BN>, Int<kHeadDimV>>;
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
+  using RowsD = typename Cfg::template Rows<kHeadDim>;
+  using RowsDv = typename Cfg::template Rows<kHeadDimV>;
+  cute::Tensor sK = smem_tile<Element>(smem_raw, 0, RowsD{});
+  cute::Tensor sV = smem_tile<Element>(smem_raw, Cfg::kBytesD, RowsDv{});
+  auto stage_bytes = [](int stage) { return Cfg::kStageOffset + stage * Cfg::kPairBytes; };  // Q, then dO
+  float* s_weights = reinterpret_cast<float*>(smem_raw + Cfg::kWeightsOffset);  // [element j][thread]
+  float* s_stats = reinterpret_cast<float*>(smem_raw + Cfg::kStatsOffset);      // [stage][lse, delta][BM]
+  std::uint64_t* full_kv = reinterpret_cast<std::uint64_t*>(smem_raw + Cfg::kBarrierOffset);
+  std::uint64_t* full = full_kv + 1;
+  std::uint64_t* empty = full + kStages;
+
+  const QueryVisits visits = query_visits(p, hk, n0, len_q, len_k, BM, BN);
+  const std::int64_t steps = visits.steps;
+
+  if (threadIdx.x == 0) {
+    Barrier::init(full_kv, 1);  // the producer's arming arrival, then the bytes of the copies
+    for (int s = 0; s < kStages; ++s) {
+      Barrier::init(&full[s], 1 + 32);  // the arming arrival and the lanes that wrote lse, delta
+      Barrier::init(&empty[s], 2 * 128);  // every consumer thread is done with the stage
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // ---- producer: the first warp; lane 0 issues every copy ----
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegisters>();
+    if (tid >= 32) return;
+    using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+    constexpr std::uint64_t kCacheHint = std::uint64_t(TMA::CacheHintSm90::EVICT_NORMAL);
+    // The 64-column slabs of a [64, W] tile: kBoxBytes apart (the layout tool checks Rows<W>).
+    auto load_rows = [&](const CUtensorMap* map, std::uint64_t* bar, unsigned char* dst, int slabs,
+                         std::int64_t row, std::int64_t head) {
+      for (int slab = 0; slab < slabs; ++slab)
+        SM90_TMA_LOAD_4D::copy(map, bar, kCacheHint, dst + slab * Cfg::kBoxBytes, slab * 64, int(row), int(head),
+                               int(b));
+    };
+    if (tid == 0) {
+      TxBarrier::arrive_and_expect_tx(full_kv, Cfg::kPairBytes);
+      load_rows(&tma.k, full_kv, smem_raw, kHeadDim / 64, n0, hk);
+      load_rows(&tma.v, full_kv, smem_raw + Cfg::kBytesD, kHeadDimV / 64, n0, hk);
+    }
+    for (std::int64_t i = 0; i < steps; ++i) {
+      const int stage = int(i % kStages);
+      Barrier::wait(&empty[stage], std::uint32_t((i / kStages) & 1) ^ 1u);  // the first round passes
+      const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
+      if (tid == 0) {
+        TxBarrier::arrive_and_expect_tx(&full[stage], Cfg::kPairBytes);
+        load_rows(&tma.q, &full[stage], smem_raw + stage_bytes(stage), kHeadDim / 64, m0, h);
+        load_rows(&tma.dout, &full[stage], smem_raw + stage_bytes(stage) + Cfg::kBytesD, kHeadDimV / 64, m0, h);
+      }
+      for (int t = tid; t < 2 * BM; t += 32)
+        load_query_stats(p, lse, delta, s_stats + stage * 2 * BM, b, h, q0, m0, len_q, t);
+      Barrier::arrive(&full[stage]);
+    }
+    return;
+  }
+
+  // ---- consumers: the roles and registers of dkdv_sm90_split_kernel ----
+  cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegisters>();
+  const bool p_side = warpgroup == 1;
+  typename Cfg::TiledMmaS mma_s;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  typename Cfg::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BN>, Int<BM>>{}).layout());
+  cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BN>, Int<BM>>{}));
+  cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
+  constexpr int kCols = decltype(size<1>(tScS_rc))::value;
+  auto weight_at = [&](int r, int c) -> float& { return s_weights[(r * kCols + c) * 128 + tid]; };
+
+  typename Cfg::TiledMmaD mma_dk;
+  typename Cfg::TiledMmaDv mma_dv;
+  auto thr_dk = mma_dk.get_thread_slice(tid);
+  auto thr_dv = mma_dv.get_thread_slice(tid);
+  cute::Tensor acc_dk90 = partition_fragment_C(mma_dk, TileD{});
+  cute::Tensor acc_dv90 =
+      make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma_dv, TileDv{}).layout()){});
+  clear(acc_dk90);
+  cute::Tensor tSrK = thr_s.make_fragment_A(thr_s.partition_A(sK));
+  cute::Tensor tPrV = thr_s.make_fragment_A(thr_s.partition_A(sV));
+  // The weights buffer: written by the P side (then kWeightsWritten), read by the dS side (then
+  // kWeightsRead, which the P side waits for before writing the next block's).
+  enum : std::uint32_t { kWeightsWritten = 1, kWeightsRead = 2 };  // named barriers (0: __syncthreads)
+  constexpr std::uint32_t kConsumerThreads = 2 * 128;
+  Barrier::wait(full_kv, 0);
+
+  for (std::int64_t i = 0; i < steps; ++i) {
+    const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
+    const int stage = int(i % kStages);
+    Barrier::wait(&full[stage], std::uint32_t((i / kStages) & 1));
+    cute::Tensor sQ = smem_tile<Element>(smem_raw, stage_bytes(stage), RowsD{});
+    cute::Tensor sdO = smem_tile<Element>(smem_raw, stage_bytes(stage) + Cfg::kBytesD, RowsDv{});
+    cute::Tensor acc_x90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
+    if (p_side)
+      wgmma_one<true>(mma_s, tSrK, thr_s.make_fragment_B(thr_s.partition_B(sQ)), acc_x90);  // S^T
+    else
+      wgmma_one<true>(mma_s, tPrV, thr_s.make_fragment_B(thr_s.partition_B(sdO)), acc_x90);  // dP^T
+    cute::Tensor acc_x = make_tensor(acc_x90.data(), AccLayoutS{});
+    cute::Tensor x_rc = make_tensor(acc_x.data(), rowcol(acc_x.layout()));
+    const float* s_stage = s_stats + stage * 2 * BM;  // lse, then delta
+    if (p_side) {  // S^T becomes P^T
+      if (i > 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, kWeightsRead);
+      auto lse_of = [&](int c) { return s_stage[get<1>(tScS_rc(0, c))]; };
+      for_each_score<kPlain, true>(p, acc_x, tScS, b, h, m0, n0, len_q, len_k, lse_of,
+                                   [&](int r, int c, int, float s, float t) {
+                                     cuda::probability_and_weight(p, s, t, lse_of(c), x_rc(r, c), weight_at(r, c));
+                                   });
+      cutlass::arch::NamedBarrier::arrive(kConsumerThreads, kWeightsWritten);
+    } else {  // dP^T becomes dS^T
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, kWeightsWritten);
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(x_rc); ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c)
+          x_rc(r, c) = cuda::dscore(weight_at(r, c), x_rc(r, c), s_stage[BM + get<1>(tScS_rc(0, c))]);
+      }
+      if (i + 1 < steps) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, kWeightsRead);
+    }
+
+    cute::Tensor rX = make_tensor_like<Element>(acc_x);
+    CUTE_UNROLL
+    for (int j = 0; j < size(acc_x); ++j) rX(j) = static_cast<Element>(acc_x(j));
+    cute::Tensor tXa = make_tensor(rX.data(), acc_as_a(rX.layout()));
+    if (p_side)
+      wgmma_one<false>(mma_dv, tXa,
+                       thr_dv.make_fragment_B(thr_dv.partition_B(smem_tile<Element>(
+                           smem_raw, stage_bytes(stage) + Cfg::kBytesD, typename Cfg::template RowsT<kHeadDimV>{}))),
+                       acc_dv90);
+    else
+      wgmma_one<false>(mma_dk, tXa,
+                       thr_dk.make_fragment_B(thr_dk.partition_B(
+                           smem_tile<Element>(smem_raw, stage_bytes(stage), typename Cfg::template RowsT<kHeadDim>{}))),
+                       acc_dk90);
+    Barrier::arrive(&empty[stage]);  // this warpgroup no longer reads the stage
+  }
+
+  if (p_side)
+    store_rows(make_tensor(acc_dv90.data(), decltype(partition_fragment_C(mma, TileDv{}).layout()){}),
+               thr_mma.partition_C(make_identity_tensor(TileDv{})), dv + bp.dv.at(b, hk, k0), bp.dv.s, n0, len_k);
+  else
+    store_rows(make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma, TileD{}).layout()){}),
+               thr_mma.partition_C(make_identity_tensor(TileD{})), dk + bp.dk.at(b, hk, k0), bp.dk.s, n0, len_k);
+#else
+  (void)bp, (void)lse, (void)delta, (void)dk, (void)dv;  // compiled for sm_90a only
+#endif
+}
+
+}  // namespace rudnn::attention::flash
+
+#include "core/cuda_check.hpp"
+
+namespace rudnn::attention::flash {
+
+// delta and dq (the sm90 kernels), then the warp-specialized dk/dv kernel.
+template <class Element, int kHeadDim, int kHeadDimV>
+void launch_backward_sm90ws(const BackwardProblem& bp, const void* dout, const void* q, const void* k,
+                            const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
+                            float* delta, Stream stream) {
+  using Cfg = Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>;
+  const Problem& p = bp.fwd;
+  launch_backward_kernels<Element>(
+      bp, BackwardKernels<Element>{dq_sm90_kernel<Element, kHeadDim, kHeadDimV, true>,
+                                   dq_sm90_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kDqSmemBytes, 128,
+                                   nullptr, nullptr, 0, 0},
+      dout, q, k, v, out, lse, dq, dk, dv, delta, stream);
+  if (p.sk == 0 || p.hkv == 0 || p.batch == 0) return;
+  TmaBackwardLoads tma{};  // Q and dO stay unencoded when there are no queries (no copy is issued)
+  tma.k = encode_tma(tma_tensor_of(k, p.k, kHeadDim, p.sk, p.hkv, p.batch), p.dtype);
+  tma.v = encode_tma(tma_tensor_of(v, p.v, kHeadDimV, p.sk, p.hkv, p.batch), p.dtype);
+  if (p.sq > 0) {
+    tma.q = encode_tma(tma_tensor_of(q, p.q, kHeadDim, p.sq, p.hq, p.batch), p.dtype);
+    tma.dout = encode_tma(tma_tensor_of(dout, bp.dout, kHeadDimV, p.sq, p.hq, p.batch), p.dtype);
+  }
+  auto kernel = p.plain_scores() ? dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>
+                                 : dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>;
+  RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  kernel<<<dim3(unsigned((p.sk + 63) / 64), unsigned(p.hkv), unsigned(p.batch)), Cfg::kThreads, Cfg::kSmemBytes,
+           static_cast<cudaStream_t>(stream)>>>(bp, lse, delta, static_cast<Element*>(dk),
+                                                static_cast<Element*>(dv), tma);
+  RUDNN_CUDA_CHECK_LAUNCH("attention flash sm90ws dk/dv kernel");
+}
+
+}  // namespace rudnn::attention::flash
