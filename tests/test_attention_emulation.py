@@ -361,8 +361,7 @@ PLANTED_FLASH_BACKWARD_BUGS = {
     # the warp-specialized dk/dv kernel's producer lands dO's boxes on Q's
     "sm90ws_dout_boxes_over_q": ("smem_raw + stage_bytes(stage) + Cfg::kBytesD, kHeadDimV / 64,",
                                  "smem_raw + stage_bytes(stage), kHeadDimV / 64,", "dk", "sm90ws"),
-    "sm90_split_lse_for_delta": ("s_stage[BM + get<1>(tScS_rc(0, c))]", "s_stage[get<1>(tScS_rc(0, c))]", "dk",
-                                 "sm90", "d192_dv128_causal"),
+    "sm90_split_lse_for_delta": ("stats[BM + query_of(c)]", "stats[query_of(c)]", "dk", "sm90", "d192_dv128_causal"),
 }
 
 
@@ -398,7 +397,7 @@ PLANTED_PREFETCH_HAZARDS = {
     # the two-warpgroup dk/dv kernel without its end-of-step barrier: one warpgroup prefetches into
     # the stage the other may still be reading
     "sm90_split_next_tiles_before_both_warpgroups_read_them": (
-        "    cutlass::arch::NamedBarrier::sync(256, kStageRead);", "", "backward", "sm90", "d192_dv128_causal"),
+        "    both(kStageRead);", "", "backward", "sm90", "d192_dv128_causal"),
 }
 
 

@@ -395,15 +395,125 @@ __global__ void __launch_bounds__(128)
 #endif
 }
 
-// dk/dv for heads whose dK and dV do not fit one warpgroup's registers together (D + Dv > 256):
-// two warpgroups on the same 64 keys and the same visits, one per gradient.
-//   warpgroup 0 (P side)   S^T = K Q^T; P^T and the dS weights W^T (cuda::probability_and_weight),
-//                          W^T to shared memory; dV += P^T dO
-//   warpgroup 1 (dS side)  dP^T = V dO^T; dS^T = W^T (dP^T - delta); dK += dS^T Q
+// One warpgroup's role in the two-warpgroup dk/dv schedule (dkdv_sm90_split_kernel here,
+// dkdv_sm90ws_kernel in flash_bwd_sm90_ws.cuh) on the 64 keys of its CTA:
+//   P side    S^T = K Q^T; P^T and the dS weights W^T (cuda::probability_and_weight), W^T to
+//             shared memory; dV += P^T dO
+//   dS side   dP^T = V dO^T; dS^T = W^T (dP^T - delta); dK += dS^T Q
 // Thread t of either warpgroup holds the same (key, query) elements of its 64 x 64 accumulator, so
-// W^T crosses in register order (weights[j][t]: no bank conflicts, no layout). Each warpgroup
-// streams one tile of a step: Q with lse and delta (P side), dO (dS side). Both warpgroups meet at
-// three barriers per step: tiles landed, weights written, stage read.
+// W^T crosses in register order (weights[j][t]: no bank conflicts, no layout). Both roles share
+// one set of registers, so that a kernel needs no more than one role does (two role-private sets
+// spilled 780 B at D = 256): the gradient accumulator (dK; dV, on the P side, is a view of its
+// first Dv / 2 floats) and the 64 x 64 product. The kernels say how the tiles arrive and how the
+// weights are handed over (the hooks of visit()).
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+struct DkdvRole {
+  using Cfg = Sm90BwdConfig<Element, kHeadDim, kHeadDimV>;
+  static_assert(kHeadDim >= kHeadDimV, "dV's accumulator is a view of dK's");
+  static constexpr int BM = Cfg::BM, BN = Cfg::BN;
+  using TileD = Shape<Int<BN>, Int<kHeadDim>>;
+  using TileDv = Shape<Int<BN>, Int<kHeadDimV>>;
+  using RowsD = typename Cfg::template Rows<kHeadDim>;
+  using RowsDv = typename Cfg::template Rows<kHeadDimV>;
+  using AccLayoutS = decltype(partition_fragment_C(typename Cfg::TiledMma{}, Shape<Int<BN>, Int<BM>>{}).layout());
+  using AccLayoutDv = decltype(partition_fragment_C(typename Cfg::TiledMmaDv{}, TileDv{}).layout());
+
+  bool p_side;
+  int tid;              // within the warpgroup
+  unsigned char* smem;  // K at 0, V at kBytesD
+  float* weights;       // [element j][thread]
+  typename Cfg::TiledMmaS mma_s;   // S^T and dP^T: keys are the rows (M), queries the columns (N)
+  typename Cfg::TiledMmaD mma_dk;  // dK += dS^T Q: dS^T from registers, Q^T [D, BM] by descriptors
+  typename Cfg::TiledMmaDv mma_dv;  // dV += P^T dO: P^T from registers, dO^T [Dv, BM] by descriptors
+  typename Cfg::TiledMma mma;       // the mma.sync-order views of the accumulators
+  decltype(partition_fragment_C(typename Cfg::TiledMmaD{}, TileD{})) acc_dk90;
+
+  __device__ DkdvRole(bool p_side_, int tid_, unsigned char* smem_, float* weights_)
+      : p_side(p_side_), tid(tid_), smem(smem_), weights(weights_) {
+    clear(acc_dk90);
+  }
+
+  // One visit: Q and dO at stage_bytes (a D tile, then a Dv tile), lse and delta of its queries at
+  // stats[0, BM) and stats[BM, 2 BM). The P side calls before_write(), writes the weights, calls
+  // written(); the dS side calls before_read(), reads them, calls read().
+  template <class BeforeWrite, class Written, class BeforeRead, class Read>
+  __device__ void visit(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t m0, std::int64_t n0,
+                        std::int64_t len_q, std::int64_t len_k, int stage_bytes, const float* stats,
+                        BeforeWrite&& before_write, Written&& written, BeforeRead&& before_read, Read&& read) {
+    auto thr_s = mma_s.get_thread_slice(tid);
+    cute::Tensor tScS = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<BN>, Int<BM>>{}));
+    cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
+    constexpr int kCols = decltype(size<1>(tScS_rc))::value;
+    auto weight_at = [&](int r, int c) -> float& { return weights[(r * kCols + c) * 128 + tid]; };
+    auto query_of = [&](int c) { return get<1>(tScS_rc(0, c)); };
+
+    cute::Tensor acc_x90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
+    if (p_side)  // S^T
+      wgmma_one<true>(mma_s, thr_s.make_fragment_A(thr_s.partition_A(smem_tile<Element>(smem, 0, RowsD{}))),
+                      thr_s.make_fragment_B(thr_s.partition_B(smem_tile<Element>(smem, stage_bytes, RowsD{}))),
+                      acc_x90);
+    else  // dP^T
+      wgmma_one<true>(
+          mma_s, thr_s.make_fragment_A(thr_s.partition_A(smem_tile<Element>(smem, Cfg::kBytesD, RowsDv{}))),
+          thr_s.make_fragment_B(thr_s.partition_B(smem_tile<Element>(smem, stage_bytes + Cfg::kBytesD, RowsDv{}))),
+          acc_x90);
+    cute::Tensor acc_x = make_tensor(acc_x90.data(), AccLayoutS{});
+    cute::Tensor x_rc = make_tensor(acc_x.data(), rowcol(acc_x.layout()));
+    if (p_side) {  // S^T becomes P^T
+      before_write();
+      auto lse_of = [&](int c) { return stats[query_of(c)]; };
+      for_each_score<kPlain, true>(p, acc_x, tScS, b, h, m0, n0, len_q, len_k, lse_of,
+                                   [&](int r, int c, int, float s, float t) {
+                                     cuda::probability_and_weight(p, s, t, lse_of(c), x_rc(r, c), weight_at(r, c));
+                                   });
+      written();
+    } else {  // dP^T becomes dS^T
+      before_read();
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(x_rc); ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) x_rc(r, c) = cuda::dscore(weight_at(r, c), x_rc(r, c), stats[BM + query_of(c)]);
+      }
+      read();
+    }
+
+    cute::Tensor rX = make_tensor_like<Element>(acc_x);
+    CUTE_UNROLL
+    for (int j = 0; j < size(acc_x); ++j) rX(j) = static_cast<Element>(acc_x(j));
+    cute::Tensor tXa = make_tensor(rX.data(), acc_as_a(rX.layout()));
+    if (p_side) {
+      auto thr_dv = mma_dv.get_thread_slice(tid);
+      cute::Tensor acc_dv90 = make_tensor(acc_dk90.data(), AccLayoutDv{});
+      wgmma_one<false>(mma_dv, tXa,
+                       thr_dv.make_fragment_B(thr_dv.partition_B(smem_tile<Element>(
+                           smem, stage_bytes + Cfg::kBytesD, typename Cfg::template RowsT<kHeadDimV>{}))),
+                       acc_dv90);
+    } else {
+      auto thr_dk = mma_dk.get_thread_slice(tid);
+      wgmma_one<false>(mma_dk, tXa,
+                       thr_dk.make_fragment_B(thr_dk.partition_B(
+                           smem_tile<Element>(smem, stage_bytes, typename Cfg::template RowsT<kHeadDim>{}))),
+                       acc_dk90);
+    }
+  }
+
+  // This role's gradient, rows n0 + r below len_k.
+  __device__ void store(const BackwardProblem& bp, Element* dk, Element* dv, std::int64_t b, std::int64_t hk,
+                        std::int64_t k0, std::int64_t n0, std::int64_t len_k) {
+    auto thr_mma = mma.get_thread_slice(tid);
+    if (p_side)
+      store_rows(make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma, TileDv{}).layout()){}),
+                 thr_mma.partition_C(make_identity_tensor(TileDv{})), dv + bp.dv.at(b, hk, k0), bp.dv.s, n0, len_k);
+    else
+      store_rows(make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma, TileD{}).layout()){}),
+                 thr_mma.partition_C(make_identity_tensor(TileD{})), dk + bp.dk.at(b, hk, k0), bp.dk.s, n0, len_k);
+  }
+};
+
+// dk/dv for heads whose dK and dV do not fit one warpgroup's registers together (D + Dv > 256):
+// the two roles of DkdvRole on 64 keys, warpgroup 0 the P side, warpgroup 1 the dS side. Each
+// warpgroup streams one tile of a step by cp.async: Q with lse and delta (P side), dO (dS side).
+// Both warpgroups meet at three barriers per step: tiles landed, weights written, stage read.
 template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
 __global__ void __launch_bounds__(256)
     dkdv_sm90_split_kernel(const __grid_constant__ BackwardProblem bp, const Element* __restrict__ dout,
@@ -430,14 +540,8 @@ __global__ void __launch_bounds__(256)
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
   using RowsD = typename Cfg::template Rows<kHeadDim>;
   using RowsDv = typename Cfg::template Rows<kHeadDimV>;
-  cute::Tensor sK = smem_tile<Element>(smem_raw, 0, RowsD{});
-  cute::Tensor sV = smem_tile<Element>(smem_raw, Cfg::kBytesD, RowsDv{});
-  auto sQ = [&](int stage) { return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage), RowsD{}); };
-  auto sdO = [&](int stage) {
-    return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage) + Cfg::kBytesD, RowsDv{});
-  };
-  float* s_stats = reinterpret_cast<float*>(smem_raw + Cfg::kStatsOffset);      // [stage][lse, delta][BM]
-  float* s_weights = reinterpret_cast<float*>(smem_raw + Cfg::kWeightsOffset);  // [element j][thread]
+  auto stage_bytes = [](int stage) { return Cfg::kPairBytes * (1 + stage); };  // Q, then dO
+  float* s_stats = reinterpret_cast<float*>(smem_raw + Cfg::kStatsOffset);  // [stage][lse, delta][BM]
 
   typename Cfg::GmemCopy gmem_copy;  // 128 threads: each warpgroup copies its own tiles
   auto gthr = gmem_copy.get_thread_slice(tid);
@@ -450,117 +554,48 @@ __global__ void __launch_bounds__(256)
     const std::int64_t h = visits.head(i), m = visits.block(i), m0 = m * BM;
     if (p_side) {
       cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), TileD{}, make_coord(m, 0));
-      cute::Tensor tQs = gthr.partition_D(sQ(stage));
+      cute::Tensor tQs = gthr.partition_D(smem_tile<Element>(smem_raw, stage_bytes(stage), RowsD{}));
       copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tRowsD, len_q - m0);
       load_query_stats(p, lse, delta, s_stats + stage * 2 * BM, b, h, q0, m0, len_q, tid);
     } else {
       cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, h, q0, len_q), TileDv{}, make_coord(m, 0));
-      cute::Tensor tdOs = gthr.partition_D(sdO(stage));
+      cute::Tensor tdOs = gthr.partition_D(smem_tile<Element>(smem_raw, stage_bytes(stage) + Cfg::kBytesD, RowsDv{}));
       copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tRowsDv, len_q - m0);
     }
-  };
-  // Both warpgroups: the next step's tile streams in; this step's tiles (both warpgroups' copies)
-  // are in shared memory and visible to wgmma once this returns.
-  enum : std::uint32_t { kTilesLanded = 1, kWeightsWritten = 2, kStageRead = 3 };  // named barriers (0: __syncthreads)
-  auto land_step = [&](std::int64_t i, int stage) {
-    if (i + 1 < steps) load_step(i + 1, stage ^ 1);  // its stage was last read two steps ago
-    cp_async_fence();
-    cp_async_wait<1>();
-    cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(256, kTilesLanded);
   };
 
   if (p_side) {
     cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), TileD{}, make_coord(n_block, 0));
-    cute::Tensor tKs = gthr.partition_D(sK);
+    cute::Tensor tKs = gthr.partition_D(smem_tile<Element>(smem_raw, 0, RowsD{}));
     copy_rows(gmem_copy, gthr.partition_S(gK), tKs, tRowsD, len_k - n0);
   } else {
     cute::Tensor gV = local_tile(head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k), TileDv{}, make_coord(n_block, 0));
-    cute::Tensor tVs = gthr.partition_D(sV);
+    cute::Tensor tVs = gthr.partition_D(smem_tile<Element>(smem_raw, Cfg::kBytesD, RowsDv{}));
     copy_rows(gmem_copy, gthr.partition_S(gV), tVs, tRowsDv, len_k - n0);
   }
   if (steps > 0) load_step(0, 0);
   cp_async_fence();
 
-  // S^T and dP^T: keys are the rows (M), queries the columns (N); their mma.sync-order views.
-  typename Cfg::TiledMmaS mma_s;
-  auto thr_s = mma_s.get_thread_slice(tid);
-  typename Cfg::TiledMma mma;
-  auto thr_mma = mma.get_thread_slice(tid);
-  using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BN>, Int<BM>>{}).layout());
-  cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BN>, Int<BM>>{}));
-  cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
-  constexpr int kCols = decltype(size<1>(tScS_rc))::value;
-  auto weight_at = [&](int r, int c) -> float& { return s_weights[(r * kCols + c) * 128 + tid]; };
-
-  // One set of registers for both roles, so that the kernel needs no more than one role does
-  // (two role-private sets spilled at D = 256): the gradient accumulator (dK on the dS side; dV,
-  // on the P side, is a view of its first Dv / 2 floats) and the 64 x 64 product (S^T or dP^T).
-  static_assert(kHeadDim >= kHeadDimV, "dV's accumulator is a view of dK's");
-  typename Cfg::TiledMmaD mma_dk;   // dK += dS^T Q: dS^T from registers, Q^T [D, BM] by descriptors
-  typename Cfg::TiledMmaDv mma_dv;  // dV += P^T dO: P^T from registers, dO^T [Dv, BM] by descriptors
-  auto thr_dk = mma_dk.get_thread_slice(tid);
-  auto thr_dv = mma_dv.get_thread_slice(tid);
-  cute::Tensor acc_dk90 = partition_fragment_C(mma_dk, TileD{});
-  cute::Tensor acc_dv90 =
-      make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma_dv, TileDv{}).layout()){});
-  clear(acc_dk90);
-  cute::Tensor tSrK = thr_s.make_fragment_A(thr_s.partition_A(sK));
-  cute::Tensor tPrV = thr_s.make_fragment_A(thr_s.partition_A(sV));
-
+  // Named barriers of both warpgroups (0 is __syncthreads'); each is a sync of the whole block.
+  enum : std::uint32_t { kTilesLanded = 1, kWeightsWritten = 2, kStageRead = 3 };
+  auto both = [](std::uint32_t id) { cutlass::arch::NamedBarrier::sync(256, id); };
+  auto nothing = [] {};
+  DkdvRole<Element, kHeadDim, kHeadDimV, kPlain> role(
+      p_side, tid, smem_raw, reinterpret_cast<float*>(smem_raw + Cfg::kWeightsOffset));
   for (std::int64_t i = 0; i < steps; ++i) {
-    const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
     const int stage = int(i & 1);
-    land_step(i, stage);
-    cute::Tensor acc_x90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
-    if (p_side)
-      wgmma_one<true>(mma_s, tSrK, thr_s.make_fragment_B(thr_s.partition_B(sQ(stage))), acc_x90);  // S^T
-    else
-      wgmma_one<true>(mma_s, tPrV, thr_s.make_fragment_B(thr_s.partition_B(sdO(stage))), acc_x90);  // dP^T
-    cute::Tensor acc_x = make_tensor(acc_x90.data(), AccLayoutS{});
-    cute::Tensor x_rc = make_tensor(acc_x.data(), rowcol(acc_x.layout()));
-    const float* s_stage = s_stats + stage * 2 * BM;  // lse, then delta
-    if (p_side) {  // S^T becomes P^T
-      auto lse_of = [&](int c) { return s_stage[get<1>(tScS_rc(0, c))]; };
-      for_each_score<kPlain, true>(p, acc_x, tScS, b, h, m0, n0, len_q, len_k, lse_of,
-                                   [&](int r, int c, int, float s, float t) {
-                                     cuda::probability_and_weight(p, s, t, lse_of(c), x_rc(r, c), weight_at(r, c));
-                                   });
-      cutlass::arch::NamedBarrier::sync(256, kWeightsWritten);
-    } else {  // dP^T becomes dS^T
-      cutlass::arch::NamedBarrier::sync(256, kWeightsWritten);
-      CUTE_UNROLL
-      for (int r = 0; r < size<0>(x_rc); ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c)
-          x_rc(r, c) = cuda::dscore(weight_at(r, c), x_rc(r, c), s_stage[BM + get<1>(tScS_rc(0, c))]);
-      }
-    }
-
-    cute::Tensor rX = make_tensor_like<Element>(acc_x);
-    CUTE_UNROLL
-    for (int j = 0; j < size(acc_x); ++j) rX(j) = static_cast<Element>(acc_x(j));
-    cute::Tensor tXa = make_tensor(rX.data(), acc_as_a(rX.layout()));
-    const int stage_bytes = Cfg::kPairBytes * (1 + stage);
-    if (p_side)
-      wgmma_one<false>(mma_dv, tXa,
-                       thr_dv.make_fragment_B(thr_dv.partition_B(smem_tile<Element>(
-                           smem_raw, stage_bytes + Cfg::kBytesD, typename Cfg::template RowsT<kHeadDimV>{}))),
-                       acc_dv90);
-    else
-      wgmma_one<false>(mma_dk, tXa,
-                       thr_dk.make_fragment_B(thr_dk.partition_B(
-                           smem_tile<Element>(smem_raw, stage_bytes, typename Cfg::template RowsT<kHeadDim>{}))),
-                       acc_dk90);
-    cutlass::arch::NamedBarrier::sync(256, kStageRead);  // the stage and the weights may be rewritten
+    if (i + 1 < steps) load_step(i + 1, stage ^ 1);  // its stage was last read two steps ago
+    cp_async_fence();
+    cp_async_wait<1>();                        // all but that copy: this warpgroup's tiles of step i have landed
+    cutlass::arch::fence_view_async_shared();  // ... visible to wgmma
+    both(kTilesLanded);                        // ... and the other warpgroup's
+    role.visit(p, b, visits.head(i), visits.block(i) * BM, n0, len_q, len_k, stage_bytes(stage),
+               s_stats + stage * 2 * BM, nothing, [&] { both(kWeightsWritten); }, [&] { both(kWeightsWritten); },
+               nothing);
+    both(kStageRead);  // the stage and the weights may be rewritten
   }
   cp_async_wait<0>();
-  if (p_side)
-    store_rows(make_tensor(acc_dv90.data(), decltype(partition_fragment_C(mma, TileDv{}).layout()){}),
-               thr_mma.partition_C(make_identity_tensor(TileDv{})), dv + bp.dv.at(b, hk, k0), bp.dv.s, n0, len_k);
-  else
-    store_rows(make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma, TileD{}).layout()){}),
-               thr_mma.partition_C(make_identity_tensor(TileD{})), dk + bp.dk.at(b, hk, k0), bp.dk.s, n0, len_k);
+  role.store(bp, dk, dv, b, hk, k0, n0, len_k);
 #else
   (void)bp, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)dk, (void)dv;  // sm_90a only
 #endif

@@ -1,16 +1,16 @@
 // The warp-specialized flash backward for Hopper (sm90a, the "sm90ws" generation): its delta and
 // dq kernels are the sm90 ones (flash_bwd_sm90.cuh); its dk/dv kernel runs the two roles of
 // dkdv_sm90_split_kernel on 64 keys, fed by a producer warpgroup instead of their own cp.async
-// copies:
+// copies, and without its block-wide barriers:
 //   producer    warpgroup 0 (registers given back with setmaxnreg), its first warp only: one
 //               thread issues TMA copies (tma.hpp: 64 x 64 boxes, one per 128-byte slab) of K and
 //               V once, then of Q and dO of each visited (query head, query block) into a ring of
 //               stages; the 32 lanes load that block's lse and delta into the stage. A stage's
 //               "full" mbarrier completes with the copies' bytes and the lanes' arrivals; the
 //               consumers hand it back on its "empty" mbarrier;
-//   P side      warpgroup 1: S^T = K Q^T, P^T and the dS weights w (to shared memory),
-//               dV += P^T dO;
-//   dS side     warpgroup 2: dP^T = V dO^T, dS^T = w (dP^T - delta), dK += dS^T Q.
+//   consumers   warpgroup 1 the P side, warpgroup 2 the dS side of DkdvRole (flash_bwd_sm90.cuh):
+//               S^T, P^T and the dS weights w, dV += P^T dO; dP^T, dS^T = w (dP^T - delta),
+//               dK += dS^T Q.
 // The consumers meet only at the weights: two named barriers (written, read) guard the one
 // buffer, so the P side runs ahead into the next block's S^T while the dS side finishes dK.
 // TMA needs one descriptor per operand, so packed variable-length batches and zero-stride
@@ -69,14 +69,9 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
   const std::int64_t n0 = std::int64_t(n_block) * BN;
   if (n0 >= len_k) return;
   const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
-  using TileD = Shape<Int<BN>, Int<kHeadDim>>;
-  using TileDv = Shape<Int<BN>, Int<kHeadDimV>>;
 
+  // K at 0, V at kBytesD, the stages' Q and dO from kStageOffset (DkdvRole's layout).
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
-  using RowsD = typename Cfg::template Rows<kHeadDim>;
-  using RowsDv = typename Cfg::template Rows<kHeadDimV>;
-  cute::Tensor sK = smem_tile<Element>(smem_raw, 0, RowsD{});
-  cute::Tensor sV = smem_tile<Element>(smem_raw, Cfg::kBytesD, RowsDv{});
   auto stage_bytes = [](int stage) { return Cfg::kStageOffset + stage * Cfg::kPairBytes; };  // Q, then dO
   float* s_weights = reinterpret_cast<float*>(smem_raw + Cfg::kWeightsOffset);  // [element j][thread]
   float* s_stats = reinterpret_cast<float*>(smem_raw + Cfg::kStatsOffset);      // [stage][lse, delta][BM]
@@ -131,91 +126,30 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
     return;
   }
 
-  // ---- consumers: the roles and registers of dkdv_sm90_split_kernel ----
+  // ---- consumers: the P side (warpgroup 1) and the dS side (warpgroup 2) of DkdvRole ----
   cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegisters>();
-  const bool p_side = warpgroup == 1;
-  typename Cfg::TiledMmaS mma_s;
-  auto thr_s = mma_s.get_thread_slice(tid);
-  typename Cfg::TiledMma mma;
-  auto thr_mma = mma.get_thread_slice(tid);
-  using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BN>, Int<BM>>{}).layout());
-  cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BN>, Int<BM>>{}));
-  cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
-  constexpr int kCols = decltype(size<1>(tScS_rc))::value;
-  auto weight_at = [&](int r, int c) -> float& { return s_weights[(r * kCols + c) * 128 + tid]; };
-
-  typename Cfg::TiledMmaD mma_dk;
-  typename Cfg::TiledMmaDv mma_dv;
-  auto thr_dk = mma_dk.get_thread_slice(tid);
-  auto thr_dv = mma_dv.get_thread_slice(tid);
-  cute::Tensor acc_dk90 = partition_fragment_C(mma_dk, TileD{});
-  cute::Tensor acc_dv90 =
-      make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma_dv, TileDv{}).layout()){});
-  clear(acc_dk90);
-  cute::Tensor tSrK = thr_s.make_fragment_A(thr_s.partition_A(sK));
-  cute::Tensor tPrV = thr_s.make_fragment_A(thr_s.partition_A(sV));
   // The weights buffer: written by the P side (then kWeightsWritten), read by the dS side (then
   // kWeightsRead, which the P side waits for before writing the next block's).
   enum : std::uint32_t { kWeightsWritten = 1, kWeightsRead = 2 };  // named barriers (0: __syncthreads)
   constexpr std::uint32_t kConsumerThreads = 2 * 128;
+  DkdvRole<Element, kHeadDim, kHeadDimV, kPlain> role(warpgroup == 1, tid, smem_raw, s_weights);
   Barrier::wait(full_kv, 0);
-
   for (std::int64_t i = 0; i < steps; ++i) {
-    const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
     const int stage = int(i % kStages);
     Barrier::wait(&full[stage], std::uint32_t((i / kStages) & 1));
-    cute::Tensor sQ = smem_tile<Element>(smem_raw, stage_bytes(stage), RowsD{});
-    cute::Tensor sdO = smem_tile<Element>(smem_raw, stage_bytes(stage) + Cfg::kBytesD, RowsDv{});
-    cute::Tensor acc_x90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
-    if (p_side)
-      wgmma_one<true>(mma_s, tSrK, thr_s.make_fragment_B(thr_s.partition_B(sQ)), acc_x90);  // S^T
-    else
-      wgmma_one<true>(mma_s, tPrV, thr_s.make_fragment_B(thr_s.partition_B(sdO)), acc_x90);  // dP^T
-    cute::Tensor acc_x = make_tensor(acc_x90.data(), AccLayoutS{});
-    cute::Tensor x_rc = make_tensor(acc_x.data(), rowcol(acc_x.layout()));
-    const float* s_stage = s_stats + stage * 2 * BM;  // lse, then delta
-    if (p_side) {  // S^T becomes P^T
-      if (i > 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, kWeightsRead);
-      auto lse_of = [&](int c) { return s_stage[get<1>(tScS_rc(0, c))]; };
-      for_each_score<kPlain, true>(p, acc_x, tScS, b, h, m0, n0, len_q, len_k, lse_of,
-                                   [&](int r, int c, int, float s, float t) {
-                                     cuda::probability_and_weight(p, s, t, lse_of(c), x_rc(r, c), weight_at(r, c));
-                                   });
-      cutlass::arch::NamedBarrier::arrive(kConsumerThreads, kWeightsWritten);
-    } else {  // dP^T becomes dS^T
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, kWeightsWritten);
-      CUTE_UNROLL
-      for (int r = 0; r < size<0>(x_rc); ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c)
-          x_rc(r, c) = cuda::dscore(weight_at(r, c), x_rc(r, c), s_stage[BM + get<1>(tScS_rc(0, c))]);
-      }
-      if (i + 1 < steps) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, kWeightsRead);
-    }
-
-    cute::Tensor rX = make_tensor_like<Element>(acc_x);
-    CUTE_UNROLL
-    for (int j = 0; j < size(acc_x); ++j) rX(j) = static_cast<Element>(acc_x(j));
-    cute::Tensor tXa = make_tensor(rX.data(), acc_as_a(rX.layout()));
-    if (p_side)
-      wgmma_one<false>(mma_dv, tXa,
-                       thr_dv.make_fragment_B(thr_dv.partition_B(smem_tile<Element>(
-                           smem_raw, stage_bytes(stage) + Cfg::kBytesD, typename Cfg::template RowsT<kHeadDimV>{}))),
-                       acc_dv90);
-    else
-      wgmma_one<false>(mma_dk, tXa,
-                       thr_dk.make_fragment_B(thr_dk.partition_B(
-                           smem_tile<Element>(smem_raw, stage_bytes(stage), typename Cfg::template RowsT<kHeadDim>{}))),
-                       acc_dk90);
+    role.visit(
+        p, b, visits.head(i), visits.block(i) * BM, n0, len_q, len_k, stage_bytes(stage), s_stats + stage * 2 * BM,
+        [&] {
+          if (i > 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, kWeightsRead);
+        },
+        [&] { cutlass::arch::NamedBarrier::arrive(kConsumerThreads, kWeightsWritten); },
+        [&] { cutlass::arch::NamedBarrier::sync(kConsumerThreads, kWeightsWritten); },
+        [&] {
+          if (i + 1 < steps) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, kWeightsRead);
+        });
     Barrier::arrive(&empty[stage]);  // this warpgroup no longer reads the stage
   }
-
-  if (p_side)
-    store_rows(make_tensor(acc_dv90.data(), decltype(partition_fragment_C(mma, TileDv{}).layout()){}),
-               thr_mma.partition_C(make_identity_tensor(TileDv{})), dv + bp.dv.at(b, hk, k0), bp.dv.s, n0, len_k);
-  else
-    store_rows(make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma, TileD{}).layout()){}),
-               thr_mma.partition_C(make_identity_tensor(TileD{})), dk + bp.dk.at(b, hk, k0), bp.dk.s, n0, len_k);
+  role.store(bp, dk, dv, b, hk, k0, n0, len_k);
 #else
   (void)bp, (void)lse, (void)delta, (void)dk, (void)dv;  // compiled for sm_90a only
 #endif
