@@ -8,8 +8,9 @@ reference (and torch autograd through it) with the FlashAttention error budget:
   MMA, ldmatrix, cp.async, wgmma, mbarrier and TMA atoms replaced by stand-ins written from the PTX
   ISA (emu_sm80_atoms.hpp, emu_sm90_atoms.hpp): CuTe layouts, swizzles, the copy schedule, online
   softmax, masking and the backward's kernels. Copies land as late as they may; an ordering check
-  (emu_runtime.hpp) fails any run in which a cp.async is issued into bytes that another thread
-  reads (ldmatrix, wgmma) between the same two barriers.
+  (emu_runtime.hpp: vector clocks passed through __syncthreads, named barriers and mbarriers)
+  fails any run in which a copy (cp.async, TMA) and a tensor-core read (ldmatrix, wgmma) of the
+  same bytes are not ordered by the barriers, in either direction.
 Skipped when g++ (C++20), the CUDA toolkit's headers or (flash) CUTLASS's headers are missing."""
 
 import os
@@ -224,6 +225,8 @@ FLASH_CASES = {
     "d128_window": dict(shape=(1, 1, 1, 100, 90, 128, 128), window=(40, 0)),
     "d192_dv128_causal": dict(shape=(1, 2, 1, 70, 90, 192, 128), causal=True),
     "d256_softcap": dict(shape=(1, 1, 1, 65, 100, 256, 256), softcap=15.0),
+    # six key blocks: the warp-specialized forward's ring of K/V stages (3) goes round twice
+    "ring_wraps": dict(shape=(1, 2, 1, 70, 330, 64, 64)),
 }
 
 
@@ -330,14 +333,33 @@ PLANTED_FLASH_BUGS = {
 }
 
 
+def _planted_emulator(tmp_path, edit, case):
+    """The flash emulator with one edit of the kernels' text, built for `case`'s head dim only."""
+    return build_emulator("attention_flash_emu.cpp", _flash_source([edit]), tmp_path, needs_cutlass=True,
+                          defines=[f"EMU_HEAD_DIM={FLASH_CASES[case]['shape'][5]}"])
+
+
+def _run_planted(*args, **kwargs):
+    """_run of a kernel with a planted bug; None when the emulator's ordering check reports it
+    (caught, whatever the numbers)."""
+    try:
+        return _run(*args, **kwargs)
+    except AssertionError as e:
+        if "shared-memory ordering hazard" not in str(e):
+            raise
+        return None
+
+
 @pytest.mark.parametrize("bug", list(PLANTED_FLASH_BUGS))
 def test_flash_emulator_catches_planted_bug(tmp_path, bug):
     old, new, generation, *case = PLANTED_FLASH_BUGS[bug]
-    exe = build_emulator("attention_flash_emu.cpp", _flash_source([(old, new)]), tmp_path, needs_cutlass=True)
-    q, k, v, opts = _flash_inputs(case[0] if case else "causal_three_blocks", seed=21)
-    out, _ = _run(exe, tmp_path, q, k, v, dict(opts), env={"EMU_FLASH_GENERATION": generation})
-    o64, _ = _oracle(q, k, v, opts)
-    assert not torch.allclose(out.double(), o64, atol=0.05), f"{bug} went unnoticed"
+    case = case[0] if case else "causal_three_blocks"
+    exe = _planted_emulator(tmp_path, (old, new), case)
+    q, k, v, opts = _flash_inputs(case, seed=21)
+    result = _run_planted(exe, tmp_path, q, k, v, dict(opts), env={"EMU_FLASH_GENERATION": generation})
+    if result is not None:
+        o64, _ = _oracle(q, k, v, opts)
+        assert not torch.allclose(result[0].double(), o64, atol=0.05), f"{bug} went unnoticed"
 
 
 # ... and the backward: an sm80 dq kernel (8 warps) that reads dS back from shared
@@ -368,22 +390,27 @@ PLANTED_FLASH_BACKWARD_BUGS = {
 @pytest.mark.parametrize("bug", list(PLANTED_FLASH_BACKWARD_BUGS))
 def test_flash_emulator_catches_planted_backward_bug(tmp_path, bug):
     old, new, grad, generation, *case = PLANTED_FLASH_BACKWARD_BUGS[bug]
-    exe = build_emulator("attention_flash_emu.cpp", _flash_source([(old, new)]), tmp_path, needs_cutlass=True)
-    q, k, v, opts = _flash_inputs(case[0] if case else "d128_causal", seed=23)
+    case = case[0] if case else "d128_causal"
+    exe = _planted_emulator(tmp_path, (old, new), case)
+    q, k, v, opts = _flash_inputs(case, seed=23)
     out, lse = _oracle(q, k, v, opts)
     dout = rand(out.shape, torch.bfloat16, seed=9)
-    dq, dk, _ = _run(exe, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse),
-                     env={"EMU_FLASH_GENERATION": generation})
-    g64 = _grads(q, k, v, opts, dout, torch.float64)
-    mine, exact = (dq, g64[0]) if grad == "dq" else (dk, g64[1])
-    assert not torch.allclose(mine.double(), exact, atol=0.05), f"{bug} went unnoticed"
+    result = _run_planted(exe, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse),
+                          env={"EMU_FLASH_GENERATION": generation})
+    if result is not None:
+        g64 = _grads(q, k, v, opts, dout, torch.float64)
+        mine, exact = (result[0], g64[0]) if grad == "dq" else (result[1], g64[1])
+        assert not torch.allclose(mine.double(), exact, atol=0.05), f"{bug} went unnoticed"
 
 
-# ... and copies issued too early: a prefetch into a tile that other warps may still be reading
-# (write after read). The emulator lands copies as late as it may, so these kernels still give
-# the right numbers there; its ordering check (emu_runtime.hpp: every cp.async against the
-# ldmatrix and wgmma reads of the same bytes between the same two barriers) must report them.
-PLANTED_PREFETCH_HAZARDS = {
+# ... and shared-memory accesses the barriers do not order: a prefetch into a tile that other warps
+# may still be reading (write after read), a warp-specialized consumer that hands a ring stage
+# back before its last wgmma on it is done, reads a stage after waiting for another copy's
+# barrier or without waiting at all (read after write). The emulator lands copies and runs wgmma as late as it may, and its
+# TMA copies land as soon as they are issued, so most of these kernels still give the right
+# numbers there; its ordering check (emu_runtime.hpp: vector clocks through every barrier, the
+# copies' writes against the tensor-core reads) must report them.
+PLANTED_ORDERING_HAZARDS = {
     "sm80_next_k_before_every_warp_read_k": (
         "  __syncthreads();     // ... for every warp; and every warp is done reading sK\n  prefetch_next_k();",
         "  prefetch_next_k();\n  __syncthreads();", "forward", "sm80"),
@@ -398,14 +425,28 @@ PLANTED_PREFETCH_HAZARDS = {
     # the stage the other may still be reading
     "sm90_split_next_tiles_before_both_warpgroups_read_them": (
         "    both(kStageRead);", "", "backward", "sm90", "d192_dv128_causal"),
+    # the warp-specialized forward's consumers release K and V of a block before P V is done
+    "sm90ws_stage_released_before_pv_is_done": (
+        "    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);\n    Barrier::arrive(&empty[stage]);",
+        "    Barrier::arrive(&empty[stage]);\n    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);",
+        "forward", "sm90ws", "ring_wraps"),
+    # ... or read V after waiting for K's copy only (V's copies are issued with K's: right numbers)
+    "sm90ws_v_read_after_waiting_for_k": (
+        "Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));",
+        "Barrier::wait(&full_k[stage], std::uint32_t((i / kStages) & 1));", "forward", "sm90ws"),
+    # the warp-specialized dk/dv kernel's consumers read each stage without waiting for its copies
+    "sm90ws_backward_stage_read_before_it_lands": (
+        "    Barrier::wait(&full[stage], std::uint32_t((i / kStages) & 1));\n    role.visit(", "    role.visit(",
+        "backward", "sm90ws", "bias_gqa4"),
 }
 
 
-@pytest.mark.parametrize("bug", list(PLANTED_PREFETCH_HAZARDS))
-def test_flash_emulator_reports_early_prefetch(tmp_path, bug):
-    old, new, mode, generation, *case = PLANTED_PREFETCH_HAZARDS[bug]
-    exe = build_emulator("attention_flash_emu.cpp", _flash_source([(old, new)]), tmp_path, needs_cutlass=True)
-    q, k, v, opts = _flash_inputs(case[0] if case else "causal_three_blocks", seed=21)
+@pytest.mark.parametrize("bug", list(PLANTED_ORDERING_HAZARDS))
+def test_flash_emulator_reports_unordered_access(tmp_path, bug):
+    old, new, mode, generation, *case = PLANTED_ORDERING_HAZARDS[bug]
+    case = case[0] if case else "causal_three_blocks"
+    exe = _planted_emulator(tmp_path, (old, new), case)
+    q, k, v, opts = _flash_inputs(case, seed=21)
     backward = None
     if mode == "backward":
         out, lse = _oracle(q, k, v, opts)

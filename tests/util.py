@@ -70,9 +70,10 @@ def cutlass_include():
     return inc if os.path.exists(os.path.join(inc, "cute", "tensor.hpp")) else None
 
 
-def build_emulator(source, kernels_inc, build_dir, needs_cutlass=False):
-    """Compiles tests/emulation/<source> with the extracted kernel text `kernels_inc`; skips the
-    test when g++ (C++20), the CUDA headers or (if needed) CUTLASS's headers are missing."""
+def build_emulator(source, kernels_inc, build_dir, needs_cutlass=False, defines=()):
+    """Compiles tests/emulation/<source> with the extracted kernel text `kernels_inc` and the
+    preprocessor `defines` ("NAME=VALUE"); skips the test when g++ (C++20), the CUDA headers or
+    (if needed) CUTLASS's headers are missing."""
     cxx, cuda_inc = shutil.which("g++"), cuda_include()
     cutlass_inc = cutlass_include() if needs_cutlass else None
     if not (cxx and cuda_inc and (cutlass_inc or not needs_cutlass)):
@@ -82,6 +83,7 @@ def build_emulator(source, kernels_inc, build_dir, needs_cutlass=False):
     cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-w", f"-I{build_dir}", f"-I{os.path.join(ROOT, 'cpp', 'src')}",
            f"-I{os.path.join(ROOT, 'cpp', 'include')}", f"-I{cuda_inc}", f"-I{os.path.join(cuda_inc, 'cccl')}"]
     cmd += [f"-I{cutlass_inc}"] if cutlass_inc else []
+    cmd += [f"-D{d}" for d in defines]
     cmd += [os.path.join(ROOT, "tests", "emulation", source), os.path.join(ROOT, "cpp", "src", "core", "tensor.cpp"),
             "-o", str(exe)]
     result = subprocess.run(cmd, capture_output=True, text=True)

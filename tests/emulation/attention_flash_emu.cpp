@@ -31,15 +31,29 @@ using emu_attention::i64;
 const Element* as_element(const std::uint16_t* p) { return reinterpret_cast<const Element*>(p); }
 Element* as_element(std::uint16_t* p) { return reinterpret_cast<Element*>(p); }
 
-// The head dims the library instantiates (cpp/src/attention/flash_*_sm80_d*.cu), forward and backward.
+// The head dims the library instantiates (cpp/src/attention/flash_*_d*.cu), forward and backward;
+// with EMU_HEAD_DIM defined (the planted-bug tests, which run one case) only that one, which
+// compiles in a fraction of the time.
+constexpr bool emu_builds([[maybe_unused]] int d) {
+#ifdef EMU_HEAD_DIM
+  return d == EMU_HEAD_DIM;
+#else
+  return true;
+#endif
+}
 template <class Body>
 void head_dims(i64 d, i64 dv, Body&& body) {
-  if (d == 64 && dv == 64) return body(cute::Int<64>{}, cute::Int<64>{});
-  if (d == 96 && dv == 96) return body(cute::Int<96>{}, cute::Int<96>{});
-  if (d == 128 && dv == 128) return body(cute::Int<128>{}, cute::Int<128>{});
-  if (d == 192 && dv == 128) return body(cute::Int<192>{}, cute::Int<128>{});
-  if (d == 256 && dv == 256) return body(cute::Int<256>{}, cute::Int<256>{});
-  std::fprintf(stderr, "no flash kernels for head dims %lld, %lld\n", static_cast<long long>(d),
+  if constexpr (emu_builds(64))
+    if (d == 64 && dv == 64) return body(cute::Int<64>{}, cute::Int<64>{});
+  if constexpr (emu_builds(96))
+    if (d == 96 && dv == 96) return body(cute::Int<96>{}, cute::Int<96>{});
+  if constexpr (emu_builds(128))
+    if (d == 128 && dv == 128) return body(cute::Int<128>{}, cute::Int<128>{});
+  if constexpr (emu_builds(192))
+    if (d == 192 && dv == 128) return body(cute::Int<192>{}, cute::Int<128>{});
+  if constexpr (emu_builds(256))
+    if (d == 256 && dv == 256) return body(cute::Int<256>{}, cute::Int<256>{});
+  std::fprintf(stderr, "no flash kernels for head dims %lld, %lld in this build\n", static_cast<long long>(d),
                static_cast<long long>(dv));
   std::exit(2);
 }

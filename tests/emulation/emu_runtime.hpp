@@ -1,8 +1,10 @@
 // What the host emulators of CUDA kernels share (tests/emulation/*_emu.cpp): every CUDA thread
-// of a block is a std::thread, __syncthreads is a block-wide std::barrier, __shfl_xor_sync a
-// warp-wide exchange (emu_warp_exchange: also what the warp-collective tensor-core and ldmatrix
-// stand-ins of emu_sm80_atoms.hpp use), dynamic shared memory one poisoned buffer per block (blocks run one after
-// another), and the raw-array files the pytest side writes and reads.
+// of a block is a std::thread, __syncthreads is named barrier 0 of every thread (EmuNamedBarrier),
+// __shfl_xor_sync a warp-wide exchange (emu_warp_exchange: also what the warp-collective
+// tensor-core and ldmatrix stand-ins of emu_sm80_atoms.hpp use), dynamic shared memory one
+// poisoned buffer per block (blocks run one after another) with the ordering check of its
+// asynchronous copies and tensor-core reads, and the raw-array files the pytest side writes and
+// reads.
 //
 // Include it first (it pulls in the CUDA headers), then the kernels' own headers, then define
 // the CUDA keywords away as each emulator does.
@@ -15,6 +17,9 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -33,8 +38,8 @@ struct EmuDim3 {
 inline thread_local EmuDim3 threadIdx, blockIdx, blockDim, gridDim;
 inline thread_local int emu_lane = 0, emu_warp = 0;
 inline unsigned char* emu_smem = nullptr;  // dynamic shared memory of the running block
-inline std::barrier<>* emu_block_barrier = nullptr;
 inline unsigned long emu_block_serial = 0;  // which block is running (blocks run one after another)
+inline unsigned emu_block_threads = 0;      // its thread count
 
 struct EmuWarp {
   std::unique_ptr<std::barrier<>> barrier;
@@ -42,71 +47,183 @@ struct EmuWarp {
 };
 inline std::vector<EmuWarp>* emu_warps = nullptr;
 
-// Block-wide barriers this thread has passed in the running block: the "epoch" of its accesses.
-// Two threads' accesses in the same epoch are unordered; a barrier between them orders them.
-inline thread_local long emu_epoch = 0;
+inline unsigned emu_thread_id() { return threadIdx.x + threadIdx.y * blockDim.x; }
 
-inline void __syncthreads() {
-  emu_block_barrier->arrive_and_wait();
-  ++emu_epoch;
+// ---- Ordering check of shared memory: happens-before through vector clocks ----
+// Every thread of the running block keeps a vector clock: how far it knows every thread, and
+// every copy engine, to have got. A barrier passes clocks from the threads that arrive to the
+// threads that wait (__syncthreads and named barriers: one phase's arrivals to its syncs;
+// mbarriers: every arrival and completed copy before a phase completes to the waits that see that
+// phase), which is what orders accesses of different threads in the memory model. Recorded per
+// 16-byte chunk of the running block's shared memory: the last asynchronous write (cp.async,
+// TMA) and the tensor-core reads since (ldmatrix, wgmma). Checked:
+//  * a read must be ordered after the chunk's last write, and no cp.async into it may be in
+//    flight (issued, its group not waited for yet);
+//  * a copy must be ordered after that write and after every read since.
+// A cp.async's write is stamped by its issuing thread when its group is waited for (the latest
+// moment it may land); a TMA copy's by the copy engine of the mbarrier it completes on (one clock
+// slot per mbarrier, emu_sm90_atoms.hpp), whose stamp the threads learn by waiting for that
+// barrier. A wgmma read must be ordered after the write already at its issue and counts as a
+// read until its wait (the hardware reads anywhere between). The emulators land copies and run
+// wgmma as late as they may, which finds reads that come too early as wrong numbers; this check
+// finds what late landing cannot see (a copy issued over a tile still being read) and orderings
+// that hold only by the emulator's timing. Plain loads and stores are not seen.
+constexpr unsigned kEmuCopyEngines = 16;  // clock slots after the threads' own
+using EmuClock = std::vector<std::uint32_t>;
+inline thread_local EmuClock emu_clock;
+
+inline void emu_join(EmuClock& into, const EmuClock& from) {
+  if (into.size() < from.size()) into.resize(from.size(), 0);
+  for (std::size_t i = 0; i < from.size(); ++i) into[i] = std::max(into[i], from[i]);
 }
+// Hands this thread's clock to a barrier (joined into `into`), then moves on: what it does next is
+// not ordered before whoever acquires `into`.
+inline void emu_release(EmuClock& into) {
+  emu_join(into, emu_clock);
+  ++emu_clock[emu_thread_id()];
+}
+inline void emu_acquire(const EmuClock& from) { emu_join(emu_clock, from); }
 
-// Ordering check of the asynchronous copies into shared memory (cp.async; emu_sm80_atoms.hpp)
-// against the reads of the tiles they overwrite (ldmatrix, wgmma): per 16-byte chunk of the
-// running block's shared memory, the epoch and thread of the latest copy issued into it and of
-// the latest read of it. The hardware may land a copy at any moment between its issue and the
-// wait for its group, and a wgmma may read at any moment between its issue and its wait, so a
-// copy and a read of the same chunk by different threads in overlapping epochs are unordered:
-// the read may see either tile. The emulator lands copies as late as it may (at the wait), which
-// finds reads that come too early; this check finds copies issued too early (before every
-// thread is done reading what they overwrite), which late landing cannot see.
-struct EmuChunkAccess {
-  std::atomic<std::uint64_t> read{0}, write{0};  // 0: none; else epoch + 1 (40 bits) | thread << 40
+constexpr std::uint32_t kEmuNobody = ~0u;
+struct EmuChunk {
+  std::mutex lock;
+  std::uint32_t writer = kEmuNobody, written = 0;  // the last write: thread or copy engine, and its clock
+  bool landing = false;                            // a cp.async into it is in flight
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> reads;  // since the last write: (thread, clock)
 };
-inline std::unique_ptr<EmuChunkAccess[]> emu_chunk_access;
+inline std::unique_ptr<EmuChunk[]> emu_chunk_state;
 inline std::size_t emu_chunks = 0;
 inline std::atomic<long> emu_hazards{0};
-constexpr std::uint64_t kEmuManyReaders = 0xffff;
 
-inline unsigned emu_thread_id() { return threadIdx.x + threadIdx.y * blockDim.x; }
-inline std::uint64_t emu_access(long epoch, std::uint64_t thread) { return std::uint64_t(epoch + 1) | thread << 40; }
-inline long emu_access_epoch(std::uint64_t a) { return long(a & ((std::uint64_t(1) << 40) - 1)) - 1; }
-inline std::uint64_t emu_access_thread(std::uint64_t a) { return a >> 40; }
-
-inline void emu_report_hazard(const char* what, std::size_t chunk, std::uint64_t other) {
+inline void emu_report_hazard(const char* what, std::size_t offset, std::uint32_t other) {
   if (emu_hazards++ < 8)
-    std::fprintf(stderr,
-                 "shared-memory ordering hazard: %s, bytes %zu..%zu, block %lu, thread %u epoch %ld against thread "
-                 "%llu epoch %ld\n",
-                 what, chunk * 16, chunk * 16 + 15, emu_block_serial, emu_thread_id(), emu_epoch,
-                 static_cast<unsigned long long>(emu_access_thread(other)), emu_access_epoch(other));
+    std::fprintf(stderr, "shared-memory ordering hazard: %s, bytes %zu..%zu, block %lu, thread %u against %s %u\n",
+                 what, offset / 16 * 16, offset / 16 * 16 + 15, emu_block_serial, emu_thread_id(),
+                 other < emu_block_threads ? "thread" : "the copy engine of mbarrier", other < emu_block_threads ? other : other - emu_block_threads);
 }
 
-// An asynchronous copy into the 16 bytes at `smem_offset`, issued now by this thread.
-inline void emu_note_async_write(std::size_t smem_offset) {
-  const std::size_t c = smem_offset / 16;
-  if (c >= emu_chunks) return;
-  const std::uint64_t read = emu_chunk_access[c].read.load();
-  if (read != 0 && emu_access_epoch(read) == emu_epoch && emu_access_thread(read) != emu_thread_id())
-    emu_report_hazard("cp.async issued over a tile another thread reads in the same barrier interval", c, read);
-  emu_chunk_access[c].write.store(emu_access(emu_epoch, emu_thread_id()));
+template <class Use>
+void emu_with_chunk(std::size_t offset, Use&& use) {
+  if (offset / 16 >= emu_chunks) return;
+  EmuChunk& c = emu_chunk_state[offset / 16];
+  std::lock_guard<std::mutex> guard(c.lock);
+  use(c);
 }
 
-// A read of the chunk holding `smem_offset` by this thread, somewhere between epochs `first` and
-// now (ldmatrix: first = now; wgmma: first = its issue).
-inline void emu_note_read(std::size_t smem_offset, long first) {
-  const std::size_t c = smem_offset / 16;
-  if (c >= emu_chunks) return;
-  const std::uint64_t write = emu_chunk_access[c].write.load();
-  const long w = emu_access_epoch(write);
-  if (write != 0 && w >= first && w <= emu_epoch && emu_access_thread(write) != emu_thread_id())
-    emu_report_hazard("a tile read while another thread's cp.async into it may land", c, write);
-  std::uint64_t old = emu_chunk_access[c].read.load(), mine;
-  do {
-    const bool shared = old != 0 && emu_access_epoch(old) == emu_epoch && emu_access_thread(old) != emu_thread_id();
-    mine = emu_access(emu_epoch, shared ? kEmuManyReaders : emu_thread_id());
-  } while (!emu_chunk_access[c].read.compare_exchange_weak(old, mine));
+// Before a copy issued by this thread writes the chunk: ordered after the last write (`clock` is
+// the issuer's) and after every read since.
+inline void emu_check_overwrite(const EmuChunk& c, std::size_t offset) {
+  const std::uint32_t me = emu_thread_id();
+  if (c.landing && c.writer != me)
+    emu_report_hazard("a copy issued into bytes another thread's cp.async may still land in", offset, c.writer);
+  else if (c.writer != kEmuNobody && c.writer != me && emu_clock[c.writer] < c.written)
+    emu_report_hazard("a copy issued over bytes whose last copy is not ordered before it", offset, c.writer);
+  for (const auto& [who, when] : c.reads)
+    if (who != me && emu_clock[who] < when) {
+      emu_report_hazard("a copy issued over a tile another thread may still be reading", offset, who);
+      break;
+    }
 }
+
+// cp.async of 16 bytes to `offset`, issued now by this thread; emu_note_landed when it lands.
+inline void emu_note_async_write(std::size_t offset) {
+  emu_with_chunk(offset, [&](EmuChunk& c) {
+    emu_check_overwrite(c, offset);
+    c.writer = emu_thread_id();
+    c.landing = true;
+    c.reads.clear();
+  });
+}
+inline void emu_note_landed(std::size_t offset) {
+  emu_with_chunk(offset, [&](EmuChunk& c) {
+    c.landing = false;
+    c.written = emu_clock[c.writer = emu_thread_id()];
+  });
+}
+
+// A copy engine's write (TMA), issued now by this thread, stamped `stamp` in slot `engine`.
+inline void emu_note_engine_write(std::size_t offset, std::uint32_t engine, std::uint32_t stamp) {
+  emu_with_chunk(offset, [&](EmuChunk& c) {
+    emu_check_overwrite(c, offset);
+    c.writer = engine;
+    c.written = stamp;
+    c.landing = false;
+    c.reads.clear();
+  });
+}
+
+// A read of the chunk holding `offset` by this thread that began when its clock was `at_start`
+// and ends now.
+inline void emu_note_read(std::size_t offset, const EmuClock& at_start) {
+  emu_with_chunk(offset, [&](EmuChunk& c) {
+    const std::uint32_t me = emu_thread_id();
+    if (c.landing)
+      emu_report_hazard("a tile read while a cp.async into it may still land", offset, c.writer);
+    else if (c.writer != kEmuNobody && c.writer != me && at_start[c.writer] < c.written)
+      emu_report_hazard("a tile read that is not ordered after the copy into it", offset, c.writer);
+    for (auto& [who, when] : c.reads)
+      if (who == me) {
+        when = emu_clock[me];
+        return;
+      }
+    c.reads.emplace_back(me, emu_clock[me]);
+  });
+}
+
+// Named barriers (bar.sync / bar.arrive with a thread count; also the NamedBarrier static
+// interface of the sm90a kernels) and __syncthreads, which is barrier 0 with every thread: a phase
+// completes when `count` threads have arrived; bar.sync waits for the phase it arrived in and
+// acquires the clocks of its arrivals. State is per running block.
+struct EmuNamedBarrier {
+  struct Phase {
+    EmuClock clock;
+    unsigned acquired = 0;
+  };
+  struct State {
+    unsigned long block = 0;
+    unsigned arrived = 0, completed = 0;
+    EmuClock joined;                  // the open phase's arrivals
+    std::map<unsigned, Phase> done;   // completed phases not yet acquired by all
+  };
+  static inline std::mutex mutex;
+  static inline std::condition_variable changed;
+  static inline std::map<std::uint32_t, State> states;
+
+  static unsigned arrive_in(std::uint32_t count, std::uint32_t id) {  // the caller holds the lock
+    if (id == 0 && count != emu_block_threads) {
+      std::fprintf(stderr, "named barrier 0 is __syncthreads' (every thread of the block), used here with %u\n",
+                   count);
+      std::abort();
+    }
+    State& s = states[id];
+    if (s.block != emu_block_serial) s = State{emu_block_serial};
+    const unsigned phase = s.completed;
+    emu_release(s.joined);
+    if (++s.arrived == count) {
+      s.arrived = 0;
+      s.done[phase].clock = std::move(s.joined);
+      s.joined.clear();
+      ++s.completed;
+      changed.notify_all();
+    }
+    return phase;
+  }
+  static void arrive(std::uint32_t count, std::uint32_t id) {
+    std::lock_guard<std::mutex> lock(mutex);
+    arrive_in(count, id);
+  }
+  static void sync(std::uint32_t count, std::uint32_t id) {
+    std::unique_lock<std::mutex> lock(mutex);
+    const unsigned phase = arrive_in(count, id);
+    changed.wait(lock, [&] { return states[id].completed != phase; });
+    auto& done = states[id].done;
+    Phase& ph = done.at(phase);
+    emu_acquire(ph.clock);
+    if (++ph.acquired == count) done.erase(phase);
+  }
+};
+
+inline void __syncthreads() { EmuNamedBarrier::sync(emu_block_threads, 0); }
 
 // A warp-collective step: every lane publishes `mine`, then `use(lane_value)` runs in every lane
 // with lane_value(l) giving what lane l published; no lane leaves before all have used them.
@@ -161,10 +278,9 @@ void emu_launch(EmuDim3 grid, unsigned bx, unsigned by, std::size_t dyn_smem, Ke
         std::fill(smem.begin(), smem.end(), 0xff);
         emu_smem = aligned;
         emu_chunks = (dyn_smem + 15) / 16;
-        emu_chunk_access.reset(new EmuChunkAccess[emu_chunks]);
+        emu_chunk_state.reset(new EmuChunk[emu_chunks]);
         ++emu_block_serial;
-        std::barrier<> block_barrier(threads);
-        emu_block_barrier = &block_barrier;
+        emu_block_threads = threads;
         std::vector<EmuWarp> warps((threads + 31) / 32);
         for (auto& w : warps) w.barrier = std::make_unique<std::barrier<>>(32);
         emu_warps = &warps;
@@ -177,7 +293,8 @@ void emu_launch(EmuDim3 grid, unsigned bx, unsigned by, std::size_t dyn_smem, Ke
             gridDim = grid;
             emu_lane = int(t % 32);
             emu_warp = int(t / 32);
-            emu_epoch = 0;
+            emu_clock.assign(threads + kEmuCopyEngines, 0);
+            emu_clock[t] = 1;  // what it does before its first release: unknown to every other thread
             kernel();
           });
         for (auto& th : pool) th.join();

@@ -67,7 +67,7 @@ struct EmuLdsm : Real {
   static void copy(cute::uint128_t const& smem_src, std::uint32_t& dst0, std::uint32_t& dst1, std::uint32_t& dst2,
                    std::uint32_t& dst3) {
     std::uint32_t dst[4];
-    emu_note_read(std::size_t(reinterpret_cast<const unsigned char*>(&smem_src) - emu_smem), emu_epoch);  // my row
+    emu_note_read(std::size_t(reinterpret_cast<const unsigned char*>(&smem_src) - emu_smem), emu_clock);  // my row
     emu_warp_exchange(static_cast<const void*>(&smem_src), [&](auto lane_value) {
       const int l = emu_lane;
       for (int i = 0; i < 4; ++i) {
@@ -111,7 +111,10 @@ inline void emu_cp_async_fence() {
 template <int N>
 void emu_cp_async_wait() {
   while (emu_committed_groups.size() > std::size_t(N)) {
-    for (const EmuAsyncCopy& c : emu_committed_groups.front()) std::memcpy(c.dst, c.src, 16);
+    for (const EmuAsyncCopy& c : emu_committed_groups.front()) {
+      std::memcpy(c.dst, c.src, 16);
+      emu_note_landed(std::size_t(static_cast<unsigned char*>(c.dst) - emu_smem));
+    }
     emu_committed_groups.erase(emu_committed_groups.begin());
   }
 }

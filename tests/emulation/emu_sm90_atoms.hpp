@@ -7,11 +7,12 @@
 //     MN-major, through its descriptor; 128-byte swizzle. Every thread computes its own N / 2
 //     accumulators, from shared memory as it is when the kernel waits for the group
 //     (emu_warpgroup_wait), the latest moment the hardware may read it;
-//   EmuMbarrier, EmuNamedBarrier  mbarrier init / arrive / expected transaction bytes /
-//     phase-parity wait, and the named barriers of the warp-specialized kernel; setmaxnreg and
-//     the barrier-init fence are no-ops;
+//   EmuMbarrier  mbarrier init / arrive / expected transaction bytes / phase-parity wait, with
+//     the clocks of the ordering check (emu_runtime.hpp, which also has the named barriers);
+//     setmaxnreg and the barrier-init fence are no-ops;
 //   emu_tma_load_4d, emu_encode_tma  the TMA tile copy (128-byte swizzle, zeros outside the
-//     tensor, bytes completed on an mbarrier) and its descriptor.
+//     tensor, bytes completed on an mbarrier, its writes stamped by the barrier's copy engine)
+//     and its descriptor.
 // Shared-memory addresses reach the descriptors through cute::cast_smem_ptr_to_uint, which here
 // (through the NVVM hook CuTe already has) gives the offset from the running block's shared
 // memory, so the descriptors hold the offsets the kernel would see on the GPU with its
@@ -31,10 +32,7 @@ inline std::uint32_t __nvvm_get_smem_pointer(const void* p) {
 #include "attention/tma.hpp"
 
 #include <cute/arch/mma_sm90_gmma.hpp>
-#include <condition_variable>
 #include <functional>
-#include <map>
-#include <mutex>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
 // Byte offset of element (mn, k) of a 16-bit operand from its wgmma matrix descriptor (PTX ISA,
@@ -105,9 +103,12 @@ struct EmuGmma : Real {
     }
     std::array<float*, N / 2> acc;
     for (int i = 0; i < N / 2; ++i) acc[i] = d[i];
-    const long issued = emu_epoch;
+    // The warpgroup's reads of its shared-memory operands, noted once (by its first thread: every
+    // thread of a warpgroup that hands the operands on waits for the group first).
+    EmuClock issued;
+    if (emu_thread_id() % 128 == 0) issued = emu_clock;
     emu_wgmma_open.push_back([=] {
-      if (emu_thread_id() % 128 == 0)  // the warpgroup's reads of its shared-memory operands, once
+      if (emu_thread_id() % 128 == 0)
         for (int k = 0; k < 16; ++k) {
           for (int mn = 0; mn < N; ++mn)
             emu_note_read(emu_gmma_offset(desc_b, kMajorB == cute::SM90::GMMA::Major::MN, mn, k), issued);
@@ -197,23 +198,37 @@ using EmuGmmaRS256BF16 = EmuGmma<emu_gmma::G::MMA_64x256x16_F32BF16BF16_RS<A, B>
 // bytes expected in it have all completed (TMA copies complete theirs with complete_tx);
 // wait(parity) returns once the phase with that parity has completed, i.e. while the current
 // phase's parity differs (so a wait for parity 1 on a fresh barrier passes at once).
+// Ordering (emu_runtime.hpp): arrivals release the thread's clock into the barrier, a completed
+// copy its copy engine's; a wait acquires what the barrier held when its last phase completed.
+// Each barrier has its own copy engine (clock slot emu_block_threads + its number in the block):
+// the copies completing on it are ordered for whoever waits for it, and for no one else.
 struct EmuMbarrier {
   struct State {
     unsigned count = 0, pending = 0, completed = 0;
     long long tx = 0;  // expected bytes not yet completed
+    std::uint32_t engine = 0;
+    EmuClock joined, at_completion, engine_clock;
   };
   static inline std::mutex mutex;
   static inline std::condition_variable changed;
   static inline std::map<const void*, State> states;
+  static inline unsigned long block = 0;
+  static inline std::uint32_t engines = 0;  // of the running block
 
   static void init(const std::uint64_t* bar, std::uint32_t count) {
     std::lock_guard<std::mutex> lock(mutex);
-    states[bar] = State{count, count, 0, 0};
+    if (block != emu_block_serial) block = emu_block_serial, engines = 0;
+    if (engines == kEmuCopyEngines) {
+      std::fprintf(stderr, "mbarrier stand-in: more than %u barriers in a block\n", kEmuCopyEngines);
+      std::abort();
+    }
+    states[bar] = State{count, count, 0, 0, emu_block_threads + engines++};
   }
   static void complete_phase_if_done(State& s) {  // the caller holds the lock
     if (s.pending == 0 && s.tx == 0) {
       s.pending = s.count;
       ++s.completed;
+      s.at_completion = s.joined;
       changed.notify_all();
     }
   }
@@ -225,6 +240,7 @@ struct EmuMbarrier {
       std::abort();
     }
     --s.pending;
+    emu_release(s.joined);
     complete_phase_if_done(s);
   }
   static void arrive_and_expect_tx(const std::uint64_t* bar, std::uint32_t bytes) {
@@ -234,15 +250,25 @@ struct EmuMbarrier {
     }
     arrive(bar);
   }
+  // A copy issued by this thread that completes on `bar`: its copy engine's slot and the stamp of
+  // its writes.
+  static std::pair<std::uint32_t, std::uint32_t> issue_copy(const std::uint64_t* bar) {
+    std::lock_guard<std::mutex> lock(mutex);
+    State& s = states.at(bar);
+    emu_join(s.engine_clock, emu_clock);  // the copy starts after what its issuer knows
+    return {s.engine, ++s.engine_clock[s.engine]};
+  }
   static void complete_tx(const std::uint64_t* bar, std::uint32_t bytes) {
     std::lock_guard<std::mutex> lock(mutex);
     State& s = states.at(bar);
+    emu_join(s.joined, s.engine_clock);
     s.tx -= bytes;
     complete_phase_if_done(s);
   }
   static void wait(const std::uint64_t* bar, std::uint32_t parity) {
     std::unique_lock<std::mutex> lock(mutex);
     changed.wait(lock, [&] { return (states.at(bar).completed & 1u) != (parity & 1u); });
+    emu_acquire(states.at(bar).at_completion);
   }
 };
 
@@ -266,6 +292,10 @@ inline void emu_tma_load_4d(const void* desc, std::uint64_t* mbar, std::uint64_t
     std::fprintf(stderr, "TMA stand-in: only 1024-aligned 2-D boxes of 128-byte rows are emulated\n");
     std::abort();
   }
+  const auto [engine, stamp] = EmuMbarrier::issue_copy(mbar);
+  const std::size_t box_offset = std::size_t(static_cast<unsigned char*>(smem) - emu_smem);
+  for (std::uint32_t chunk = 0; chunk < t.box[0] * t.box[1] * 2 / 16; ++chunk)
+    emu_note_engine_write(box_offset + 16 * chunk, engine, stamp);
   const std::int64_t crd[4] = {c0, c1, c2, c3};
   const auto* base = static_cast<const unsigned char*>(t.base);
   auto* dst = static_cast<unsigned char*>(smem);
@@ -283,43 +313,6 @@ inline void emu_tma_load_4d(const void* desc, std::uint64_t* mbar, std::uint64_t
   }
   EmuMbarrier::complete_tx(mbar, t.box[0] * t.box[1] * 2);
 }
-
-// Named barriers (bar.sync / bar.arrive with a thread count; the NamedBarrier static interface):
-// a phase completes when `count` threads have arrived, and bar.sync waits for the phase it arrived
-// in. State is per running block, so nothing carries over from one block to the next. A sync of
-// every thread of the block starts a new epoch of the ordering check (emu_runtime.hpp) like
-// __syncthreads; kernels that use one must have every thread sync at it.
-struct EmuNamedBarrier {
-  struct State {
-    unsigned long block = 0;
-    unsigned arrived = 0, completed = 0;
-  };
-  static inline std::mutex mutex;
-  static inline std::condition_variable changed;
-  static inline std::map<std::uint32_t, State> states;
-
-  static unsigned arrive_in(std::uint32_t count, std::uint32_t id) {  // the caller holds the lock
-    State& s = states[id];
-    if (s.block != emu_block_serial) s = State{emu_block_serial, 0, 0};
-    const unsigned phase = s.completed;
-    if (++s.arrived == count) {
-      s.arrived = 0;
-      ++s.completed;
-      changed.notify_all();
-    }
-    return phase;
-  }
-  static void arrive(std::uint32_t count, std::uint32_t id) {
-    std::lock_guard<std::mutex> lock(mutex);
-    arrive_in(count, id);
-  }
-  static void sync(std::uint32_t count, std::uint32_t id) {
-    std::unique_lock<std::mutex> lock(mutex);
-    const unsigned phase = arrive_in(count, id);
-    changed.wait(lock, [&] { return states[id].completed != phase; });
-    if (count == blockDim.x * blockDim.y * blockDim.z) ++emu_epoch;  // orders the whole block, as __syncthreads
-  }
-};
 
 // setmaxnreg and fence.mbarrier_init: nothing to do on the host.
 template <std::uint32_t kRegisters>

@@ -207,7 +207,8 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   //   first. The barriers order issue only; every data dependency is on the mbarriers and wgmma
   //   waits.
   const std::int64_t blocks = n_last - n_first;
-  const std::uint32_t my_turn = std::uint32_t(consumer), other_turn = std::uint32_t(1 - consumer);
+  // Named barriers 1 and 2: 0 is __syncthreads' (every thread of the block, the producer's too).
+  const std::uint32_t my_turn = std::uint32_t(1 + consumer), other_turn = std::uint32_t(2 - consumer);
   constexpr std::uint32_t kConsumerThreads = 128 * Cfg::kConsumers;
   if (consumer == 1) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
   if (blocks > 0) {
