@@ -219,22 +219,25 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     warpgroup_fence_operand(acc_s90);
     softmax(0);
     to_p();
+    rescale_rows(acc_o_rc, correction);  // O is still zero; kept for the pattern of the loop
   }
-  for (std::int64_t i = 0; i < blocks; ++i) {
+  // One key block; kMore: another follows (its Q K^T is issued here). The last block is a separate
+  // instantiation rather than a branch: with the next block's wgmma issued under a condition,
+  // ptxas cannot tell which groups wait<1> completes and serializes every wgmma (C7514).
+  auto step = [&](std::int64_t i, auto more) {
+    constexpr bool kMore = decltype(more)::value;
     const int stage = int(i % kStages);
-    const bool more = i + 1 < blocks;
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
-    if (more) issue_scores(i + 1);  // acc_s90 is free: block i's P is in rP
-    rescale_rows(acc_o_rc, correction);
+    if constexpr (kMore) issue_scores(i + 1);  // acc_s90 is free: block i's P is in rP
     Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));
     cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));
     warpgroup_fence_operand(acc_o90);
     warpgroup_arrive();
     wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);
     warpgroup_commit_batch();  // pending: [Q K^T of i + 1,] P V of i
-    if (more || consumer == 0)  // consumer 1's last turn is handed to no one (its first was free)
+    if (kMore || consumer == 0)  // consumer 1's last turn is handed to no one (its first was free)
       cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
-    if (more) {
+    if constexpr (kMore) {
       warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done
       warpgroup_fence_operand(acc_s90);
       softmax(i + 1);  // overlaps P V of block i
@@ -242,8 +245,13 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o90);
     Barrier::arrive(&empty[stage]);  // K and V of block i are no longer read
-    if (more) to_p();                // rP is free now that P V of block i is done
-  }
+    if constexpr (kMore) {
+      to_p();                               // rP is free now that P V of block i is done
+      rescale_rows(acc_o_rc, correction);  // block i + 1's correction, once no wgmma is in flight
+    }
+  };
+  for (std::int64_t i = 0; i + 1 < blocks; ++i) step(i, std::true_type{});
+  if (blocks > 0) step(blocks - 1, std::false_type{});
   if (blocks == 0 && consumer == 0)  // match consumer 1's first arrival: no barrier is left half done
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
 
