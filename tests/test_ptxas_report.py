@@ -1,0 +1,38 @@
+"""Compile-time checks of the sm90a flash attention kernels (no GPU needed): ptxas's report for
+sm_90a must not say that it serialized a kernel's wgmma (C7514, "wgmma.mma_async instructions are
+serialized"): then every wgmma waits for the previous one and nothing overlaps the tensor cores
+(the warp-specialized forward had this until its next-block GEMM stopped being issued under a
+branch). Compiles one translation unit per kernel family at D = 128 (and the two-warpgroup
+backward at D = 256) the way the library's build does. Skipped without nvcc or CUTLASS's headers."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from util import ROOT, cutlass_include
+
+FILES = ["flash_fwd_sm90_d128.cu", "flash_fwd_sm90ws_d128.cu", "flash_bwd_sm90_d128.cu", "flash_bwd_sm90_d256.cu",
+         "flash_bwd_sm90ws_d128.cu"]
+
+
+def _ptxas_report(name, tmp_path):
+    nvcc, cutlass = shutil.which("nvcc"), cutlass_include()
+    if not (nvcc and cutlass):
+        pytest.skip("needs nvcc and CUTLASS's headers")
+    cmd = [nvcc, "-O3", "-DNDEBUG", "-std=c++17", "--generate-code=arch=compute_90a,code=[sm_90a]",
+           "--expt-relaxed-constexpr", "-DRUDNN_WITH_CUDA=1", f"-I{os.path.join(ROOT, 'cpp', 'include')}",
+           f"-I{os.path.join(ROOT, 'cpp', 'src')}", "-isystem", cutlass, "-Xptxas", "-v", "-c",
+           os.path.join(ROOT, "cpp", "src", "attention", name), "-o", str(tmp_path / "kernel.o")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_sm90_wgmma_not_serialized(name, tmp_path):
+    report = _ptxas_report(name, tmp_path)
+    assert "Compiling entry function" in report, "ptxas printed no report"
+    serialized = [line for line in report.splitlines() if "C7514" in line or "are serialized" in line]
+    assert not serialized, "\n".join(serialized)
