@@ -222,6 +222,7 @@ __global__ void __launch_bounds__(128)
       copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKc, len_k - n0 - BN);
       cp_async_fence();
     }
+    warpgroup_fence_operand(rP);  // P is in its registers before the fence (else ptxas adds one: C7519)
     warpgroup_fence_operand(acc_o90);
     warpgroup_arrive();
     wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);
