@@ -1,8 +1,9 @@
 """Compile-time checks of the sm90a flash attention kernels (no GPU needed): ptxas's report for
 sm_90a must not say that it serialized a kernel's wgmma (C7514, "wgmma.mma_async instructions are
-serialized"): then every wgmma waits for the previous one and nothing overlaps the tensor cores
-(the warp-specialized forward had this until its next-block GEMM stopped being issued under a
-branch). Compiles one translation unit per kernel family at D = 128 (and the two-warpgroup
+serialized": then every wgmma waits for the previous one and nothing overlaps the tensor cores;
+the warp-specialized forward had this until its next-block GEMM stopped being issued under a
+branch) or had to inject a warpgroup.arrive (C7519: registers of a wgmma written after the
+kernel's own fence). Compiles one translation unit per kernel family at D = 128 (and the two-warpgroup
 backward at D = 256) the way the library's build does. Skipped without nvcc or CUTLASS's headers."""
 
 import os
@@ -31,8 +32,9 @@ def _ptxas_report(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_sm90_wgmma_not_serialized(name, tmp_path):
+def test_sm90_wgmma_pipeline_kept(name, tmp_path):
     report = _ptxas_report(name, tmp_path)
     assert "Compiling entry function" in report, "ptxas printed no report"
-    serialized = [line for line in report.splitlines() if "C7514" in line or "are serialized" in line]
-    assert not serialized, "\n".join(serialized)
+    losses = [line for line in report.splitlines()
+              if any(code in line for code in ("C7514", "C7519", "Potential Performance Loss", "is injected"))]
+    assert not losses, "\n".join(losses)

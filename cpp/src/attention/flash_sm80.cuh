@@ -111,11 +111,33 @@ __device__ __forceinline__ float quad_sum(float v) {
 // The steps of the forward main loop that the sm80 and sm90a kernels share (they differ only in
 // how S = Q K^T is computed), all on the mma.sync accumulator layout.
 
-// Scores of one key block, in place: scale, softcap, bias, masks; -inf where hidden or outside
-// the sequences. coords(i) is the (row, col) of accumulator element i within the BM x BN tile.
-// kPlain: the problem has none of the options but causal (Problem::plain_scores); then a tile
-// inside both sequences and wholly below the causal diagonal (most tiles of a long sequence)
-// needs the scale alone.
+// The forward's scores enter the online softmax in units that one multiply by this factor turns
+// into base-2 exponents, so that each probability is one FFMA and one ex2 (FlashAttention's
+// exp2 trick): the raw q . k dots in the plain kernels (the scale is folded in here and never
+// applied on its own), the transformed logits (natural units) otherwise.
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+template <bool kPlain>
+__device__ __forceinline__ float log2_factor(const Problem& p) {
+  return kPlain ? p.scale * kLog2e : kLog2e;
+}
+
+// 2^x on the SFU, subnormal results flushed to zero (probabilities below 2^-126 of the row's
+// largest do not matter at any precision the output has).
+__device__ __forceinline__ float exp2_ftz(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
+// Scores of one key block, in place, in log2_factor's units: -inf where hidden or outside the
+// sequences; else the raw dot (kPlain: the problem has none of the options but causal,
+// Problem::plain_scores) or the whole transform (scale, softcap, bias, masks). coords(i) is the
+// (row, col) of accumulator element i within the BM x BN tile. A plain tile inside both
+// sequences and wholly below the causal diagonal (most tiles of a long sequence) is left as it is.
 template <bool kPlain, int BM, int BN, class Acc, class Coords>
 __device__ __forceinline__ void mask_scores(Acc& acc_s, const Coords& coords, const Problem& p, std::int64_t b,
                                             std::int64_t h, std::int64_t m0, std::int64_t n0, std::int64_t len_q,
@@ -123,27 +145,33 @@ __device__ __forceinline__ void mask_scores(Acc& acc_s, const Coords& coords, co
   if constexpr (kPlain) {
     const bool interior =
         m0 + BM <= len_q && n0 + BN <= len_k && (!p.causal || n0 + BN - 1 <= m0 + len_k - len_q);
-    if (interior) {  // uniform over the CTA
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= p.scale;
-      return;
-    }
+    if (interior) return;  // uniform over the CTA
   }
+  // The tile's limits in 32-bit tile coordinates (compares per score stay 32-bit): rows below
+  // rows_in and columns below cols_in are inside the sequences; plain causal shows column c to
+  // row r where c - r <= diag (clamped: beyond [-BM, BN] every pair is on one side).
+  const int rows_in = int(len_q - m0 < BM ? len_q - m0 : BM), cols_in = int(len_k - n0 < BN ? len_k - n0 : BN);
+  const std::int64_t diag64 = kPlain && p.causal ? m0 - n0 + len_k - len_q : BN;
+  const int diag = int(diag64 < -BM ? -BM : diag64 > BN ? BN : diag64);
   CUTE_UNROLL
   for (int i = 0; i < size(acc_s); ++i) {
-    const std::int64_t row = m0 + get<0>(coords(i)), col = n0 + get<1>(coords(i));
+    const int r = get<0>(coords(i)), c = get<1>(coords(i));
+    const bool inside = r < rows_in && c < cols_in;
     float t;
-    acc_s(i) = row < len_q && col < len_k ? cuda::score<kPlain>(p, acc_s(i), b, h, row, col, len_q, len_k, &t)
-                                          : -INFINITY;
+    if constexpr (kPlain)
+      acc_s(i) = inside && c - r <= diag ? acc_s(i) : -INFINITY;
+    else
+      acc_s(i) = inside ? cuda::general_logit(p, acc_s(i), b, h, m0 + r, n0 + c, len_q, len_k, &t) : -INFINITY;
   }
 }
 
-// Online softmax over one key block, the scores' part: new row maxima; row sums rescaled by
-// correction = exp(old max - new max) and grown by the new terms; scores replaced by
-// exp(score - max). What was accumulated in O still needs the correction (rescale_rows).
+// Online softmax over one key block, the scores' part (scores in log2_factor's units, `to_log2`):
+// new row maxima (in the scores' units); row sums rescaled by correction = e^(old max - new max)
+// and grown by the new terms; scores replaced by e^(score - max). What was accumulated in O still
+// needs the correction (rescale_rows).
 template <int kRows, class Acc>
 __device__ __forceinline__ void online_softmax_scores(Acc& acc_s, float (&row_max)[kRows], float (&row_sum)[kRows],
-                                                      float (&correction)[kRows]) {
+                                                      float (&correction)[kRows], float to_log2) {
   cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
@@ -151,13 +179,13 @@ __device__ __forceinline__ void online_softmax_scores(Acc& acc_s, float (&row_ma
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
     mx = quad_max(mx);
-    const float base = mx == -INFINITY ? 0.0f : mx;  // a row with nothing visible yet stays 0
-    correction[r] = expf(row_max[r] - base);
+    const float base = mx == -INFINITY ? 0.0f : mx * to_log2;  // a row with nothing visible yet stays 0
+    correction[r] = exp2_ftz(row_max[r] * to_log2 - base);
     row_max[r] = mx;
     row_sum[r] *= correction[r];
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s_rc); ++c) {
-      const float e = expf(s_rc(r, c) - base);
+      const float e = exp2_ftz(fmaf(s_rc(r, c), to_log2, -base));
       s_rc(r, c) = e;
       row_sum[r] += e;
     }
@@ -176,9 +204,9 @@ __device__ __forceinline__ void rescale_rows(AccO& acc_o_rc, const float (&corre
 // Both parts at once, for kernels whose O accumulation of the previous block is complete here.
 template <int kRows, class Acc, class AccO>
 __device__ __forceinline__ void online_softmax_step(Acc& acc_s, AccO& acc_o_rc, float (&row_max)[kRows],
-                                                    float (&row_sum)[kRows]) {
+                                                    float (&row_sum)[kRows], float to_log2) {
   float correction[kRows];
-  online_softmax_scores(acc_s, row_max, row_sum, correction);
+  online_softmax_scores(acc_s, row_max, row_sum, correction, to_log2);
   rescale_rows(acc_o_rc, correction);
 }
 
@@ -207,13 +235,14 @@ __device__ __forceinline__ void accumulate_pv(const Acc& acc_s, Mma& mma, const 
   }
 }
 
-// Epilogue: out = acc / sum, lse = max + log(sum); rows that saw nothing: 0 and -inf.
+// Epilogue: out = acc / sum, lse = max + log(sum) (max back in natural units from log2_factor's,
+// `to_log2`); rows that saw nothing: 0 and -inf.
 template <class Element, int kRows, class AccO, class Coords>
 __device__ __forceinline__ void store_forward_output(const AccO& acc_o_rc, const Coords& tOcO_rc,
                                                      const float (&row_max)[kRows], const float (&row_sum)[kRows],
-                                                     const Problem& p, std::int64_t b, std::int64_t h,
-                                                     std::int64_t q0, std::int64_t m0, std::int64_t len_q,
-                                                     Element* out, float* lse, int tid) {
+                                                     float to_log2, const Problem& p, std::int64_t b,
+                                                     std::int64_t h, std::int64_t q0, std::int64_t m0,
+                                                     std::int64_t len_q, Element* out, float* lse, int tid) {
   Element* o_base = out + p.out.at(b, h, q0);
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
@@ -225,7 +254,7 @@ __device__ __forceinline__ void store_forward_output(const AccO& acc_o_rc, const
       for (int c = 0; c < size<1>(acc_o_rc); ++c)
         o_base[row * p.out.s + get<1>(tOcO_rc(r, c))] = static_cast<Element>(acc_o_rc(r, c) * inv);
       if (lse != nullptr && tid % 4 == 0)
-        lse[p.lse.at(b, h, q0 + row)] = sum > 0.0f ? row_max[r] + logf(sum) : -INFINITY;
+        lse[p.lse.at(b, h, q0 + row)] = sum > 0.0f ? row_max[r] * (to_log2 * kLn2) + logf(sum) : -INFINITY;
     }
   }
 }
@@ -301,7 +330,8 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim, kHeadDimV>::kThr
   cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
   cute::Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
-  float row_max[kRows], row_sum[kRows];
+  float row_max[kRows], row_sum[kRows];  // maxima in the scores' units (log2_factor)
+  const float to_log2 = log2_factor<kPlain>(p);
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
 
@@ -332,7 +362,7 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim, kHeadDimV>::kThr
     }
 
     mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
-    online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
+    online_softmax_step(acc_s, acc_o_rc, row_max, row_sum, to_log2);
     accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o, [&] {
       if (n + 1 < n_last) {
         copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKc, len_k - n0 - BN);
@@ -342,7 +372,7 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim, kHeadDimV>::kThr
   }
   cp_async_wait<0>();  // no copy may outlive the CTA (the Q load when no key block was visible)
 
-  store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, p, b, h, q0, m0, len_q, out, lse, tid);
+  store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, to_log2, p, b, h, q0, m0, len_q, out, lse, tid);
 }
 
 }  // namespace rudnn::attention::flash

@@ -174,7 +174,8 @@ __global__ void __launch_bounds__(128)
   cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
   cute::Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
-  float row_max[kRows], row_sum[kRows];
+  float row_max[kRows], row_sum[kRows];  // maxima in the scores' units (log2_factor)
+  const float to_log2 = log2_factor<kPlain>(p);
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
 
@@ -206,7 +207,7 @@ __global__ void __launch_bounds__(128)
     cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
 
     mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, n0, len_q, len_k);
-    online_softmax_step(acc_s, acc_o_rc, row_max, row_sum);
+    online_softmax_step(acc_s, acc_o_rc, row_max, row_sum, to_log2);
 
     // P rounded to Element, in the registers the RS wgmma reads as its A operand (per k step of 16
     // keys, the m16n8k16-style fragment of the thread's rows: the mma.sync A order).
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(128)
   }
   cp_async_wait<0>();
 
-  store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, p, b, h, q0, m0, len_q, out, lse, tid);
+  store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, to_log2, p, b, h, q0, m0, len_q, out, lse, tid);
 #else
   (void)p, (void)q, (void)k, (void)v, (void)out, (void)lse;  // compiled for sm_90a only
 #endif

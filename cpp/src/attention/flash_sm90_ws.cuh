@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
   cute::Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
-  float row_max[kRows], row_sum[kRows];
+  float row_max[kRows], row_sum[kRows];  // maxima in the scores' units (log2_factor)
+  const float to_log2 = log2_factor<kPlain>(p);
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
 
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   float correction[kRows];
   auto softmax = [&](std::int64_t i) {
     mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, (n_first + i) * BN, len_q, len_k);
-    online_softmax_scores(acc_s, row_max, row_sum, correction);
+    online_softmax_scores(acc_s, row_max, row_sum, correction, to_log2);
   };
   auto to_p = [&] {
     CUTE_UNROLL
@@ -255,7 +256,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   if (blocks == 0 && consumer == 0)  // match consumer 1's first arrival: no barrier is left half done
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
 
-  store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, p, b, h, q0, m0, len_q, out, lse, tid);
+  store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, to_log2, p, b, h, q0, m0, len_q, out, lse, tid);
 #else
   (void)p, (void)q, (void)k, (void)v, (void)out, (void)lse;  // compiled for sm_90a only
 #endif
