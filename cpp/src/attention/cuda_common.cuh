@@ -98,7 +98,8 @@ __host__ __device__ __forceinline__ void query_block_range(const Problem& p, std
 // on purpose: the flash kernels unroll it over every score of a tile, and inlined (bias and mask
 // dtype switches, softcap's tanh, the division's slow path) it made the sm90a forward's main
 // loop 8.7k instructions, ~140 KB, several times the SM's instruction cache. Kernels without
-// these options use plain_logit() instead and never call this. `*tanh_out` as for logit().
+// these options (Problem::plain_scores) keep the raw dots and test the causal diagonal alone
+// (the scale goes into log2_factor). `*tanh_out` as for logit().
 inline __device__ __noinline__ float general_logit(const Problem& p, float dot, std::int64_t b, std::int64_t h,
                                             std::int64_t i, std::int64_t j, std::int64_t len_q, std::int64_t len_k,
                                             float* tanh_out) {
@@ -109,34 +110,40 @@ inline __device__ __noinline__ float general_logit(const Problem& p, float dot, 
   return logit(p, dot, b, h, i, j, tanh_out);
 }
 
-// The score transform when p.plain_scores(): only the scale and the causal diagonal.
-__device__ __forceinline__ float plain_logit(const Problem& p, float dot, std::int64_t i, std::int64_t j,
-                                             std::int64_t len_q, std::int64_t len_k) {
-  return p.causal && j > i + len_k - len_q ? -INFINITY : dot * p.scale;
-}
-
-// The score of key j for query i under either transform (kPlain chosen at compile time).
+// The flash kernels' scores enter the softmax (forward) and the probabilities (backward) in
+// units that one multiply by this factor turns into base-2 exponents, so that each probability
+// is one FFMA and one ex2 (FlashAttention's exp2 trick): the raw q . k dots in the plain kernels
+// (the scale is folded in here and never applied on its own), the transformed logits (natural
+// units) otherwise.
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 template <bool kPlain>
-__device__ __forceinline__ float score(const Problem& p, float dot, std::int64_t b, std::int64_t h, std::int64_t i,
-                                       std::int64_t j, std::int64_t len_q, std::int64_t len_k, float* tanh_out) {
-  if constexpr (kPlain) {
-    *tanh_out = 0.0f;
-    return plain_logit(p, dot, i, j, len_q, len_k);
-  } else {
-    return general_logit(p, dot, b, h, i, j, len_q, len_k, tanh_out);
-  }
+__device__ __forceinline__ float log2_factor(const Problem& p) {
+  return kPlain ? p.scale * kLog2e : kLog2e;
 }
 
-// The backward's probability and score-gradient weight of one (query, key) pair from its
-// transformed score s (-inf where hidden), tanh_s from the transform and the row's lse:
-// P = exp(s - lse) and w = P * d(softcap)/d(score) * scale, so that the gradient of q . k is
-// dS = w (dP - delta) with dP = dout . v and delta = dout . out. Both 0 where s or lse is -inf.
-// (The sm90a dk/dv kernel of wide heads computes P and w in one warpgroup and dS in another.)
-__device__ __forceinline__ void probability_and_weight(const Problem& p, float s, float tanh_s, float lse,
-                                                       float& prob, float& weight) {
+// 2^x on the SFU, subnormal results flushed to zero (probabilities below 2^-126 of the row's
+// largest do not matter at any precision the output has).
+__device__ __forceinline__ float exp2_ftz(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
+// The backward's probability and score-gradient weight of one (query, key) pair from its score s
+// (-inf where hidden) in log2_factor's units `to_log2`, tanh_s from the transform and the row's
+// lse: P = exp(logit - lse) and w = P * d(softcap)/d(score) * scale, so that the gradient of
+// q . k is dS = w (dP - delta) with dP = dout . v and delta = dout . out. Both 0 where s or lse
+// is -inf. (The sm90a dk/dv kernel of wide heads computes P and w in one warpgroup and dS in
+// another.)
+__device__ __forceinline__ void probability_and_weight(const Problem& p, float s, float to_log2, float tanh_s,
+                                                       float lse, float& prob, float& weight) {
   prob = weight = 0.0f;
   if (s == -INFINITY || lse == -INFINITY) return;
-  prob = expf(s - lse);
+  prob = exp2_ftz(fmaf(s, to_log2, -lse * kLog2e));
   weight = prob * p.scale;
   if (p.softcap > 0.0f) weight *= 1.0f - tanh_s * tanh_s;
 }
@@ -148,12 +155,13 @@ __device__ __forceinline__ float dscore(float weight, float dp, float delta) {
 
 // Both at once, for the kernels that hold dP where they compute P: P and dS = P (dP - delta)
 // d(softcap)/d(score) scale (the same value; this order keeps the sm90a dk/dv kernel of D = 128
-// within its registers). Shared by the flash and fallback kernels.
-__device__ __forceinline__ void probability_and_dscore(const Problem& p, float s, float tanh_s, float lse, float dp,
-                                                       float delta, float& prob, float& ds) {
+// within its registers). Shared by the flash and fallback kernels (whose scores are logits:
+// to_log2 = kLog2e).
+__device__ __forceinline__ void probability_and_dscore(const Problem& p, float s, float to_log2, float tanh_s,
+                                                       float lse, float dp, float delta, float& prob, float& ds) {
   prob = ds = 0.0f;
   if (s == -INFINITY || lse == -INFINITY) return;
-  prob = expf(s - lse);
+  prob = exp2_ftz(fmaf(s, to_log2, -lse * kLog2e));
   if (prob == 0.0f) return;
   ds = prob * (dp - delta);
   if (p.softcap > 0.0f) ds *= 1.0f - tanh_s * tanh_s;

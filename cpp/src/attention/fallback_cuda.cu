@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kThreads)
       float prob = 0.0f, ds = 0.0f, tanh_s;
       if (row < len_q && col < len_k && row_lse != -INFINITY) {
         const float score = general_logit(p, s[u], b, h, row, col, len_q, len_k, &tanh_s);  // sets tanh_s first
-        probability_and_dscore(p, score, tanh_s, row_lse, dp[u], delta, prob, ds);
+        probability_and_dscore(p, score, kLog2e, tanh_s, row_lse, dp[u], delta, prob, ds);
       }
       w_s[r * kKeysPerTile + lane + u * kTeam] = ds;
     }
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(kThreads)
         float prob = 0.0f, ds = 0.0f, tanh_s;
         if (key < len_k && i < len_q) {
           const float score = general_logit(p, s[u], b, h, i, key, len_q, len_k, &tanh_s);  // sets tanh_s first
-          probability_and_dscore(p, score, tanh_s, lse[p.lse.at(b, h, q0 + i)], dp[u],
+          probability_and_dscore(p, score, kLog2e, tanh_s, lse[p.lse.at(b, h, q0 + i)], dp[u],
                                  delta_ws[delta_index(p, b, h, q0 + i)], prob, ds);
         }
         p_s[r * kKeysPerTile + lane + u * kTeam] = prob;

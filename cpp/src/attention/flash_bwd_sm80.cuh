@@ -46,10 +46,11 @@ struct Sm80BwdConfig : Sm80Config<Element, kHeadDim, kHeadDimV, 2> {
                 "flash_backward_smem_bytes (kernels.hpp) must state what the kernels take");
 };
 
-// The transformed score of every element of one (query block, key block) tile from the raw
-// S = Q K^T accumulator: each(r, c, i, s, t) for the element at (r, c) of acc_s's rowcol view, with
-// s its score (-inf where hidden, outside the sequences or where the query's lse is -inf) and t
-// the transform's tanh (softcap). coords gives each element's (row, col) in the tile: (query,
+// The score of every element of one (query block, key block) tile from the raw S = Q K^T
+// accumulator: each(r, c, i, s, t) for the element at (r, c) of acc_s's rowcol view, with s its
+// score in cuda::log2_factor's units (-inf where hidden, outside the sequences or where the
+// query's lse is -inf: else the raw dot in the plain kernels, the transformed logit otherwise)
+// and t the transform's tanh (softcap). coords gives each element's (row, col) in the tile: (query,
 // key), or (key, query) when kKeysByRow (the sm90a dk/dv kernels compute the transposed
 // products). i indexes the thread's queries for lse_of(i) (and the caller's delta_of): its rows in
 // rowcol order, or its columns when kKeysByRow.
@@ -67,8 +68,12 @@ __device__ __forceinline__ void for_each_score(const Problem& p, AccS const& acc
       const std::int64_t row = m0 + (kKeysByRow ? get<1>(c_rc(r, c)) : get<0>(c_rc(r, c)));
       const std::int64_t col = n0 + (kKeysByRow ? get<0>(c_rc(r, c)) : get<1>(c_rc(r, c)));
       float s = -INFINITY, t = 0.0f;
-      if (row < len_q && col < len_k && lse_of(i) != -INFINITY)
-        s = cuda::score<kPlain>(p, s_rc(r, c), b, h, row, col, len_q, len_k, &t);
+      if (row < len_q && col < len_k && lse_of(i) != -INFINITY) {
+        if constexpr (kPlain)
+          s = p.causal && col > row + len_k - len_q ? -INFINITY : s_rc(r, c);
+        else
+          s = cuda::general_logit(p, s_rc(r, c), b, h, row, col, len_q, len_k, &t);
+      }
       each(r, c, i, s, t);
     }
   }
@@ -83,10 +88,11 @@ __device__ __forceinline__ void probabilities_and_dscores(const Problem& p, AccS
                                                          std::int64_t len_k, LseOf&& lse_of, DeltaOf&& delta_of) {
   cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
   cute::Tensor dp_rc = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));
+  const float to_log2 = cuda::log2_factor<kPlain>(p);
   for_each_score<kPlain, kKeysByRow>(p, acc_s, coords, b, h, m0, n0, len_q, len_k, lse_of,
                                      [&](int r, int c, int i, float s, float t) {
-                                       cuda::probability_and_dscore(p, s, t, lse_of(i), dp_rc(r, c), delta_of(i),
-                                                                    s_rc(r, c), dp_rc(r, c));
+                                       cuda::probability_and_dscore(p, s, to_log2, t, lse_of(i), dp_rc(r, c),
+                                                                    delta_of(i), s_rc(r, c), dp_rc(r, c));
                                      });
 }
 

@@ -462,9 +462,11 @@ struct DkdvRole {
     if (p_side) {  // S^T becomes P^T
       before_write();
       auto lse_of = [&](int c) { return stats[query_of(c)]; };
+      const float to_log2 = cuda::log2_factor<kPlain>(p);
       for_each_score<kPlain, true>(p, acc_x, tScS, b, h, m0, n0, len_q, len_k, lse_of,
                                    [&](int r, int c, int, float s, float t) {
-                                     cuda::probability_and_weight(p, s, t, lse_of(c), x_rc(r, c), weight_at(r, c));
+                                     cuda::probability_and_weight(p, s, to_log2, t, lse_of(c), x_rc(r, c),
+                                                                  weight_at(r, c));
                                    });
       written();
     } else {  // dP^T becomes dS^T

@@ -111,29 +111,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 // The steps of the forward main loop that the sm80 and sm90a kernels share (they differ only in
 // how S = Q K^T is computed), all on the mma.sync accumulator layout.
 
-// The forward's scores enter the online softmax in units that one multiply by this factor turns
-// into base-2 exponents, so that each probability is one FFMA and one ex2 (FlashAttention's
-// exp2 trick): the raw q . k dots in the plain kernels (the scale is folded in here and never
-// applied on its own), the transformed logits (natural units) otherwise.
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
-template <bool kPlain>
-__device__ __forceinline__ float log2_factor(const Problem& p) {
-  return kPlain ? p.scale * kLog2e : kLog2e;
-}
-
-// 2^x on the SFU, subnormal results flushed to zero (probabilities below 2^-126 of the row's
-// largest do not matter at any precision the output has).
-__device__ __forceinline__ float exp2_ftz(float x) {
-#if defined(__CUDA_ARCH__)
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#else
-  return exp2f(x);
-#endif
-}
-
-// Scores of one key block, in place, in log2_factor's units: -inf where hidden or outside the
+// Scores of one key block, in place, in cuda::log2_factor's units: -inf where hidden or outside the
 // sequences; else the raw dot (kPlain: the problem has none of the options but causal,
 // Problem::plain_scores) or the whole transform (scale, softcap, bias, masks). coords(i) is the
 // (row, col) of accumulator element i within the BM x BN tile. A plain tile inside both
@@ -165,7 +143,7 @@ __device__ __forceinline__ void mask_scores(Acc& acc_s, const Coords& coords, co
   }
 }
 
-// Online softmax over one key block, the scores' part (scores in log2_factor's units, `to_log2`):
+// Online softmax over one key block, the scores' part (scores in cuda::log2_factor's units, `to_log2`):
 // new row maxima (in the scores' units); row sums rescaled by correction = e^(old max - new max)
 // and grown by the new terms; scores replaced by e^(score - max). What was accumulated in O still
 // needs the correction (rescale_rows).
@@ -180,12 +158,12 @@ __device__ __forceinline__ void online_softmax_scores(Acc& acc_s, float (&row_ma
     for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
     mx = quad_max(mx);
     const float base = mx == -INFINITY ? 0.0f : mx * to_log2;  // a row with nothing visible yet stays 0
-    correction[r] = exp2_ftz(row_max[r] * to_log2 - base);
+    correction[r] = cuda::exp2_ftz(row_max[r] * to_log2 - base);
     row_max[r] = mx;
     row_sum[r] *= correction[r];
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s_rc); ++c) {
-      const float e = exp2_ftz(fmaf(s_rc(r, c), to_log2, -base));
+      const float e = cuda::exp2_ftz(fmaf(s_rc(r, c), to_log2, -base));
       s_rc(r, c) = e;
       row_sum[r] += e;
     }
@@ -235,7 +213,7 @@ __device__ __forceinline__ void accumulate_pv(const Acc& acc_s, Mma& mma, const 
   }
 }
 
-// Epilogue: out = acc / sum, lse = max + log(sum) (max back in natural units from log2_factor's,
+// Epilogue: out = acc / sum, lse = max + log(sum) (max back in natural units from cuda::log2_factor's,
 // `to_log2`); rows that saw nothing: 0 and -inf.
 template <class Element, int kRows, class AccO, class Coords>
 __device__ __forceinline__ void store_forward_output(const AccO& acc_o_rc, const Coords& tOcO_rc,
@@ -254,7 +232,7 @@ __device__ __forceinline__ void store_forward_output(const AccO& acc_o_rc, const
       for (int c = 0; c < size<1>(acc_o_rc); ++c)
         o_base[row * p.out.s + get<1>(tOcO_rc(r, c))] = static_cast<Element>(acc_o_rc(r, c) * inv);
       if (lse != nullptr && tid % 4 == 0)
-        lse[p.lse.at(b, h, q0 + row)] = sum > 0.0f ? row_max[r] * (to_log2 * kLn2) + logf(sum) : -INFINITY;
+        lse[p.lse.at(b, h, q0 + row)] = sum > 0.0f ? row_max[r] * (to_log2 * cuda::kLn2) + logf(sum) : -INFINITY;
     }
   }
 }
@@ -330,8 +308,8 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim, kHeadDimV>::kThr
   cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
   cute::Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
-  float row_max[kRows], row_sum[kRows];  // maxima in the scores' units (log2_factor)
-  const float to_log2 = log2_factor<kPlain>(p);
+  float row_max[kRows], row_sum[kRows];  // maxima in the scores' units (cuda::log2_factor)
+  const float to_log2 = cuda::log2_factor<kPlain>(p);
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
 

@@ -169,8 +169,8 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   cute::Tensor tOcO_rc = make_tensor(tOcO.data(), rowcol(tOcO.layout()));
   cute::Tensor acc_o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
-  float row_max[kRows], row_sum[kRows];  // maxima in the scores' units (log2_factor)
-  const float to_log2 = log2_factor<kPlain>(p);
+  float row_max[kRows], row_sum[kRows];  // maxima in the scores' units (cuda::log2_factor)
+  const float to_log2 = cuda::log2_factor<kPlain>(p);
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
 

@@ -71,8 +71,8 @@ struct Problem {
     return true;
   }
 
-  // No mask, bias, softcap or window (causal allowed): the flash kernels then compile the score
-  // transform down to a multiply and the diagonal test (cuda_common.cuh, plain_logit).
+  // No mask, bias, softcap or window (causal allowed): the flash kernels then keep the raw dots
+  // (the scale folded into the exp2, cuda_common.cuh log2_factor) and test the diagonal alone.
   bool plain_scores() const {
     return mask.data == nullptr && bias.data == nullptr && !(softcap > 0.0f) && window_left < 0 && window_right < 0;
   }
