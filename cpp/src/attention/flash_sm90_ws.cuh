@@ -219,8 +219,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s90);
     softmax(0);
-    to_p();
-    rescale_rows(acc_o_rc, correction);  // O is still zero; kept for the pattern of the loop
+    to_p();  // (O is still zero: block 0's correction has nothing to rescale)
   }
   // One key block; kMore: another follows (its Q K^T is issued here). The last block is a separate
   // instantiation rather than a branch: with the next block's wgmma issued under a condition,
