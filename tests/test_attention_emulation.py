@@ -158,6 +158,8 @@ FLASH_SM90_EDITS = [("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900", "#if 
                      "unsigned char* smem_raw = emu_smem;"),
                     ("SM90::GMMA::MMA_64x64x16_F32F16F16_SS", "EmuGmmaSS64F16"),
                     ("SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS", "EmuGmmaSS64BF16"),
+                    ("SM90::GMMA::MMA_64x128x16_F32F16F16_SS", "EmuGmmaSS128F16"),
+                    ("SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS", "EmuGmmaSS128BF16"),
                     ("SM90::GMMA::MMA_64x64x16_F32F16F16_RS", "EmuGmmaRS64F16"),
                     ("SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS", "EmuGmmaRS64BF16"),
                     ("SM90::GMMA::MMA_64x96x16_F32F16F16_RS", "EmuGmmaRS96F16"),
@@ -223,10 +225,11 @@ FLASH_CASES = {
     "bool_mask_empty_rows": dict(shape=(1, 2, 2, 70, 70, 64, 64), mask="bool_empty_rows"),
     "d96_causal_gqa": dict(shape=(1, 2, 1, 70, 100, 96, 96), causal=True),
     "d128_window": dict(shape=(1, 1, 1, 100, 90, 128, 128), window=(40, 0)),
-    "d192_dv128_causal": dict(shape=(1, 2, 1, 70, 90, 192, 128), causal=True),
+    "d192_dv128_causal": dict(shape=(1, 2, 1, 70, 150, 192, 128), causal=True),
     "d256_softcap": dict(shape=(1, 1, 1, 65, 100, 256, 256), softcap=15.0),
-    # six key blocks: the warp-specialized forward's ring of K/V stages (3) goes round twice
-    "ring_wraps": dict(shape=(1, 2, 1, 70, 330, 64, 64)),
+    # six blocks of the warp-specialized forward's 128 keys: its ring of K/V stages (3) goes
+    # round twice
+    "ring_wraps": dict(shape=(1, 2, 1, 70, 700, 64, 64)),
 }
 
 
@@ -267,6 +270,69 @@ def test_flash_sm90_forward_kernels(flash_emulator, tmp_path, name, generation):
     o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
     assert_close_to_oracle(out, o_same, o64, f"{name} out")
     torch.testing.assert_close(lse.double(), l64, rtol=1e-4, atol=1e-4)
+
+
+# Packed variable-length batches on the flash kernels (bfloat16, D = 64, GQA 2, causal): an
+# empty query sequence, one without keys (its rows: output 0, lse -inf), sequences spanning
+# several 64- and 128-key blocks with tails, and one short enough to sit inside one tile.
+VARLEN_LENGTHS_Q, VARLEN_LENGTHS_K = [70, 0, 5, 150, 33], [130, 9, 0, 200, 33]
+
+
+def _varlen_inputs(seed):
+    cu_q = np.concatenate([[0], np.cumsum(VARLEN_LENGTHS_Q)])
+    cu_k = np.concatenate([[0], np.cumsum(VARLEN_LENGTHS_K)])
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(int(cu[-1]), h, 64, generator=g, dtype=torch.float64).to(torch.bfloat16)
+               for cu, h in ((cu_q, 4), (cu_k, 2), (cu_k, 2)))
+    return q, k, v, cu_q, cu_k
+
+
+def _per_sequence(cu_q, cu_k):
+    """(b, its query rows, its key rows) of every sequence."""
+    for b in range(len(cu_q) - 1):
+        yield b, slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+
+
+def _dense(packed, rows):
+    """Rows of a packed [T, H, D] tensor as a [1, H, S, D] one."""
+    return packed[rows].transpose(0, 1)[None]
+
+
+@pytest.mark.parametrize("generation", ["sm80", "sm90", "sm90ws"])
+def test_flash_forward_kernel_varlen(flash_emulator, tmp_path, generation):
+    q, k, v, cu_q, cu_k = _varlen_inputs(seed=31)
+    opts = {"causal": True}
+    out, lse = _run(flash_emulator, tmp_path, q, k, v, dict(opts), cu_q, cu_k,
+                    env={"EMU_FLASH_GENERATION": generation})
+    for b, qs, ks in _per_sequence(cu_q, cu_k):
+        if qs.stop == qs.start:
+            continue
+        sq, sk, sv = _dense(q, qs), _dense(k, ks), _dense(v, ks)
+        o64, l64 = _oracle(sq, sk, sv, opts)
+        o_same, _ = _same_dtype(sq, sk, sv, opts, torch.bfloat16)
+        assert_close_to_oracle(_dense(out, qs), o_same, o64, f"{generation} sequence {b} out")
+        torch.testing.assert_close(lse[:, qs][None].double(), l64, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("generation", ["sm80", "sm90", "sm90ws"])
+def test_flash_backward_kernels_varlen(flash_emulator, tmp_path, generation):
+    q, k, v, cu_q, cu_k = _varlen_inputs(seed=32)
+    opts = {"causal": True}
+    out = torch.zeros(q.shape[0], 4, 64, dtype=torch.float64)
+    lse = torch.zeros(4, q.shape[0], dtype=torch.float64)
+    for b, qs, ks in _per_sequence(cu_q, cu_k):
+        o64, l64 = _oracle(_dense(q, qs), _dense(k, ks), _dense(v, ks), opts)
+        out[qs], lse[:, qs] = o64[0].transpose(0, 1), l64[0]
+    dout = rand(out.shape, torch.bfloat16, seed=19)
+    grads = _run(flash_emulator, tmp_path, q, k, v, dict(opts), cu_q, cu_k, backward=(dout, out, lse),
+                 env={"EMU_FLASH_GENERATION": generation})
+    for b, qs, ks in _per_sequence(cu_q, cu_k):
+        dense = (_dense(q, qs), _dense(k, ks), _dense(v, ks))
+        g64 = _grads(*dense, opts, _dense(dout, qs), torch.float64)
+        g_same = _grads(*dense, opts, _dense(dout, qs), torch.bfloat16)
+        for mine, same, exact, what in zip((grads[0][qs], grads[1][ks], grads[2][ks]), g_same, g64, ("dq", "dk", "dv")):
+            assert torch.isfinite(mine.float()).all(), f"{generation} sequence {b} {what}"
+            assert_close_to_oracle(_dense(mine, slice(None)), same, exact, f"{generation} sequence {b} {what}")
 
 
 FLASH_BACKWARD_CASES = ["plain_tails", "causal_sq_lt_sk_gqa", "causal_sq_gt_sk", "window_softcap", "bias_gqa4",
@@ -322,11 +388,15 @@ PLANTED_FLASH_BUGS = {
     "sm90_k_descriptor_not_advanced": ("    cute::gemm(mma, a(_, _, kk), b(_, _, kk), acc);\n    mma.accumulate_",
                                        "    cute::gemm(mma, a(_, _, kk), b(_, _, 0), acc);\n    mma.accumulate_", "sm90"),
     # TMA: both consumers' Q boxes land in the first consumer's rows; every K box copies D's first slab.
-    "sm90ws_tma_q_boxes_overlap": ("q_bytes + slab * (Cfg::kQBytes / Cfg::kSlabsK) + half * Cfg::kBoxBytes,",
-                                   "q_bytes + slab * (Cfg::kQBytes / Cfg::kSlabsK),", "sm90ws"),
+    "sm90ws_tma_q_boxes_overlap": ("q_bytes + Cfg::box_offset(Cfg::kQBytes, Cfg::kSlabsK, slab, half),",
+                                   "q_bytes + Cfg::box_offset(Cfg::kQBytes, Cfg::kSlabsK, slab, 0),", "sm90ws"),
     "sm90ws_tma_k_slab_coordinate_ignored": (
-        "k_tiles + stage * Cfg::kTileBytesK + slab * Cfg::kBoxBytes, slab * 64,",
-        "k_tiles + stage * Cfg::kTileBytesK + slab * Cfg::kBoxBytes, 0,", "sm90ws", "d128_causal"),
+        "k_stage + Cfg::box_offset(Cfg::kTileBytesK, Cfg::kSlabsK, slab, box), slab * 64,",
+        "k_stage + Cfg::box_offset(Cfg::kTileBytesK, Cfg::kSlabsK, slab, box), 0,", "sm90ws", "d128_causal"),
+    # both 64-key boxes of a 128-key K tile copy the block's first 64 keys.
+    "sm90ws_tma_second_key_box_repeats_the_first": (
+        "int(n * BN + 64 * box), int(hk), int(b));\n      TxBarrier::arrive_and_expect_tx(&full_v",
+        "int(n * BN), int(hk), int(b));\n      TxBarrier::arrive_and_expect_tx(&full_v", "sm90ws", "d128_causal"),
     # V's boxes at K's tile size apart (right for D = Dv only): caught where Dv != D.
     "sm90ws_v_tiles_at_k_tile_stride": ("v_tiles + stage * Cfg::kTileBytesV", "v_tiles + stage * Cfg::kTileBytesK",
                                         "sm90ws", "d192_dv128_causal"),
@@ -340,12 +410,12 @@ def _planted_emulator(tmp_path, edit, case):
 
 
 def _run_planted(*args, **kwargs):
-    """_run of a kernel with a planted bug; None when the emulator's ordering check reports it
-    (caught, whatever the numbers)."""
+    """_run of a kernel with a planted bug; None when the emulator's ordering or bounds check
+    reports it (caught, whatever the numbers)."""
     try:
         return _run(*args, **kwargs)
     except AssertionError as e:
-        if "shared-memory ordering hazard" not in str(e):
+        if "shared-memory ordering hazard" not in str(e) and "shared-memory access out of bounds" not in str(e):
             raise
         return None
 

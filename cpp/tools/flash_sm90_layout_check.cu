@@ -4,20 +4,22 @@
 // bijections. Build: nvcc -std=c++17 --expt-relaxed-constexpr -arch=sm_90a -Icpp/include -Icpp/src
 //   -isystem <cutlass>/include cpp/tools/flash_sm90_layout_check.cu -o /tmp/check90 && /tmp/check90
 #include <cstdio>
-#include "attention/flash_sm90.cuh"
+#include "attention/flash_sm90_ws.cuh"
 using namespace cute;
 using namespace rudnn::attention::flash;
-template <class E, int D, int Dv = D>
-int check() {
-  using Cfg = Sm90Config<E, D, Dv>;
+// Cfg: Sm90Config (64 keys per block) or Sm90WsConfig (ws_keys_per_block; Q of 128 rows).
+template <class Cfg, class E, int D, int Dv>
+int check_config() {
+  constexpr int BN = Cfg::kBlockN;
+  constexpr int QRows = decltype(size<0>(typename Cfg::SmemLayoutQ{}))::value;
   typename Cfg::TiledMmaS mma_s;
   typename Cfg::TiledMma mma;
   int errors = 0;
   for (int tid = 0; tid < 128; ++tid) {
-    auto c90 = mma_s.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<_64, _64>{}));
-    auto c80 = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<_64, _64>{}));
-    auto acc90 = partition_fragment_C(mma_s, Shape<_64, _64>{});
-    auto acc80 = partition_fragment_C(mma, Shape<_64, _64>{});
+    auto c90 = mma_s.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<_64, Int<BN>>{}));
+    auto c80 = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<_64, Int<BN>>{}));
+    auto acc90 = partition_fragment_C(mma_s, Shape<_64, Int<BN>>{});
+    auto acc80 = partition_fragment_C(mma, Shape<_64, Int<BN>>{});
     if (tid == 0) { print(acc90.layout()); printf("  "); print(acc80.layout()); printf("\n"); print(c90.layout()); printf("\n"); }
     if (size(c90) != size(c80) || size(acc90) != size(acc80)) { ++errors; continue; }
     // the same register index must hold the same (row, col): compare via the fragment layouts
@@ -48,37 +50,60 @@ int check() {
   // V: the [BN, Dv] view used by the loads is the transpose of the [Dv, BN] MN-major wgmma operand,
   // with 8 contiguous elements per 16-byte chunk.
   typename Cfg::SmemLayoutV lv; typename Cfg::SmemLayoutVt lvt;
-  for (int n = 0; n < 64; ++n) for (int d = 0; d < Dv; ++d) if (lv(n, d) != lvt(d, n)) ++errors;
-  for (int n = 0; n < 64; ++n) for (int d = 0; d < Dv; d += 8)
+  for (int n = 0; n < BN; ++n) for (int d = 0; d < Dv; ++d) if (lv(n, d) != lvt(d, n)) ++errors;
+  for (int n = 0; n < BN; ++n) for (int d = 0; d < Dv; d += 8)
     for (int v = 0; v < 8; ++v) if (int(lv(n, d + v)) != int(lv(n, d)) + v) ++errors;
+  // Q and K: bijections with 8 contiguous elements per 16-byte chunk.
   typename Cfg::SmemLayoutQ lq; typename Cfg::SmemLayoutK lk;
-  static int seen[64 * 256];
+  static int seen[128 * 256];
   for (int which = 0; which < 2; ++which) {
+    const int rows = which ? BN : QRows;
     memset(seen, 0, sizeof(seen));
-    for (int r = 0; r < 64; ++r) for (int c = 0; c < D; c += 8) {
+    for (int r = 0; r < rows; ++r) for (int c = 0; c < D; c += 8) {
       int base = which ? int(lk(r, c)) : int(lq(r, c));
       if (base % 8) ++errors;
       for (int v = 0; v < 8; ++v) { int o = which ? int(lk(r, c + v)) : int(lq(r, c + v)); if (o != base + v) ++errors; seen[o]++; }
     }
-    for (int i = 0; i < 64 * D; ++i) if (seen[i] != 1) ++errors;
+    for (int i = 0; i < rows * D; ++i) if (seen[i] != 1) ++errors;
   }
-  // TMA boxes: element (row, col) of a 64-row Q, K or V tile sits in the 64-column slab col / 64
-  // (8 KB each) at row * 128 bytes + its column's bytes, 128-byte swizzled: what one 64 x 64 box
-  // with CU_TENSOR_MAP_SWIZZLE_128B writes at the slab's (1024-aligned) address. (The GMMA layouts'
-  // swizzle acts on byte addresses through the smem pointer: applied here to the unswizzled
-  // offset's bytes.)
+  // TMA boxes: element (row, col) of a Q, K or V tile of `rows` rows sits in the 64-column slab
+  // col / 64 (rows * 128 bytes each) at row * 128 bytes + its column's bytes, 128-byte swizzled:
+  // what the 64-row boxes with CU_TENSOR_MAP_SWIZZLE_128B write, box j of a slab at the slab's
+  // address + j * 8 KB (1024-aligned). (The GMMA layouts' swizzle acts on byte addresses through
+  // the smem pointer: applied here to the unswizzled offset's bytes.)
   // (Head dims of 64-column multiples only: D = 96 has 64-byte swizzled rows and no TMA kernel.)
   auto sw128 = [](int a) { return a ^ (((a >> 7) & 7) << 4); };
-  auto tma_byte = [&](int row, int col) { return (col / 64) * 8192 + sw128(row * 128 + (col % 64) * 2); };
-  if (D % 64 == 0)
-    for (int r = 0; r < 64; ++r) for (int c = 0; c < D; ++c) {
-      if (sw128(2 * int(lk.layout_b()(r, c))) != tma_byte(r, c)) ++errors;
-      if (sw128(2 * int(lq.layout_b()(r, c))) != tma_byte(r, c)) ++errors;
-    }
+  auto tma_byte = [&](int rows, int row, int col) { return (col / 64) * rows * 128 + sw128(row * 128 + (col % 64) * 2); };
+  if (D % 64 == 0) {
+    for (int r = 0; r < BN; ++r) for (int c = 0; c < D; ++c)
+      if (sw128(2 * int(lk.layout_b()(r, c))) != tma_byte(BN, r, c)) ++errors;
+    for (int r = 0; r < QRows; ++r) for (int c = 0; c < D; ++c)
+      if (sw128(2 * int(lq.layout_b()(r, c))) != tma_byte(QRows, r, c)) ++errors;
+  }
   if (Dv % 64 == 0)
-    for (int r = 0; r < 64; ++r) for (int c = 0; c < Dv; ++c)
-      if (sw128(2 * int(lv.layout_b()(r, c))) != tma_byte(r, c)) ++errors;
-  printf("D=%d Dv=%d sm90 errors %d smemQ cosize %d\n", D, Dv, errors, int(cosize(typename Cfg::SmemLayoutQ{})));
+    for (int r = 0; r < BN; ++r) for (int c = 0; c < Dv; ++c)
+      if (sw128(2 * int(lv.layout_b()(r, c))) != tma_byte(BN, r, c)) ++errors;
+  printf("D=%d Dv=%d BN=%d Q rows %d: errors %d\n", D, Dv, BN, QRows, errors);
+  return errors;
+}
+// The warp-specialized kernel's box offsets are the boxes above: box j of slab s of a tile.
+template <class E, int D, int Dv>
+int check_ws_boxes() {
+  using Ws = Sm90WsConfig<E, D, Dv>;
+  int errors = 0;
+  for (int s = 0; s < Ws::kSlabsK; ++s) for (int j = 0; j < Ws::kBoxesPerSlab; ++j)
+    if (Ws::box_offset(Ws::kTileBytesK, Ws::kSlabsK, s, j) != s * Ws::kBlockN * 128 + j * 8192) ++errors;
+  for (int s = 0; s < Ws::kSlabsV; ++s) for (int j = 0; j < Ws::kBoxesPerSlab; ++j)
+    if (Ws::box_offset(Ws::kTileBytesV, Ws::kSlabsV, s, j) != s * Ws::kBlockN * 128 + j * 8192) ++errors;
+  for (int s = 0; s < Ws::kSlabsK; ++s) for (int j = 0; j < Ws::kConsumers; ++j)
+    if (Ws::box_offset(Ws::kQBytes, Ws::kSlabsK, s, j) != s * Ws::kRowsPerCta * 128 + j * 8192) ++errors;
+  return errors;
+}
+template <class E, int D, int Dv = D>
+int check() {
+  int errors = check_config<Sm90Config<E, D, Dv>, E, D, Dv>();
+  if constexpr (D % 64 == 0 && Dv % 64 == 0)
+    errors += check_config<Sm90WsConfig<E, D, Dv>, E, D, Dv>() + check_ws_boxes<E, D, Dv>();
   return errors;
 }
 int main() {

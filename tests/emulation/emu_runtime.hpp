@@ -102,9 +102,15 @@ inline void emu_report_hazard(const char* what, std::size_t offset, std::uint32_
                  other < emu_block_threads ? "thread" : "the copy engine of mbarrier", other < emu_block_threads ? other : other - emu_block_threads);
 }
 
+// The chunk of `offset` (bytes from the block's dynamic shared memory) for `use`; an offset past
+// that memory ends the run: on the GPU it would fault or hit another tile.
 template <class Use>
 void emu_with_chunk(std::size_t offset, Use&& use) {
-  if (offset / 16 >= emu_chunks) return;
+  if (offset / 16 >= emu_chunks) {
+    std::fprintf(stderr, "shared-memory access out of bounds: byte %zu of a block's %zu, block %lu, thread %u\n",
+                 offset, emu_chunks * 16, emu_block_serial, emu_thread_id());
+    std::abort();
+  }
   EmuChunk& c = emu_chunk_state[offset / 16];
   std::lock_guard<std::mutex> guard(c.lock);
   use(c);

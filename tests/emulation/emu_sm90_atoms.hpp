@@ -172,6 +172,10 @@ using EmuGmmaSS64F16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32F16F16_SS<A, B>, cut
 template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaSS64BF16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32BF16BF16_SS<A, B>, cute::bfloat16_t, 64, false, B>;
 template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaSS128F16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32F16F16_SS<A, B>, cute::half_t, 128, false, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaSS128BF16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32BF16BF16_SS<A, B>, cute::bfloat16_t, 128, false, B>;
+template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS64F16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32F16F16_RS<A, B>, cute::half_t, 64, true, B>;
 template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS64BF16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32BF16BF16_RS<A, B>, cute::bfloat16_t, 64, true, B>;

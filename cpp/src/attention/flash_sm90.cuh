@@ -25,15 +25,18 @@
 
 namespace rudnn::attention::flash {
 
+// The f16 or the bf16 one of two wgmma atoms, by Element.
+template <class Element, class Half, class BFloat>
+using ByElement = std::conditional_t<std::is_same_v<Element, cute::half_t>, Half, BFloat>;
+
 // The RS wgmma atom of width N (A = a 64 x 16 register fragment, B an MN-major tile of shared
 // memory): O += P V (N = Dv) here, and the backward's dQ, dK (N = D) and dV products.
 template <class Element, int N>
 struct GmmaRSAtom {
   static_assert(N == 64 || N == 96 || N == 128 || N == 192 || N == 256, "RS wgmma widths: 64, 96, 128, 192, 256");
-  static constexpr bool kHalf = std::is_same_v<Element, cute::half_t>;
   using Major = GMMA::Major;
   template <class Half, class BFloat>
-  using ByType = std::conditional_t<kHalf, Half, BFloat>;
+  using ByType = ByElement<Element, Half, BFloat>;
   using type = std::conditional_t<
       N == 64,
       ByType<SM90::GMMA::MMA_64x64x16_F32F16F16_RS<Major::K, Major::MN>,
@@ -55,20 +58,33 @@ struct GmmaRSAtom {
 template <class Element, int N>
 using TiledMmaRS = decltype(make_tiled_mma(typename GmmaRSAtom<Element, N>::type{}));
 
-// D = kHeadDim (the K dim of S = Q K^T) and Dv = kHeadDimV (the N of O += P V: one RS wgmma atom
-// of that width). Rows of 64-multiple head dims sit in 128-byte swizzle atoms (64 columns each),
-// others (96) in 64-byte ones (32 columns).
-template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
+// The SS wgmma atom of width N (A and B K-major tiles of shared memory): S = Q K^T with N the
+// keys of a block (64, or 128 in the warp-specialized forward), and the backward's S^T and dP^T.
+template <class Element, int N>
+struct GmmaSSAtom {
+  static_assert(N == 64 || N == 128, "SS wgmma widths: 64, 128");
+  using Major = GMMA::Major;
+  using type = std::conditional_t<N == 64,
+                                  ByElement<Element, SM90::GMMA::MMA_64x64x16_F32F16F16_SS<Major::K, Major::K>,
+                                            SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>>,
+                                  ByElement<Element, SM90::GMMA::MMA_64x128x16_F32F16F16_SS<Major::K, Major::K>,
+                                            SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<Major::K, Major::K>>>;
+};
+
+// D = kHeadDim (the K dim of S = Q K^T), Dv = kHeadDimV (the N of O += P V: one RS wgmma atom
+// of that width) and kKeys keys per block (the N of S: 64, or 128 where the warp-specialized
+// forward has the registers for it). Rows of 64-multiple head dims sit in 128-byte swizzle atoms
+// (64 columns each), others (96) in 64-byte ones (32 columns). The mma.sync TiledMma of the base
+// stays: the accumulators are seen through it (see the top of this file).
+template <class Element, int kHeadDim, int kHeadDimV = kHeadDim, int kKeys = 64>
 struct Sm90Config : Sm80Config<Element, kHeadDim, kHeadDimV> {
   using Base = Sm80Config<Element, kHeadDim, kHeadDimV>;
-  static_assert(Base::kBlockM == 64 && Base::kBlockN == 64, "one 64-row warpgroup, 64-key blocks");
+  static_assert(Base::kBlockM == 64, "one 64-row warpgroup");
   static_assert(kHeadDim % 32 == 0, "D in whole 64- or 128-byte swizzle atoms");
-  static constexpr bool kHalf = std::is_same_v<Element, cute::half_t>;
+  static constexpr int kBlockN = kKeys;
   using Major = GMMA::Major;
 
-  using GmmaOpS = std::conditional_t<kHalf, SM90::GMMA::MMA_64x64x16_F32F16F16_SS<Major::K, Major::K>,
-                                     SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>>;
-  using TiledMmaS = decltype(make_tiled_mma(GmmaOpS{}));
+  using TiledMmaS = decltype(make_tiled_mma(typename GmmaSSAtom<Element, kKeys>::type{}));
   using TiledMmaO = TiledMmaRS<Element, kHeadDimV>;
 
   using AtomK = std::conditional_t<kHeadDim % 64 == 0, GMMA::Layout_K_SW128_Atom<Element>,
@@ -76,15 +92,16 @@ struct Sm90Config : Sm80Config<Element, kHeadDim, kHeadDimV> {
   using AtomMN = std::conditional_t<kHeadDimV % 64 == 0, GMMA::Layout_MN_SW128_Atom<Element>,
                                     GMMA::Layout_MN_SW64_Atom<Element>>;
   using SmemLayoutQ = decltype(tile_to_shape(AtomK{}, Shape<Int<Base::kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutK = decltype(tile_to_shape(AtomK{}, Shape<Int<Base::kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(AtomK{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   // V as the B operand of P V: [Dv, BN] with Dv contiguous (MN-major), and the same bytes seen as
   // [BN, Dv] for the loads of V's rows. The slabs of Dv (64 columns, or 32 for Dv = 96) are
-  // outermost (each 64 keys x the atom's row bytes, like K's): one TMA box per 64-column slab
-  // (flash_sm90_ws.cuh).
+  // outermost (each BN keys x the atom's row bytes, like K's): TMA boxes of 64 keys of one
+  // 64-column slab (flash_sm90_ws.cuh).
   using SmemLayoutVt =
-      decltype(tile_to_shape(AtomMN{}, Shape<Int<kHeadDimV>, Int<Base::kBlockN>>{}, Step<_2, _1>{}));
+      decltype(tile_to_shape(AtomMN{}, Shape<Int<kHeadDimV>, Int<kBlockN>>{}, Step<_2, _1>{}));
   using SmemLayoutV = decltype(composition(SmemLayoutVt{},
-                                           make_layout(Shape<Int<Base::kBlockN>, Int<kHeadDimV>>{}, GenRowMajor{})));
+                                           make_layout(Shape<Int<kBlockN>, Int<kHeadDimV>>{}, GenRowMajor{})));
+  static constexpr int kSmemBytes = (Base::kBlockM * kHeadDim + kBlockN * (kHeadDim + kHeadDimV)) * int(sizeof(Element));
 };
 
 // The k steps of one wgmma product, issue only (the caller fences, arrives, commits and waits):

@@ -1,9 +1,10 @@
 // The warp-specialized "flash" forward for Hopper (sm90a), FlashAttention-3's CTA structure:
 // three warpgroups per CTA of 128 query rows.
 //   producer    warpgroup 0 (registers given back with setmaxnreg), of which one thread issues
-//               every load as a TMA copy (cp.async.bulk.tensor, flash tiles in 64 x 64 boxes, one
-//               per 128-byte slab of D; tma.hpp): Q once, then the key blocks' K and V tiles into
-//               a three-stage ring in shared memory. Each copy completes bytes on its tile's
+//               every load as a TMA copy (cp.async.bulk.tensor, flash tiles in boxes of 64 rows
+//               of one 128-byte slab of D; tma.hpp): Q once, then the K and V tiles of the key
+//               blocks (128 keys, 64 for Dv = 256: ws_keys_per_block) into a ring of three
+//               stages (two for D > 128) in shared memory. Each copy completes bytes on its tile's
 //               "full" mbarrier, which the thread armed with the tile's size; rows past the
 //               sequence arrive as zeros from the hardware;
 //   consumers   warpgroups 1 and 2, 64 query rows each: S = Q K^T (wgmma SS), masking and the
@@ -30,9 +31,17 @@
 
 namespace rudnn::attention::flash {
 
+// Keys per block of the warp-specialized forward: 128 while a consumer's S (64 x 128) and O
+// (64 x Dv) accumulators fit its registers together with P (Dv <= 128: 64 + Dv / 2 + 32 of 232),
+// as FlashAttention-3 takes; 64 for Dv = 256. Twice the keys per block halves the per-block work
+// that does not scale with the keys (barriers, row maxima, O's rescale), and the wider S = Q K^T
+// reads a byte of shared memory per 32 flops instead of 21 (Q's 64 x 16 slice is read once per
+// wgmma, whatever its N).
+constexpr int ws_keys_per_block(int head_dim_v) { return head_dim_v <= 128 ? 128 : 64; }
+
 template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
-struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV> {
-  using Base = Sm90Config<Element, kHeadDim, kHeadDimV>;
+struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV, ws_keys_per_block(kHeadDimV)> {
+  using Base = Sm90Config<Element, kHeadDim, kHeadDimV, ws_keys_per_block(kHeadDimV)>;
   static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "TMA boxes of 64 columns (128-byte swizzle)");
   static constexpr int kConsumers = 2;                            // warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -46,15 +55,21 @@ struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV> {
   static constexpr int kQBytes = kRowsPerCta * kHeadDim * int(sizeof(Element));
   static constexpr int kTileBytesK = Base::kBlockN * kHeadDim * int(sizeof(Element));
   static constexpr int kTileBytesV = Base::kBlockN * kHeadDimV * int(sizeof(Element));
-  // A TMA box: 64 rows of one 128-byte slab of D (or Dv). A K tile is kSlabsK boxes kBoxBytes
-  // apart, a V tile kSlabsV; Q's slabs hold its 128 rows, so its boxes are kQBytes / kSlabsK
-  // apart per slab, kBoxBytes per consumer (flash_sm90_layout_check.cu checks that the GMMA
-  // layouts are these boxes).
+  // A TMA box: 64 rows of one 128-byte slab of D (or Dv). In shared memory every tile (Q: 128
+  // rows, K and V: kBlockN) is its 128-byte slabs one after the other, each slab its rows in
+  // order, so the box of rows [64 j, 64 j + 64) of slab s of a tile of `bytes` lands at
+  // s * bytes / slabs + j * kBoxBytes (box_offset; flash_sm90_layout_check.cu checks that the
+  // GMMA layouts are these boxes).
   static constexpr int kSlabsK = kHeadDim / 64;
   static constexpr int kSlabsV = kHeadDimV / 64;
   static constexpr int kBoxBytes = 64 * 64 * int(sizeof(Element));
+  static constexpr int kBoxesPerSlab = Base::kBlockN / 64;  // of a K or V tile (Q's: kConsumers)
+  static constexpr int box_offset(int tile_bytes, int slabs, int slab, int box) {
+    return slab * (tile_bytes / slabs) + box * kBoxBytes;
+  }
   // Three stages where they fit in the 227 KiB a block may have (two would do: a stage is handed
-  // back before the next is waited for; the third gives the producer slack); two for D = 256.
+  // back before the next is waited for; the third gives the producer slack); two otherwise
+  // (D = 192 and 256).
   static constexpr int kStages = kQBytes + 3 * (kTileBytesK + kTileBytesV) + 1024 <= 227 * 1024 ? 3 : 2;
   // Q, then the stages' K tiles, then their V tiles, then the mbarriers (full Q; full K, full V,
   // empty per stage).
@@ -125,21 +140,25 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     for (int half = 0; half < Cfg::kConsumers; ++half)
       for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
         SM90_TMA_LOAD_4D::copy(&tma.q, full_q, kCacheHint,
-                               q_bytes + slab * (Cfg::kQBytes / Cfg::kSlabsK) + half * Cfg::kBoxBytes, slab * 64,
+                               q_bytes + Cfg::box_offset(Cfg::kQBytes, Cfg::kSlabsK, slab, half), slab * 64,
                                int(cta_m0 + 64 * half), int(h), int(b));
     for (std::int64_t n = n_first, i = 0; n < n_last; ++n, ++i) {
       const int stage = int(i % kStages);
       Barrier::wait(&empty[stage], std::uint32_t((i / kStages) & 1) ^ 1u);  // the first round passes
+      unsigned char* k_stage = k_tiles + stage * Cfg::kTileBytesK;
+      unsigned char* v_stage = v_tiles + stage * Cfg::kTileBytesV;
       TxBarrier::arrive_and_expect_tx(&full_k[stage], Cfg::kTileBytesK);
-      for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
-        SM90_TMA_LOAD_4D::copy(&tma.k, &full_k[stage], kCacheHint,
-                               k_tiles + stage * Cfg::kTileBytesK + slab * Cfg::kBoxBytes, slab * 64, int(n * BN),
-                               int(hk), int(b));
+      for (int box = 0; box < Cfg::kBoxesPerSlab; ++box)
+        for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
+          SM90_TMA_LOAD_4D::copy(&tma.k, &full_k[stage], kCacheHint,
+                                 k_stage + Cfg::box_offset(Cfg::kTileBytesK, Cfg::kSlabsK, slab, box), slab * 64,
+                                 int(n * BN + 64 * box), int(hk), int(b));
       TxBarrier::arrive_and_expect_tx(&full_v[stage], Cfg::kTileBytesV);
-      for (int slab = 0; slab < Cfg::kSlabsV; ++slab)
-        SM90_TMA_LOAD_4D::copy(&tma.v, &full_v[stage], kCacheHint,
-                               v_tiles + stage * Cfg::kTileBytesV + slab * Cfg::kBoxBytes, slab * 64, int(n * BN),
-                               int(hk), int(b));
+      for (int box = 0; box < Cfg::kBoxesPerSlab; ++box)
+        for (int slab = 0; slab < Cfg::kSlabsV; ++slab)
+          SM90_TMA_LOAD_4D::copy(&tma.v, &full_v[stage], kCacheHint,
+                                 v_stage + Cfg::box_offset(Cfg::kTileBytesV, Cfg::kSlabsV, slab, box), slab * 64,
+                                 int(n * BN + 64 * box), int(hk), int(b));
     }
     return;
   }
