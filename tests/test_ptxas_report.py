@@ -3,10 +3,15 @@ sm_90a must not say that it serialized a kernel's wgmma (C7514, "wgmma.mma_async
 serialized": then every wgmma waits for the previous one and nothing overlaps the tensor cores;
 the warp-specialized forward had this until its next-block GEMM stopped being issued under a
 branch) or had to inject a warpgroup.arrive (C7519: registers of a wgmma written after the
-kernel's own fence). Compiles one translation unit per kernel family at D = 128 (and the two-warpgroup
-backward at D = 256) the way the library's build does. Skipped without nvcc or CUTLASS's headers."""
+kernel's own fence); and at D = 128 the plain instantiations (kPlain: no mask, bias, softcap or
+window; what most calls run) must not spill registers (the 128-key blocks of the warp-specialized
+forward hold 64 score floats per thread beside O's 64 and P's 32: a spill there would be paid in
+every key block). Compiles one translation unit per kernel family at D = 128 (and the two-warpgroup
+backward at D = 256, which may spill) the way the library's build does. Skipped without nvcc or
+CUTLASS's headers."""
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -38,3 +43,21 @@ def test_sm90_wgmma_pipeline_kept(name, tmp_path):
     losses = [line for line in report.splitlines()
               if any(code in line for code in ("C7514", "C7519", "Potential Performance Loss", "is injected"))]
     assert not losses, "\n".join(losses)
+
+
+def _plain_spills(report):
+    """{kernel: spill-store bytes} of the plain (kPlain = true) flash kernel instantiations: ptxas
+    prints each entry's "Function properties for <mangled name>" line, then its stack and spills."""
+    spills, lines = {}, report.splitlines()
+    for line, stats in zip(lines, lines[1:]):
+        name = re.search(r"Function properties for (\S+)", line)
+        if name and "kernel" in name.group(1) and "Lb1E" in name.group(1):
+            spills[name.group(1)] = int(re.search(r"(\d+) bytes spill stores", stats).group(1))
+    return spills
+
+
+@pytest.mark.parametrize("name", [f for f in FILES if "d128" in f])
+def test_sm90_plain_kernels_do_not_spill(name, tmp_path):
+    spills = _plain_spills(_ptxas_report(name, tmp_path))
+    assert spills, "no plain kernel instantiation in the report"
+    assert not any(spills.values()), spills
