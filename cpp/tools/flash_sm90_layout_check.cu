@@ -7,7 +7,8 @@
 #include "attention/flash_sm90_ws.cuh"
 using namespace cute;
 using namespace rudnn::attention::flash;
-// Cfg: Sm90Config (64 keys per block) or Sm90WsConfig (ws_keys_per_block; Q of 128 rows).
+// Cfg: Sm90Config (64 keys per block: the backward's), Sm90ForwardConfig (forward_keys_per_block)
+// or Sm90WsConfig (its keys; Q of 128 rows).
 template <class Cfg, class E, int D, int Dv>
 int check_config() {
   constexpr int BN = Cfg::kBlockN;
@@ -101,7 +102,7 @@ int check_ws_boxes() {
 }
 template <class E, int D, int Dv = D>
 int check() {
-  int errors = check_config<Sm90Config<E, D, Dv>, E, D, Dv>();
+  int errors = check_config<Sm90Config<E, D, Dv>, E, D, Dv>() + check_config<Sm90ForwardConfig<E, D, Dv>, E, D, Dv>();
   if constexpr (D % 64 == 0 && Dv % 64 == 0)
     errors += check_config<Sm90WsConfig<E, D, Dv>, E, D, Dv>() + check_ws_boxes<E, D, Dv>();
   return errors;

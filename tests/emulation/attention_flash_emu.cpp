@@ -99,9 +99,11 @@ struct FlashKernels {
             return;
           }
         }
-        if (generation() != "sm80")  // same launch shape and shared memory as the sm80 kernel
+        if (generation() != "sm80") {  // the sm80 kernel's launch shape, its own shared memory
           kernel = p.plain_scores() ? forward_sm90_kernel<Element, D, Dv, true>
                                     : forward_sm90_kernel<Element, D, Dv, false>;
+          smem = Sm90ForwardConfig<Element, D, Dv>::kSmemBytes;
+        }
         emu_launch(EmuDim3{unsigned(blocks(p.sq, rows_per_cta)), unsigned(p.hq), unsigned(p.batch)}, threads, 1, smem,
                    [&] { kernel(p, as_element(q), as_element(k), as_element(v), as_element(out), lse); });
       });

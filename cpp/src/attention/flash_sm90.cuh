@@ -1,5 +1,6 @@
 // The "flash" forward kernel for Hopper (sm90a): the sm80 kernel's schedule with both GEMMs
-// issued as warpgroup MMAs (wgmma). One warpgroup (4 warps) owns 64 query rows. Head dims: D any
+// issued as warpgroup MMAs (wgmma). One warpgroup (4 warps) owns 64 query rows and walks the keys
+// in blocks of 128 (64 for D < 128 and Dv = 256: forward_keys_per_block). Head dims: D any
 // multiple of 32 (the library builds 64, 96, 128, 192, 256), Dv 64, 96, 128 or 256 (one wgmma
 // atom wide).
 //   S = Q K^T   wgmma SS: Q and K read from shared memory in the GMMA 128-byte-swizzled K-major
@@ -101,8 +102,24 @@ struct Sm90Config : Sm80Config<Element, kHeadDim, kHeadDimV> {
       decltype(tile_to_shape(AtomMN{}, Shape<Int<kHeadDimV>, Int<kBlockN>>{}, Step<_2, _1>{}));
   using SmemLayoutV = decltype(composition(SmemLayoutVt{},
                                            make_layout(Shape<Int<kBlockN>, Int<kHeadDimV>>{}, GenRowMajor{})));
-  static constexpr int kSmemBytes = (Base::kBlockM * kHeadDim + kBlockN * (kHeadDim + kHeadDimV)) * int(sizeof(Element));
+  static constexpr int kSmemBytes =
+      (Base::kBlockM * kHeadDim + kBlockN * (kHeadDim + kHeadDimV)) * int(sizeof(Element));
 };
+
+// Keys per block of the sm90a forwards: 128 where a warpgroup's S (64 x 128 floats) fits its
+// registers beside O (64 x Dv) and P (Dv <= 128), as FlashAttention-3 takes, else 64. Twice the
+// keys per block halves the per-block work that does not scale with the keys (waits, barriers,
+// the row maxima's shuffles, O's rescale), and S = Q K^T at N = 128 reads a byte of shared
+// memory per 43 flops instead of 32 (each wgmma reads its 64 x 16 slice of Q, whatever its N).
+// The warp-specialized kernel runs one CTA per SM anyway; the sm90 kernel takes 128 only where
+// its occupancy stays (D >= 128: ~180 registers at 64 keys, ~250 at 128, two CTAs per SM either
+// way; at D = 64 and 96 the 64-key kernel's ~130 registers allow three or four).
+constexpr int forward_keys_per_block(int head_dim, int head_dim_v, bool warp_specialized) {
+  return head_dim_v <= 128 && (warp_specialized || head_dim >= 128) ? 128 : 64;
+}
+template <class Element, int kHeadDim, int kHeadDimV>
+using Sm90ForwardConfig =
+    Sm90Config<Element, kHeadDim, kHeadDimV, forward_keys_per_block(kHeadDim, kHeadDimV, false)>;
 
 // The k steps of one wgmma product, issue only (the caller fences, arrives, commits and waits):
 // acc = A B, the first k step overwriting the accumulator ...
@@ -129,7 +146,7 @@ __global__ void __launch_bounds__(128)
     forward_sm90_kernel(const __grid_constant__ Problem p, const Element* __restrict__ q, const Element* __restrict__ k,
                         const Element* __restrict__ v, Element* __restrict__ out, float* __restrict__ lse) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Cfg = Sm90Config<Element, kHeadDim, kHeadDimV>;
+  using Cfg = Sm90ForwardConfig<Element, kHeadDim, kHeadDimV>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
   const int m_block = blockIdx.x;
   const std::int64_t h = blockIdx.y, b = blockIdx.z;
@@ -259,7 +276,7 @@ __global__ void __launch_bounds__(128)
 template <class Element, int kHeadDim, int kHeadDimV>
 void launch_forward_sm90(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                          Stream stream) {
-  using Cfg = Sm90Config<Element, kHeadDim, kHeadDimV>;
+  using Cfg = Sm90ForwardConfig<Element, kHeadDim, kHeadDimV>;
   launch_forward_kernel<Element>(p, forward_sm90_kernel<Element, kHeadDim, kHeadDimV, true>,
                                  forward_sm90_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kBlockM, 128,
                                  Cfg::kSmemBytes, q, k, v, out, lse, stream);

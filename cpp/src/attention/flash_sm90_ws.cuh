@@ -3,7 +3,7 @@
 //   producer    warpgroup 0 (registers given back with setmaxnreg), of which one thread issues
 //               every load as a TMA copy (cp.async.bulk.tensor, flash tiles in boxes of 64 rows
 //               of one 128-byte slab of D; tma.hpp): Q once, then the K and V tiles of the key
-//               blocks (128 keys, 64 for Dv = 256: ws_keys_per_block) into a ring of three
+//               blocks (128 keys, 64 for Dv = 256: forward_keys_per_block) into a ring of three
 //               stages (two for D > 128) in shared memory. Each copy completes bytes on its tile's
 //               "full" mbarrier, which the thread armed with the tile's size; rows past the
 //               sequence arrive as zeros from the hardware;
@@ -31,17 +31,9 @@
 
 namespace rudnn::attention::flash {
 
-// Keys per block of the warp-specialized forward: 128 while a consumer's S (64 x 128) and O
-// (64 x Dv) accumulators fit its registers together with P (Dv <= 128: 64 + Dv / 2 + 32 of 232),
-// as FlashAttention-3 takes; 64 for Dv = 256. Twice the keys per block halves the per-block work
-// that does not scale with the keys (barriers, row maxima, O's rescale), and the wider S = Q K^T
-// reads a byte of shared memory per 32 flops instead of 21 (Q's 64 x 16 slice is read once per
-// wgmma, whatever its N).
-constexpr int ws_keys_per_block(int head_dim_v) { return head_dim_v <= 128 ? 128 : 64; }
-
 template <class Element, int kHeadDim, int kHeadDimV = kHeadDim>
-struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV, ws_keys_per_block(kHeadDimV)> {
-  using Base = Sm90Config<Element, kHeadDim, kHeadDimV, ws_keys_per_block(kHeadDimV)>;
+struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV, forward_keys_per_block(kHeadDim, kHeadDimV, true)> {
+  using Base = Sm90Config<Element, kHeadDim, kHeadDimV, forward_keys_per_block(kHeadDim, kHeadDimV, true)>;
   static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "TMA boxes of 64 columns (128-byte swizzle)");
   static constexpr int kConsumers = 2;                            // warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (1 + kConsumers);
