@@ -60,7 +60,7 @@ template <class Element, int N>
 using TiledMmaRS = decltype(make_tiled_mma(typename GmmaRSAtom<Element, N>::type{}));
 
 // The SS wgmma atom of width N (A and B K-major tiles of shared memory): S = Q K^T with N the
-// keys of a block (64, or 128 in the warp-specialized forward), and the backward's S^T and dP^T.
+// keys of a block (forward_keys_per_block: 64 or 128), and the backward's S^T and dP^T (64).
 template <class Element, int N>
 struct GmmaSSAtom {
   static_assert(N == 64 || N == 128, "SS wgmma widths: 64, 128");
@@ -73,8 +73,8 @@ struct GmmaSSAtom {
 };
 
 // D = kHeadDim (the K dim of S = Q K^T), Dv = kHeadDimV (the N of O += P V: one RS wgmma atom
-// of that width) and kKeys keys per block (the N of S: 64, or 128 where the warp-specialized
-// forward has the registers for it). Rows of 64-multiple head dims sit in 128-byte swizzle atoms
+// of that width) and kKeys keys per block (the N of S: 64 in the backward, the forwards'
+// forward_keys_per_block). Rows of 64-multiple head dims sit in 128-byte swizzle atoms
 // (64 columns each), others (96) in 64-byte ones (32 columns). The mma.sync TiledMma of the base
 // stays: the accumulators are seen through it (see the top of this file).
 template <class Element, int kHeadDim, int kHeadDimV = kHeadDim, int kKeys = 64>
