@@ -108,6 +108,17 @@ def test_fallback_forward_kernel(emulator, tmp_path, name, dtype):
     torch.testing.assert_close(lse.double(), l64, rtol=1e-5, atol=1e-5)
 
 
+def _per_sequence(cu_q, cu_k):
+    """(b, its query rows, its key rows) of every sequence."""
+    for b in range(len(cu_q) - 1):
+        yield b, slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+
+
+def _dense(packed, rows):
+    """Rows of a packed [T, H, D] tensor as a [1, H, S, D] one."""
+    return packed[rows].transpose(0, 1)[None]
+
+
 def test_fallback_forward_kernel_varlen(emulator, tmp_path):
     lengths_q, lengths_k = [5, 0, 19, 1], [7, 3, 40, 0]
     cu_q, cu_k = np.concatenate([[0], np.cumsum(lengths_q)]), np.concatenate([[0], np.cumsum(lengths_k)])
@@ -116,12 +127,11 @@ def test_fallback_forward_kernel_varlen(emulator, tmp_path):
     k = torch.randn(int(cu_k[-1]), 2, 24, generator=g)
     v = torch.randn(int(cu_k[-1]), 2, 20, generator=g)
     out, lse = _run(emulator, tmp_path, q, k, v, {"causal": True}, cu_q, cu_k)
-    for b in range(len(lengths_q)):
-        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
-        dq, dk, dv = (t.transpose(0, 1)[None] for t in (q[qs], k[ks], v[ks]))
+    for b, qs, ks in _per_sequence(cu_q, cu_k):
+        dq, dk, dv = _dense(q, qs), _dense(k, ks), _dense(v, ks)
         o64, l64 = _oracle(dq, dk, dv, {"causal": True})
         o_same, _ = _same_dtype(dq, dk, dv, {"causal": True}, torch.float32)
-        assert_close_to_oracle(out[qs].transpose(0, 1)[None], o_same, o64, f"sequence {b} out")
+        assert_close_to_oracle(_dense(out, qs), o_same, o64, f"sequence {b} out")
         torch.testing.assert_close(lse[:, qs][None].double(), l64, rtol=1e-5, atol=1e-5)
 
 
@@ -285,17 +295,6 @@ def _varlen_inputs(seed):
     q, k, v = (torch.randn(int(cu[-1]), h, 64, generator=g, dtype=torch.float64).to(torch.bfloat16)
                for cu, h in ((cu_q, 4), (cu_k, 2), (cu_k, 2)))
     return q, k, v, cu_q, cu_k
-
-
-def _per_sequence(cu_q, cu_k):
-    """(b, its query rows, its key rows) of every sequence."""
-    for b in range(len(cu_q) - 1):
-        yield b, slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
-
-
-def _dense(packed, rows):
-    """Rows of a packed [T, H, D] tensor as a [1, H, S, D] one."""
-    return packed[rows].transpose(0, 1)[None]
 
 
 @pytest.mark.parametrize("generation", ["sm80", "sm90", "sm90ws"])
