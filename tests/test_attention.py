@@ -407,22 +407,58 @@ def test_every_flash_kernel_on_hopper(monkeypatch, kernel, name):
     torch.testing.assert_close(lse.cpu().double(), l64, rtol=2e-5, atol=2e-5)
 
 
+# Packed sequences next to each other whose tail tiles (64 query rows; 64 or 128 keys) reach into
+# the next sequence: sequence 1 has keys but no queries, sequence 2 queries but no keys, so their
+# rows (NaN in the test below) change no result, and a kernel that multiplies them (0 x NaN)
+# turns sequence 0's NaN.
+VARLEN_NEIGHBOURS = dict(lens_q=[70, 0, 5, 130], lens_k=[150, 5, 0, 129], Hq=4, Hkv=1, D=128, causal=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="needs a Hopper GPU (every flash kernel generation runs there)")
+@pytest.mark.parametrize("kernel", ["sm80", "sm90", "sm90ws"])
+def test_every_flash_kernel_varlen_on_hopper(monkeypatch, kernel):
+    """Packed batches on every generation, forward and backward (sm90ws: one TMA descriptor over
+    every sequence's rows, the next sequence's rows in a tail tile cleared), with NaN in the rows
+    that no result depends on: the results must be those of the same inputs without them."""
+    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", kernel)
+    q, k, v, cu_q, cu_k, opts = _varlen_inputs(VARLEN_NEIGHBOURS, torch.bfloat16, "cuda")
+    dout = rand(q.shape, torch.bfloat16, "cuda", seed=9)
+    clean = [t.clone() for t in (q, k, v, dout)]
+    keys_1, queries_2 = slice(150, 155), slice(70, 75)
+    k[keys_1] = v[keys_1] = float("nan")
+    q[queries_2] = dout[queries_2] = float("nan")
+    cu = dict(cu_seqlens_q=cu_q.cuda(), cu_seqlens_k=cu_k.cuda())
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **cu, **opts)
+    assert rudnn.attention_last_algorithm() == f"flash_{kernel}"
+    o64, l64 = ref.attention_varlen(*(t.cpu() for t in clean[:3]), cu_q, cu_k, **opts)
+    o_same, _ = ref.attention_varlen(*(t.cpu() for t in clean[:3]), cu_q, cu_k, dtype=torch.bfloat16, **opts)
+    assert_close_to_oracle(out, o_same, o64, f"{kernel} varlen out")
+    torch.testing.assert_close(lse.cpu().double(), l64, rtol=2e-5, atol=2e-5)
+
+    grads = rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash", **cu, **opts)
+    assert rudnn.attention_last_algorithm() == f"flash_{kernel}"
+
+    def reference_grads(dt):
+        leaves = [t.detach().cpu().to(dt).requires_grad_() for t in clean[:3]]
+        o, _ = ref.attention_varlen(*leaves, cu_q, cu_k, dtype=dt, **opts)
+        o.backward(clean[3].cpu().to(dt))
+        return [t.grad for t in leaves]
+
+    for ours, same, exact, what in zip(grads, reference_grads(torch.bfloat16), reference_grads(torch.float64),
+                                       ("dq", "dk", "dv")):
+        assert torch.isfinite(ours.cpu().float()).all(), f"{kernel} varlen {what}"
+        assert_close_to_oracle(ours, same, exact, f"{kernel} varlen {what}")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="needs a Hopper GPU")
-def test_sm90ws_leaves_varlen_and_broadcast_operands_to_sm90(monkeypatch):
-    """sm90ws loads by TMA, one descriptor per operand: packed variable-length batches and
-    zero-stride (expanded) operands run the sm90 kernels instead, with correct results (forward
-    and backward)."""
+def test_sm90ws_leaves_broadcast_operands_to_sm90(monkeypatch):
+    """sm90ws loads by TMA, whose strides are 16-byte multiples: zero-stride (expanded) operands
+    run the sm90 kernels instead, with correct results (forward and backward)."""
     monkeypatch.setenv("RUDNN_ATTENTION_FLASH", "sm90ws")
-    case = dict(VARLEN["causal_gqa8"], D=64)
-    q, k, v, cu_q, cu_k, opts = _varlen_inputs(case, torch.bfloat16, "cuda")
-    out = rudnn.attention(q, k, v, cu_seqlens_q=cu_q.cuda(), cu_seqlens_k=cu_k.cuda(), strategy="flash", **opts)
-    assert rudnn.attention_last_algorithm() == "flash_sm90"
-    o64, _ = ref.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu_q, cu_k, **opts)
-    o_same, _ = ref.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu_q, cu_k, dtype=torch.bfloat16, **opts)
-    assert_close_to_oracle(out, o_same, o64, "varlen out")
-
     q = rand((2, 4, 70, 64), torch.bfloat16, "cuda", seed=1)
     k, v = (rand((1, 4, 90, 64), torch.bfloat16, "cuda", seed=s).expand(2, 4, 90, 64) for s in (2, 3))
     out = rudnn.attention(q, k, v, strategy="flash")

@@ -13,6 +13,7 @@ reference (and torch autograd through it) with the FlashAttention error budget:
   same bytes are not ordered by the barriers, in either direction.
 Skipped when g++ (C++20), the CUDA toolkit's headers or (flash) CUTLASS's headers are missing."""
 
+import math
 import os
 import subprocess
 
@@ -286,14 +287,23 @@ def test_flash_sm90_forward_kernels(flash_emulator, tmp_path, name, generation):
 # empty query sequence, one without keys (its rows: output 0, lse -inf), sequences spanning
 # several 64- and 128-key blocks with tails, and one short enough to sit inside one tile.
 VARLEN_LENGTHS_Q, VARLEN_LENGTHS_K = [70, 0, 5, 150, 33], [130, 9, 0, 200, 33]
+_VARLEN_POISONED_Q = slice(sum(VARLEN_LENGTHS_Q[:2]), sum(VARLEN_LENGTHS_Q[:3]))  # sequence 2's queries
+_VARLEN_POISONED_K = slice(VARLEN_LENGTHS_K[0], sum(VARLEN_LENGTHS_K[:2]))        # sequence 1's keys
+
 
 
 def _varlen_inputs(seed):
+    """q, k, v, cu_q, cu_k; the rows right after sequence 0's (which its tail tiles of 64 query
+    rows and of 64 or 128 keys cover) are NaN: the keys of sequence 1 (no queries) and the queries
+    of sequence 2 (no keys), whose own results do not depend on them. A kernel that lets a tail
+    tile's rows of the next sequence into a product (0 x NaN) turns sequence 0's results NaN."""
     cu_q = np.concatenate([[0], np.cumsum(VARLEN_LENGTHS_Q)])
     cu_k = np.concatenate([[0], np.cumsum(VARLEN_LENGTHS_K)])
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(int(cu[-1]), h, 64, generator=g, dtype=torch.float64).to(torch.bfloat16)
                for cu, h in ((cu_q, 4), (cu_k, 2), (cu_k, 2)))
+    q[_VARLEN_POISONED_Q] = float("nan")
+    k[_VARLEN_POISONED_K] = v[_VARLEN_POISONED_K] = float("nan")
     return q, k, v, cu_q, cu_k
 
 
@@ -305,6 +315,9 @@ def test_flash_forward_kernel_varlen(flash_emulator, tmp_path, generation):
                     env={"EMU_FLASH_GENERATION": generation})
     for b, qs, ks in _per_sequence(cu_q, cu_k):
         if qs.stop == qs.start:
+            continue
+        if ks.stop == ks.start:  # rows that see no key, whatever their (NaN) queries: 0 and -inf
+            assert (out[qs].float() == 0).all() and (lse[:, qs] == -math.inf).all(), f"{generation} sequence {b}"
             continue
         sq, sk, sv = _dense(q, qs), _dense(k, ks), _dense(v, ks)
         o64, l64 = _oracle(sq, sk, sv, opts)
@@ -320,12 +333,20 @@ def test_flash_backward_kernels_varlen(flash_emulator, tmp_path, generation):
     out = torch.zeros(q.shape[0], 4, 64, dtype=torch.float64)
     lse = torch.zeros(4, q.shape[0], dtype=torch.float64)
     for b, qs, ks in _per_sequence(cu_q, cu_k):
+        if ks.stop == ks.start:  # 0 and -inf (the oracle's are NaN for the NaN queries)
+            out[qs], lse[:, qs] = 0.0, -math.inf
+            continue
         o64, l64 = _oracle(_dense(q, qs), _dense(k, ks), _dense(v, ks), opts)
         out[qs], lse[:, qs] = o64[0].transpose(0, 1), l64[0]
     dout = rand(out.shape, torch.bfloat16, seed=19)
+    dout[_VARLEN_POISONED_Q] = float("nan")  # beside sequence 0's tail query tile, as q's rows
     grads = _run(flash_emulator, tmp_path, q, k, v, dict(opts), cu_q, cu_k, backward=(dout, out, lse),
                  env={"EMU_FLASH_GENERATION": generation})
     for b, qs, ks in _per_sequence(cu_q, cu_k):
+        if qs.stop == qs.start or ks.stop == ks.start:  # no (query, key) pair: every gradient 0
+            for mine, what in ((grads[0][qs], "dq"), (grads[1][ks], "dk"), (grads[2][ks], "dv")):
+                assert (mine.float() == 0).all(), f"{generation} sequence {b} {what}"
+            continue
         dense = (_dense(q, qs), _dense(k, ks), _dense(v, ks))
         g64 = _grads(*dense, opts, _dense(dout, qs), torch.float64)
         g_same = _grads(*dense, opts, _dense(dout, qs), torch.bfloat16)
@@ -394,8 +415,8 @@ PLANTED_FLASH_BUGS = {
         "k_stage + Cfg::box_offset(Cfg::kTileBytesK, Cfg::kSlabsK, slab, box), 0,", "sm90ws", "d128_causal"),
     # both 64-key boxes of a 128-key K tile copy the block's first 64 keys.
     "sm90ws_tma_second_key_box_repeats_the_first": (
-        "int(n * BN + 64 * box), int(hk), int(b));\n      TxBarrier::arrive_and_expect_tx(&full_v",
-        "int(n * BN), int(hk), int(b));\n      TxBarrier::arrive_and_expect_tx(&full_v", "sm90ws", "d128_causal"),
+        "int(k0 + n * BN + 64 * box), int(hk), batch);\n      }",
+        "int(k0 + n * BN), int(hk), batch);\n      }", "sm90ws", "d128_causal"),
     # V's boxes at K's tile size apart (right for D = Dv only): caught where Dv != D.
     "sm90ws_v_tiles_at_k_tile_stride": ("v_tiles + stage * Cfg::kTileBytesV", "v_tiles + stage * Cfg::kTileBytesK",
                                         "sm90ws", "d192_dv128_causal"),
@@ -450,8 +471,8 @@ PLANTED_FLASH_BACKWARD_BUGS = {
     "sm90_split_weight_of_another_element": ("cuda::dscore(weight_at(r, c),", "cuda::dscore(weight_at(r ^ 1, c),",
                                              "dk", "sm90", "d256_softcap"),
     # the warp-specialized dk/dv kernel's producer lands dO's boxes on Q's
-    "sm90ws_dout_boxes_over_q": ("smem_raw + stage_bytes(stage) + Cfg::kBytesD, kHeadDimV / 64,",
-                                 "smem_raw + stage_bytes(stage), kHeadDimV / 64,", "dk", "sm90ws"),
+    "sm90ws_dout_boxes_over_q": ("load_rows(&tma.dout, bar, stage_smem + Cfg::kBytesD,",
+                                 "load_rows(&tma.dout, bar, stage_smem,", "dk", "sm90ws"),
     "sm90_split_lse_for_delta": ("stats[BM + query_of(c)]", "stats[query_of(c)]", "dk", "sm90", "d192_dv128_causal"),
 }
 
@@ -470,6 +491,44 @@ def test_flash_emulator_catches_planted_backward_bug(tmp_path, bug):
         g64 = _grads(q, k, v, opts, dout, torch.float64)
         mine, exact = (result[0], g64[0]) if grad == "dq" else (result[1], g64[1])
         assert not torch.allclose(mine.double(), exact, atol=0.05), f"{bug} went unnoticed"
+
+
+# ... and packed variable-length batches loaded by TMA (one descriptor over every sequence's rows)
+# whose tail tiles keep the next sequence's rows: V's in the warp-specialized forward, Q's or dO's
+# in its dk/dv kernel. _varlen_inputs puts NaN there, which reaches sequence 0 through 0 x NaN.
+PLANTED_VARLEN_BUGS = {
+    "sm90ws_tail_v_rows_kept": (
+        "clear_tile_rows(v_stage, Cfg::kTileBytesV / Cfg::kSlabsV, Cfg::kSlabsV, BN, int(len_k - n * BN), tid, 32);",
+        "", "forward"),
+    "sm90ws_backward_tail_q_rows_kept": (
+        "clear_tile_rows(stage_smem, Cfg::kBoxBytes, kHeadDim / 64, BM, first_row, tid, 32);", "", "backward"),
+    "sm90ws_backward_tail_dout_rows_kept": (
+        "clear_tile_rows(stage_smem + Cfg::kBytesD, Cfg::kBoxBytes, kHeadDimV / 64, BM, first_row, tid, 32);", "",
+        "backward"),
+}
+
+
+@pytest.mark.parametrize("bug", list(PLANTED_VARLEN_BUGS))
+def test_flash_emulator_catches_planted_varlen_bug(tmp_path, bug):
+    old, new, mode = PLANTED_VARLEN_BUGS[bug]
+    exe = _planted_emulator(tmp_path, (old, new), "plain_tails")  # D = 64, as _varlen_inputs
+    q, k, v, cu_q, cu_k = _varlen_inputs(seed=33)
+    env = {"EMU_FLASH_GENERATION": "sm90ws"}
+    rows_q, rows_k = slice(0, VARLEN_LENGTHS_Q[0]), slice(0, VARLEN_LENGTHS_K[0])  # sequence 0's
+    if mode == "forward":
+        out, _ = _run_planted(exe, tmp_path, q, k, v, {"causal": True}, cu_q, cu_k, env=env)
+        assert not torch.isfinite(out[rows_q].float()).all(), f"{bug} went unnoticed"
+    else:
+        out = torch.zeros(q.shape[0], 4, 64, dtype=torch.float64)
+        lse = torch.full((4, q.shape[0]), -math.inf, dtype=torch.float64)
+        o64, l64 = _oracle(_dense(q, rows_q), _dense(k, rows_k), _dense(v, rows_k), {"causal": True})
+        out[rows_q], lse[:, rows_q] = o64[0].transpose(0, 1), l64[0]
+        dout = rand(out.shape, torch.bfloat16, seed=19)
+        dout[_VARLEN_POISONED_Q] = float("nan")
+        _, dk, dv = _run_planted(exe, tmp_path, q, k, v, {"causal": True}, cu_q, cu_k, backward=(dout, out, lse),
+                                 env=env)
+        assert not (torch.isfinite(dk[rows_k].float()).all() and torch.isfinite(dv[rows_k].float()).all()), \
+            f"{bug} went unnoticed"
 
 
 # ... and shared-memory accesses the barriers do not order: a prefetch into a tile that other warps

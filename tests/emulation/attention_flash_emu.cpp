@@ -85,12 +85,7 @@ struct FlashKernels {
         if constexpr (D % 64 == 0 && Dv % 64 == 0) {
           if (generation() == "sm90ws" && rudnn::attention::tma_forward_supports(p, q, k, v)) {
             using Ws = Sm90WsConfig<Element, D, Dv>;
-            rudnn::attention::TmaLoads tma{};
-            tma.q = emu_encode_tma(rudnn::attention::tma_tensor_of(q, p.q, D, p.sq, p.hq, p.batch));
-            if (p.sk > 0) {
-              tma.k = emu_encode_tma(rudnn::attention::tma_tensor_of(k, p.k, D, p.sk, p.hkv, p.batch));
-              tma.v = emu_encode_tma(rudnn::attention::tma_tensor_of(v, p.v, Dv, p.sk, p.hkv, p.batch));
-            }
+            const auto tma = rudnn::attention::tma_forward_loads(p, q, k, v, emu_encode_tma);
             auto ws = p.plain_scores() ? forward_sm90ws_kernel<Element, D, Dv, true>
                                        : forward_sm90ws_kernel<Element, D, Dv, false>;
             emu_launch(EmuDim3{unsigned(blocks(p.sq, Ws::kRowsPerCta)), unsigned(p.hq), unsigned(p.batch)},
@@ -141,13 +136,7 @@ struct FlashKernels {
         if constexpr (D % 64 == 0 && Dv % 64 == 0) {
           if (generation() == "sm90ws" && rudnn::attention::tma_backward_supports(bp, q, k, v, dout)) {
             using Ws = Sm90WsBwdConfig<Element, D, Dv>;
-            rudnn::attention::TmaBackwardLoads tma{};
-            tma.k = emu_encode_tma(rudnn::attention::tma_tensor_of(k, p.k, D, p.sk, p.hkv, p.batch));
-            tma.v = emu_encode_tma(rudnn::attention::tma_tensor_of(v, p.v, Dv, p.sk, p.hkv, p.batch));
-            if (p.sq > 0) {
-              tma.q = emu_encode_tma(rudnn::attention::tma_tensor_of(q, p.q, D, p.sq, p.hq, p.batch));
-              tma.dout = emu_encode_tma(rudnn::attention::tma_tensor_of(dout, bp.dout, Dv, p.sq, p.hq, p.batch));
-            }
+            const auto tma = rudnn::attention::tma_backward_loads(bp, q, k, v, dout, emu_encode_tma);
             auto ws = p.plain_scores() ? dkdv_sm90ws_kernel<Element, D, Dv, true>
                                        : dkdv_sm90ws_kernel<Element, D, Dv, false>;
             emu_launch(EmuDim3{unsigned(blocks(p.sk, 64)), unsigned(p.hkv), unsigned(p.batch)}, Ws::kThreads, 1,

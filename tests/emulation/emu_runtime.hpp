@@ -247,6 +247,10 @@ void emu_warp_exchange(const T& mine, Use&& use) {
   w.barrier->arrive_and_wait();
 }
 
+// __syncwarp (the kernels pass the full mask): every lane of the warp meets. Plain stores, which
+// it orders, are not seen by the ordering check, so no clocks pass.
+inline void __syncwarp(unsigned = 0xffffffffu) { (*emu_warps)[emu_warp].barrier->arrive_and_wait(); }
+
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   float r = 0.0f;
   emu_warp_exchange(v, [&](auto lane_value) { r = lane_value(emu_lane ^ lane_mask); });

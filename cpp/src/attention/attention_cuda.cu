@@ -6,7 +6,7 @@
 //               environment variable RUDNN_ATTENTION_FLASH=sm80|sm90|sm90ws forces one
 //               generation where it has a kernel for the head dims (sm90ws: the warp-specialized
 //               sm90a kernel with TMA loads, flash_sm90_ws.cuh, not the default until measured;
-//               packed varlen batches, zero-stride operands and D = 96 run sm90 instead).
+//               zero-stride operands and D = 96 run sm90 instead).
 //               backward, f16/bf16, the same head-dim pairs: the CuTe sm80 kernels
 //               (flash_bwd_sm80.cuh) where the device's shared memory per block holds their
 //               tiles (D = 256 takes 144 KiB: A100 and Hopper, not Ada or consumer Ampere); on

@@ -7,15 +7,16 @@
 //               V once, then of Q and dO of each visited (query head, query block) into a ring of
 //               stages; the 32 lanes load that block's lse and delta into the stage. A stage's
 //               "full" mbarrier completes with the copies' bytes and the lanes' arrivals; the
-//               consumers hand it back on its "empty" mbarrier;
+//               consumers hand it back on its "empty" mbarrier. In a packed variable-length batch
+//               (one descriptor over all its rows) a tail stage's Q and dO rows past the sequence
+//               are the next sequence's: the lanes clear them before arriving;
 //   consumers   warpgroup 1 the P side, warpgroup 2 the dS side of DkdvRole (flash_bwd_sm90.cuh):
 //               S^T, P^T and the dS weights w, dV += P^T dO; dP^T, dS^T = w (dP^T - delta),
 //               dK += dS^T Q.
 // The consumers meet only at the weights: two named barriers (written, read) guard the one
 // buffer, so the P side runs ahead into the next block's S^T while the dS side finishes dK.
-// TMA needs one descriptor per operand, so packed variable-length batches and zero-stride
-// operands run the sm90 backward (tma_backward_supports), as do head dims that are not 64-column
-// multiples (96).
+// TMA needs strides in 16-byte multiples, so zero-stride (broadcast) operands run the sm90
+// backward (tma_backward_supports), as do head dims that are not 64-column multiples (96).
 #pragma once
 
 #include <cute/arch/copy_sm90_tma.hpp>
@@ -39,7 +40,8 @@ struct Sm90WsBwdConfig : Sm90BwdConfig<Element, kHeadDim, kHeadDimV> {
   static constexpr int kConsumerRegisters = kHeadDim == 256 ? 240 : 232;
   static constexpr int kBoxBytes = 64 * 64 * int(sizeof(Element));
   // K, V; then the stages (Q, dO); the weights (64 x 64 floats); lse and delta per stage; the
-  // mbarriers (full K/V; full and empty per stage). Three stages where they fit, else two.
+  // mbarriers (full K/V; full and empty per stage; a tail stage landed). Three stages where they
+  // fit, else two.
   static constexpr int kFixedBytes = Base::kPairBytes + Base::BM * Base::BN * int(sizeof(float));
   static constexpr int kStageStatsBytes = 2 * Base::BM * int(sizeof(float));
   static constexpr int kStages =
@@ -48,7 +50,7 @@ struct Sm90WsBwdConfig : Sm90BwdConfig<Element, kHeadDim, kHeadDimV> {
   static constexpr int kWeightsOffset = kStageOffset + kStages * Base::kPairBytes;
   static constexpr int kStatsOffset = kWeightsOffset + Base::BM * Base::BN * int(sizeof(float));
   static constexpr int kBarrierOffset = kStatsOffset + kStages * kStageStatsBytes;
-  static constexpr int kSmemBytes = kBarrierOffset + (1 + 2 * kStages) * 8;
+  static constexpr int kSmemBytes = kBarrierOffset + (2 + 2 * kStages) * 8;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on Hopper");
 };
 
@@ -78,6 +80,7 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
   std::uint64_t* full_kv = reinterpret_cast<std::uint64_t*>(smem_raw + Cfg::kBarrierOffset);
   std::uint64_t* full = full_kv + 1;
   std::uint64_t* empty = full + kStages;
+  std::uint64_t* tail_landed = empty + kStages;  // a packed batch's tail Q/dO stage, before its clearing
 
   const QueryVisits visits = query_visits(p, hk, n0, len_q, len_k, BM, BN);
   const std::int64_t steps = visits.steps;
@@ -88,6 +91,7 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
       Barrier::init(&full[s], 1 + 32);  // the arming arrival and the lanes that wrote lse, delta
       Barrier::init(&empty[s], 2 * 128);  // every consumer thread is done with the stage
     }
+    Barrier::init(tail_landed, 1);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -99,29 +103,50 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
     using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
     constexpr std::uint64_t kCacheHint = std::uint64_t(TMA::CacheHintSm90::EVICT_NORMAL);
     // The 64-column slabs of a [64, W] tile: kBoxBytes apart (the layout tool checks Rows<W>).
+    // Rows of a packed batch count from its sequence's first (tma_operand).
+    const int batch = tma_batch(p, b);
     auto load_rows = [&](const CUtensorMap* map, std::uint64_t* bar, unsigned char* dst, int slabs,
                          std::int64_t row, std::int64_t head) {
       for (int slab = 0; slab < slabs; ++slab)
         SM90_TMA_LOAD_4D::copy(map, bar, kCacheHint, dst + slab * Cfg::kBoxBytes, slab * 64, int(row), int(head),
-                               int(b));
+                               batch);
+    };
+    auto load_stage = [&](std::uint64_t* bar, unsigned char* stage_smem, std::int64_t m0, std::int64_t h) {
+      TxBarrier::arrive_and_expect_tx(bar, Cfg::kPairBytes);
+      load_rows(&tma.q, bar, stage_smem, kHeadDim / 64, q0 + m0, h);
+      load_rows(&tma.dout, bar, stage_smem + Cfg::kBytesD, kHeadDimV / 64, q0 + m0, h);
     };
     if (tid == 0) {
       TxBarrier::arrive_and_expect_tx(full_kv, Cfg::kPairBytes);
-      load_rows(&tma.k, full_kv, smem_raw, kHeadDim / 64, n0, hk);
-      load_rows(&tma.v, full_kv, smem_raw + Cfg::kBytesD, kHeadDimV / 64, n0, hk);
+      load_rows(&tma.k, full_kv, smem_raw, kHeadDim / 64, k0 + n0, hk);
+      load_rows(&tma.v, full_kv, smem_raw + Cfg::kBytesD, kHeadDimV / 64, k0 + n0, hk);
     }
+    std::uint32_t tails = 0;  // tail stages cleared so far (tail_landed's phases)
     for (std::int64_t i = 0; i < steps; ++i) {
       const int stage = int(i % kStages);
       Barrier::wait(&empty[stage], std::uint32_t((i / kStages) & 1) ^ 1u);  // the first round passes
       const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
-      if (tid == 0) {
-        TxBarrier::arrive_and_expect_tx(&full[stage], Cfg::kPairBytes);
-        load_rows(&tma.q, &full[stage], smem_raw + stage_bytes(stage), kHeadDim / 64, m0, h);
-        load_rows(&tma.dout, &full[stage], smem_raw + stage_bytes(stage) + Cfg::kBytesD, kHeadDimV / 64, m0, h);
+      unsigned char* stage_smem = smem_raw + stage_bytes(stage);
+      // K and V rows past the sequence only make rows of dK and dV that are not stored. Q and dO
+      // rows past it have P = dS = 0 but are multiplied (dV += P^T dO, dK += dS^T Q): in a packed
+      // batch they are the next sequence's, cleared once landed, before the consumers are told.
+      if (p.varlen && m0 + BM > len_q) {
+        if (tid == 0) load_stage(tail_landed, stage_smem, m0, h);
+        Barrier::wait(tail_landed, tails++ & 1u);
+        const int first_row = int(len_q - m0);
+        clear_tile_rows(stage_smem, Cfg::kBoxBytes, kHeadDim / 64, BM, first_row, tid, 32);
+        clear_tile_rows(stage_smem + Cfg::kBytesD, Cfg::kBoxBytes, kHeadDimV / 64, BM, first_row, tid, 32);
+        cutlass::arch::fence_view_async_shared();  // the stores, before wgmma's (async-proxy) reads
+        // Every lane past this phase's wait before lane 0 can start the next: a lane left two
+        // phases behind would wait for a parity that has come round again.
+        __syncwarp();
+        if (tid == 0) Barrier::arrive(&full[stage]);  // the arming arrival, no bytes
+      } else if (tid == 0) {
+        load_stage(&full[stage], stage_smem, m0, h);
       }
       for (int t = tid; t < 2 * BM; t += 32)
         load_query_stats(p, lse, delta, s_stats + stage * 2 * BM, b, h, q0, m0, len_q, t);
-      Barrier::arrive(&full[stage]);
+      Barrier::arrive(&full[stage]);  // each lane, after its stores
     }
     return;
   }
@@ -174,13 +199,8 @@ void launch_backward_sm90ws(const BackwardProblem& bp, const void* dout, const v
                                    nullptr, nullptr, 0, 0},
       dout, q, k, v, out, lse, dq, dk, dv, delta, stream);
   if (p.sk == 0 || p.hkv == 0 || p.batch == 0) return;
-  TmaBackwardLoads tma{};  // Q and dO stay unencoded when there are no queries (no copy is issued)
-  tma.k = encode_tma(tma_tensor_of(k, p.k, kHeadDim, p.sk, p.hkv, p.batch), p.dtype);
-  tma.v = encode_tma(tma_tensor_of(v, p.v, kHeadDimV, p.sk, p.hkv, p.batch), p.dtype);
-  if (p.sq > 0) {
-    tma.q = encode_tma(tma_tensor_of(q, p.q, kHeadDim, p.sq, p.hq, p.batch), p.dtype);
-    tma.dout = encode_tma(tma_tensor_of(dout, bp.dout, kHeadDimV, p.sq, p.hq, p.batch), p.dtype);
-  }
+  const TmaBackwardLoads tma =
+      tma_backward_loads(bp, q, k, v, dout, [&](const TmaTensor4d& t) { return encode_tma(t, p.dtype); });
   auto kernel = p.plain_scores() ? dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>
                                  : dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>;
   RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));

@@ -121,6 +121,23 @@ template <class Element, int kHeadDim, int kHeadDimV>
 using Sm90ForwardConfig =
     Sm90Config<Element, kHeadDim, kHeadDimV, forward_keys_per_block(kHeadDim, kHeadDimV, false)>;
 
+// Zeroes rows [first_row, rows) of a tile that TMA loaded in 128-byte slabs (`slabs` of them,
+// `slab_bytes` apart, each its `rows` rows of 128 bytes in order: the 128-byte swizzle permutes the
+// 16-byte chunks within a row only), shared among `lanes` threads of which this is `lane`. For the
+// warp-specialized kernels' packed variable-length batches (tma_operand): a tail tile's rows past
+// its sequence hold the next sequence's, which a product must not read, since P = 0 or dS = 0 there
+// does not stop 0 x Inf = NaN. The caller orders these generic-proxy stores before the wgmma reads
+// (fence.proxy.async, then the tile's mbarrier).
+__device__ __forceinline__ void clear_tile_rows(unsigned char* tile, int slab_bytes, int slabs, int rows,
+                                                int first_row, int lane, int lanes) {
+  if (first_row < 0) first_row = 0;
+  const int chunks_per_slab = (rows - first_row) * 8;  // 16-byte chunks
+  for (int c = lane; c < slabs * chunks_per_slab; c += lanes) {
+    const int slab = c / chunks_per_slab, chunk = c % chunks_per_slab;
+    *reinterpret_cast<uint4*>(tile + slab * slab_bytes + first_row * 128 + chunk * 16) = uint4{0u, 0u, 0u, 0u};
+  }
+}
+
 // The k steps of one wgmma product, issue only (the caller fences, arrives, commits and waits):
 // acc = A B, the first k step overwriting the accumulator ...
 template <class Mma, class FragA, class FragB, class Acc>

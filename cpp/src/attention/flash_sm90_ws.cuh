@@ -1,12 +1,14 @@
 // The warp-specialized "flash" forward for Hopper (sm90a), FlashAttention-3's CTA structure:
 // three warpgroups per CTA of 128 query rows.
-//   producer    warpgroup 0 (registers given back with setmaxnreg), of which one thread issues
-//               every load as a TMA copy (cp.async.bulk.tensor, flash tiles in boxes of 64 rows
-//               of one 128-byte slab of D; tma.hpp): Q once, then the K and V tiles of the key
-//               blocks (128 keys, 64 for Dv = 256: forward_keys_per_block) into a ring of three
-//               stages (two for D > 128) in shared memory. Each copy completes bytes on its tile's
-//               "full" mbarrier, which the thread armed with the tile's size; rows past the
-//               sequence arrive as zeros from the hardware;
+//   producer    warpgroup 0 (registers given back with setmaxnreg), its first warp only: one
+//               thread issues every load as a TMA copy (cp.async.bulk.tensor, flash tiles in boxes
+//               of 64 rows of one 128-byte slab of D; tma.hpp): Q once, then the K and V tiles of
+//               the key blocks (128 keys, 64 for Dv = 256: forward_keys_per_block) into a ring of
+//               three stages (two for D > 128) in shared memory. Each copy completes bytes on its
+//               tile's "full" mbarrier, which the thread armed with the tile's size; rows past the
+//               tensor arrive as zeros from the hardware. In a packed variable-length batch (one
+//               descriptor over all its rows) a tail V tile's rows past the sequence are the next
+//               sequence's: the warp clears them before arriving on the full barrier itself;
 //   consumers   warpgroups 1 and 2, 64 query rows each: S = Q K^T (wgmma SS), masking and the
 //               online softmax in registers, O += P V (wgmma RS, P from registers), then an
 //               arrival on the stage's "empty" mbarrier that hands the slot back. Within a
@@ -16,10 +18,9 @@
 // K and V have separate full barriers, so S = Q K^T starts while V is still landing. Both
 // consumers walk the key blocks any row of the CTA sees; the masking handles the rest.
 //
-// TMA needs one descriptor per operand over its (D, S, H, B) dims, so packed variable-length
-// batches and broadcast (zero-stride) operands are left to the sm90 kernel (flash_sm90.cuh);
-// tma_forward_supports (tma.hpp) says which. Layouts, the wgmma atoms and the per-element code are the
-// sm90a kernel's.
+// TMA needs a base and strides in 16-byte multiples, so broadcast (zero-stride) operands are left
+// to the sm90 kernel (flash_sm90.cuh); tma_forward_supports (tma.hpp) says which. Layouts, the
+// wgmma atoms and the per-element code are the sm90a kernel's.
 #pragma once
 
 #include <cute/arch/copy_sm90_tma.hpp>
@@ -64,10 +65,10 @@ struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV, forward_keys_per_
   // (D = 192 and 256).
   static constexpr int kStages = kQBytes + 3 * (kTileBytesK + kTileBytesV) + 1024 <= 227 * 1024 ? 3 : 2;
   // Q, then the stages' K tiles, then their V tiles, then the mbarriers (full Q; full K, full V,
-  // empty per stage).
+  // empty per stage; V's tail landed).
   static constexpr int kVOffset = kQBytes + kStages * kTileBytesK;
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytesV;
-  static constexpr int kSmemBytes = kBarrierOffset + (1 + 3 * kStages) * 8;
+  static constexpr int kSmemBytes = kBarrierOffset + (2 + 3 * kStages) * 8;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on Hopper");
 };
 
@@ -103,6 +104,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   std::uint64_t* full_k = full_q + 1;
   std::uint64_t* full_v = full_k + kStages;
   std::uint64_t* empty = full_v + kStages;
+  std::uint64_t* tail_landed = empty + kStages;  // a packed batch's tail V tile, before its clearing
 
   std::int64_t n_first, n_last;
   const std::int64_t rows_here = len_q - cta_m0 < Cfg::kRowsPerCta ? len_q - cta_m0 : Cfg::kRowsPerCta;
@@ -115,42 +117,65 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
       Barrier::init(&full_v[s], 1);
       Barrier::init(&empty[s], 128 * Cfg::kConsumers);  // every consumer thread is done with it
     }
+    Barrier::init(tail_landed, 1);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
   if (warpgroup == 0) {
-    // ---- producer: one thread issues every copy ----
+    // ---- producer: the first warp; lane 0 issues every copy ----
     cutlass::arch::warpgroup_reg_dealloc<Cfg::kProducerRegisters>();
-    if (tid != 0) return;
+    if (tid >= 32) return;
+    const bool issuer = tid == 0;
     using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
     constexpr std::uint64_t kCacheHint = std::uint64_t(TMA::CacheHintSm90::EVICT_NORMAL);
     unsigned char* q_bytes = smem_raw;
     unsigned char* k_tiles = smem_raw + Cfg::kQBytes;
     unsigned char* v_tiles = smem_raw + Cfg::kVOffset;
-    TxBarrier::arrive_and_expect_tx(full_q, Cfg::kQBytes);
-    for (int half = 0; half < Cfg::kConsumers; ++half)
-      for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
-        SM90_TMA_LOAD_4D::copy(&tma.q, full_q, kCacheHint,
-                               q_bytes + Cfg::box_offset(Cfg::kQBytes, Cfg::kSlabsK, slab, half), slab * 64,
-                               int(cta_m0 + 64 * half), int(h), int(b));
+    const int batch = tma_batch(p, b);  // rows of a packed batch: from its sequence's first (tma_operand)
+    if (issuer) {
+      TxBarrier::arrive_and_expect_tx(full_q, Cfg::kQBytes);
+      for (int half = 0; half < Cfg::kConsumers; ++half)
+        for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
+          SM90_TMA_LOAD_4D::copy(&tma.q, full_q, kCacheHint,
+                                 q_bytes + Cfg::box_offset(Cfg::kQBytes, Cfg::kSlabsK, slab, half), slab * 64,
+                                 int(q0 + cta_m0 + 64 * half), int(h), batch);
+    }
+    auto load_v = [&](std::uint64_t* bar, unsigned char* v_stage, std::int64_t n) {
+      TxBarrier::arrive_and_expect_tx(bar, Cfg::kTileBytesV);
+      for (int box = 0; box < Cfg::kBoxesPerSlab; ++box)
+        for (int slab = 0; slab < Cfg::kSlabsV; ++slab)
+          SM90_TMA_LOAD_4D::copy(&tma.v, bar, kCacheHint,
+                                 v_stage + Cfg::box_offset(Cfg::kTileBytesV, Cfg::kSlabsV, slab, box), slab * 64,
+                                 int(k0 + n * BN + 64 * box), int(hk), batch);
+    };
     for (std::int64_t n = n_first, i = 0; n < n_last; ++n, ++i) {
       const int stage = int(i % kStages);
       Barrier::wait(&empty[stage], std::uint32_t((i / kStages) & 1) ^ 1u);  // the first round passes
       unsigned char* k_stage = k_tiles + stage * Cfg::kTileBytesK;
       unsigned char* v_stage = v_tiles + stage * Cfg::kTileBytesV;
-      TxBarrier::arrive_and_expect_tx(&full_k[stage], Cfg::kTileBytesK);
-      for (int box = 0; box < Cfg::kBoxesPerSlab; ++box)
-        for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
-          SM90_TMA_LOAD_4D::copy(&tma.k, &full_k[stage], kCacheHint,
-                                 k_stage + Cfg::box_offset(Cfg::kTileBytesK, Cfg::kSlabsK, slab, box), slab * 64,
-                                 int(n * BN + 64 * box), int(hk), int(b));
-      TxBarrier::arrive_and_expect_tx(&full_v[stage], Cfg::kTileBytesV);
-      for (int box = 0; box < Cfg::kBoxesPerSlab; ++box)
-        for (int slab = 0; slab < Cfg::kSlabsV; ++slab)
-          SM90_TMA_LOAD_4D::copy(&tma.v, &full_v[stage], kCacheHint,
-                                 v_stage + Cfg::box_offset(Cfg::kTileBytesV, Cfg::kSlabsV, slab, box), slab * 64,
-                                 int(n * BN + 64 * box), int(hk), int(b));
+      if (issuer) {
+        TxBarrier::arrive_and_expect_tx(&full_k[stage], Cfg::kTileBytesK);
+        for (int box = 0; box < Cfg::kBoxesPerSlab; ++box)
+          for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
+            SM90_TMA_LOAD_4D::copy(&tma.k, &full_k[stage], kCacheHint,
+                                   k_stage + Cfg::box_offset(Cfg::kTileBytesK, Cfg::kSlabsK, slab, box), slab * 64,
+                                   int(k0 + n * BN + 64 * box), int(hk), batch);
+      }
+      // K's rows past the sequence are masked by position (their scores are set to -inf, never
+      // multiplied), but V's would be multiplied by P = 0: in a packed batch they are the next
+      // sequence's keys, cleared once landed, before the consumers are told (the sequence's last
+      // block, the CTA's last; once per CTA).
+      if (p.varlen && (n + 1) * BN > len_k) {
+        if (issuer) load_v(tail_landed, v_stage, n);
+        Barrier::wait(tail_landed, 0);
+        clear_tile_rows(v_stage, Cfg::kTileBytesV / Cfg::kSlabsV, Cfg::kSlabsV, BN, int(len_k - n * BN), tid, 32);
+        cutlass::arch::fence_view_async_shared();  // the stores, before wgmma's (async-proxy) reads
+        __syncwarp();
+        if (issuer) Barrier::arrive(&full_v[stage]);
+      } else if (issuer) {
+        load_v(&full_v[stage], v_stage, n);
+      }
     }
     return;
   }
@@ -283,12 +308,7 @@ void launch_forward_sm90ws(const Problem& p, const void* q, const void* k, const
                            Stream stream) {
   using Cfg = Sm90WsConfig<Element, kHeadDim, kHeadDimV>;
   if (p.sq == 0 || p.hq == 0 || p.batch == 0) return;
-  TmaLoads tma{};  // K and V stay unencoded when there are no keys (no copy is issued)
-  tma.q = encode_tma(tma_tensor_of(q, p.q, kHeadDim, p.sq, p.hq, p.batch), p.dtype);
-  if (p.sk > 0) {
-    tma.k = encode_tma(tma_tensor_of(k, p.k, kHeadDim, p.sk, p.hkv, p.batch), p.dtype);
-    tma.v = encode_tma(tma_tensor_of(v, p.v, kHeadDimV, p.sk, p.hkv, p.batch), p.dtype);
-  }
+  const TmaLoads tma = tma_forward_loads(p, q, k, v, [&](const TmaTensor4d& t) { return encode_tma(t, p.dtype); });
   launch_forward_kernel<Element>(p, forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>,
                                  forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kRowsPerCta,
                                  Cfg::kThreads, Cfg::kSmemBytes, q, k, v, out, lse, stream, tma);

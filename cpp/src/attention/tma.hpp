@@ -48,12 +48,27 @@ inline bool tma_loadable(const TmaTensor4d& t) {
   return true;
 }
 
-// Whether a flash forward can load this problem's Q, K and V by TMA: one descriptor per operand,
-// so not packed variable-length batches, and no zero strides (K and V need none without keys).
+// The TMA tensor of one operand of `p` with `rows` rows per (head, batch): (D, S, H, B) for dense
+// operands; a packed variable-length batch is one batch of all its rows, (D, total, H, 1), and the
+// kernels add the sequence's first row (Problem::sequence) and pass batch 0 (tma_batch). Its tail
+// tiles then hold the next sequence's rows where a dense tensor's would be zero-filled: the
+// kernels clear those that a product would read (clear_tile_rows, flash_sm90.cuh).
+inline TmaTensor4d tma_operand(const Problem& p, const void* base, const Strides& s, std::int64_t d,
+                               std::int64_t rows, std::int64_t heads) {
+  TmaTensor4d t = tma_tensor_of(base, s, d, rows, heads, p.varlen ? 1 : p.batch);
+  if (p.varlen) t.strides_bytes[2] = t.strides_bytes[0] * t.dims[1];  // never stepped; the rows' extent
+  return t;
+}
+
+// The batch coordinate of sequence b in its operands' TMA tensors (tma_operand).
+RUDNN_HD int tma_batch(const Problem& p, std::int64_t b) { return p.varlen ? 0 : int(b); }
+
+// Whether a flash forward can load this problem's Q, K and V by TMA (no zero strides; K and V
+// need none without keys).
 inline bool tma_forward_supports(const Problem& p, const void* q, const void* k, const void* v) {
-  if (p.varlen || !tma_loadable(tma_tensor_of(q, p.q, p.d, p.sq, p.hq, p.batch))) return false;
-  return p.sk == 0 || (tma_loadable(tma_tensor_of(k, p.k, p.d, p.sk, p.hkv, p.batch)) &&
-                       tma_loadable(tma_tensor_of(v, p.v, p.dv, p.sk, p.hkv, p.batch)));
+  if (!tma_loadable(tma_operand(p, q, p.q, p.d, p.sq, p.hq))) return false;
+  return p.sk == 0 || (tma_loadable(tma_operand(p, k, p.k, p.d, p.sk, p.hkv)) &&
+                       tma_loadable(tma_operand(p, v, p.v, p.dv, p.sk, p.hkv)));
 }
 
 // The descriptors of a flash forward's Q, K and V (a kernel parameter: __grid_constant__).
@@ -61,19 +76,45 @@ struct TmaLoads {
   CUtensorMap q, k, v;
 };
 
+// ... built by `encode` (TmaTensor4d -> CUtensorMap: the driver's encoder, or a stand-in); K and V
+// stay unencoded when there are no keys (no copy is issued).
+template <class Encode>
+TmaLoads tma_forward_loads(const Problem& p, const void* q, const void* k, const void* v, Encode&& encode) {
+  TmaLoads tma{};
+  tma.q = encode(tma_operand(p, q, p.q, p.d, p.sq, p.hq));
+  if (p.sk > 0) {
+    tma.k = encode(tma_operand(p, k, p.k, p.d, p.sk, p.hkv));
+    tma.v = encode(tma_operand(p, v, p.v, p.dv, p.sk, p.hkv));
+  }
+  return tma;
+}
+
 // Whether the warp-specialized flash backward can load Q, K, V and dO by TMA: as the forward,
 // and dO as well.
 inline bool tma_backward_supports(const BackwardProblem& bp, const void* q, const void* k, const void* v,
                                   const void* dout) {
   const Problem& p = bp.fwd;
   return tma_forward_supports(p, q, k, v) &&
-         (p.sq == 0 || tma_loadable(tma_tensor_of(dout, bp.dout, p.dv, p.sq, p.hq, p.batch)));
+         (p.sq == 0 || tma_loadable(tma_operand(p, dout, bp.dout, p.dv, p.sq, p.hq)));
 }
 
-// ... and its descriptors.
+// ... and its descriptors (Q and dO unencoded when there are no queries).
 struct TmaBackwardLoads {
   CUtensorMap q, k, v, dout;
 };
+template <class Encode>
+TmaBackwardLoads tma_backward_loads(const BackwardProblem& bp, const void* q, const void* k, const void* v,
+                                    const void* dout, Encode&& encode) {
+  const Problem& p = bp.fwd;
+  TmaBackwardLoads tma{};
+  tma.k = encode(tma_operand(p, k, p.k, p.d, p.sk, p.hkv));
+  tma.v = encode(tma_operand(p, v, p.v, p.dv, p.sk, p.hkv));
+  if (p.sq > 0) {
+    tma.q = encode(tma_operand(p, q, p.q, p.d, p.sq, p.hq));
+    tma.dout = encode(tma_operand(p, dout, bp.dout, p.dv, p.sq, p.hq));
+  }
+  return tma;
+}
 
 // cuTensorMapEncodeTiled for a 16-bit tensor (f16 or bf16) with the 128-byte swizzle, through
 // the runtime's driver entry point (the library does not link the driver). tma.cu.
