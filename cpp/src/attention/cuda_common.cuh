@@ -41,6 +41,13 @@ __device__ __forceinline__ float logit(const Problem& p, float dot, std::int64_t
   return s;
 }
 
+// The query block of this CTA of a forward or dq kernel (grid x: the query blocks): the last
+// first. Under causal masking a query block's work grows with its index, and the hardware starts
+// CTAs in blockIdx order, so the heaviest start in the first wave and the lightest fill the last
+// one instead of one long block ending the launch alone (FlashAttention-2's order). The dk/dv
+// kernels need no change: there key block 0 is the heaviest.
+__device__ __forceinline__ int query_block_heaviest_first() { return int(gridDim.x - 1 - blockIdx.x); }
+
 // [first, last) key blocks that hold a key visible to some row in [m0, m0 + rows).
 __host__ __device__ __forceinline__ void key_block_range(const Problem& p, std::int64_t m0, std::int64_t rows,
                                                 std::int64_t len_q, std::int64_t len_k, int block_n,

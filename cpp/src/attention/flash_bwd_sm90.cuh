@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(128)
   using Cfg = Sm90BwdConfig<Element, kHeadDim, kHeadDimV>;
   constexpr int BM = Cfg::BM, BN = Cfg::BN;
   const Problem& p = bp.fwd;
-  const int m_block = blockIdx.x;
+  const int m_block = cuda::query_block_heaviest_first();
   const std::int64_t h = blockIdx.y, b = blockIdx.z;
   std::int64_t q0, len_q, k0, len_k;
   p.sequence(b, q0, len_q, k0, len_k);

@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim, kHeadDimV>::kThr
                         const Element* __restrict__ v, Element* __restrict__ out, float* __restrict__ lse) {
   using Cfg = Sm80Config<Element, kHeadDim, kHeadDimV>;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
-  const int m_block = blockIdx.x;
+  const int m_block = cuda::query_block_heaviest_first();
   const std::int64_t h = blockIdx.y, b = blockIdx.z;
   std::int64_t q0, len_q, k0, len_k;
   p.sequence(b, q0, len_q, k0, len_k);

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   const std::int64_t h = blockIdx.y, b = blockIdx.z;
   std::int64_t q0, len_q, k0, len_k;
   p.sequence(b, q0, len_q, k0, len_k);
-  const std::int64_t cta_m0 = std::int64_t(blockIdx.x) * Cfg::kRowsPerCta;
+  const std::int64_t cta_m0 = std::int64_t(cuda::query_block_heaviest_first()) * Cfg::kRowsPerCta;
   if (cta_m0 >= len_q) return;
   const std::int64_t hk = h / p.group;
   const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
