@@ -132,6 +132,14 @@ def _rel_err(a, ref, scale: float) -> float:
     return (a.double() - ref).abs().max().item() / scale
 
 
+def same_precision_floor(ours, same, ref) -> float:
+    """A budget floor where no peer runs (or none gives this output): the floor of `ours`' dtype
+    plus twice the relative error of `same` (the reference computed in the precision the kernels
+    accumulate in, rounded to `ours`' dtype) against the float64 `ref`: the test suite's rule."""
+    scale = max(ref.abs().max().item(), 1e-30)
+    return FLOOR.get(dtype_name(ours), 2e-6) + 2 * _rel_err(same.detach().to(ours.dtype), ref, scale)
+
+
 def compare(name, ours, ref, peer=None, *, expect_dtype=None, floor=None) -> OutputCheck:
     """Check `ours` against the float64 `ref`; `peer` is the peer's same output (any dtype).
 
