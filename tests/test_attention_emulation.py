@@ -407,16 +407,16 @@ PLANTED_FLASH_BUGS = {
         "      warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done", "", "sm90ws"),
     "sm90_k_descriptor_not_advanced": ("    cute::gemm(mma, a(_, _, kk), b(_, _, kk), acc);\n    mma.accumulate_",
                                        "    cute::gemm(mma, a(_, _, kk), b(_, _, 0), acc);\n    mma.accumulate_", "sm90"),
-    # TMA: both consumers' Q boxes land in the first consumer's rows; every K box copies D's first slab.
+    # TMA: both consumers' Q boxes land in the first consumer's rows; every K and V box copies D's first slab.
     "sm90ws_tma_q_boxes_overlap": ("q_bytes + Cfg::box_offset(Cfg::kQBytes, Cfg::kSlabsK, slab, half),",
                                    "q_bytes + Cfg::box_offset(Cfg::kQBytes, Cfg::kSlabsK, slab, 0),", "sm90ws"),
-    "sm90ws_tma_k_slab_coordinate_ignored": (
-        "k_stage + Cfg::box_offset(Cfg::kTileBytesK, Cfg::kSlabsK, slab, box), slab * 64,",
-        "k_stage + Cfg::box_offset(Cfg::kTileBytesK, Cfg::kSlabsK, slab, box), 0,", "sm90ws", "d128_causal"),
-    # both 64-key boxes of a 128-key K tile copy the block's first 64 keys.
+    "sm90ws_tma_key_tile_slab_coordinate_ignored": (
+        "slab * 64, int(k0 + n * BN + 64 * box), int(hk), batch);",
+        "0, int(k0 + n * BN + 64 * box), int(hk), batch);", "sm90ws", "d128_causal"),
+    # both 64-key boxes of a 128-key K or V tile copy the block's first 64 keys.
     "sm90ws_tma_second_key_box_repeats_the_first": (
-        "int(k0 + n * BN + 64 * box), int(hk), batch);\n      }",
-        "int(k0 + n * BN), int(hk), batch);\n      }", "sm90ws", "d128_causal"),
+        "slab * 64, int(k0 + n * BN + 64 * box), int(hk), batch);",
+        "slab * 64, int(k0 + n * BN), int(hk), batch);", "sm90ws", "d128_causal"),
     # V's boxes at K's tile size apart (right for D = Dv only): caught where Dv != D.
     "sm90ws_v_tiles_at_k_tile_stride": ("v_tiles + stage * Cfg::kTileBytesV", "v_tiles + stage * Cfg::kTileBytesK",
                                         "sm90ws", "d192_dv128_causal"),

@@ -141,27 +141,24 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
                                  q_bytes + Cfg::box_offset(Cfg::kQBytes, Cfg::kSlabsK, slab, half), slab * 64,
                                  int(q0 + cta_m0 + 64 * half), int(h), batch);
     }
-    auto load_v = [&](std::uint64_t* bar, unsigned char* v_stage, std::int64_t n) {
-      TxBarrier::arrive_and_expect_tx(bar, Cfg::kTileBytesV);
+    // Key block n of K or V into one stage: every (64-key box, 64-column slab), counted on `bar`.
+    auto load_key_tile = [&](const auto& desc, std::uint64_t* bar, unsigned char* tile, int tile_bytes, int slabs,
+                             std::int64_t n) {
+      TxBarrier::arrive_and_expect_tx(bar, tile_bytes);
       for (int box = 0; box < Cfg::kBoxesPerSlab; ++box)
-        for (int slab = 0; slab < Cfg::kSlabsV; ++slab)
-          SM90_TMA_LOAD_4D::copy(&tma.v, bar, kCacheHint,
-                                 v_stage + Cfg::box_offset(Cfg::kTileBytesV, Cfg::kSlabsV, slab, box), slab * 64,
-                                 int(k0 + n * BN + 64 * box), int(hk), batch);
+        for (int slab = 0; slab < slabs; ++slab)
+          SM90_TMA_LOAD_4D::copy(&desc, bar, kCacheHint, tile + Cfg::box_offset(tile_bytes, slabs, slab, box),
+                                 slab * 64, int(k0 + n * BN + 64 * box), int(hk), batch);
+    };
+    auto load_v = [&](std::uint64_t* bar, unsigned char* v_stage, std::int64_t n) {
+      load_key_tile(tma.v, bar, v_stage, Cfg::kTileBytesV, Cfg::kSlabsV, n);
     };
     for (std::int64_t n = n_first, i = 0; n < n_last; ++n, ++i) {
       const int stage = int(i % kStages);
       Barrier::wait(&empty[stage], std::uint32_t((i / kStages) & 1) ^ 1u);  // the first round passes
       unsigned char* k_stage = k_tiles + stage * Cfg::kTileBytesK;
       unsigned char* v_stage = v_tiles + stage * Cfg::kTileBytesV;
-      if (issuer) {
-        TxBarrier::arrive_and_expect_tx(&full_k[stage], Cfg::kTileBytesK);
-        for (int box = 0; box < Cfg::kBoxesPerSlab; ++box)
-          for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
-            SM90_TMA_LOAD_4D::copy(&tma.k, &full_k[stage], kCacheHint,
-                                   k_stage + Cfg::box_offset(Cfg::kTileBytesK, Cfg::kSlabsK, slab, box), slab * 64,
-                                   int(k0 + n * BN + 64 * box), int(hk), batch);
-      }
+      if (issuer) load_key_tile(tma.k, &full_k[stage], k_stage, Cfg::kTileBytesK, Cfg::kSlabsK, n);
       // K's rows past the sequence are masked by position (their scores are set to -inf, never
       // multiplied), but V's would be multiplied by P = 0: in a packed batch they are the next
       // sequence's keys, cleared once landed, before the consumers are told (the sequence's last
