@@ -159,7 +159,8 @@ def test_fallback_backward_kernels(emulator, tmp_path, name, dtype):
 FLASH_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "unsigned char* smem_raw = emu_smem;"),
                ("SM80_16x8x16_F32F16F16F32_TN", "EmuMmaF16"), ("SM80_16x8x16_F32BF16BF16F32_TN", "EmuMmaBF16"),
                ("SM75_U32x4_LDSM_N", "EmuLdsmN"), ("SM75_U16x8_LDSM_T", "EmuLdsmT"),
-               ("SM80_CP_ASYNC_CACHEGLOBAL", "EmuCpAsync"), ("cp_async_fence()", "emu_cp_async_fence()"),
+               ("SM80_CP_ASYNC_CACHEGLOBAL_ZFILL", "EmuCpAsyncZfill"),
+               ("SM80_CP_ASYNC_CACHEGLOBAL<", "EmuCpAsync<"), ("cp_async_fence()", "emu_cp_async_fence()"),
                ("cp_async_wait<", "emu_cp_async_wait<")]
 
 
@@ -544,11 +545,11 @@ PLANTED_ORDERING_HAZARDS = {
         "  prefetch_next_k();\n  __syncthreads();", "forward", "sm80"),
     "sm90_v_before_every_warp_read_v": (
         "    __syncthreads();                           // ... for every warp; every warp is done with sV\n"
-        "    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tVc, len_k - n0);",
-        "    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tVc, len_k - n0);\n    __syncthreads();", "forward", "sm90"),
+        "    v_loader.load(rows_v, n0, raw_pointer_cast(sV.data()));",
+        "    v_loader.load(rows_v, n0, raw_pointer_cast(sV.data()));\n    __syncthreads();", "forward", "sm90"),
     "sm80_dq_next_v_before_every_warp_read_v": (
-        "    __syncthreads();  // every warp is done reading sV\n    if (more) {\n      copy_rows(gmem_copy, tVg(",
-        "    if (more) {\n      copy_rows(gmem_copy, tVg(", "backward", "sm80"),
+        "    __syncthreads();  // every warp is done reading sV\n    if (more) {\n      v_loader.load(",
+        "    if (more) {\n      v_loader.load(", "backward", "sm80"),
     # the two-warpgroup dk/dv kernel without its end-of-step barrier: one warpgroup prefetches into
     # the stage the other may still be reading
     "sm90_split_next_tiles_before_both_warpgroups_read_them": (

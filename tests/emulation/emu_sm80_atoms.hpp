@@ -5,7 +5,8 @@
 //                      16x8x16 product, each lane reading the other lanes' fragments;
 //   EmuLdsmN / EmuLdsmT  ldmatrix.sync.aligned.x4.m8n8.shared.b16 (.trans): each lane names one
 //                      8-element row, each lane receives its fragment of the four 8x8 matrices;
-//   EmuCpAsync<T>      cp.async.cg 16 bytes: queued per thread and performed only when
+//   EmuCpAsync<T>, EmuCpAsyncZfill<T>  cp.async.cg 16 bytes, the second with src-size 16 or 0
+//                      (the predicate false: nothing read, 16 zero bytes written): queued per thread and performed only when
 //                      emu_cp_async_wait says its group must have landed, so a kernel that reads
 //                      shared memory before waiting sees the poison, not the data; issued over a
 //                      tile that other threads may still read, it is reported (emu_runtime.hpp:
@@ -88,7 +89,7 @@ using EmuLdsmT = EmuLdsm<cute::SM75_U16x8_LDSM_T, true>;
 
 // cp.async groups of the calling thread: copies since the last fence, then committed groups.
 struct EmuAsyncCopy {
-  const void* src;
+  const void* src;  // nullptr: src-size 0, the copy writes zeros
   void* dst;
 };
 inline thread_local std::vector<EmuAsyncCopy> emu_open_group;
@@ -102,6 +103,14 @@ struct EmuCpAsync : cute::SM80_CP_ASYNC_CACHEGLOBAL<TS, TD> {
   }
 };
 
+template <class TS, class TD = TS>
+struct EmuCpAsyncZfill : cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<TS, TD> {
+  static void copy(TS const& gmem_src, TD& smem_dst, bool pred) {
+    emu_note_async_write(std::size_t(reinterpret_cast<unsigned char*>(&smem_dst) - emu_smem));
+    emu_open_group.push_back({pred ? static_cast<const void*>(&gmem_src) : nullptr, &smem_dst});
+  }
+};
+
 inline void emu_cp_async_fence() {
   emu_committed_groups.push_back(std::move(emu_open_group));
   emu_open_group.clear();
@@ -112,7 +121,10 @@ template <int N>
 void emu_cp_async_wait() {
   while (emu_committed_groups.size() > std::size_t(N)) {
     for (const EmuAsyncCopy& c : emu_committed_groups.front()) {
-      std::memcpy(c.dst, c.src, 16);
+      if (c.src != nullptr)
+        std::memcpy(c.dst, c.src, 16);
+      else
+        std::memset(c.dst, 0, 16);
       emu_note_landed(std::size_t(static_cast<unsigned char*>(c.dst) - emu_smem));
     }
     emu_committed_groups.erase(emu_committed_groups.begin());
@@ -126,6 +138,8 @@ template <class Real, bool kTransposed>
 struct Copy_Traits<EmuLdsm<Real, kTransposed>> : Copy_Traits<Real> {};
 template <class TS, class TD>
 struct Copy_Traits<EmuCpAsync<TS, TD>> : Copy_Traits<SM80_CP_ASYNC_CACHEGLOBAL<TS, TD>> {};
+template <class TS, class TD>
+struct Copy_Traits<EmuCpAsyncZfill<TS, TD>> : Copy_Traits<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<TS, TD>> {};
 }  // namespace cute
 
 using EmuMmaF16 = EmuMma<cute::SM80_16x8x16_F32F16F16F32_TN, cute::half_t>;

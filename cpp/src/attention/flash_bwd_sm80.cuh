@@ -178,14 +178,10 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
   const std::int64_t hk = h / p.group;
   const int tid = threadIdx.x;
 
-  cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDim>>{},
-                               make_coord(m_block, 0));
-  cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, h, q0, len_q), Shape<Int<BM>, Int<kHeadDimV>>{},
-                                make_coord(m_block, 0));
-  cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
-                               make_coord(_, 0));
-  cute::Tensor gV = local_tile(head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDimV>>{},
-                               make_coord(_, 0));
+  const HeadRows<Element> rows_q = head_rows(q, p.q, b, h, q0, len_q);
+  const HeadRows<Element> rows_do = head_rows(dout, bp.dout, b, h, q0, len_q);
+  const HeadRows<Element> rows_k = head_rows(k, p.k, b, hk, k0, len_k);
+  const HeadRows<Element> rows_v = head_rows(v, p.v, b, hk, k0, len_k);
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
@@ -197,20 +193,10 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
   // dS for dQ += dS K.
   cute::Tensor sdS = make_tensor(sV.data() + size(sV), typename Cfg::SmemLayoutPdS{});
 
-  typename Cfg::GmemCopy gmem_copy;
-  auto gthr = gmem_copy.get_thread_slice(tid);
-  cute::Tensor tQg = gthr.partition_S(gQ);
-  cute::Tensor tQs = gthr.partition_D(sQ);
-  cute::Tensor tdOg = gthr.partition_S(gdO);
-  cute::Tensor tdOs = gthr.partition_D(sdO);
-  cute::Tensor tKg = gthr.partition_S(gK);
-  cute::Tensor tKs = gthr.partition_D(sK);
-  cute::Tensor tVg = gthr.partition_S(gV);
-  cute::Tensor tVs = gthr.partition_D(sV);
-  cute::Tensor tQc = gthr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
-  cute::Tensor tdOc = gthr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDimV>>{}));
-  cute::Tensor tKc = gthr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
-  cute::Tensor tVc = gthr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDimV>>{}));
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutQ> q_loader(tid);
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutdO> do_loader(tid);
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutK> k_loader(tid);
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutV> v_loader(tid);
 
   typename Cfg::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(tid);
@@ -255,11 +241,11 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
   // Loads overlap the products as in the forward: V of block n + 1 streams in during the
   // softmax-gradient math and dQ += dS K of block n (V is done with once dP exists); K of block
   // n + 1 follows once dQ has read K of block n.
-  copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
-  copy_rows(gmem_copy, tdOg, tdOs, tdOc, len_q - m0);
+  q_loader.load(rows_q, m0, raw_pointer_cast(sQ.data()));
+  do_loader.load(rows_do, m0, raw_pointer_cast(sdO.data()));
   if (n_first < n_last) {
-    copy_rows(gmem_copy, tKg(_, _, _, n_first), tKs, tKc, len_k - n_first * BN);
-    copy_rows(gmem_copy, tVg(_, _, _, n_first), tVs, tVc, len_k - n_first * BN);
+    k_loader.load(rows_k, n_first * BN, raw_pointer_cast(sK.data()));
+    v_loader.load(rows_v, n_first * BN, raw_pointer_cast(sV.data()));
   }
   cp_async_fence();
 
@@ -277,7 +263,7 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
     smem_gemm(mma, copy_a, tSsdO, tSrdO, tSrdO_view, copy_b, tSsV, tSrV, tSrV_view, acc_dp);
     __syncthreads();  // every warp is done reading sV
     if (more) {
-      copy_rows(gmem_copy, tVg(_, _, _, n + 1), tVs, tVc, len_k - n0 - BN);
+      v_loader.load(rows_v, n0 + BN, raw_pointer_cast(sV.data()));
       cp_async_fence();
     }
     probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k,
@@ -291,7 +277,7 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
     smem_gemm(mma, copy_a, tQsdS, tQrdS, tQrdS_view, copy_bt, tQsKt, tQrKt, tQrKt_view, acc_dq);
     __syncthreads();  // every warp is done reading sK and sdS
     if (more) {
-      copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKc, len_k - n0 - BN);
+      k_loader.load(rows_k, n0 + BN, raw_pointer_cast(sK.data()));
       cp_async_fence();
     }
   }
@@ -322,11 +308,6 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
   if (n0 >= len_k) return;
   const int tid = threadIdx.x;
 
-  cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDim>>{},
-                               make_coord(n_block, 0));
-  cute::Tensor gV = local_tile(head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k), Shape<Int<BN>, Int<kHeadDimV>>{},
-                               make_coord(n_block, 0));
-
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
@@ -340,18 +321,10 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
   cute::Tensor sQt = make_tensor(sQ.data(), typename Cfg::SmemLayoutQt{});
   cute::Tensor sdOt = make_tensor(sdO.data(), typename Cfg::SmemLayoutdOt{});
 
-  typename Cfg::GmemCopy gmem_copy;
-  auto gthr = gmem_copy.get_thread_slice(tid);
-  cute::Tensor tKg = gthr.partition_S(gK);
-  cute::Tensor tKs = gthr.partition_D(sK);
-  cute::Tensor tVg = gthr.partition_S(gV);
-  cute::Tensor tVs = gthr.partition_D(sV);
-  cute::Tensor tQs = gthr.partition_D(sQ);
-  cute::Tensor tdOs = gthr.partition_D(sdO);
-  cute::Tensor tQc = gthr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
-  cute::Tensor tdOc = gthr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDimV>>{}));
-  cute::Tensor tKc = gthr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
-  cute::Tensor tVc = gthr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDimV>>{}));
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutQ> q_loader(tid);
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutdO> do_loader(tid);
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutK> k_loader(tid);
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutV> v_loader(tid);
 
   typename Cfg::TiledMma mma;
   auto thr_mma = mma.get_thread_slice(tid);
@@ -405,18 +378,15 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
   const QueryVisits visits = query_visits(p, hk, n0, len_q, len_k, BM, BN);
   const std::int64_t steps = visits.steps;
   auto load_q = [&](std::int64_t i) {
-    cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, visits.head(i), q0, len_q),
-                                 Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(visits.block(i), 0));
-    copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tQc, len_q - visits.block(i) * BM);
+    q_loader.load(head_rows(q, p.q, b, visits.head(i), q0, len_q), visits.block(i) * BM, raw_pointer_cast(sQ.data()));
   };
   auto load_dout = [&](std::int64_t i) {
-    cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, visits.head(i), q0, len_q),
-                                  Shape<Int<BM>, Int<kHeadDimV>>{}, make_coord(visits.block(i), 0));
-    copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tdOc, len_q - visits.block(i) * BM);
+    do_loader.load(head_rows(dout, bp.dout, b, visits.head(i), q0, len_q), visits.block(i) * BM,
+                 raw_pointer_cast(sdO.data()));
   };
 
-  copy_rows(gmem_copy, tKg, tKs, tKc, len_k - n0);
-  copy_rows(gmem_copy, tVg, tVs, tVc, len_k - n0);
+  k_loader.load(head_rows(k, p.k, b, hk, k0, len_k), n0, raw_pointer_cast(sK.data()));
+  v_loader.load(head_rows(v, p.v, b, hk, k0, len_k), n0, raw_pointer_cast(sV.data()));
   if (steps > 0) {
     load_q(0);
     load_dout(0);

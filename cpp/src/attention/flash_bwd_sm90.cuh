@@ -56,12 +56,22 @@ struct Sm90BwdConfig : Sm90Config<Element, kHeadDim, kHeadDimV> {
   static constexpr int kDkdvSmemBytes = kWeightsOffset + (kSplitDkdv ? BM * BN * int(sizeof(float)) : 0);
   static constexpr int kDkdvThreads = kSplitDkdv ? 256 : 128;
   static_assert(kPairBytes % 1024 == 0, "tiles start on the 1024-byte period of the swizzle");
+  // dkdv_sm90_kernel's cp.async thread layout (it does not use TileLoader; see there).
+  using DkdvGmemCopy = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
+      Layout<Shape<Int<128 / Base::kCopyThreadsPerRow>, Int<Base::kCopyThreadsPerRow>>,
+             Stride<Int<Base::kCopyThreadsPerRow>, _1>>{},
+      Layout<Shape<_1, _8>>{}));
 };
 
-// A tile of the dynamic shared memory at a byte offset.
+// The dynamic shared memory at a byte offset, and a tile there.
+template <class Element>
+__device__ __forceinline__ Element* smem_at(unsigned char* smem, int byte_offset) {
+  return reinterpret_cast<Element*>(smem + byte_offset);
+}
 template <class Element, class Layout>
 __device__ __forceinline__ auto smem_tile(unsigned char* smem, int byte_offset, Layout layout) {
-  return make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem + byte_offset)), layout);
+  return make_tensor(make_smem_ptr(smem_at<Element>(smem, byte_offset)), layout);
 }
 
 // lse (thread t < 64) and delta (64 <= t < 128) of the 64 queries from m0 of head (b, h) into
@@ -145,11 +155,8 @@ __global__ void __launch_bounds__(128)
   using TileD = Shape<Int<BM>, Int<kHeadDim>>;
   using TileDv = Shape<Int<BM>, Int<kHeadDimV>>;
 
-  cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), TileD{}, make_coord(m_block, 0));
-  cute::Tensor gdO =
-      local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, h, q0, len_q), TileDv{}, make_coord(m_block, 0));
-  cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), TileD{}, make_coord(_, 0));
-  cute::Tensor gV = local_tile(head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k), TileDv{}, make_coord(_, 0));
+  const HeadRows<Element> rows_k = head_rows(k, p.k, b, hk, k0, len_k);
+  const HeadRows<Element> rows_v = head_rows(v, p.v, b, hk, k0, len_k);
 
   // Q, dO, then K and V of two stages: the next key block streams in during this one's products.
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
@@ -165,17 +172,11 @@ __global__ void __launch_bounds__(128)
     return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage), typename Cfg::template RowsT<kHeadDim>{});
   };
 
-  typename Cfg::GmemCopy gmem_copy;
-  auto gthr = gmem_copy.get_thread_slice(tid);
-  cute::Tensor tKg = gthr.partition_S(gK);
-  cute::Tensor tVg = gthr.partition_S(gV);
-  cute::Tensor tRowsD = gthr.partition_S(make_identity_tensor(TileD{}));
-  cute::Tensor tRowsDv = gthr.partition_S(make_identity_tensor(TileDv{}));
+  const typename Cfg::template Loader<RowsD> tile_d_loader(tid);
+  const typename Cfg::template Loader<RowsDv> tile_dv_loader(tid);
   auto load_kv = [&](std::int64_t n, int stage) {
-    cute::Tensor tKs = gthr.partition_D(sK(stage));
-    cute::Tensor tVs = gthr.partition_D(sV(stage));
-    copy_rows(gmem_copy, tKg(_, _, _, n), tKs, tRowsD, len_k - n * BN);
-    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tRowsDv, len_k - n * BN);
+    tile_d_loader.load(rows_k, n * BN, raw_pointer_cast(sK(stage).data()));
+    tile_dv_loader.load(rows_v, n * BN, raw_pointer_cast(sV(stage).data()));
   };
 
   // S = Q K^T and dP = dO V^T: shared-memory descriptors for both operands.
@@ -204,10 +205,8 @@ __global__ void __launch_bounds__(128)
   const std::int64_t rows_here = len_q - m0 < BM ? len_q - m0 : BM;
   cuda::key_block_range(p, m0, rows_here, len_q, len_k, BN, n_first, n_last);
 
-  cute::Tensor tQs = gthr.partition_D(sQ);
-  cute::Tensor tdOs = gthr.partition_D(sdO);
-  copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tRowsD, len_q - m0);
-  copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tRowsDv, len_q - m0);
+  tile_d_loader.load(head_rows(q, p.q, b, h, q0, len_q), m0, raw_pointer_cast(sQ.data()));
+  tile_dv_loader.load(head_rows(dout, bp.dout, b, h, q0, len_q), m0, raw_pointer_cast(sdO.data()));
   if (n_first < n_last) load_kv(n_first, 0);
   cp_async_fence();
 
@@ -247,6 +246,29 @@ __global__ void __launch_bounds__(128)
 #endif
 }
 
+// dkdv_sm90_kernel alone still loads through CuTe's partitions, not TileLoader: at D = 128 it
+// sits at the register limit (254 of 255, its four accumulators), and with TileLoader ptxas
+// spills 144 B in its plain instantiation, though TileLoader's own code is not what grows (the
+// kernel spills just as much with the loads taken out of its loop); register allocation at the
+// limit, to be settled with a GPU measurement of both. The rows of (b, h) as a CuTe tensor, the
+// copy's thread layout, and the copy of a partition's rows (zeros past `rows`):
+template <int kCols, class T>
+__device__ __forceinline__ auto head_rows_tensor(T* base, const Strides& s, std::int64_t b, std::int64_t h,
+                                                 std::int64_t first, std::int64_t len) {
+  return make_tensor(make_gmem_ptr(base + s.at(b, h, first)), make_shape(len, Int<kCols>{}), make_stride(s.s, _1{}));
+}
+template <class Copy, class Src, class Dst, class Coords>
+__device__ __forceinline__ void copy_rows_partitioned(Copy const& copy, Src const& src, Dst& dst, Coords const& coords,
+                                                      std::int64_t rows) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(dst); ++m) {
+    if (get<0>(coords(0, m, 0)) < rows)
+      cute::copy(copy, src(_, m, _), dst(_, m, _));
+    else
+      cute::clear(dst(_, m, _));
+  }
+}
+
 template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
 __global__ void __launch_bounds__(128)
     dkdv_sm90_kernel(const __grid_constant__ BackwardProblem bp, const Element* __restrict__ dout,
@@ -268,8 +290,8 @@ __global__ void __launch_bounds__(128)
   using TileD = Shape<Int<BN>, Int<kHeadDim>>;
   using TileDv = Shape<Int<BN>, Int<kHeadDimV>>;
 
-  cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), TileD{}, make_coord(n_block, 0));
-  cute::Tensor gV = local_tile(head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k), TileDv{}, make_coord(n_block, 0));
+  cute::Tensor gK = local_tile(head_rows_tensor<kHeadDim>(k, p.k, b, hk, k0, len_k), TileD{}, make_coord(n_block, 0));
+  cute::Tensor gV = local_tile(head_rows_tensor<kHeadDimV>(v, p.v, b, hk, k0, len_k), TileDv{}, make_coord(n_block, 0));
 
   // K, V, then Q and dO of two stages (the next query block streams in during this one's
   // products), then lse and delta of each stage's queries: read per element from shared memory,
@@ -292,7 +314,7 @@ __global__ void __launch_bounds__(128)
   };
   float* s_stats = reinterpret_cast<float*>(smem_raw + Cfg::kStatsOffset);  // [stage][lse, delta][BM]
 
-  typename Cfg::GmemCopy gmem_copy;
+  typename Cfg::DkdvGmemCopy gmem_copy;
   auto gthr = gmem_copy.get_thread_slice(tid);
   cute::Tensor tRowsD = gthr.partition_S(make_identity_tensor(TileD{}));
   cute::Tensor tRowsDv = gthr.partition_S(make_identity_tensor(TileDv{}));
@@ -302,12 +324,12 @@ __global__ void __launch_bounds__(128)
   const std::int64_t steps = visits.steps;
   auto load_qdo = [&](std::int64_t i, int stage) {
     const std::int64_t h = visits.head(i), m = visits.block(i), m0 = m * BM;
-    cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), TileD{}, make_coord(m, 0));
-    cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, h, q0, len_q), TileDv{}, make_coord(m, 0));
+    cute::Tensor gQ = local_tile(head_rows_tensor<kHeadDim>(q, p.q, b, h, q0, len_q), TileD{}, make_coord(m, 0));
+    cute::Tensor gdO = local_tile(head_rows_tensor<kHeadDimV>(dout, bp.dout, b, h, q0, len_q), TileDv{}, make_coord(m, 0));
     cute::Tensor tQs = gthr.partition_D(sQ(stage));
     cute::Tensor tdOs = gthr.partition_D(sdO(stage));
-    copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tRowsD, len_q - m0);
-    copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tRowsDv, len_q - m0);
+    copy_rows_partitioned(gmem_copy, gthr.partition_S(gQ), tQs, tRowsD, len_q - m0);
+    copy_rows_partitioned(gmem_copy, gthr.partition_S(gdO), tdOs, tRowsDv, len_q - m0);
     load_query_stats(p, lse, delta, s_stats + stage * 2 * BM, b, h, q0, m0, len_q, tid);
   };
 
@@ -335,8 +357,8 @@ __global__ void __launch_bounds__(128)
 
   cute::Tensor tKs = gthr.partition_D(sK);
   cute::Tensor tVs = gthr.partition_D(sV);
-  copy_rows(gmem_copy, gthr.partition_S(gK), tKs, tRowsD, len_k - n0);
-  copy_rows(gmem_copy, gthr.partition_S(gV), tVs, tRowsDv, len_k - n0);
+  copy_rows_partitioned(gmem_copy, gthr.partition_S(gK), tKs, tRowsD, len_k - n0);
+  copy_rows_partitioned(gmem_copy, gthr.partition_S(gV), tVs, tRowsDv, len_k - n0);
   if (steps > 0) load_qdo(0, 0);
   cp_async_fence();
 
@@ -545,36 +567,27 @@ __global__ void __launch_bounds__(256)
   auto stage_bytes = [](int stage) { return Cfg::kPairBytes * (1 + stage); };  // Q, then dO
   float* s_stats = reinterpret_cast<float*>(smem_raw + Cfg::kStatsOffset);  // [stage][lse, delta][BM]
 
-  typename Cfg::GmemCopy gmem_copy;  // 128 threads: each warpgroup copies its own tiles
-  auto gthr = gmem_copy.get_thread_slice(tid);
-  cute::Tensor tRowsD = gthr.partition_S(make_identity_tensor(TileD{}));
-  cute::Tensor tRowsDv = gthr.partition_S(make_identity_tensor(TileDv{}));
+  // 128 threads each: a warpgroup copies its own tiles.
+  const typename Cfg::template Loader<RowsD> tile_d_loader(tid);
+  const typename Cfg::template Loader<RowsDv> tile_dv_loader(tid);
 
   const QueryVisits visits = query_visits(p, hk, n0, len_q, len_k, BM, BN);
   const std::int64_t steps = visits.steps;
   auto load_step = [&](std::int64_t i, int stage) {  // this warpgroup's tile of step i
-    const std::int64_t h = visits.head(i), m = visits.block(i), m0 = m * BM;
+    const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
     if (p_side) {
-      cute::Tensor gQ = local_tile(head_rows<kHeadDim>(q, p.q, b, h, q0, len_q), TileD{}, make_coord(m, 0));
-      cute::Tensor tQs = gthr.partition_D(smem_tile<Element>(smem_raw, stage_bytes(stage), RowsD{}));
-      copy_rows(gmem_copy, gthr.partition_S(gQ), tQs, tRowsD, len_q - m0);
+      tile_d_loader.load(head_rows(q, p.q, b, h, q0, len_q), m0, smem_at<Element>(smem_raw, stage_bytes(stage)));
       load_query_stats(p, lse, delta, s_stats + stage * 2 * BM, b, h, q0, m0, len_q, tid);
     } else {
-      cute::Tensor gdO = local_tile(head_rows<kHeadDimV>(dout, bp.dout, b, h, q0, len_q), TileDv{}, make_coord(m, 0));
-      cute::Tensor tdOs = gthr.partition_D(smem_tile<Element>(smem_raw, stage_bytes(stage) + Cfg::kBytesD, RowsDv{}));
-      copy_rows(gmem_copy, gthr.partition_S(gdO), tdOs, tRowsDv, len_q - m0);
+      tile_dv_loader.load(head_rows(dout, bp.dout, b, h, q0, len_q), m0,
+                     smem_at<Element>(smem_raw, stage_bytes(stage) + Cfg::kBytesD));
     }
   };
 
-  if (p_side) {
-    cute::Tensor gK = local_tile(head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k), TileD{}, make_coord(n_block, 0));
-    cute::Tensor tKs = gthr.partition_D(smem_tile<Element>(smem_raw, 0, RowsD{}));
-    copy_rows(gmem_copy, gthr.partition_S(gK), tKs, tRowsD, len_k - n0);
-  } else {
-    cute::Tensor gV = local_tile(head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k), TileDv{}, make_coord(n_block, 0));
-    cute::Tensor tVs = gthr.partition_D(smem_tile<Element>(smem_raw, Cfg::kBytesD, RowsDv{}));
-    copy_rows(gmem_copy, gthr.partition_S(gV), tVs, tRowsDv, len_k - n0);
-  }
+  if (p_side)
+    tile_d_loader.load(head_rows(k, p.k, b, hk, k0, len_k), n0, smem_at<Element>(smem_raw, 0));
+  else
+    tile_dv_loader.load(head_rows(v, p.v, b, hk, k0, len_k), n0, smem_at<Element>(smem_raw, Cfg::kBytesD));
   if (steps > 0) load_step(0, 0);
   cp_async_fence();
 

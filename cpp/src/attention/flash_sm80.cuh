@@ -20,6 +20,100 @@ namespace rudnn::attention::flash {
 
 using namespace cute;
 
+// Rows of one (batch, head) of a global operand whose last axis is dense: row i of the sequence
+// at base + i * stride, `len` rows in it. What every flash kernel loads its tiles from.
+template <class Element>
+struct HeadRows {
+  const Element* base;
+  std::int64_t stride, len;
+};
+
+template <class Element>
+__device__ __forceinline__ HeadRows<Element> head_rows(const Element* base, const Strides& s, std::int64_t b,
+                                                       std::int64_t h, std::int64_t first, std::int64_t len) {
+  return {base + s.at(b, h, first), s.s, len};
+}
+
+// Whether a swizzled layout's swizzle acts on byte addresses (CuTe's GMMA layouts, whose offset is
+// an smem_ptr_flag) rather than on element offsets.
+template <class Offset>
+struct swizzles_bytes : std::false_type {};
+template <int kBits>
+struct swizzles_bytes<cute::smem_ptr_flag_bits<kBits>> : std::true_type {};
+
+// cp.async loads of (kRows x kCols) tiles of 16-bit elements into the swizzled shared-memory
+// layout SmemLayout, by kThreads threads in rows of kThreadsPerRow, 16 bytes per copy. A thread's
+// chunks are rows r0 + i kRowStep and columns c0 + j kColStep; kRowStep is a multiple of the
+// swizzle atom's 8 rows and kColStep an atom's width, so in shared memory each chunk is a fixed
+// offset from the thread's first (chunk_offsets_are_fixed_steps, checked at compile time), and
+// in global memory a row step is one pointer add. CuTe's partitions work out each
+// chunk's swizzled address and 64-bit row offset afresh: ~15 instructions per 16-byte copy in the
+// sm90a forward's loop, where this takes one or two. Rows at or past the sequence's end are
+// zero-filled by the copy itself (src-size 0 reads nothing), so a tail tile needs no stores.
+template <class Element, class SmemLayout, int kThreads, int kThreadsPerRow>
+struct TileLoader {
+  static constexpr int kRows = decltype(size<0>(SmemLayout{}))::value;
+  static constexpr int kCols = decltype(size<1>(SmemLayout{}))::value;
+  static constexpr int kChunk = 16 / int(sizeof(Element));  // elements per copy
+  static constexpr int kRowStep = kThreads / kThreadsPerRow;
+  static constexpr int kColStep = kChunk * kThreadsPerRow;
+  static constexpr int kRowSteps = kRows / kRowStep, kColSteps = kCols / kColStep;
+  static_assert(sizeof(Element) == 2 && kThreads % kThreadsPerRow == 0 && kRows % kRowStep == 0 &&
+                    kCols % kColStep == 0,
+                "the threads tile the tile in whole 16-byte chunks");
+  // Where the layout puts element (r, c): Swizzle(Unswizzled(r, c)). A plain composition (the sm80
+  // layouts) swizzles element offsets; the GMMA layouts (their offset an smem_ptr_flag) swizzle
+  // byte addresses, the same thing for a tile that starts on the swizzle's period.
+  using Unswizzled = decltype(SmemLayout{}.layout_b());
+  using Swizzle = decltype(SmemLayout{}.layout_a());
+  static constexpr int kUnit = swizzles_bytes<decltype(SmemLayout{}.offset())>::value ? int(sizeof(Element)) : 1;
+  static constexpr int kSwizzlePeriod = 1 << (Swizzle::num_bits + Swizzle::num_base + Swizzle::num_shft);
+  static constexpr int kSmemRowStep = kRowSteps > 1 ? Unswizzled{}(kRowStep, 0) - Unswizzled{}(0, 0) : 0;
+  static constexpr int kSmemColStep = kColSteps > 1 ? Unswizzled{}(0, kColStep) - Unswizzled{}(0, 0) : 0;
+  // Why chunk (i, j) of a thread is its first chunk + i kSmemRowStep + j kSmemColStep: Unswizzled
+  // is a sum of a function of r and one of c (a CuTe layout sums its modes); both advance by
+  // their step for every step of the thread's (checked for every row and column); the steps are
+  // whole periods of the swizzle, which only permutes bits below a period (x ^ z + d = (x + d) ^ z
+  // when z is below the period and d a multiple of it); and a chunk is kChunk adjacent elements
+  // starting on a multiple of kChunk, below the bits the swizzle moves.
+  static constexpr bool chunk_offsets_are_fixed_steps() {
+    constexpr Unswizzled lb{};
+    if (Swizzle::num_shft <= 0 || kSmemRowStep * kUnit % kSwizzlePeriod != 0 ||
+        kSmemColStep * kUnit % kSwizzlePeriod != 0 || (1 << Swizzle::num_base) % (kChunk * kUnit) != 0)
+      return false;
+    for (int r = 0; r < kRows; ++r)
+      if ((lb(r, 0) - lb(0, 0)) % kChunk != 0 || (r >= kRowStep && lb(r, 0) != lb(r - kRowStep, 0) + kSmemRowStep))
+        return false;
+    for (int c = 0; c < kCols; ++c)
+      if (lb(0, c) != lb(0, c / kChunk * kChunk) + c % kChunk || (lb(0, c - c % kChunk) - lb(0, 0)) % kChunk != 0 ||
+          (c >= kColStep && lb(0, c) != lb(0, c - kColStep) + kSmemColStep))
+        return false;
+    return lb(0, 0) % kChunk == 0;
+  }
+  static_assert(chunk_offsets_are_fixed_steps(), "TileLoader's offsets would disagree with the shared-memory layout");
+
+  int row, col;  // the thread's first chunk
+
+  __device__ explicit TileLoader(int tid) : row(tid / kThreadsPerRow), col(tid % kThreadsPerRow * kChunk) {}
+
+  // Rows [first, first + kRows) of `src` into the tile at `tile`; rows at or past src.len as zeros.
+  __device__ __forceinline__ void load(const HeadRows<Element>& src, std::int64_t first, Element* tile) const {
+    const Element* from = src.base + (first + row) * src.stride + col;
+    Element* to = &make_tensor(make_smem_ptr(tile), SmemLayout{})(row, col);
+    const std::int64_t valid = src.len - first - row;  // of this thread's rows, those below it
+    CUTE_UNROLL
+    for (int i = 0; i < kRowSteps; ++i) {
+      const bool in = i * kRowStep < valid;
+      CUTE_UNROLL
+      for (int j = 0; j < kColSteps; ++j)
+        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
+            *reinterpret_cast<const cute::uint128_t*>(from + j * kColStep),
+            *reinterpret_cast<cute::uint128_t*>(to + i * kSmemRowStep + j * kSmemColStep), in);
+      from += kRowStep * src.stride;
+    }
+  }
+};
+
 // kWarpsAlongN: 1 for the forward (4 warps stacked along the 64 rows); the backward of wide heads
 // takes 2 (8 warps, each pair splitting the columns of every product).
 template <class Element, int kHeadDim, int kHeadDimV = kHeadDim, int kWarpsAlongN = 1>
@@ -50,13 +144,10 @@ struct Sm80Config {
   using SmemLayoutVt =
       decltype(composition(SmemLayoutV{}, make_layout(Shape<Int<kHeadDimV>, Int<kBlockN>>{}, GenRowMajor{})));
 
-  // The 128 threads as rows of kAtomCols / 8 threads, each moving 8 elements (16 bytes) per
-  // cp.async: one atom width of (128 / (kAtomCols / 8)) rows per step.
+  // cp.async loads by rows of kAtomCols / 8 threads: one swizzle atom's width of a row, 16 bytes each.
   static constexpr int kCopyThreadsPerRow = kAtomCols / 8;
-  using GmemCopy = decltype(make_tiled_copy(
-      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{},
-      Layout<Shape<Int<kThreads / kCopyThreadsPerRow>, Int<kCopyThreadsPerRow>>, Stride<Int<kCopyThreadsPerRow>, _1>>{},
-      Layout<Shape<_1, _8>>{}));
+  template <class SmemLayout>
+  using Loader = TileLoader<Element, SmemLayout, kThreads, kCopyThreadsPerRow>;
 
   static constexpr int kSmemBytes = (kBlockM * kHeadDim + kBlockN * (kHeadDim + kHeadDimV)) * int(sizeof(Element));
 };
@@ -74,28 +165,6 @@ template <class Layout>
 __device__ __forceinline__ constexpr auto acc_as_a(Layout const& acc) {
   auto d = logical_divide(acc, Shape<Underscore, Underscore, _2>{});
   return make_layout(make_layout(get<0>(d), get<2, 0>(d)), get<1>(d), get<2, 1>(d));
-}
-
-// Rows [first, first + len) of (b, h) of an operand with kCols columns (the last axis dense),
-// as a (len, kCols) CuTe tensor: what every flash kernel tiles its loads from.
-template <int kCols, class T>
-__device__ __forceinline__ auto head_rows(T* base, const Strides& s, std::int64_t b, std::int64_t h,
-                                          std::int64_t first, std::int64_t len) {
-  return make_tensor(make_gmem_ptr(base + s.at(b, h, first)), make_shape(len, Int<kCols>{}), make_stride(s.s, _1{}));
-}
-
-// Copies the rows of a (CPY, CPY_ROWS, CPY_COLS) partition whose row coordinate is below
-// `rows`, zero-filling the others (tails of sequences shorter than the tile).
-template <class Copy, class Src, class Dst, class Coords>
-__device__ __forceinline__ void copy_rows(Copy const& copy, Src const& src, Dst& dst, Coords const& coords,
-                                          std::int64_t rows) {
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(dst); ++m) {
-    if (get<0>(coords(0, m, 0)) < rows)
-      cute::copy(copy, src(_, m, _), dst(_, m, _));
-    else
-      cute::clear(dst(_, m, _));
-  }
 }
 
 __device__ __forceinline__ float quad_max(float v) {
@@ -252,33 +321,19 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim, kHeadDimV>::kThr
   const std::int64_t hk = h / p.group;
   const int tid = threadIdx.x;
 
-  // Global views: rows of this (batch, head), the last axis dense.
-  cute::Tensor gQ = head_rows<kHeadDim>(q, p.q, b, h, q0, len_q);
-  cute::Tensor gK = head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k);
-  cute::Tensor gV = head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k);
-  cute::Tensor gQtile = local_tile(gQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m_block, 0));  // (BM, D)
-  cute::Tensor gKtiles = local_tile(gK, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));       // (BN, D, n)
-  cute::Tensor gVtiles = local_tile(gV, Shape<Int<BN>, Int<kHeadDimV>>{}, make_coord(_, 0));  // (BN, Dv, n)
-
+  // Rows of this (batch, head) in global memory, and their tiles in shared memory.
+  const HeadRows<Element> rows_q = head_rows(q, p.q, b, h, q0, len_q);
+  const HeadRows<Element> rows_k = head_rows(k, p.k, b, hk, k0, len_k);
+  const HeadRows<Element> rows_v = head_rows(v, p.v, b, hk, k0, len_k);
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
   cute::Tensor sK = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutK{});
   cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutV{});
   cute::Tensor sVt = make_tensor(sV.data(), typename Cfg::SmemLayoutVt{});
-
-  // Global -> shared (cp.async), with row coordinates for the tail predicates.
-  typename Cfg::GmemCopy gmem_copy;
-  auto gmem_thr = gmem_copy.get_thread_slice(tid);
-  cute::Tensor tQg = gmem_thr.partition_S(gQtile);
-  cute::Tensor tQs = gmem_thr.partition_D(sQ);
-  cute::Tensor tKg = gmem_thr.partition_S(gKtiles);
-  cute::Tensor tKs = gmem_thr.partition_D(sK);
-  cute::Tensor tVg = gmem_thr.partition_S(gVtiles);
-  cute::Tensor tVs = gmem_thr.partition_D(sV);
-  cute::Tensor tQc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
-  cute::Tensor tKc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
-  cute::Tensor tVc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDimV>>{}));
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutQ> q_loader(tid);
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutK> k_loader(tid);
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutV> v_loader(tid);
 
   // Tensor-core partitions and the shared -> register (ldmatrix) copies feeding them.
   typename Cfg::TiledMma mma;
@@ -319,15 +374,15 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim, kHeadDimV>::kThr
 
   // Loads overlap the MMAs (FlashAttention-2's order): V of block n streams in while S = Q K^T
   // and the softmax run, K of block n + 1 while O += P V runs. One buffer each for K and V.
-  copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
-  if (n_first < n_last) copy_rows(gmem_copy, tKg(_, _, _, n_first), tKs, tKc, len_k - n_first * BN);
+  q_loader.load(rows_q, m0, raw_pointer_cast(sQ.data()));
+  if (n_first < n_last) k_loader.load(rows_k, n_first * BN, raw_pointer_cast(sK.data()));
   cp_async_fence();
 
   for (std::int64_t n = n_first; n < n_last; ++n) {
     const std::int64_t n0 = n * BN;
     cp_async_wait<0>();  // Q and K of block n have landed
     __syncthreads();     // ... for every warp; and every warp is done with sV (last block's P V)
-    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tVc, len_k - n0);
+    v_loader.load(rows_v, n0, raw_pointer_cast(sV.data()));
     cp_async_fence();
 
     cute::Tensor acc_s = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
@@ -343,7 +398,7 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim, kHeadDimV>::kThr
     online_softmax_step(acc_s, acc_o_rc, row_max, row_sum, to_log2);
     accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o, [&] {
       if (n + 1 < n_last) {
-        copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKc, len_k - n0 - BN);
+        k_loader.load(rows_k, n0 + BN, raw_pointer_cast(sK.data()));
         cp_async_fence();
       }
     });

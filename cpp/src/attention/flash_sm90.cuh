@@ -174,31 +174,18 @@ __global__ void __launch_bounds__(128)
   const std::int64_t hk = h / p.group;
   const int tid = threadIdx.x;
 
-  cute::Tensor gQ = head_rows<kHeadDim>(q, p.q, b, h, q0, len_q);
-  cute::Tensor gK = head_rows<kHeadDim>(k, p.k, b, hk, k0, len_k);
-  cute::Tensor gV = head_rows<kHeadDimV>(v, p.v, b, hk, k0, len_k);
-  cute::Tensor gQtile = local_tile(gQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(m_block, 0));
-  cute::Tensor gKtiles = local_tile(gK, Shape<Int<BN>, Int<kHeadDim>>{}, make_coord(_, 0));
-  cute::Tensor gVtiles = local_tile(gV, Shape<Int<BN>, Int<kHeadDimV>>{}, make_coord(_, 0));
-
+  const HeadRows<Element> rows_q = head_rows(q, p.q, b, h, q0, len_q);
+  const HeadRows<Element> rows_k = head_rows(k, p.k, b, hk, k0, len_k);
+  const HeadRows<Element> rows_v = head_rows(v, p.v, b, hk, k0, len_k);
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   cute::Tensor sQ = make_tensor(make_smem_ptr(smem), typename Cfg::SmemLayoutQ{});
   cute::Tensor sK = make_tensor(sQ.data() + size(sQ), typename Cfg::SmemLayoutK{});
   cute::Tensor sV = make_tensor(sK.data() + size(sK), typename Cfg::SmemLayoutV{});
   cute::Tensor sVt = make_tensor(sV.data(), typename Cfg::SmemLayoutVt{});
-
-  typename Cfg::GmemCopy gmem_copy;
-  auto gmem_thr = gmem_copy.get_thread_slice(tid);
-  cute::Tensor tQg = gmem_thr.partition_S(gQtile);
-  cute::Tensor tQs = gmem_thr.partition_D(sQ);
-  cute::Tensor tKg = gmem_thr.partition_S(gKtiles);
-  cute::Tensor tKs = gmem_thr.partition_D(sK);
-  cute::Tensor tVg = gmem_thr.partition_S(gVtiles);
-  cute::Tensor tVs = gmem_thr.partition_D(sV);
-  cute::Tensor tQc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BM>, Int<kHeadDim>>{}));
-  cute::Tensor tKc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDim>>{}));
-  cute::Tensor tVc = gmem_thr.partition_S(make_identity_tensor(Shape<Int<BN>, Int<kHeadDimV>>{}));
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutQ> q_loader(tid);
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutK> k_loader(tid);
+  const typename Cfg::template Loader<typename Cfg::SmemLayoutV> v_loader(tid);
 
   // S = Q K^T: wgmma with shared-memory descriptors for both operands.
   typename Cfg::TiledMmaS mma_s;
@@ -236,8 +223,8 @@ __global__ void __launch_bounds__(128)
 
   // Loads overlap the MMAs as in the sm80 kernel: V of block n during S and the softmax, K of
   // block n + 1 during O += P V.
-  copy_rows(gmem_copy, tQg, tQs, tQc, len_q - m0);
-  if (n_first < n_last) copy_rows(gmem_copy, tKg(_, _, _, n_first), tKs, tKc, len_k - n_first * BN);
+  q_loader.load(rows_q, m0, raw_pointer_cast(sQ.data()));
+  if (n_first < n_last) k_loader.load(rows_k, n_first * BN, raw_pointer_cast(sK.data()));
   cp_async_fence();
 
   for (std::int64_t n = n_first; n < n_last; ++n) {
@@ -245,7 +232,7 @@ __global__ void __launch_bounds__(128)
     cp_async_wait<0>();                        // Q and K of block n have landed
     cutlass::arch::fence_view_async_shared();  // make these generic-proxy writes visible to wgmma
     __syncthreads();                           // ... for every warp; every warp is done with sV
-    copy_rows(gmem_copy, tVg(_, _, _, n), tVs, tVc, len_k - n0);
+    v_loader.load(rows_v, n0, raw_pointer_cast(sV.data()));
     cp_async_fence();
 
     cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
@@ -271,7 +258,7 @@ __global__ void __launch_bounds__(128)
     cutlass::arch::fence_view_async_shared();  // ... visible to wgmma
     __syncthreads();                           // ... for every warp; every warp is done reading sK
     if (n + 1 < n_last) {                      // K of block n + 1 streams in during P V
-      copy_rows(gmem_copy, tKg(_, _, _, n + 1), tKs, tKc, len_k - n0 - BN);
+      k_loader.load(rows_k, n0 + BN, raw_pointer_cast(sK.data()));
       cp_async_fence();
     }
     warpgroup_fence_operand(rP);  // P is in its registers before the fence (else ptxas adds one: C7519)
