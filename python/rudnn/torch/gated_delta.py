@@ -25,14 +25,15 @@ def _state_shape(q, v, cu_seqlens):
 @torch.library.custom_op("rudnn::gated_delta_forward", mutates_args=())
 def _forward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor, initial_state: Optional[Tensor],
              cu_seqlens: Optional[Tensor], scale: float, chunk_size: int, algo: int,
-             kernel: int = 0) -> tuple[Tensor, Tensor]:
-    """Returns (out, final_state). kernel: 0 auto, 1 chunked, 2 recurrent."""
+             strategy_code: int = 0) -> tuple[Tensor, Tensor]:
+    """Returns (out, final_state). strategy_code: 0 auto, 1 chunked, 2 recurrent. (Not `kernel`:
+    inductor's FallbackKernel.create takes its own `kernel` argument beside the op's.)"""
     return _gd._forward("rudnn.torch.gated_delta_forward", algo, q, k, v, beta, log_decay, initial_state, scale,
-                        chunk_size, cu_seqlens, None, kernel)
+                        chunk_size, cu_seqlens, None, strategy_code)
 
 
 @_forward.register_fake
-def _(q, k, v, beta, log_decay, initial_state, cu_seqlens, scale, chunk_size, algo, kernel=0):
+def _(q, k, v, beta, log_decay, initial_state, cu_seqlens, scale, chunk_size, algo, strategy_code=0):
     out = q.new_empty((q.shape[0], v.shape[1], q.shape[2], v.shape[3]))
     return out, q.new_empty(_state_shape(q, v, cu_seqlens), dtype=torch.float32)
 
@@ -57,7 +58,7 @@ def _(dout, q, k, v, beta, log_decay, initial_state, dfinal_state, cu_seqlens, s
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, beta, log_decay, initial_state, cu_seqlens, scale, chunk_size, algo, kernel = inputs
+    q, k, v, beta, log_decay, initial_state, cu_seqlens, scale, chunk_size, algo, strategy_code = inputs
     ctx.save_for_backward(q, k, v, beta, log_decay, initial_state, cu_seqlens)
     ctx.scale, ctx.chunk_size, ctx.algo = scale, chunk_size, algo
 
@@ -87,9 +88,9 @@ def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scal
     if out is not None or stream is not None:
         return _gd.chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state, scale=scale, chunk_size=chunk_size,
                                           cu_seqlens=cu_seqlens, strategy=strategy, out=out, stream=stream)
-    kernel = _gd.kernel_code("chunk_gated_delta_rule", strategy)
+    strategy_code = _gd.kernel_code("chunk_gated_delta_rule", strategy)
     return _forward(q, k, v, beta, log_decay, initial_state, cu_seqlens, float(scale), int(chunk_size), _CHUNKED,
-                    kernel)
+                    strategy_code)
 
 
 def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_seqlens=None, out=None, stream=None):
