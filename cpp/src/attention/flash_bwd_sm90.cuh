@@ -153,7 +153,6 @@ __global__ void __launch_bounds__(128)
   const std::int64_t hk = h / p.group;
   const int tid = threadIdx.x;
   using TileD = Shape<Int<BM>, Int<kHeadDim>>;
-  using TileDv = Shape<Int<BM>, Int<kHeadDimV>>;
 
   const HeadRows<Element> rows_k = head_rows(k, p.k, b, hk, k0, len_k);
   const HeadRows<Element> rows_v = head_rows(v, p.v, b, hk, k0, len_k);
