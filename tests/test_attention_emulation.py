@@ -424,10 +424,16 @@ PLANTED_FLASH_BUGS = {
 }
 
 
-def _planted_emulator(tmp_path, edit, case):
-    """The flash emulator with one edit of the kernels' text, built for `case`'s head dim only."""
+def _planted_emulator(tmp_path, edit, case, generation, opts, backward):
+    """The flash emulator with one edit of the kernels' text, built with only the kernels that
+    `case` runs with `opts` through `generation` in one pass (its head dim, plain or general scores:
+    attention_flash_emu.cpp); a run that needs another kernel fails instead of passing unchecked."""
+    plain = not (opts.get("window") or opts.get("softcap") or opts.get("mask") is not None
+                 or opts.get("bias") is not None)  # Problem::plain_scores (causal allowed)
+    defines = [f"EMU_HEAD_DIM={FLASH_CASES[case]['shape'][5]}", f"EMU_BACKWARD={int(backward)}",
+               f"EMU_GENERATION={('sm80', 'sm90', 'sm90ws').index(generation)}", f"EMU_PLAIN={int(plain)}"]
     return build_emulator("attention_flash_emu.cpp", _flash_source([edit]), tmp_path, needs_cutlass=True,
-                          defines=[f"EMU_HEAD_DIM={FLASH_CASES[case]['shape'][5]}"])
+                          defines=defines)
 
 
 def _run_planted(*args, **kwargs):
@@ -445,8 +451,8 @@ def _run_planted(*args, **kwargs):
 def test_flash_emulator_catches_planted_bug(tmp_path, bug):
     old, new, generation, *case = PLANTED_FLASH_BUGS[bug]
     case = case[0] if case else "causal_three_blocks"
-    exe = _planted_emulator(tmp_path, (old, new), case)
     q, k, v, opts = _flash_inputs(case, seed=21)
+    exe = _planted_emulator(tmp_path, (old, new), case, generation, opts, backward=False)
     result = _run_planted(exe, tmp_path, q, k, v, dict(opts), env={"EMU_FLASH_GENERATION": generation})
     if result is not None:
         o64, _ = _oracle(q, k, v, opts)
@@ -482,8 +488,8 @@ PLANTED_FLASH_BACKWARD_BUGS = {
 def test_flash_emulator_catches_planted_backward_bug(tmp_path, bug):
     old, new, grad, generation, *case = PLANTED_FLASH_BACKWARD_BUGS[bug]
     case = case[0] if case else "d128_causal"
-    exe = _planted_emulator(tmp_path, (old, new), case)
     q, k, v, opts = _flash_inputs(case, seed=23)
+    exe = _planted_emulator(tmp_path, (old, new), case, generation, opts, backward=True)
     out, lse = _oracle(q, k, v, opts)
     dout = rand(out.shape, torch.bfloat16, seed=9)
     result = _run_planted(exe, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse),
@@ -512,7 +518,8 @@ PLANTED_VARLEN_BUGS = {
 @pytest.mark.parametrize("bug", list(PLANTED_VARLEN_BUGS))
 def test_flash_emulator_catches_planted_varlen_bug(tmp_path, bug):
     old, new, mode = PLANTED_VARLEN_BUGS[bug]
-    exe = _planted_emulator(tmp_path, (old, new), "plain_tails")  # D = 64, as _varlen_inputs
+    # D = 64, as _varlen_inputs
+    exe = _planted_emulator(tmp_path, (old, new), "plain_tails", "sm90ws", {"causal": True}, mode == "backward")
     q, k, v, cu_q, cu_k = _varlen_inputs(seed=33)
     env = {"EMU_FLASH_GENERATION": "sm90ws"}
     rows_q, rows_k = slice(0, VARLEN_LENGTHS_Q[0]), slice(0, VARLEN_LENGTHS_K[0])  # sequence 0's
@@ -574,8 +581,8 @@ PLANTED_ORDERING_HAZARDS = {
 def test_flash_emulator_reports_unordered_access(tmp_path, bug):
     old, new, mode, generation, *case = PLANTED_ORDERING_HAZARDS[bug]
     case = case[0] if case else "causal_three_blocks"
-    exe = _planted_emulator(tmp_path, (old, new), case)
     q, k, v, opts = _flash_inputs(case, seed=21)
+    exe = _planted_emulator(tmp_path, (old, new), case, generation, opts, backward=mode == "backward")
     backward = None
     if mode == "backward":
         out, lse = _oracle(q, k, v, opts)

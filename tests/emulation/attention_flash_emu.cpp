@@ -31,9 +31,13 @@ using emu_attention::i64;
 const Element* as_element(const std::uint16_t* p) { return reinterpret_cast<const Element*>(p); }
 Element* as_element(std::uint16_t* p) { return reinterpret_cast<Element*>(p); }
 
-// The head dims the library instantiates (cpp/src/attention/flash_*_d*.cu), forward and backward;
-// with EMU_HEAD_DIM defined (the planted-bug tests, which run one case) only that one, which
-// compiles in a fraction of the time.
+// The head dims the library instantiates (cpp/src/attention/flash_*_d*.cu), forward and backward,
+// every generation, plain and general scores. A planted-bug test runs one case through one
+// generation and one pass, and builds only those kernels (a fraction of the compile time):
+// EMU_HEAD_DIM (64 ... 256), EMU_GENERATION (0 sm80, 1 sm90, 2 sm90ws), EMU_BACKWARD (0 or 1),
+// EMU_PLAIN (0 general scores, 1 plain). A run that needs a kernel left out exits with code 2.
+enum Generation { kSm80, kSm90, kSm90ws };
+
 constexpr bool emu_builds([[maybe_unused]] int d) {
 #ifdef EMU_HEAD_DIM
   return d == EMU_HEAD_DIM;
@@ -41,6 +45,26 @@ constexpr bool emu_builds([[maybe_unused]] int d) {
   return true;
 #endif
 }
+// Whether this build has generation `g`'s kernels of the pass `backward` with plain scores or not.
+constexpr bool emu_builds([[maybe_unused]] Generation g, [[maybe_unused]] bool backward,
+                          [[maybe_unused]] bool plain) {
+  bool built = true;
+#ifdef EMU_GENERATION
+  built = built && g == EMU_GENERATION;
+#endif
+#ifdef EMU_BACKWARD
+  built = built && backward == bool(EMU_BACKWARD);
+#endif
+#ifdef EMU_PLAIN
+  built = built && plain == bool(EMU_PLAIN);
+#endif
+  return built;
+}
+[[noreturn]] void not_built(const char* what) {
+  std::fprintf(stderr, "%s is not in this emulator build (EMU_GENERATION, EMU_BACKWARD, EMU_PLAIN)\n", what);
+  std::exit(2);
+}
+
 template <class Body>
 void head_dims(i64 d, i64 dv, Body&& body) {
   if constexpr (emu_builds(64))
@@ -57,11 +81,22 @@ void head_dims(i64 d, i64 dv, Body&& body) {
                static_cast<long long>(dv));
   std::exit(2);
 }
+// Calls body(std::bool_constant<plain>) for the problem's scores (the kernels' kPlain).
+template <class Body>
+void scores(bool plain, Body&& body) {
+  if (plain) return body(std::true_type{});
+  body(std::false_type{});
+}
 // EMU_FLASH_GENERATION=sm90 or sm90ws: the forward and the backward run that sm90a generation's
 // kernels where they exist (sm90's where sm90ws has none).
-std::string generation() {
+Generation generation() {
   const char* g = std::getenv("EMU_FLASH_GENERATION");
-  return g != nullptr ? g : "sm80";
+  const std::string name = g != nullptr ? g : "sm80";
+  if (name == "sm80") return kSm80;
+  if (name == "sm90") return kSm90;
+  if (name == "sm90ws") return kSm90ws;
+  std::fprintf(stderr, "EMU_FLASH_GENERATION must be sm80, sm90 or sm90ws, not %s\n", name.c_str());
+  std::exit(2);
 }
 
 i64 blocks(i64 n, i64 tile) { return (n + tile - 1) / tile; }
@@ -74,33 +109,48 @@ struct FlashKernels {
                       float* lse) {
     if constexpr (std::is_same_v<Bits, std::uint16_t>) {
       head_dims(p.d, p.dv, [&](auto head_dim, auto head_dim_v) {
-        constexpr int D = decltype(head_dim)::value, Dv = decltype(head_dim_v)::value;
-        using Cfg = Sm80Config<Element, D, Dv>;
-        auto kernel = p.plain_scores() ? forward_sm80_kernel<Element, D, Dv, true>
-                                       : forward_sm80_kernel<Element, D, Dv, false>;
-        unsigned rows_per_cta = Cfg::kBlockM, threads = Cfg::kThreads;
-        std::size_t smem = Cfg::kSmemBytes;
-        // sm90ws (TMA boxes of 64 columns: not D = 96) where TMA can load the operands, as the
-        // library decides; sm90 otherwise (every head-dim pair).
-        if constexpr (D % 64 == 0 && Dv % 64 == 0) {
-          if (generation() == "sm90ws" && rudnn::attention::tma_forward_supports(p, q, k, v)) {
-            using Ws = Sm90WsConfig<Element, D, Dv>;
-            const auto tma = rudnn::attention::tma_forward_loads(p, q, k, v, emu_encode_tma);
-            auto ws = p.plain_scores() ? forward_sm90ws_kernel<Element, D, Dv, true>
-                                       : forward_sm90ws_kernel<Element, D, Dv, false>;
-            emu_launch(EmuDim3{unsigned(blocks(p.sq, Ws::kRowsPerCta)), unsigned(p.hq), unsigned(p.batch)},
-                       Ws::kThreads, 1, Ws::kSmemBytes,
-                       [&] { ws(p, as_element(q), as_element(k), as_element(v), as_element(out), lse, tma); });
-            return;
+        scores(p.plain_scores(), [&](auto plain) {
+          constexpr int D = decltype(head_dim)::value, Dv = decltype(head_dim_v)::value;
+          constexpr bool kPlain = decltype(plain)::value;
+          const Generation g = generation();
+          // sm90ws (TMA boxes of 64 columns: not D = 96) where TMA can load the operands, as the
+          // library decides; sm90 otherwise (every head-dim pair).
+          if constexpr (D % 64 == 0 && Dv % 64 == 0 && emu_builds(kSm90ws, false, kPlain)) {
+            if (g == kSm90ws && rudnn::attention::tma_forward_supports(p, q, k, v)) {
+              using Ws = Sm90WsConfig<Element, D, Dv>;
+              const auto tma = rudnn::attention::tma_forward_loads(p, q, k, v, emu_encode_tma);
+              emu_launch(EmuDim3{unsigned(blocks(p.sq, Ws::kRowsPerCta)), unsigned(p.hq), unsigned(p.batch)},
+                         Ws::kThreads, 1, Ws::kSmemBytes, [&] {
+                           forward_sm90ws_kernel<Element, D, Dv, kPlain>(p, as_element(q), as_element(k),
+                                                                         as_element(v), as_element(out), lse, tma);
+                         });
+              return;
+            }
           }
-        }
-        if (generation() != "sm80") {  // the sm80 kernel's launch shape, its own shared memory
-          kernel = p.plain_scores() ? forward_sm90_kernel<Element, D, Dv, true>
-                                    : forward_sm90_kernel<Element, D, Dv, false>;
-          smem = Sm90ForwardConfig<Element, D, Dv>::kSmemBytes;
-        }
-        emu_launch(EmuDim3{unsigned(blocks(p.sq, rows_per_cta)), unsigned(p.hq), unsigned(p.batch)}, threads, 1, smem,
-                   [&] { kernel(p, as_element(q), as_element(k), as_element(v), as_element(out), lse); });
+          // sm90 runs at the sm80 kernel's launch shape, with its own shared memory (in a build
+          // for sm90ws alone, a fallback to it exits as not built).
+          using Cfg = Sm80Config<Element, D, Dv>;
+          const EmuDim3 grid{unsigned(blocks(p.sq, Cfg::kBlockM)), unsigned(p.hq), unsigned(p.batch)};
+          if constexpr (emu_builds(kSm90, false, kPlain)) {
+            if (g != kSm80) {
+              emu_launch(grid, Cfg::kThreads, 1, Sm90ForwardConfig<Element, D, Dv>::kSmemBytes, [&] {
+                forward_sm90_kernel<Element, D, Dv, kPlain>(p, as_element(q), as_element(k), as_element(v),
+                                                            as_element(out), lse);
+              });
+              return;
+            }
+          }
+          if constexpr (emu_builds(kSm80, false, kPlain)) {
+            if (g == kSm80) {
+              emu_launch(grid, Cfg::kThreads, 1, Cfg::kSmemBytes, [&] {
+                forward_sm80_kernel<Element, D, Dv, kPlain>(p, as_element(q), as_element(k), as_element(v),
+                                                            as_element(out), lse);
+              });
+              return;
+            }
+          }
+          not_built("this forward kernel");
+        });
       });
     }
   }
@@ -111,44 +161,67 @@ struct FlashKernels {
     if constexpr (std::is_same_v<Bits, std::uint16_t>) {
       const rudnn::attention::Problem& p = bp.fwd;
       head_dims(p.d, p.dv, [&](auto head_dim, auto head_dim_v) {
-        constexpr int D = decltype(head_dim)::value, Dv = decltype(head_dim_v)::value;
-        using Cfg = Sm80BwdConfig<Element, D, Dv>;
-        emu_launch(EmuDim3{unsigned(blocks(p.sq, 4)), unsigned(p.hq), unsigned(p.batch)}, 128, 1, 0,
-                   [&] { delta_kernel<Element>(bp, as_element(dout), as_element(out), delta); });
-        auto dq_kernel_here = p.plain_scores() ? dq_kernel<Element, D, Dv, true> : dq_kernel<Element, D, Dv, false>;
-        auto dkdv_kernel_here =
-            p.plain_scores() ? dkdv_kernel<Element, D, Dv, true> : dkdv_kernel<Element, D, Dv, false>;
-        unsigned dq_threads = Cfg::kThreads, dkdv_threads = Cfg::kThreads;
-        std::size_t dq_smem = Cfg::kDqSmemBytes, dkdv_smem = Cfg::kDkdvSmemBytes;
-        if (generation() != "sm80") {  // the sm90a backward (every head-dim pair)
-          using Cfg90 = Sm90BwdConfig<Element, D, Dv>;
-          dq_kernel_here =
-              p.plain_scores() ? dq_sm90_kernel<Element, D, Dv, true> : dq_sm90_kernel<Element, D, Dv, false>;
-          dkdv_kernel_here = p.plain_scores() ? dkdv_sm90<Element, D, Dv, true>() : dkdv_sm90<Element, D, Dv, false>();
-          dq_threads = 128, dkdv_threads = Cfg90::kDkdvThreads;
-          dq_smem = Cfg90::kDqSmemBytes, dkdv_smem = Cfg90::kDkdvSmemBytes;
-        }
-        emu_launch(EmuDim3{unsigned(blocks(p.sq, 64)), unsigned(p.hq), unsigned(p.batch)}, dq_threads, 1, dq_smem, [&] {
-          dq_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta, as_element(dq));
-        });
-        // sm90ws: the warp-specialized dk/dv kernel where the library would run it (TMA boxes of
-        // 64 columns; operands TMA can load); sm90's otherwise.
-        if constexpr (D % 64 == 0 && Dv % 64 == 0) {
-          if (generation() == "sm90ws" && rudnn::attention::tma_backward_supports(bp, q, k, v, dout)) {
-            using Ws = Sm90WsBwdConfig<Element, D, Dv>;
-            const auto tma = rudnn::attention::tma_backward_loads(bp, q, k, v, dout, emu_encode_tma);
-            auto ws = p.plain_scores() ? dkdv_sm90ws_kernel<Element, D, Dv, true>
-                                       : dkdv_sm90ws_kernel<Element, D, Dv, false>;
-            emu_launch(EmuDim3{unsigned(blocks(p.sk, 64)), unsigned(p.hkv), unsigned(p.batch)}, Ws::kThreads, 1,
-                       Ws::kSmemBytes, [&] { ws(bp, lse, delta, as_element(dk), as_element(dv), tma); });
-            return;
+        scores(p.plain_scores(), [&](auto plain) {
+          constexpr int D = decltype(head_dim)::value, Dv = decltype(head_dim_v)::value;
+          constexpr bool kPlain = decltype(plain)::value;
+          const Generation g = generation();
+          const EmuDim3 dq_grid{unsigned(blocks(p.sq, 64)), unsigned(p.hq), unsigned(p.batch)};
+          const EmuDim3 dkdv_grid{unsigned(blocks(p.sk, 64)), unsigned(p.hkv), unsigned(p.batch)};
+          emu_launch(EmuDim3{unsigned(blocks(p.sq, 4)), unsigned(p.hq), unsigned(p.batch)}, 128, 1, 0,
+                     [&] { delta_kernel<Element>(bp, as_element(dout), as_element(out), delta); });
+          // dq: sm80's, or for both sm90a generations sm90's (sm90ws has no dq kernel of its own)
+          if constexpr (emu_builds(kSm80, true, kPlain)) {
+            if (g == kSm80) {
+              emu_launch(dq_grid, Sm80BwdConfig<Element, D, Dv>::kThreads, 1,
+                         Sm80BwdConfig<Element, D, Dv>::kDqSmemBytes, [&] {
+                           dq_kernel<Element, D, Dv, kPlain>(bp, as_element(dout), as_element(q), as_element(k),
+                                                             as_element(v), lse, delta, as_element(dq));
+                         });
+            }
           }
-        }
-        emu_launch(EmuDim3{unsigned(blocks(p.sk, 64)), unsigned(p.hkv), unsigned(p.batch)}, dkdv_threads, 1,
-                   dkdv_smem, [&] {
-                     dkdv_kernel_here(bp, as_element(dout), as_element(q), as_element(k), as_element(v), lse, delta,
-                                      as_element(dk), as_element(dv));
-                   });
+          if constexpr (emu_builds(kSm90, true, kPlain) || emu_builds(kSm90ws, true, kPlain)) {
+            if (g != kSm80) {
+              emu_launch(dq_grid, 128, 1, Sm90BwdConfig<Element, D, Dv>::kDqSmemBytes, [&] {
+                dq_sm90_kernel<Element, D, Dv, kPlain>(bp, as_element(dout), as_element(q), as_element(k),
+                                                       as_element(v), lse, delta, as_element(dq));
+              });
+            }
+          }
+          // dk/dv: sm90ws's where the library would run it (TMA boxes of 64 columns; operands
+          // TMA can load), else sm90's for both sm90a generations, or sm80's.
+          if constexpr (D % 64 == 0 && Dv % 64 == 0 && emu_builds(kSm90ws, true, kPlain)) {
+            if (g == kSm90ws && rudnn::attention::tma_backward_supports(bp, q, k, v, dout)) {
+              using Ws = Sm90WsBwdConfig<Element, D, Dv>;
+              const auto tma = rudnn::attention::tma_backward_loads(bp, q, k, v, dout, emu_encode_tma);
+              emu_launch(dkdv_grid, Ws::kThreads, 1, Ws::kSmemBytes, [&] {
+                dkdv_sm90ws_kernel<Element, D, Dv, kPlain>(bp, lse, delta, as_element(dk), as_element(dv), tma);
+              });
+              return;
+            }
+          }
+          if constexpr (emu_builds(kSm90, true, kPlain)) {
+            if (g != kSm80) {
+              using Cfg90 = Sm90BwdConfig<Element, D, Dv>;
+              emu_launch(dkdv_grid, Cfg90::kDkdvThreads, 1, Cfg90::kDkdvSmemBytes, [&] {
+                dkdv_sm90<Element, D, Dv, kPlain>()(bp, as_element(dout), as_element(q), as_element(k),
+                                                    as_element(v), lse, delta, as_element(dk), as_element(dv));
+              });
+              return;
+            }
+          }
+          if constexpr (emu_builds(kSm80, true, kPlain)) {
+            if (g == kSm80) {
+              emu_launch(dkdv_grid, Sm80BwdConfig<Element, D, Dv>::kThreads, 1,
+                         Sm80BwdConfig<Element, D, Dv>::kDkdvSmemBytes, [&] {
+                           dkdv_kernel<Element, D, Dv, kPlain>(bp, as_element(dout), as_element(q), as_element(k),
+                                                               as_element(v), lse, delta, as_element(dk),
+                                                               as_element(dv));
+                         });
+              return;
+            }
+          }
+          not_built("this dk/dv kernel");
+        });
       });
     }
   }
