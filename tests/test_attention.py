@@ -76,6 +76,10 @@ CASES = {
     "all_options": dict(shape=(2, 8, 1, 9, 12, 32, 32), causal=True, window=(5, None), softcap=3.0, mask="bool",
                         bias=True),
     "float_mask_bias_gqa8": dict(shape=(1, 8, 1, 5, 7, 16, 16), mask="float", bias=True),
+    "float_mask_causal_window_softcap": dict(shape=(1, 4, 2, 12, 15, 16, 16), causal=True, window=(6, 1),
+                                             softcap=3.0, mask="float"),
+    "decode_softcap_bias": dict(shape=(2, 4, 1, 1, 30, 32, 32), softcap=4.0, bias=True),
+    "decode_float_mask_gqa8": dict(shape=(1, 8, 1, 1, 25, 16, 16), mask="float"),
     "d64_tile_tail": dict(shape=(1, 2, 2, 67, 71, 64, 64), causal=True),
     "d96": dict(shape=(1, 2, 2, 20, 33, 96, 96)),
     "d128_gqa4": dict(shape=(1, 4, 1, 33, 33, 128, 128), causal=True),
@@ -97,6 +101,9 @@ CASES = {
     "flash_d96_causal_gqa": dict(shape=(1, 4, 2, 70, 100, 96, 96), causal=True),
     "flash_d192_dv128_window": dict(shape=(1, 2, 1, 90, 70, 192, 128), window=(30, 5), softcap=4.0),
     "flash_d256_causal_bias": dict(shape=(1, 2, 2, 66, 130, 256, 256), causal=True, bias=True),
+    # GQA 8 and decode (Sq = 1) on the flash path, with a mask and softcap.
+    "flash_gqa8_causal_d64": dict(shape=(1, 8, 1, 40, 70, 64, 64), causal=True),
+    "flash_decode_gqa8_d128": dict(shape=(2, 8, 1, 1, 150, 128, 128), mask="bool", softcap=5.0),
 }
 
 
@@ -276,6 +283,8 @@ VARLEN = {
     "causal_gqa8": dict(lens_q=[3, 11, 0, 6], lens_k=[8, 11, 2, 6], Hq=8, Hkv=1, D=64, causal=True),
     "window_softcap": dict(lens_q=[13, 4], lens_k=[13, 17], Hq=2, Hkv=2, D=16, window=(3, 1), softcap=4.0),
     "long_d128": dict(lens_q=[70, 0, 130], lens_k=[150, 5, 129], Hq=4, Hkv=1, D=128, causal=True, softcap=6.0),
+    "causal_window_decode": dict(lens_q=[9, 1, 0, 12], lens_k=[14, 6, 3, 12], Hq=4, Hkv=1, D=32, causal=True,
+                                 window=(4, 2)),
 }
 
 
@@ -318,6 +327,49 @@ def test_varlen(device, strategy, dtype, name):
         return [t.grad for t in leaves]
 
     for ours, same, exact, what in zip((dq, dk, dv), grads(dtype), grads(torch.float64), ("dq", "dk", "dv")):
+        assert_close_to_oracle(ours, same, exact, what)
+
+
+@pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
+def test_varlen_strided_views(device, strategy):
+    """q, k and v as the three slices of one packed [T, 3, H, D] projection (rows 3 H D apart), out
+    written into a [T, H, D] slice of a wider buffer: no copies, the oracle's results."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    cu = torch.tensor([0, 37, 37, 80, 81], dtype=torch.int32)
+    qkv = rand((81, 3, 4, 64), dtype, device, seed=11)
+    q, k, v = qkv.unbind(1)
+    out_buffer = torch.full((81, 4, 80), 7.0, dtype=dtype, device=device)
+    out = out_buffer[..., 8:72]
+    result = rudnn.attention(q, k, v, cu_seqlens_q=cu.to(device), cu_seqlens_k=cu.to(device), causal=True,
+                             out=out, strategy=strategy)
+    assert result.data_ptr() == out.data_ptr()
+    o64, _ = ref.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu, cu, causal=True)
+    o_same, _ = ref.attention_varlen(q.cpu(), k.cpu(), v.cpu(), cu, cu, dtype=dtype, causal=True)
+    assert_close_to_oracle(out, o_same, o64, "out")
+    assert (out_buffer[..., :8] == 7).all() and (out_buffer[..., 72:] == 7).all()
+
+
+@pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
+def test_strided_out_mask_bias_and_dout(device, strategy):
+    """out= and dout as [B, S, H, D] memory, a mask that is a transposed view (keys not the dense
+    axis) broadcast over batch and heads, a bias expanded over the batch (stride 0)."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    B, Hq, Hkv, Sq, Sk, D = 2, 4, 2, 33, 70, 64
+    q, k, v = _bshd(B, Hq, Sq, D, dtype, device, 1), _bshd(B, Hkv, Sk, D, dtype, device, 2), \
+        _bshd(B, Hkv, Sk, D, dtype, device, 3)
+    g = torch.Generator().manual_seed(5)
+    mask = (torch.rand(Sk, Sq, generator=g) > 0.3).to(device).t()
+    bias = (torch.randn(1, Hq, Sq, Sk, generator=g) * 0.5).to(device).expand(B, Hq, Sq, Sk)
+    opts = dict(mask=mask, bias=bias, softcap=6.0)
+    out = torch.empty(B, Sq, Hq, D, dtype=dtype, device=device).transpose(1, 2)
+    _, lse = rudnn.attention(q, k, v, out=out, return_lse=True, strategy=strategy, **opts)
+    o64, _ = _oracle(q, k, v, opts)
+    assert_close_to_oracle(out, _same_dtype(q, k, v, opts, dtype)[0], o64, "out")
+    dout = rand((B, Sq, Hq, D), dtype, device, seed=7).transpose(1, 2)
+    grads = rudnn.attention_backward(dout, q, k, v, out, lse, strategy=_backward_strategy(strategy, dtype, D, D),
+                                     **opts)
+    for ours, same, exact, what in zip(grads, _grads(q, k, v, opts, dout, dtype),
+                                       _grads(q, k, v, opts, dout, torch.float64), ("dq", "dk", "dv")):
         assert_close_to_oracle(ours, same, exact, what)
 
 

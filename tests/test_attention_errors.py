@@ -1,6 +1,8 @@
 """Every documented error of rudnn.attention / attention_backward: type, message, and
 nothing written into the caller's arrays."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -93,6 +95,33 @@ FORWARD_ERRORS = [
      "attention: out: expected shape [2, 4, 5, 8], got [2, 4, 5, 7]"),
     (lambda d: rudnn.attention(*_qkv(d), out=torch.empty(2, 4, 5, 8, dtype=torch.float16, device=d)),
      rudnn.DTypeError, "attention: out: expected float32 (q's dtype), got float16"),
+    (lambda d: rudnn.attention(*_qkv(d), out=torch.empty(2, 4, 8, 5, device=d).transpose(-1, -2)), rudnn.ShapeError,
+     "attention: out: the last axis must be contiguous (stride 1), got stride 5"),
+    (lambda d: rudnn.attention(_qkv(d)[0], _t((2, 2, 6), device=d), _qkv(d)[2]), rudnn.ShapeError,
+     "attention: k: expected rank 4 [B, H, S, D], got shape [2, 2, 6]"),
+    (lambda d: rudnn.attention(*_qkv(d)[:2], _t((2, 2, 6, 8, 1), device=d)), rudnn.ShapeError,
+     "attention: v: expected rank 4 [B, H, S, D], got shape [2, 2, 6, 8, 1]"),
+    (lambda d: rudnn.attention(*_qkv(d)[:2], _t((3, 2, 6, 8), device=d)), rudnn.ShapeError,
+     "attention: v: expected batch size B = 2 (q.shape[0]), got 3"),
+    (lambda d: rudnn.attention(*_qkv(d, D=0)), rudnn.ShapeError,
+     "attention: q: the head dim D (last axis) must be >= 1, got shape [2, 4, 5, 0]"),
+    (lambda d: rudnn.attention(*_qkv(d)[:2], _t((2, 2, 6, 0), device=d)), rudnn.ShapeError,
+     "attention: v: the head dim Dv (last axis) must be >= 1, got shape [2, 2, 6, 0]"),
+    (lambda d: rudnn.attention(_qkv(d)[0], _t((2, 0, 6, 8), device=d), _t((2, 0, 6, 8), device=d)), rudnn.ShapeError,
+     "attention: k: expected at least one key/value head, got shape [2, 0, 6, 8]"),
+    (lambda d: rudnn.attention(_qkv(d)[0], _t((2, 2, 8, 6), device=d).transpose(-1, -2), _qkv(d)[2]),
+     rudnn.ShapeError, "attention: k: the last axis must be contiguous (stride 1), got stride 6"),
+    (lambda d: rudnn.attention(*_qkv(d)[:2], _t((2, 2, 8, 6), device=d).transpose(-1, -2)), rudnn.ShapeError,
+     "attention: v: the last axis must be contiguous (stride 1), got stride 6"),
+    (lambda d: rudnn.attention(*_packed(d), cu_seqlens_q=_cu([0, 7], d), cu_seqlens_k=_cu([0, 9], d),
+                               bias=torch.ones(7, 9, device=d)), rudnn.UnsupportedError,
+     "attention: mask and bias are not supported with cu_seqlens (packed sequences)"),
+    (lambda d: rudnn.attention(*_packed(d), cu_seqlens_q=_cu([0, 0, 7, 7], d)[::2], cu_seqlens_k=_cu([0, 9], d)),
+     rudnn.ShapeError, "attention: cu_seqlens_q: the last axis must be contiguous (stride 1), got stride 2"),
+    (lambda d: rudnn.attention(*_qkv(d), scale="0.5"), rudnn.ArgumentError,
+     "attention: scale: expected a finite value > 0 (or None for 1/sqrt(D)), got '0.5'"),
+    (lambda d: rudnn.attention(*_qkv(d), softcap=[30.0]), rudnn.ArgumentError,
+     "attention: softcap: expected a finite value > 0 (or None), got [30.0]"),
 ]
 
 # Value checks of cu_seqlens read the offsets, which the host does only on the CPU.
@@ -142,6 +171,59 @@ def test_mixed_devices():
     q, k, v = _qkv("cpu")
     with pytest.raises(rudnn.DeviceError, match="attention: k: expected device cpu like q, got cuda:0"):
         rudnn.attention(q, k.cuda(), v)
+    with pytest.raises(rudnn.DeviceError, match="attention: v: expected device cpu like q, got cuda:0"):
+        rudnn.attention(q, k, v.cuda())
+    with pytest.raises(rudnn.DeviceError, match="attention: mask: expected device cpu like q, got cuda:0"):
+        rudnn.attention(q, k, v, mask=torch.ones(5, 6, dtype=torch.bool, device="cuda"))
+    with pytest.raises(rudnn.DeviceError, match="attention: bias: expected device cpu like q, got cuda:0"):
+        rudnn.attention(q, k, v, bias=torch.ones(5, 6, device="cuda"))
+    with pytest.raises(rudnn.DeviceError, match="attention: out: expected device cpu like q, got cuda:0"):
+        rudnn.attention(q, k, v, out=torch.empty(2, 4, 5, 8, device="cuda"))
+    with pytest.raises(rudnn.DeviceError, match="attention: cu_seqlens_q: expected device cpu like q, got cuda:0"):
+        rudnn.attention(*_packed("cpu"), cu_seqlens_q=_cu([0, 7], "cuda"), cu_seqlens_k=_cu([0, 9], "cpu"))
+    dout, q, k, v, out, lse = _backward_inputs("cpu")
+    with pytest.raises(rudnn.DeviceError, match="attention_backward: lse: expected device cpu like dout, got cuda:0"):
+        rudnn.attention_backward(dout, q, k, v, out, lse.cuda())
+
+
+def _misaligned(shape, dtype):
+    """A dense CUDA tensor whose data pointer sits one element (2 bytes) past a 16-byte boundary."""
+    return torch.randn(math.prod(shape) + 1, device="cuda").to(dtype)[1:].view(shape)
+
+
+def _bf16_kv():
+    return _qkv("cuda", D=64, dtype=torch.bfloat16)[1:]
+
+
+# Inputs no flash kernel takes (bfloat16 unless the dtype is the reason) and the reasons
+# strategy='flash' gives for the forward and the backward ('auto' runs the fallback there).
+FLASH_REFUSALS = {
+    "float32": (lambda: _qkv("cuda", D=64), "supports float16 and bfloat16, got float32",
+                "supports float16 and bfloat16, got float32"),
+    "misaligned_pointer": (lambda: (_misaligned((2, 4, 5, 64), torch.bfloat16), *_bf16_kv()),
+                           r"needs 16-byte aligned rows \(data pointers aligned to 16 bytes, strides multiples of 8 "
+                           r"elements\)", "needs data pointers aligned to 16 bytes"),
+    # rows 68 elements apart: not a multiple of 8
+    "row_stride": (lambda: (_t((2, 4, 5, 68), torch.bfloat16, "cuda")[..., :64], *_bf16_kv()),
+                   "needs 16-byte aligned rows", "needs row strides that are multiples of 8 elements"),
+    "65536_heads": (lambda: (_t((1, 65536, 1, 64), torch.bfloat16, "cuda"), _t((1, 1, 3, 64), torch.bfloat16, "cuda"),
+                             _t((1, 1, 3, 64), torch.bfloat16, "cuda")),
+                    "supports at most 65535 heads and 65535 sequences per call",
+                    "supports at most 65535 heads and 65535 sequences per call"),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", list(FLASH_REFUSALS))
+def test_flash_says_why_it_cannot_run(case):
+    inputs, forward_reason, backward_reason = FLASH_REFUSALS[case]
+    q, k, v = inputs()
+    with pytest.raises(rudnn.UnsupportedError, match=f"attention: strategy 'flash': {forward_reason}"):
+        rudnn.attention(q, k, v, strategy="flash")
+    out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype, device="cuda")
+    lse = torch.zeros(q.shape[:3], device="cuda")
+    with pytest.raises(rudnn.UnsupportedError, match=f"attention_backward: strategy 'flash': {backward_reason}"):
+        rudnn.attention_backward(torch.ones_like(out), q, k, v, out, lse, strategy="flash")
 
 
 def _backward_inputs(device):
@@ -168,6 +250,12 @@ BACKWARD_ERRORS = [
      "attention_backward: the number of query heads Hq = 4 must be a multiple of the number of key/value heads Hkv = 3"),
     (lambda a: rudnn.attention_backward(*a, strategy=None), rudnn.ArgumentError,
      "attention_backward: strategy: expected one of"),
+    (lambda a: rudnn.attention_backward(*a[:4], a[4].half(), a[5]), rudnn.DTypeError,
+     "attention_backward: out: expected float32 (the dtype of q), got float16"),
+    (lambda a: rudnn.attention_backward(a[0].transpose(-1, -2).contiguous().transpose(-1, -2), *a[1:]),
+     rudnn.ShapeError, "attention_backward: dout: the last axis must be contiguous (stride 1), got stride 5"),
+    (lambda a: rudnn.attention_backward(*a, softcap="on"), rudnn.ArgumentError,
+     "attention_backward: softcap: expected a finite value > 0 (or None), got 'on'"),
 ]
 
 
@@ -178,6 +266,16 @@ def test_backward_errors(device, call, exc, message):
     with pytest.raises(exc) as info:
         call(args)
     assert message in str(info.value)
+
+
+def test_packed_backward_lse_shape():
+    q, k, v = _packed("cpu")
+    cu = dict(cu_seqlens_q=_cu([0, 3, 7], "cpu"), cu_seqlens_k=_cu([0, 4, 9], "cpu"))
+    out, lse = rudnn.attention(q, k, v, return_lse=True, **cu)
+    assert lse.shape == (4, 7)
+    with pytest.raises(rudnn.ShapeError, match=r"attention_backward: lse: expected shape \[4, 7\] \(\[Hq, total_q\]\), "
+                                               r"got \[7, 4\]"):
+        rudnn.attention_backward(torch.ones_like(out), q, k, v, out, lse.t().contiguous(), **cu)
 
 
 def test_failed_call_writes_nothing():

@@ -85,6 +85,47 @@ def test_varlen_and_explicit_backward():
         torch.testing.assert_close(T(ours).double(), exact.grad, rtol=1e-5, atol=1e-5)
 
 
+# GQA 8 with one query row (decode) and MHA with rows that see no key (causal, Sq > Sk): out 0,
+# lse -inf and zero dq there; jax.grad through a packed batch with an empty sequence.
+@pytest.mark.parametrize("Hq, Hkv, Sq, Sk, opts", [(8, 1, 1, 13, dict(softcap=3.0)), (4, 4, 9, 4, dict(causal=True))],
+                         ids=["decode_gqa8", "mha_empty_rows"])
+def test_grad_gqa_decode_and_empty_rows(Hq, Hkv, Sq, Sk, opts):
+    q, k, v = _inputs(torch.float32, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk)
+    out, lse = rj.attention(J(q), J(k), J(v), return_lse=True, **opts)
+    o64, l64 = ref.attention(q.double(), k.double(), v.double(), **opts)
+    torch.testing.assert_close(T(out).double(), o64, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(np.array(lse)).double(), l64, rtol=1e-5, atol=1e-5)
+    g = rand(tuple(out.shape), torch.float32, seed=6)
+    grads = jax.jit(jax.grad(lambda a, b, c: jnp.sum(rj.attention(a, b, c, **opts) * J(g)), argnums=(0, 1, 2)))(
+        J(q), J(k), J(v))
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    o, _ = ref.attention(*leaves, **opts)
+    o.backward(g.double())
+    for ours, exact in zip(grads, leaves):
+        torch.testing.assert_close(T(ours).double(), exact.grad, rtol=1e-5, atol=1e-5)
+    empty = Sq - Sk if opts.get("causal") else 0  # query i sees keys j <= i + Sk - Sq
+    assert (np.array(out)[:, :, :empty] == 0).all() and (np.array(lse)[:, :, :empty] == -np.inf).all()
+    assert (np.array(grads[0])[:, :, :empty] == 0).all()
+
+
+def test_grad_varlen_with_empty_sequences():
+    cu_q, cu_k = np.array([0, 4, 4, 9, 11], dtype=np.int32), np.array([0, 6, 9, 9, 14], dtype=np.int32)
+    q, k, v = (rand((t, h, 16), torch.float32, seed=s) for t, h, s in ((11, 8, 1), (14, 1, 2), (14, 1, 3)))
+    g = rand((11, 8, 16), torch.float32, seed=4)
+
+    def loss(a, b, c):
+        return jnp.sum(rj.attention(a, b, c, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True) * J(g))
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(J(q), J(k), J(v))
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    o, _ = ref.attention_varlen(*leaves, cu_q, cu_k, causal=True)
+    o.backward(g.double())
+    for ours, exact in zip(grads, leaves):
+        torch.testing.assert_close(T(ours).double(), exact.grad, rtol=1e-5, atol=1e-5)
+    # sequence 1 has keys but no queries, sequence 2 queries but no keys: their dk and dq are 0
+    assert (np.array(grads[1])[6:9] == 0).all() and (np.array(grads[0])[4:9] == 0).all()
+
+
 def test_errors_at_trace_time():
     q, k, v = _inputs(torch.float32, Hq=3)
     with pytest.raises(rudnn.ShapeError, match="attention: the number of query heads Hq = 3 must be a multiple"):
@@ -96,3 +137,30 @@ def test_errors_at_trace_time():
         rj.attention(J(q), J(k).astype(jnp.float16), J(v))
     with pytest.raises(rudnn.UnsupportedError, match="out= is not supported"):
         rj.attention(J(q), J(k), J(v), out=J(q))
+
+
+def test_errors_of_arguments_and_frameworks():
+    q, k, v = _inputs(torch.float32)
+    with pytest.raises(rudnn.FrameworkError, match="attention: k: expected a jax.Array, got torch.Tensor"):
+        rj.attention(J(q), k, J(v))
+    with pytest.raises(rudnn.ArgumentError, match="attention: strategy: expected one of 'auto', 'flash', 'fallback', "
+                                                  "'autotune', got 'fast'"):
+        rj.attention(J(q), J(k), J(v), strategy="fast")
+    with pytest.raises(rudnn.ArgumentError, match=r"attention: scale: expected a Python float \(a static value, not a "
+                                                  r"traced array\)"):
+        jax.jit(lambda a, b, c, s: rj.attention(a, b, c, scale=s))(J(q), J(k), J(v), 0.5)
+    with pytest.raises(rudnn.ArgumentError, match=r"attention: scale: expected a Python float .*, got str"):
+        rj.attention(J(q), J(k), J(v), scale="0.5")
+    with pytest.raises(rudnn.ArgumentError, match="attention_backward: softcap: expected a Python float"):
+        jax.jit(lambda s: rj.attention_backward(J(q), J(q), J(k), J(v), J(q), jnp.zeros((2, 4, 6)), softcap=s))(2.0)
+
+
+def test_cu_seqlens_values_are_checked_when_the_call_runs():
+    """The offsets' values are data, read by the CPU handler when XLA runs it: the error comes back
+    as XLA's runtime error carrying the rudnn error's name and message (not a rudnn.Error)."""
+    q, k, v = (rand((7, 4, 8), torch.float32, seed=1), rand((9, 2, 8), torch.float32, seed=2),
+               rand((9, 2, 8), torch.float32, seed=3))
+    cu_q, cu_k = np.array([0, 5, 3, 7], dtype=np.int32), np.array([0, 3, 6, 9], dtype=np.int32)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"rudnn\.ArgumentError: attention: cu_seqlens_q: expected "
+                                                         r"non-decreasing offsets, got 3 after 5 at index 2"):
+        rj.attention(J(q), J(k), J(v), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k).block_until_ready()

@@ -42,6 +42,28 @@ def test_autograd(device, dtype):
         assert_close_to_oracle(ours, same, exact, name)
 
 
+# GQA ratios 8 (decode: one query row) and 1, and rows that see no key (causal, Sq > Sk): out 0,
+# lse -inf, and zero gradients for those rows.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("Hq, Hkv, Sq, Sk, opts", [(8, 1, 1, 13, dict(softcap=3.0)), (4, 4, 9, 4, dict(causal=True))],
+                         ids=["decode_gqa8", "mha_empty_rows"])
+def test_autograd_gqa_decode_and_empty_rows(device, Hq, Hkv, Sq, Sk, opts):
+    q, k, v = (t.detach().clone().requires_grad_() for t in _qkv(device, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk))
+    out, lse = rt.attention(q, k, v, return_lse=True, **opts)
+    g = rand(out.shape, torch.float32, device, seed=6)
+    out.backward(g)
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    o64, l64 = ref.attention(*leaves, **opts)
+    o64.backward(g.cpu().double())
+    torch.testing.assert_close(out.detach().cpu().double(), o64, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.cpu().double(), l64, rtol=1e-5, atol=1e-5)
+    for ours, exact in zip((q.grad, k.grad, v.grad), leaves):
+        torch.testing.assert_close(ours.cpu().double(), exact.grad, rtol=1e-5, atol=1e-5)
+    empty = Sq - Sk if opts.get("causal") else 0  # query i sees keys j <= i + Sk - Sq
+    assert (out[:, :, :empty] == 0).all() and (lse[:, :, :empty] == float("-inf")).all()
+    assert (q.grad[:, :, :empty] == 0).all() and torch.isfinite(q.grad).all()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_autograd_varlen(device):
     cu = torch.tensor([0, 3, 3, 8], dtype=torch.int32, device=device)
@@ -101,3 +123,39 @@ def test_out_runs_eagerly():
     out = torch.empty(2, 4, 7, 16)
     assert rt.attention(q, k, v, out=out) is out
     torch.testing.assert_close(out, rudnn.attention(q, k, v))
+
+
+def test_errors_are_rudnn_errors():
+    """The wrapper's errors are rudnn's (type and message), in eager mode and through autograd."""
+    q, k, v = _qkv("cpu", Hq=6, Hkv=4)
+    with pytest.raises(rudnn.ShapeError, match="attention: the number of query heads Hq = 6 must be a multiple of "
+                                               "the number of key/value heads Hkv = 4"):
+        rt.attention(q.requires_grad_(), k, v)
+    q, k, v = _qkv("cpu")
+    with pytest.raises(rudnn.ArgumentError, match="attention: strategy: expected one of 'auto', 'flash', 'fallback', "
+                                                  "'autotune', got 'fast'"):
+        rt.attention(q, k, v, strategy="fast")
+    with pytest.raises(rudnn.ArgumentError, match=r"attention: softcap: expected a finite value > 0 \(or None\), "
+                                                  r"got -1.0"):
+        rt.attention(q, k, v, softcap=-1.0)
+    with pytest.raises(rudnn.DTypeError, match="attention: v: expected the dtype of q"):
+        rt.attention(q, k, v.half())
+    with pytest.raises(rudnn.DTypeError, match=r"attention: v: expected one of the dtypes rudnn takes \(float32, "
+                                               r"float16, bfloat16, int32, int64, uint32, uint8, bool\), got float64"):
+        rt.attention(q, k, v.double())
+
+
+def test_bias_that_requires_grad_is_refused():
+    """No gradient flows to mask or bias: one that requires grad is an error, not a silently
+    untrained parameter; detached (or under no_grad) it is used as given."""
+    q, k, v = _qkv("cpu")
+    bias = torch.zeros(4, 1, 9, requires_grad=True)
+    with pytest.raises(rudnn.UnsupportedError, match=r"rudnn.torch.attention: bias: gradients with respect to bias "
+                                                     r"are not computed; pass bias.detach\(\)"):
+        rt.attention(q.requires_grad_(), k, v, bias=bias)
+    mask = torch.zeros(7, 9, requires_grad=True)
+    with pytest.raises(rudnn.UnsupportedError, match="rudnn.torch.attention: mask: gradients with respect to mask"):
+        rt.attention(q, k, v, mask=mask)
+    torch.testing.assert_close(rt.attention(q, k, v, bias=bias.detach()), rudnn.attention(q.detach(), k, v))
+    with torch.no_grad():
+        torch.testing.assert_close(rt.attention(q, k, v, bias=bias), rudnn.attention(q.detach(), k, v))

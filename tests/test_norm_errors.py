@@ -51,7 +51,8 @@ def _x(shape=(4, 8), dtype=torch.float32, device="cpu"):
          "layer_norm_backward: rstd: expected shape [4] (x.shape[:-1]), got [5]"),
         (lambda d: rudnn.layer_norm_backward(_x(device=d), _x(device=d), None, torch.zeros(4, device=d),
                                              torch.zeros(4, dtype=torch.float64, device=d)), rudnn.DTypeError,
-         "rstd: unsupported dtype float64"),
+         "layer_norm_backward: rstd: expected one of the dtypes rudnn takes (float32, float16, bfloat16, int32, int64, "
+         "uint32, uint8, bool), got float64"),
         (lambda d: rudnn.rms_norm_backward(_x((4, 9), device=d), _x(device=d), None, torch.zeros(4, device=d)),
          rudnn.ShapeError, "rms_norm_backward: dy: expected the shape of x [4, 8], got [4, 9]"),
         (lambda d: rudnn.softmax_backward(_x(device=d), _x(dtype=torch.bfloat16, device=d)), rudnn.DTypeError,

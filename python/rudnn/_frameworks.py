@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from .errors import DeviceError, FrameworkError, UnsupportedError
+from .errors import DeviceError, DTypeError, FrameworkError, UnsupportedError
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -165,6 +165,10 @@ def _describe(a) -> str:
     return f"{type(a).__module__}.{type(a).__name__}"
 
 
+# Every dtype libruDNN's arrays can have (cpp/bindings/tensor_convert.hpp).
+DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint32", "uint8", "bool")
+
+
 class Call:
     """The arrays of one op call: one framework, one device, one stream.
 
@@ -193,6 +197,11 @@ class Call:
             if dev != self.device:
                 raise DeviceError(f"{op}: {name}: expected device {_fmt(self.device)} like {first_name}, "
                                   f"got {_fmt(dev)}")
+        for name, a in present:  # each op's own checks then say which of these it takes
+            dtype = self.fw.dtype_name(a)
+            if dtype not in DTYPES:
+                raise DTypeError(f"{op}: {name}: expected one of the dtypes rudnn takes ({', '.join(DTYPES)}), "
+                                 f"got {dtype}")
         if self.device[0] == "cuda":
             self.current = self.fw.current_stream(self.device)
             self.stream = _stream_handle(stream) if stream is not None else self.current

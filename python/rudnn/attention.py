@@ -45,19 +45,35 @@ def _window(op, window):
     return tuple(sides)
 
 
+def _number(op, name, value, expected):
+    """float(value) of a real number (a Python or NumPy scalar, a 0-d array); strings and
+    bools are refused like anything float() cannot convert, with an ArgumentError naming the argument."""
+    if not isinstance(value, (str, bytes, bool)):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise ArgumentError(f"{op}: {name}: expected {expected}, got {value!r}")
+
+
 def _softcap(op, softcap):
     if softcap is None:
         return 0.0
-    value = float(softcap)
+    expected = "a finite value > 0 (or None)"
+    value = _number(op, "softcap", softcap, expected)
     if not value > 0:  # 0 would silently mean "off" in the C++ API; NaN fails here too
-        raise ArgumentError(f"{op}: softcap: expected a finite value > 0 (or None), got {softcap!r}")
+        raise ArgumentError(f"{op}: softcap: expected {expected}, got {softcap!r}")
     return value
+
+
+def _scale(op, scale):
+    return None if scale is None else _number(op, "scale", scale, "a finite value > 0 (or None for 1/sqrt(D))")
 
 
 def options(op, *, mask, bias, scale, causal, window, softcap, cu_seqlens_q, cu_seqlens_k, strategy):
     """The option arguments of the _C.attention_* functions, checked where Python must."""
     left, right = _window(op, window)
-    return dict(scale=None if scale is None else float(scale), causal=bool(causal), window_left=left,
+    return dict(scale=_scale(op, scale), causal=bool(causal), window_left=left,
                 window_right=right, softcap=_softcap(op, softcap), strategy=_strategy(op, strategy))
 
 
@@ -88,8 +104,13 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
     i + Sk - Sq - left <= j <= i + Sk - Sq + right (None = unbounded side). softcap: scores
     become softcap * tanh(score / softcap) before bias and mask. A row that sees no key gives
     out 0 and lse -inf. strategy: "auto", "flash", "fallback" or "autotune" (CUDA; the CPU
-    runs the reference backend). On CUDA, cu_seqlens values are not read by the host: offsets
-    outside [0, total] are clamped rather than checked.
+    runs the reference backend). "autotune" times the candidates on the caller's stream the
+    first time it meets a (shape class, dtype, device, options) key, which synchronizes that
+    stream once (not while a CUDA graph is being captured: use "auto" or "flash" there), and
+    reuses the choice afterwards. On CUDA, cu_seqlens values are not read by the host (that
+    would synchronize): offsets outside [0, total] are clamped rather than checked, and rows
+    that no sequence covers (offsets that decrease, or a last offset below the packed length)
+    are not written. The CPU checks the values and raises ArgumentError.
     """
     if fw.is_jax(q):
         return _jax().attention(q, k, v, mask=mask, bias=bias, scale=scale, causal=causal, window=window,

@@ -82,8 +82,8 @@ Problem check_inputs(const std::string& op, const Tensor& q, const Tensor& k, co
     if (t.rank != rank)
       fail(ErrorKind::shape, op + ": " + name + ": expected rank " + std::to_string(rank) + layout + ", got shape " +
                                  t.shape_str());
-  // Axis numbers of (batch, head, seq) in each layout; varlen has no batch axis.
-  const int h_ax = p.varlen ? 1 : 1, s_ax = p.varlen ? 0 : 2;
+  // Axis numbers of head and sequence in each layout ([B, H, S, D] or packed [total, H, D]).
+  const int h_ax = 1, s_ax = p.varlen ? 0 : 2;
   p.d = q.shape[rank - 1];
   p.dv = v.shape[rank - 1];
   p.hq = q.shape[h_ax];
@@ -188,13 +188,12 @@ Strides row_strides(const Tensor& t, bool varlen) {
 Strides check_lse(const Tensor& lse, const Tensor& q, const Problem& p, const std::string& name) {
   core::expect_same_device(lse, q, name, "q");
   core::expect_dtype(lse, DType::f32, name);
-  if (p.varlen) {
+  if (p.varlen)
     expect_shape(lse, {p.hq, p.sq}, name, "([Hq, total_q])");
-    return Strides{0, lse.strides[0], lse.strides[1]};
-  }
-  expect_shape(lse, {p.batch, p.hq, p.sq}, name, "([B, Hq, Sq])");
+  else
+    expect_shape(lse, {p.batch, p.hq, p.sq}, name, "([B, Hq, Sq])");
   core::expect_data(lse, name);
-  return Strides{lse.strides[0], lse.strides[1], lse.strides[2]};
+  return p.varlen ? Strides{0, lse.strides[0], lse.strides[1]} : Strides{lse.strides[0], lse.strides[1], lse.strides[2]};
 }
 
 }  // namespace
@@ -217,24 +216,22 @@ BackwardProblem validate_backward(const AttentionBackwardArgs& a) {
   Problem& p = bp.fwd;
   p = check_inputs(op, a.q, a.k, a.v, a.options);
   const bool vl = p.varlen;
-  auto like = [&](const Tensor& t, const Tensor& ref, const char* name, const char* ref_name) {
+  auto like = [&](const Tensor& t, const Tensor& ref, const char* name) {
     if (vl)
-      check_like(t, a.q, p.dtype, {ref.shape[0], ref.shape[1], ref.shape[2]}, op + ": " + name,
-                 std::string("the dtype of q"));
+      check_like(t, a.q, p.dtype, {ref.shape[0], ref.shape[1], ref.shape[2]}, op + ": " + name, "the dtype of q");
     else
       check_like(t, a.q, p.dtype, {ref.shape[0], ref.shape[1], ref.shape[2], ref.shape[3]}, op + ": " + name,
-                 std::string("the dtype of q"));
-    (void)ref_name;
+                 "the dtype of q");
   };
   if (vl)
     check_like(a.out, a.q, p.dtype, {p.sq, p.hq, p.dv}, op + ": out", "the dtype of q");
   else
     check_like(a.out, a.q, p.dtype, {p.batch, p.hq, p.sq, p.dv}, op + ": out", "the dtype of q");
-  like(a.dout, a.out, "dout", "out");
+  like(a.dout, a.out, "dout");
   p.lse = check_lse(a.lse, a.q, p, op + ": lse");
-  like(a.dq, a.q, "dq", "q");
-  like(a.dk, a.k, "dk", "k");
-  like(a.dv, a.v, "dv", "v");
+  like(a.dq, a.q, "dq");
+  like(a.dk, a.k, "dk");
+  like(a.dv, a.v, "dv");
   p.out = row_strides(a.out, vl);
   bp.dout = row_strides(a.dout, vl);
   bp.dq = row_strides(a.dq, vl);

@@ -64,11 +64,14 @@ def spec(a):
 
 
 def static_float(v, op: str, name: str) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):  # includes jax's ConcretizationTypeError for traced values
-        raise ArgumentError(f"{op}: {name}: expected a Python float (a static value, not a traced array), "
-                            f"got {type(v).__name__}") from None
+    """float(v) of a static real number; strings and bools are refused like traced arrays."""
+    if not isinstance(v, (str, bytes, bool)):
+        try:
+            return float(v)
+        except (TypeError, ValueError):  # includes jax's ConcretizationTypeError for traced values
+            pass
+    raise ArgumentError(f"{op}: {name}: expected a Python float (a static value, not a traced array), "
+                        f"got {type(v).__name__}")
 
 
 def no_out(op: str, out) -> None:

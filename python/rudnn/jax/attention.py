@@ -4,7 +4,8 @@ Same names, arguments and results as ``rudnn.attention`` / ``rudnn.attention_bac
 ``rudnn.attention`` called with JAX arrays comes here. Every call, eager or traced, is a
 ``jax.ffi.ffi_call`` to a libruDNN handler registered for the "cpu" and "CUDA" platforms,
 so it works under ``jax.jit`` and ``jax.grad`` (gradients for q, k and v; mask, bias and
-the lse output are not differentiated). ``vmap`` runs the call once per batch element.
+the lse output are not differentiated: their cotangents are zero). ``vmap`` runs the call
+once per batch element.
 Arguments are checked by libruDNN's validation when the call is traced; on the CPU the
 cu_seqlens values are checked when the call runs.
 """

@@ -1,6 +1,7 @@
 """rudnn.attention as torch.library custom ops: a fake (meta) implementation for
 torch.compile and autograd through rudnn.attention_backward (gradients of q, k and v;
-mask and bias get none).
+none for mask and bias: a mask or bias that requires grad is refused rather than left
+silently untrained).
 
 `rudnn.torch.attention` takes the same arguments as `rudnn.attention`. With `out=` or
 `stream=` the call runs eagerly without autograd, like torch's own out= variants.
@@ -16,6 +17,7 @@ from torch import Tensor
 from ..attention import attention as _attention_eager
 from ..attention import attention_backward as _attention_backward_eager
 from ..attention import options as _options
+from ..errors import UnsupportedError
 
 
 def _shapes(q: Tensor, v: Tensor, varlen: bool):
@@ -34,9 +36,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], bias: Opti
              cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], strategy: str) -> tuple[Tensor, Tensor]:
     """Returns (out, lse); lse is always computed (the backward needs it)."""
     return _attention_eager(q, k, v, mask=mask, bias=bias, scale=scale, causal=causal,
-                                window=_window(window_left, window_right), softcap=softcap,
-                                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, return_lse=True,
-                                strategy=strategy)
+                            window=_window(window_left, window_right), softcap=softcap,
+                            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, return_lse=True,
+                            strategy=strategy)
 
 
 @_forward.register_fake
@@ -51,9 +53,9 @@ def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
               softcap: Optional[float], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], strategy: str,
               deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     return _attention_backward_eager(dout, q, k, v, out, lse, mask=mask, bias=bias, scale=scale, causal=causal,
-                                         window=_window(window_left, window_right), softcap=softcap,
-                                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                         deterministic=deterministic, strategy=strategy)
+                                     window=_window(window_left, window_right), softcap=softcap,
+                                     cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                     deterministic=deterministic, strategy=strategy)
 
 
 @_backward.register_fake
@@ -92,11 +94,15 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
     dq/dk/dv are deterministic when torch.use_deterministic_algorithms(True) is on)."""
     if out is not None or stream is not None:
         return _attention_eager(q, k, v, mask=mask, bias=bias, scale=scale, causal=causal, window=window,
-                                    softcap=softcap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                    return_lse=return_lse, strategy=strategy, out=out, stream=stream)
+                                softcap=softcap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                return_lse=return_lse, strategy=strategy, out=out, stream=stream)
     op = "rudnn.torch.attention"
     opts = _options(op, mask=mask, bias=bias, scale=scale, causal=causal, window=window, softcap=softcap,
-                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, strategy=strategy)
+                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, strategy=strategy)
+    for name, t in (("mask", mask), ("bias", bias)):
+        if isinstance(t, Tensor) and t.requires_grad and torch.is_grad_enabled():
+            raise UnsupportedError(f"{op}: {name}: gradients with respect to {name} are not computed; pass "
+                                   f"{name}.detach() (or build it under torch.no_grad())")
     o, lse = _forward(q, k, v, mask, bias, opts["scale"], opts["causal"], opts["window_left"], opts["window_right"],
                       softcap if softcap is None else float(softcap), cu_seqlens_q, cu_seqlens_k, strategy)
     return (o, lse) if return_lse else o
@@ -107,12 +113,12 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=N
                        stream=None):
     if stream is not None:
         return _attention_backward_eager(dout, q, k, v, out, lse, mask=mask, bias=bias, scale=scale,
-                                             causal=causal, window=window, softcap=softcap,
-                                             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                             deterministic=deterministic, strategy=strategy, stream=stream)
+                                         causal=causal, window=window, softcap=softcap,
+                                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                         deterministic=deterministic, strategy=strategy, stream=stream)
     opts = _options("rudnn.torch.attention_backward", mask=mask, bias=bias, scale=scale, causal=causal,
-                              window=window, softcap=softcap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                              strategy=strategy)
+                    window=window, softcap=softcap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                    strategy=strategy)
     return _backward(dout, q, k, v, out, lse, mask, bias, opts["scale"], opts["causal"], opts["window_left"],
                      opts["window_right"], softcap if softcap is None else float(softcap), cu_seqlens_q, cu_seqlens_k,
                      strategy, bool(deterministic))
