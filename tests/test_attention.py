@@ -4,6 +4,9 @@ error budget: at most twice the error of the same computation done by torch in t
 dtype. CUDA variants are the same tests with device "cuda" (all strategies)."""
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -586,6 +589,40 @@ def test_autotune_times_every_flash_generation_and_keeps_its_pick(monkeypatch):
     q, k, v, opts = _inputs(CASES["flash_long_d64"], torch.bfloat16, "cuda")  # a new shape class
     rudnn.attention(q, k, v, strategy="autotune", **opts)
     assert rudnn.attention_last_algorithm() in {"fallback", "flash_sm80"}
+
+
+# A process that autotunes one forward shape class, and prints what ran.
+_AUTOTUNE_ONE_CALL = """
+import torch, rudnn
+q = torch.randn(1, 4, 300, 64, device="cuda", dtype=torch.bfloat16)
+kv = torch.randn(1, 2, 300, 64, device="cuda", dtype=torch.bfloat16)
+rudnn.attention(q, kv, kv, causal=True, strategy="autotune")
+print(rudnn.attention_last_algorithm())
+"""
+
+
+@pytest.mark.cuda
+def test_autotune_choices_persist_across_processes(tmp_path):
+    """RUDNN_AUTOTUNE_CACHE=<file>: the first process's pick lands in the file under a key naming
+    this build and the device; a later process takes the recorded pick without timing (a line
+    edited to 'fallback' is what it then runs, and it adds no line)."""
+    path = tmp_path / "autotune.tsv"
+    env = {**os.environ, "RUDNN_AUTOTUNE_CACHE": str(path)}
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", _AUTOTUNE_ONE_CALL], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    first = run()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1, lines
+    key, choice = lines[0].split("\t")
+    assert choice == first and key.startswith(rudnn._C.build_id() + " | attention forward | ")
+    assert torch.cuda.get_device_name() in key
+    path.write_text(f"{key}\tfallback\n")
+    assert run() == "fallback"
+    assert path.read_text() == f"{key}\tfallback\n"
 
 
 @pytest.mark.cuda

@@ -2,7 +2,9 @@
 // cudaStream_t, rudnn::Error -> the matching rudnn.*Error. No logic beyond that.
 // Each op family binds its functions in cpp/bindings/<family>.cpp.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
+#include "core/tune_cache.hpp"
 #include "families.hpp"
 #include "tensor_convert.hpp"
 #if RUDNN_WITH_JAX
@@ -26,6 +28,12 @@ NB_MODULE(_C, m) {
 #else
   m.attr("has_jax_ffi") = false;
 #endif
+
+  // The on-disk autotune cache (core/tune_cache.hpp): the build's id, and for its tests the
+  // lookup and store the autotuned ops use.
+  m.def("build_id", &rudnn::core::build_id);
+  m.def("_tune_cache_lookup", &rudnn::core::tune_cache_lookup);
+  m.def("_tune_cache_store", &rudnn::core::tune_cache_store);
 
   rudnn::bindings::register_norm(m);
   rudnn::bindings::register_attention(m);

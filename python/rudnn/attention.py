@@ -107,7 +107,9 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
     runs the reference backend). "autotune" times the candidates on the caller's stream the
     first time it meets a (shape class, dtype, device, options) key, which synchronizes that
     stream once (not while a CUDA graph is being captured: use "auto" or "flash" there), and
-    reuses the choice afterwards. On CUDA, cu_seqlens values are not read by the host (that
+    reuses the choice afterwards; with the environment variable RUDNN_AUTOTUNE_CACHE=<file>,
+    the choices are also appended to that file and read back by later processes (keys name the
+    rudnn build and the device, so a rebuilt library or another GPU times anew). On CUDA, cu_seqlens values are not read by the host (that
     would synchronize): offsets outside [0, total] are clamped rather than checked, and rows
     that no sequence covers (offsets that decrease, or a last offset below the packed length)
     are not written. The CPU checks the values and raises ArgumentError.

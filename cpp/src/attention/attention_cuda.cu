@@ -19,7 +19,8 @@
 //   "autotune"  times the candidates once per (shape class, dtype, device) on the caller's
 //               stream (synchronizing it once per new key) and caches the winner: the fallback
 //               and each flash generation the device runs (sm80, sm90, sm90ws on Hopper; the one
-//               RUDNN_ATTENTION_FLASH names if set), forward and backward separately.
+//               RUDNN_ATTENTION_FLASH names if set), forward and backward separately; with
+//               RUDNN_AUTOTUNE_CACHE=<file>, also on disk for later processes (core/tune_cache.hpp).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,6 +37,7 @@
 #include "core/check.hpp"
 #include "core/cuda_check.hpp"
 #include "core/device.hpp"
+#include "core/tune_cache.hpp"
 
 namespace rudnn::attention {
 
@@ -209,16 +211,58 @@ float time_on_stream(Run&& run, Stream stream, int reps) {
   return ms / float(reps);
 }
 
-// The cached choice for `key`, or the fastest of the flash generations (each timed once, the
-// same kernel not twice) and the fallback, timed now by run_flash(generation) and run_fallback().
-// The candidates write the outputs, which the chosen kernels then overwrite.
+const char* choice_name(const Choice& c) { return c.flash ? generation_name(c.generation) : "fallback"; }
+
+// The key of `key` in the on-disk cache (core/tune_cache.hpp): this build, the device by name,
+// compute capability and SM count (ordinals differ between machines), the candidates, the shape
+// class and options.
+std::string disk_key(const char* op, const TuneKey& key) {
+  const auto& [device, dtype, d, dv, sq, sk, rows, options] = key;
+  const core::DeviceProps& props = core::device_props(device);
+  std::string candidates;
+  for (Generation g : tunable_generations())
+    candidates += (candidates.empty() ? "" : ",") + std::string(generation_name(g));
+  return std::string(core::build_id()) + " | attention " + op + " | " + props.name + " cc" +
+         std::to_string(props.cc_major) + "." + std::to_string(props.cc_minor) + " sms" +
+         std::to_string(props.sm_count) + " | " + candidates + " | dtype " + std::to_string(dtype) + " d " +
+         std::to_string(d) + " dv " + std::to_string(dv) + " log2 sq " + std::to_string(sq) + " sk " +
+         std::to_string(sk) + " b*hq " + std::to_string(rows) + " options " + std::to_string(options);
+}
+
+// The choice a cache line names, if it is one this build can run: the fallback, or a
+// generation that was a candidate (and so runs on this device).
+bool parse_choice(const std::string& name, Choice& c) {
+  if (name == "fallback") {
+    c = Choice{false, Generation::sm80};
+    return true;
+  }
+  for (Generation g : tunable_generations()) {
+    if (name == generation_name(g)) {
+      c = Choice{true, g};
+      return true;
+    }
+  }
+  return false;
+}
+
+// The cached choice for `key` (this process's, else the on-disk cache's), or the fastest of the
+// flash generations (each timed once, the same kernel not twice) and the fallback, timed now by
+// run_flash(generation) and run_fallback(), then recorded in both caches. The candidates write
+// the outputs, which the chosen kernels then overwrite.
 template <class Distinct, class RunFlash, class RunFallback>
-Choice tuned(std::map<TuneKey, Choice>& cache, const TuneKey& key, Distinct&& distinct, RunFlash&& run_flash,
-             RunFallback&& run_fallback, Stream stream) {
+Choice tuned(const char* op, std::map<TuneKey, Choice>& cache, const TuneKey& key, Distinct&& distinct,
+             RunFlash&& run_flash, RunFallback&& run_fallback, Stream stream) {
   {
     std::lock_guard<std::mutex> lock(tune_mutex);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
+  }
+  const std::string on_disk = disk_key(op, key);
+  Choice recorded{};
+  if (parse_choice(core::tune_cache_lookup(on_disk), recorded)) {
+    std::lock_guard<std::mutex> lock(tune_mutex);
+    cache.emplace(key, recorded);
+    return recorded;
   }
   Choice best{false, Generation::sm80};
   float best_ms = time_on_stream(run_fallback, stream, 1);
@@ -230,6 +274,7 @@ Choice tuned(std::map<TuneKey, Choice>& cache, const TuneKey& key, Distinct&& di
     const float ms = time_on_stream([&] { run_flash(g); }, stream, 3);
     if (ms <= best_ms) best = Choice{true, g}, best_ms = ms;
   }
+  core::tune_cache_store(on_disk, choice_name(best));
   std::lock_guard<std::mutex> lock(tune_mutex);
   cache.emplace(key, best);
   return best;
@@ -240,7 +285,7 @@ std::map<TuneKey, Choice> tune_cache_forward;
 Choice autotune_forward(const AttentionForwardArgs& a, const Problem& p, Stream stream) {
   if (!flash_forward_unsupported(a, p).empty()) return Choice{false, Generation::sm80};  // the only candidate
   return tuned(
-      tune_cache_forward, tune_key(p, core::current_device()),
+      "forward", tune_cache_forward, tune_key(p, core::current_device()),
       [&](Generation g) { return forward_generation(a, p, g); },
       [&](Generation g) { run_flash_forward(a, p, stream, g); }, [&] { run_fallback_forward(a, p, stream); }, stream);
 }
@@ -329,7 +374,7 @@ Choice choose_backward(const AttentionBackwardArgs& a, const BackwardProblem& bp
     case AttentionStrategy::autotune:
       if (!why.empty()) return Choice{false, Generation::sm80};
       return tuned(
-          tune_cache_backward, tune_key(bp.fwd, core::current_device()),
+          "backward", tune_cache_backward, tune_key(bp.fwd, core::current_device()),
           [&](Generation g) { return backward_generation(a, bp, g); },
           [&](Generation g) { run_flash_backward(a, bp, workspace, stream, g); },
           [&] { run_fallback_backward(a, bp, workspace, stream); }, stream);

@@ -20,6 +20,9 @@ const DeviceProps& device_props(int device) {
   std::lock_guard<std::mutex> lock(props_mutex);
   if (!props_known[device]) {
     DeviceProps p;
+    cudaDeviceProp full{};
+    RUDNN_CUDA_CHECK(cudaGetDeviceProperties(&full, device));
+    p.name = full.name;
     RUDNN_CUDA_CHECK(cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, device));
     RUDNN_CUDA_CHECK(cudaDeviceGetAttribute(&p.max_smem_per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     RUDNN_CUDA_CHECK(cudaDeviceGetAttribute(&p.max_threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));

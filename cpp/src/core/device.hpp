@@ -1,9 +1,12 @@
 // Cached properties of CUDA devices (queried once per device per process).
 #pragma once
 
+#include <string>
+
 namespace rudnn::core {
 
 struct DeviceProps {
+  std::string name;  // "NVIDIA H200", ...
   int sm_count = 0;
   int max_smem_per_block_optin = 0;  // bytes, with cudaFuncAttributeMaxDynamicSharedMemorySize
   int max_threads_per_sm = 0;
