@@ -156,11 +156,18 @@ def test_errors_of_arguments_and_frameworks():
 
 
 def test_cu_seqlens_values_are_checked_when_the_call_runs():
-    """The offsets' values are data, read by the CPU handler when XLA runs it: the error comes back
-    as XLA's runtime error carrying the rudnn error's name and message (not a rudnn.Error)."""
+    """The offsets' values are data, read by the CPU handler when XLA runs it: an eager call raises
+    the rudnn error the handler reported; under jit the failure comes when the compiled function
+    runs, as XLA's runtime error carrying the rudnn error's name and message."""
     q, k, v = (rand((7, 4, 8), torch.float32, seed=1), rand((9, 2, 8), torch.float32, seed=2),
                rand((9, 2, 8), torch.float32, seed=3))
     cu_q, cu_k = np.array([0, 5, 3, 7], dtype=np.int32), np.array([0, 3, 6, 9], dtype=np.int32)
-    with pytest.raises(jax.errors.JaxRuntimeError, match=r"rudnn\.ArgumentError: attention: cu_seqlens_q: expected "
-                                                         r"non-decreasing offsets, got 3 after 5 at index 2"):
+    message = "attention: cu_seqlens_q: expected non-decreasing offsets, got 3 after 5 at index 2"
+    with pytest.raises(rudnn.ArgumentError) as info:
         rj.attention(J(q), J(k), J(v), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k).block_until_ready()
+    assert str(info.value) == message
+    with pytest.raises(rudnn.ArgumentError, match=message):
+        rudnn.attention(J(q), J(k), J(v), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    jitted = jax.jit(lambda a, b, c, cq, ck: rj.attention(a, b, c, cu_seqlens_q=cq, cu_seqlens_k=ck))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"rudnn\.ArgumentError: " + message):
+        jitted(J(q), J(k), J(v), jnp.asarray(cu_q), jnp.asarray(cu_k)).block_until_ready()

@@ -4,6 +4,8 @@ rule for row-wise custom calls."""
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
 
 import jax
@@ -11,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _C
+from .. import errors
 from ..errors import ArgumentError, FrameworkError, UnsupportedError
 
 # ---------------------------------------------------------------------------
@@ -37,6 +40,32 @@ def ensure_ready(op: str) -> None:
                 for name, capsule in targets.items():
                     jax.ffi.register_ffi_target(name, capsule, platform=platform)
             _registered = True
+
+
+# ---------------------------------------------------------------------------
+# Errors a handler reports while XLA runs the call
+# ---------------------------------------------------------------------------
+
+_HANDLER_ERROR = re.compile(r"rudnn\.(\w+Error): (.*)", re.S)
+
+
+def raises_rudnn_errors(op_function):
+    """Decorates a public rudnn.jax function: when an eager call's handler fails as XLA runs it
+    (checks of array values, such as the CPU's cu_seqlens checks), the rudnn error it reported
+    (jax_ffi_common.hpp: "rudnn.<Kind>Error: <message>") is raised as that rudnn.Error subclass.
+    Under jit the failure happens when the compiled function runs, outside this call: there it
+    stays XLA's runtime error, with the same message."""
+    @functools.wraps(op_function)
+    def call(*args, **kwargs):
+        try:
+            return op_function(*args, **kwargs)
+        except jax.errors.JaxRuntimeError as e:
+            found = _HANDLER_ERROR.search(str(e))
+            kind = getattr(errors, found.group(1), None) if found else None
+            if not (isinstance(kind, type) and issubclass(kind, errors.Error)):
+                raise
+            raise kind(found.group(2)) from e
+    return call
 
 
 # ---------------------------------------------------------------------------

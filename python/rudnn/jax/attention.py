@@ -91,6 +91,7 @@ def _prepare(op, q, k, v, mask, bias, scale, causal, window, softcap, cu_seqlens
     return q, k, v, mask, bias, cu_q, cu_k, o
 
 
+@_ffi.raises_rudnn_errors
 def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window=None, softcap=None,
               cu_seqlens_q=None, cu_seqlens_k=None, return_lse=False, strategy="auto", out=None, stream=None):
     """rudnn.attention for JAX arrays (see rudnn.attention). Differentiable in q, k, v."""
@@ -109,6 +110,7 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
     return f(q, k, v, *_ffi.present(mask, bias, cu_q, cu_k))
 
 
+@_ffi.raises_rudnn_errors
 def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=None, causal=False, window=None,
                        softcap=None, cu_seqlens_q=None, cu_seqlens_k=None, deterministic=False, strategy="auto",
                        stream=None):

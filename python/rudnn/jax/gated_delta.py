@@ -115,6 +115,7 @@ def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_siz
     return tuple(f(*arrays, *_ffi.present(initial, cu)))
 
 
+@_ffi.raises_rudnn_errors
 def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, chunk_size=64, cu_seqlens=None,
                            strategy="auto", out=None, stream=None):
     """Chunked gated delta rule: (out, final_state). Differentiable with respect to q, k, v,
@@ -124,6 +125,7 @@ def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scal
                     cu_seqlens, strategy, out)
 
 
+@_ffi.raises_rudnn_errors
 def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_seqlens=None, out=None, stream=None):
     """Token-by-token gated delta rule (decode): (out, final_state). Differentiable."""
     del stream
@@ -145,6 +147,7 @@ def _backward(op, algo, dout, q, k, v, beta, log_decay, initial_state, dfinal_st
     return tuple(grads[:5]) + ((grads[5],) if initial is not None else (None,))
 
 
+@_ffi.raises_rudnn_errors
 def chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None, dfinal_state=None, *, scale,
                                     chunk_size=64, cu_seqlens=None, stream=None):
     """(dq, dk, dv, dbeta, dlog_decay, dinitial_state); dinitial_state is None without initial_state."""
@@ -153,6 +156,7 @@ def chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_stat
                      dfinal_state, scale, chunk_size, cu_seqlens)
 
 
+@_ffi.raises_rudnn_errors
 def gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None, dfinal_state=None, *, scale,
                               cu_seqlens=None, stream=None):
     del stream

@@ -37,6 +37,7 @@ def _ready(op, **arrays):
 
 # ---- routing ----------------------------------------------------------------------------------
 
+@_ffi.raises_rudnn_errors
 def route(logits, top_k, renormalize=True):
     """Softmax top-k routing: (expert_indices uint32 [T, k], weights [T, k]); no gradient."""
     (logits,) = _ready("moe.route", logits=logits)
@@ -49,6 +50,7 @@ def route(logits, top_k, renormalize=True):
     return indices, weights
 
 
+@_ffi.raises_rudnn_errors
 def route_sigmoid_grouped(logits, bias=None, *, top_k, groups, selected_groups, group_top_two=True, renormalize=True,
                           scale=1.0):
     """DeepSeek-V3 grouped sigmoid routing: (expert_indices, weights); no gradient."""
@@ -100,6 +102,7 @@ def _srw_bwd(scoring, renormalize, scale, res, grad):
 _selected_router_weights.defvjp(_srw_fwd, _srw_bwd)
 
 
+@_ffi.raises_rudnn_errors
 def selected_router_weights(logits, indices, scoring="softmax", renormalize=True, scale=1.0):
     """float32 [T, k] weights of the chosen experts, differentiable in logits."""
     op = "moe.selected_router_weights"
@@ -110,6 +113,7 @@ def selected_router_weights(logits, indices, scoring="softmax", renormalize=True
     return _selected_router_weights(logits, indices, code, bool(renormalize), scale)
 
 
+@_ffi.raises_rudnn_errors
 def selected_router_backward(logits, indices, grad_weights, scoring="softmax", renormalize=True, scale=1.0):
     op = "moe.selected_router_backward"
     code = _choice(_SCORINGS, scoring, op, "scoring")
@@ -153,6 +157,7 @@ def _dispatch_bwd(num_experts, row_of_slot, cotangents):
 _dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
 
 
+@_ffi.raises_rudnn_errors
 def dispatch(x, expert_indices, num_experts):
     """(x_dispatched [T*k, H], offsets [E+1], token_of_row [T*k], row_of_slot [T, k]);
     x_dispatched is differentiable in x."""
@@ -178,6 +183,7 @@ def _combine_bwd(res, dout):
 _combine.defvjp(_combine_fwd, _combine_bwd)
 
 
+@_ffi.raises_rudnn_errors
 def combine(y, row_of_slot, weights):
     """out[t] = sum_j weights[t, j] * y[row_of_slot[t, j]]; differentiable in y and weights."""
     y, row_of_slot, weights = _ready("moe.combine", y=y, row_of_slot=row_of_slot, weights=weights)
@@ -190,6 +196,7 @@ def _combine_backward_call(y, dout, row_of_slot, weights, strategy):
         vmap_method=_SEQ)(y, dout, row_of_slot, weights, strategy=np.int32(strategy))
 
 
+@_ffi.raises_rudnn_errors
 def combine_backward(y, dout, row_of_slot, weights, strategy="plane"):
     """Gradients of combine: (dy in y's dtype, dweights float32 [T, k])."""
     op = "moe.combine_backward"
@@ -198,6 +205,7 @@ def combine_backward(y, dout, row_of_slot, weights, strategy="plane"):
     return _combine_backward_call(y, dout, row_of_slot, weights, code)
 
 
+@_ffi.raises_rudnn_errors
 def dispatch_backward(dx_dispatched, row_of_slot):
     """Gradient of dispatch: dx[t] = sum_j dx_dispatched[row_of_slot[t, j]]."""
     dx_dispatched, row_of_slot = _ready("moe.dispatch_backward", dx_dispatched=dx_dispatched, row_of_slot=row_of_slot)
@@ -240,6 +248,7 @@ def _experts_bwd(strategy, res, dy):
 _experts.defvjp(_experts_fwd, _experts_bwd)
 
 
+@_ffi.raises_rudnn_errors
 def swiglu_experts(x_dispatched, offsets, gate, up, down, strategy="auto"):
     """Expert outputs [N, H] of the dispatched rows; differentiable in x_dispatched and the weights."""
     op = "SwiGluExperts.forward_dispatched"
@@ -249,6 +258,7 @@ def swiglu_experts(x_dispatched, offsets, gate, up, down, strategy="auto"):
     return _experts(x, offsets, gate, up, down, code)
 
 
+@_ffi.raises_rudnn_errors
 def swiglu_experts_training(x_dispatched, offsets, gate, up, down, strategy="auto"):
     """(y, a, b): the expert outputs and the gate/up pre-activations the backward needs."""
     op = "SwiGluExperts.forward_dispatched_training"
@@ -258,6 +268,7 @@ def swiglu_experts_training(x_dispatched, offsets, gate, up, down, strategy="aut
     return _experts_call(x, offsets, gate, up, down, code)
 
 
+@_ffi.raises_rudnn_errors
 def swiglu_experts_backward(dy, x_dispatched, offsets, gate, up, down, gate_pre, up_pre, strategy="auto"):
     """(dx_dispatched, dgate, dup, ddown), weight gradients float32."""
     op = "MoeTrainingCache.backward"
@@ -275,12 +286,14 @@ def _layer(x, logits, gate, up, down, indices, scoring, renormalize, scale, stra
     return combine(swiglu_experts(xd, offsets, gate, up, down, strategy), row_of_slot, weights)
 
 
+@_ffi.raises_rudnn_errors
 def moe_layer(x, logits, gate, up, down, *, top_k, renormalize=True, strategy="auto"):
     """route -> dispatch -> SwiGLU experts -> combine; differentiable in x, logits, gate, up, down."""
     indices, _ = route(logits, top_k, renormalize)
     return _layer(x, logits, gate, up, down, indices, "softmax", renormalize, 1.0, strategy)
 
 
+@_ffi.raises_rudnn_errors
 def moe_layer_sigmoid_grouped(x, logits, gate, up, down, bias=None, *, top_k, groups, selected_groups,
                               group_top_two=True, renormalize=True, scale=1.0, strategy="auto"):
     indices, _ = route_sigmoid_grouped(logits, bias, top_k=top_k, groups=groups, selected_groups=selected_groups,

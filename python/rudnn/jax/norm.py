@@ -203,6 +203,7 @@ def _norm(op, kind, x, weight, bias, eps, residual, return_stats, out):
     return _ffi.unpack(f(x, *_ffi.present(weight, bias, residual)))
 
 
+@_ffi.raises_rudnn_errors
 def layer_norm(x, weight=None, bias=None, eps=1e-5, *, residual=None, return_stats=False, out=None, stream=None):
     """LayerNorm over the last axis: (h - mean) / sqrt(var + eps) * weight + bias, h = x (+ residual).
 
@@ -213,6 +214,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, residual=None, return_sta
     return _norm("layer_norm", _LAYER, x, weight, bias, eps, residual, return_stats, out)
 
 
+@_ffi.raises_rudnn_errors
 def rms_norm(x, weight=None, eps=1e-6, *, residual=None, return_stats=False, out=None, stream=None):
     """RMSNorm over the last axis: h / sqrt(mean(h^2) + eps) * weight, h = x (+ residual).
 
@@ -223,6 +225,7 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None, return_stats=False, out
     return _norm("rms_norm", _RMS, x, weight, None, eps, residual, return_stats, out)
 
 
+@_ffi.raises_rudnn_errors
 def softmax(x, *, out=None, stream=None):
     """Softmax over the last axis, computed in float32. Differentiable."""
     del stream
@@ -234,6 +237,7 @@ def softmax(x, *, out=None, stream=None):
     return _softmax_op(x)
 
 
+@_ffi.raises_rudnn_errors
 def layer_norm_backward(dy, x, weight, mean, rstd, *, stream=None):
     """Gradients of layer_norm: (dx, dweight, dbias). dweight/dbias are float32 [H] reduced over
     rows in a fixed order; dweight is None when weight is None. x is the normalized input
@@ -253,6 +257,7 @@ def layer_norm_backward(dy, x, weight, mean, rstd, *, stream=None):
     return outs[0], (outs[1] if has_weight else None), outs[-1]
 
 
+@_ffi.raises_rudnn_errors
 def rms_norm_backward(dy, x, weight, rstd, *, stream=None):
     """Gradients of rms_norm: (dx, dweight); dweight float32 [H] (None when weight is None)."""
     del stream
@@ -268,6 +273,7 @@ def rms_norm_backward(dy, x, weight, rstd, *, stream=None):
     return outs[0], (outs[1] if has_weight else None)
 
 
+@_ffi.raises_rudnn_errors
 def softmax_backward(dy, y, *, stream=None):
     """Gradient of softmax given its output y: dx = y * (dy - sum(dy * y))."""
     del stream
