@@ -16,6 +16,7 @@ Skipped when g++ (C++20), the CUDA toolkit's headers or (flash) CUTLASS's header
 import math
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -424,16 +425,58 @@ PLANTED_FLASH_BUGS = {
 }
 
 
-def _planted_emulator(tmp_path, edit, case, generation, opts, backward):
+def _planted_setup(test, bug):
+    """(edit, case, generation, backward) of the planted-bug test function `test` for `bug`."""
+    if test == "test_flash_emulator_catches_planted_bug":
+        old, new, generation, *case = PLANTED_FLASH_BUGS[bug]
+        return (old, new), case[0] if case else "causal_three_blocks", generation, False
+    if test == "test_flash_emulator_catches_planted_backward_bug":
+        old, new, _, generation, *case = PLANTED_FLASH_BACKWARD_BUGS[bug]
+        return (old, new), case[0] if case else "d128_causal", generation, True
+    if test == "test_flash_emulator_catches_planted_varlen_bug":
+        old, new, mode = PLANTED_VARLEN_BUGS[bug]
+        return (old, new), "plain_tails", "sm90ws", mode == "backward"  # D = 64, as _varlen_inputs
+    assert test == "test_flash_emulator_reports_unordered_access", test
+    old, new, mode, generation, *case = PLANTED_ORDERING_HAZARDS[bug]
+    return (old, new), case[0] if case else "causal_three_blocks", generation, mode == "backward"
+
+
+PLANTED_TESTS = ("test_flash_emulator_catches_planted_bug", "test_flash_emulator_catches_planted_backward_bug",
+                 "test_flash_emulator_catches_planted_varlen_bug", "test_flash_emulator_reports_unordered_access")
+
+
+def _planted_emulator(build_dir, edit, case, generation, backward):
     """The flash emulator with one edit of the kernels' text, built with only the kernels that
-    `case` runs with `opts` through `generation` in one pass (its head dim, plain or general scores:
+    `case` runs through `generation` in one pass (its head dim, plain or general scores:
     attention_flash_emu.cpp); a run that needs another kernel fails instead of passing unchecked."""
-    plain = not (opts.get("window") or opts.get("softcap") or opts.get("mask") is not None
-                 or opts.get("bias") is not None)  # Problem::plain_scores (causal allowed)
+    # Problem::plain_scores: causal allowed; the varlen tests add causal alone to their case
+    plain = not any(option in FLASH_CASES[case] for option in ("window", "softcap", "mask", "bias"))
     defines = [f"EMU_HEAD_DIM={FLASH_CASES[case]['shape'][5]}", f"EMU_BACKWARD={int(backward)}",
                f"EMU_GENERATION={('sm80', 'sm90', 'sm90ws').index(generation)}", f"EMU_PLAIN={int(plain)}"]
-    return build_emulator("attention_flash_emu.cpp", _flash_source([edit]), tmp_path, needs_cutlass=True,
+    return build_emulator("attention_flash_emu.cpp", _flash_source([edit]), build_dir, needs_cutlass=True,
                           defines=defines)
+
+
+@pytest.fixture(scope="module")
+def planted_emulators(request, tmp_path_factory):
+    """The emulators of every selected planted-bug test, built os.cpu_count() at a time (one g++
+    process each) from when the first of those tests runs: {(test, bug): future executable}."""
+    wanted = [(item.originalname, item.callspec.params["bug"]) for item in request.session.items
+              if item.module is request.module and item.originalname in PLANTED_TESTS]
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    try:
+        yield {key: pool.submit(_planted_emulator, tmp_path_factory.mktemp("planted"), *_planted_setup(*key))
+               for key in wanted}
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+@pytest.fixture
+def planted(planted_emulators, request):
+    """(emulator, case, generation) of this planted-bug test."""
+    key = (request.node.originalname, request.node.callspec.params["bug"])
+    _, case, generation, _ = _planted_setup(*key)
+    return planted_emulators[key].result(), case, generation
 
 
 def _run_planted(*args, **kwargs):
@@ -448,11 +491,9 @@ def _run_planted(*args, **kwargs):
 
 
 @pytest.mark.parametrize("bug", list(PLANTED_FLASH_BUGS))
-def test_flash_emulator_catches_planted_bug(tmp_path, bug):
-    old, new, generation, *case = PLANTED_FLASH_BUGS[bug]
-    case = case[0] if case else "causal_three_blocks"
+def test_flash_emulator_catches_planted_bug(planted, tmp_path, bug):
+    exe, case, generation = planted
     q, k, v, opts = _flash_inputs(case, seed=21)
-    exe = _planted_emulator(tmp_path, (old, new), case, generation, opts, backward=False)
     result = _run_planted(exe, tmp_path, q, k, v, dict(opts), env={"EMU_FLASH_GENERATION": generation})
     if result is not None:
         o64, _ = _oracle(q, k, v, opts)
@@ -485,11 +526,10 @@ PLANTED_FLASH_BACKWARD_BUGS = {
 
 
 @pytest.mark.parametrize("bug", list(PLANTED_FLASH_BACKWARD_BUGS))
-def test_flash_emulator_catches_planted_backward_bug(tmp_path, bug):
-    old, new, grad, generation, *case = PLANTED_FLASH_BACKWARD_BUGS[bug]
-    case = case[0] if case else "d128_causal"
+def test_flash_emulator_catches_planted_backward_bug(planted, tmp_path, bug):
+    exe, case, generation = planted
+    grad = PLANTED_FLASH_BACKWARD_BUGS[bug][2]
     q, k, v, opts = _flash_inputs(case, seed=23)
-    exe = _planted_emulator(tmp_path, (old, new), case, generation, opts, backward=True)
     out, lse = _oracle(q, k, v, opts)
     dout = rand(out.shape, torch.bfloat16, seed=9)
     result = _run_planted(exe, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse),
@@ -516,10 +556,9 @@ PLANTED_VARLEN_BUGS = {
 
 
 @pytest.mark.parametrize("bug", list(PLANTED_VARLEN_BUGS))
-def test_flash_emulator_catches_planted_varlen_bug(tmp_path, bug):
-    old, new, mode = PLANTED_VARLEN_BUGS[bug]
-    # D = 64, as _varlen_inputs
-    exe = _planted_emulator(tmp_path, (old, new), "plain_tails", "sm90ws", {"causal": True}, mode == "backward")
+def test_flash_emulator_catches_planted_varlen_bug(planted, tmp_path, bug):
+    exe, _, _ = planted
+    mode = PLANTED_VARLEN_BUGS[bug][2]
     q, k, v, cu_q, cu_k = _varlen_inputs(seed=33)
     env = {"EMU_FLASH_GENERATION": "sm90ws"}
     rows_q, rows_k = slice(0, VARLEN_LENGTHS_Q[0]), slice(0, VARLEN_LENGTHS_K[0])  # sequence 0's
@@ -578,11 +617,10 @@ PLANTED_ORDERING_HAZARDS = {
 
 
 @pytest.mark.parametrize("bug", list(PLANTED_ORDERING_HAZARDS))
-def test_flash_emulator_reports_unordered_access(tmp_path, bug):
-    old, new, mode, generation, *case = PLANTED_ORDERING_HAZARDS[bug]
-    case = case[0] if case else "causal_three_blocks"
+def test_flash_emulator_reports_unordered_access(planted, tmp_path, bug):
+    exe, case, generation = planted
+    mode = PLANTED_ORDERING_HAZARDS[bug][2]
     q, k, v, opts = _flash_inputs(case, seed=21)
-    exe = _planted_emulator(tmp_path, (old, new), case, generation, opts, backward=mode == "backward")
     backward = None
     if mode == "backward":
         out, lse = _oracle(q, k, v, opts)

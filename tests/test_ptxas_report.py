@@ -23,22 +23,29 @@ FILES = ["flash_fwd_sm90_d128.cu", "flash_fwd_sm90ws_d128.cu", "flash_bwd_sm90_d
          "flash_bwd_sm90ws_d128.cu"]
 
 
-def _ptxas_report(name, tmp_path):
+_REPORTS = {}  # file name -> ptxas report: each file is compiled once for all the tests here
+
+
+def _ptxas_report(name, tmp_path_factory):
+    if name in _REPORTS:
+        return _REPORTS[name]
     nvcc, cutlass = shutil.which("nvcc"), cutlass_include()
     if not (nvcc and cutlass):
         pytest.skip("needs nvcc and CUTLASS's headers")
+    tmp_path = tmp_path_factory.mktemp("ptxas")
     cmd = [nvcc, "-O3", "-DNDEBUG", "-std=c++17", "--generate-code=arch=compute_90a,code=[sm_90a]",
            "--expt-relaxed-constexpr", "-DRUDNN_WITH_CUDA=1", f"-I{os.path.join(ROOT, 'cpp', 'include')}",
            f"-I{os.path.join(ROOT, 'cpp', 'src')}", "-isystem", cutlass, "-Xptxas", "-v", "-c",
            os.path.join(ROOT, "cpp", "src", "attention", name), "-o", str(tmp_path / "kernel.o")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
-    return result.stdout + result.stderr
+    _REPORTS[name] = result.stdout + result.stderr
+    return _REPORTS[name]
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_sm90_wgmma_pipeline_kept(name, tmp_path):
-    report = _ptxas_report(name, tmp_path)
+def test_sm90_wgmma_pipeline_kept(name, tmp_path_factory):
+    report = _ptxas_report(name, tmp_path_factory)
     assert "Compiling entry function" in report, "ptxas printed no report"
     losses = [line for line in report.splitlines()
               if any(code in line for code in ("C7514", "C7519", "Potential Performance Loss", "is injected"))]
@@ -57,7 +64,7 @@ def _plain_spills(report):
 
 
 @pytest.mark.parametrize("name", [f for f in FILES if "d128" in f])
-def test_sm90_plain_kernels_do_not_spill(name, tmp_path):
-    spills = _plain_spills(_ptxas_report(name, tmp_path))
+def test_sm90_plain_kernels_do_not_spill(name, tmp_path_factory):
+    spills = _plain_spills(_ptxas_report(name, tmp_path_factory))
     assert spills, "no plain kernel instantiation in the report"
     assert not any(spills.values()), spills
