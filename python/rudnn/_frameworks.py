@@ -12,6 +12,8 @@ import sys
 from .errors import DeviceError, DTypeError, FrameworkError, UnsupportedError
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+# Every dtype libruDNN's arrays can have (cpp/bindings/tensor_convert.hpp).
+DTYPES = FLOAT_DTYPES + ("int32", "int64", "uint32", "uint8", "bool")
 
 
 def _module_of(a) -> str | None:
@@ -163,10 +165,6 @@ def _adapter(name):
 
 def _describe(a) -> str:
     return f"{type(a).__module__}.{type(a).__name__}"
-
-
-# Every dtype libruDNN's arrays can have (cpp/bindings/tensor_convert.hpp).
-DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint32", "uint8", "bool")
 
 
 class Call:

@@ -46,8 +46,8 @@ def _window(op, window):
 
 
 def _number(op, name, value, expected):
-    """float(value) of a real number (a Python or NumPy scalar, a 0-d array); strings and
-    bools are refused like anything float() cannot convert, with an ArgumentError naming the argument."""
+    """float(value) of a real number (a Python or NumPy scalar, a 0-d array); strings, bools
+    and anything float() cannot convert raise an ArgumentError naming the argument."""
     if not isinstance(value, (str, bytes, bool)):
         try:
             return float(value)
@@ -109,10 +109,12 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
     stream once (not while a CUDA graph is being captured: use "auto" or "flash" there), and
     reuses the choice afterwards; with the environment variable RUDNN_AUTOTUNE_CACHE=<file>,
     the choices are also appended to that file and read back by later processes (keys name the
-    rudnn build and the device, so a rebuilt library or another GPU times anew). On CUDA, cu_seqlens values are not read by the host (that
-    would synchronize): offsets outside [0, total] are clamped rather than checked, and rows
-    that no sequence covers (offsets that decrease, or a last offset below the packed length)
-    are not written. The CPU checks the values and raises ArgumentError.
+    rudnn build and the device, so a rebuilt library or another GPU times anew).
+
+    On CUDA, cu_seqlens values are not read by the host (that would synchronize): offsets
+    outside [0, total] are clamped rather than checked, and rows that no sequence covers
+    (offsets that decrease, or a last offset below the packed length) are not written. The CPU
+    checks the values and raises ArgumentError.
     """
     if fw.is_jax(q):
         return _jax().attention(q, k, v, mask=mask, bias=bias, scale=scale, causal=causal, window=window,
