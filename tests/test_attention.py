@@ -591,6 +591,33 @@ def test_autotune_times_every_flash_generation_and_keeps_its_pick(monkeypatch):
     assert rudnn.attention_last_algorithm() in {"fallback", "flash_sm80"}
 
 
+@pytest.mark.cuda
+def test_work_is_queued_on_the_callers_stream():
+    """stream= (and torch's current stream, without it) order the call after the work already
+    queued there: q is produced on a side stream at the end of a chain of products the call must
+    wait for; run on another stream it would read q unfinished."""
+    k, v = rand((1, 2, 300, 64), torch.bfloat16, "cuda", seed=2), rand((1, 2, 300, 64), torch.bfloat16, "cuda", seed=3)
+    base = rand((1, 4, 300, 64), torch.bfloat16, "cuda", seed=1)
+    expected = rudnn.attention(base, k, v, causal=True)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+
+    def q_after_a_long_chain():
+        busy = torch.randn(2048, 2048, device="cuda")
+        for _ in range(30):
+            busy = torch.tanh(busy @ busy)
+        return base + busy[0, 0].to(torch.bfloat16) * 0  # ready only when the chain is
+
+    with torch.cuda.stream(side):
+        q = q_after_a_long_chain()
+    explicit = rudnn.attention(q, k, v, causal=True, stream=side)
+    with torch.cuda.stream(side):
+        q = q_after_a_long_chain()
+        current = rudnn.attention(q, k, v, causal=True)
+    side.synchronize()
+    assert torch.equal(explicit, expected) and torch.equal(current, expected)
+
+
 # A process that autotunes one forward shape class, and prints what ran.
 _AUTOTUNE_ONE_CALL = """
 import torch, rudnn

@@ -104,11 +104,15 @@ def test_fake_tensor_shapes():
         assert lse.shape == (2, 8, 5) and lse.dtype == torch.float32
 
 
-def test_torch_compile_cpu():
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile(device):
+    if device == "cuda":
+        pytest.importorskip("triton")  # inductor's GPU code generator
+
     def block(q, k, v):
         return rt.attention(q * 2.0, k, v, causal=True).sum(-1)
 
-    q, k, v = _qkv("cpu")
+    q, k, v = _qkv(device, D=64)
     compiled = torch.compile(block, fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v), block(q, k, v))
     qs = q.detach().clone().requires_grad_()
