@@ -193,7 +193,8 @@ Strides check_lse(const Tensor& lse, const Tensor& q, const Problem& p, const st
   else
     expect_shape(lse, {p.batch, p.hq, p.sq}, name, "([B, Hq, Sq])");
   core::expect_data(lse, name);
-  return p.varlen ? Strides{0, lse.strides[0], lse.strides[1]} : Strides{lse.strides[0], lse.strides[1], lse.strides[2]};
+  return p.varlen ? Strides{0, lse.strides[0], lse.strides[1]}
+                  : Strides{lse.strides[0], lse.strides[1], lse.strides[2]};
 }
 
 }  // namespace
