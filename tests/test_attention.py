@@ -413,6 +413,29 @@ def test_auto_picks_flash_where_supported_and_fallback_elsewhere():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("softcap", [1e-30, 1e35, 50.0])
+def test_flash_softcap_at_the_ends_of_its_range(softcap):
+    """softcap * tanh(score / softcap) in the flash kernels, forward and backward, at the ends of
+    its range and at Gemma 2's 50: 1e35 is no cap at all; 1e-30 leaves every logit within 1e-30
+    of 0 (uniform weights over the visible keys)."""
+    case = dict(shape=(1, 4, 2, 70, 150, 64, 64), causal=True, softcap=softcap)
+    q, k, v, opts = _inputs(case, torch.bfloat16, "cuda")
+    q = q * 4  # logits of several units: the cap of 50 bends the largest
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **opts)
+    o64, l64 = _oracle(q, k, v, opts)
+    o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
+    assert_close_to_oracle(out, o_same, o64, "out")
+    torch.testing.assert_close(lse.cpu().double(), l64, rtol=2e-5, atol=2e-5)
+    dout = rand(out.shape, torch.bfloat16, "cuda", seed=7)
+    grads = rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash", **opts)
+    g64 = _grads(q, k, v, opts, dout, torch.float64)
+    g_same = _grads(q, k, v, opts, dout, torch.bfloat16)
+    for ours, same, exact, what in zip(grads, g_same, g64, ("dq", "dk", "dv")):
+        assert torch.isfinite(ours.cpu().float()).all(), what
+        assert_close_to_oracle(ours, same, exact, what)
+
+
+@pytest.mark.cuda
 def test_flash_backward_d256_needs_its_shared_memory():
     """The D = 256 flash backward holds 144 KiB of tiles per block: it runs where the device allows
     that (A100, Hopper) and says why not elsewhere (Ada, consumer Ampere)."""

@@ -226,7 +226,8 @@ def flash_emulator(tmp_path_factory):
 
 # Shapes the flash kernels take (bfloat16, every head-dim pair the build has): tile tails on both
 # axes (Sq 67, Sk 71 are not multiples of 64), several key blocks, causal with Sq != Sk
-# (bottom-right), GQA, and every score option through the general (not kPlain) instantiation.
+# (bottom-right), GQA; causal and window through the plain instantiation (kPlain: no mask, bias or
+# softcap) and, beside softcap, a bias or mask, through the general one.
 FLASH_CASES = {
     "plain_tails": dict(shape=(1, 2, 2, 67, 71, 64, 64)),
     "causal_three_blocks": dict(shape=(1, 1, 1, 150, 150, 64, 64), causal=True),
@@ -235,6 +236,7 @@ FLASH_CASES = {
     "d128_causal": dict(shape=(1, 2, 1, 80, 140, 128, 128), causal=True),
     "window_softcap": dict(shape=(1, 2, 2, 90, 130, 64, 64), window=(50, 10), softcap=20.0),
     "bias_gqa4": dict(shape=(1, 4, 1, 70, 70, 64, 64), bias="float"),
+    "causal_window_gqa": dict(shape=(1, 4, 2, 100, 260, 64, 64), causal=True, window=(70, 0)),
     "bool_mask_empty_rows": dict(shape=(1, 2, 2, 70, 70, 64, 64), mask="bool_empty_rows"),
     "d96_causal_gqa": dict(shape=(1, 2, 1, 70, 100, 96, 96), causal=True),
     "d128_window": dict(shape=(1, 1, 1, 100, 90, 128, 128), window=(40, 0)),
@@ -358,7 +360,7 @@ def test_flash_backward_kernels_varlen(flash_emulator, tmp_path, generation):
 
 
 FLASH_BACKWARD_CASES = ["plain_tails", "causal_sq_lt_sk_gqa", "causal_sq_gt_sk", "window_softcap", "bias_gqa4",
-                        "bool_mask_empty_rows", "d96_causal_gqa", "d128_causal", "d128_window", "d192_dv128_causal",
+                        "causal_window_gqa", "bool_mask_empty_rows", "d96_causal_gqa", "d128_causal", "d128_window", "d192_dv128_causal",
                         "d256_softcap"]
 
 
@@ -449,8 +451,8 @@ def _planted_emulator(build_dir, edit, case, generation, backward):
     """The flash emulator with one edit of the kernels' text, built with only the kernels that
     `case` runs through `generation` in one pass (its head dim, plain or general scores:
     attention_flash_emu.cpp); a run that needs another kernel fails instead of passing unchecked."""
-    # Problem::plain_scores: causal allowed; the varlen tests add causal alone to their case
-    plain = not any(option in FLASH_CASES[case] for option in ("window", "softcap", "mask", "bias"))
+    # Problem::plain_scores: no mask, bias or softcap (causal and window allowed)
+    plain = not any(option in FLASH_CASES[case] for option in ("mask", "bias", "softcap"))
     defines = [f"EMU_HEAD_DIM={FLASH_CASES[case]['shape'][5]}", f"EMU_BACKWARD={int(backward)}",
                f"EMU_GENERATION={('sm80', 'sm90', 'sm90ws').index(generation)}", f"EMU_PLAIN={int(plain)}"]
     return build_emulator("attention_flash_emu.cpp", _flash_source([edit]), build_dir, needs_cutlass=True,

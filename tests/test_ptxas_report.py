@@ -3,8 +3,8 @@ sm_90a must not say that it serialized a kernel's wgmma (C7514, "wgmma.mma_async
 serialized": then every wgmma waits for the previous one and nothing overlaps the tensor cores;
 the warp-specialized forward had this until its next-block GEMM stopped being issued under a
 branch) or had to inject a warpgroup.arrive (C7519: registers of a wgmma written after the
-kernel's own fence); and at D = 128 the plain instantiations (kPlain: no mask, bias, softcap or
-window; what most calls run) must not spill registers (the 128-key blocks of the warp-specialized
+kernel's own fence); and at D = 128 the plain instantiations (kPlain: no mask, bias or softcap;
+causal and window by position; what most calls run) must not spill registers (the 128-key blocks of the warp-specialized
 forward hold 64 score floats per thread beside O's 64 and P's 32: a spill there would be paid in
 every key block). Compiles one translation unit per kernel family at D = 128 (and the two-warpgroup
 backward at D = 256, which may spill) the way the library's build does. Skipped without nvcc or

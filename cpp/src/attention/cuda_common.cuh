@@ -104,9 +104,9 @@ __host__ __device__ __forceinline__ void query_block_range(const Problem& p, std
 // The whole score transform of key j for query i: -inf where hidden, else logit(). Out of line
 // on purpose: the flash kernels unroll it over every score of a tile, and inlined (bias and mask
 // dtype switches, softcap's tanh, the division's slow path) it made the sm90a forward's main
-// loop 8.7k instructions, ~140 KB, several times the SM's instruction cache. Kernels without
-// these options (Problem::plain_scores) keep the raw dots and test the causal diagonal alone
-// (the scale goes into log2_factor). `*tanh_out` as for logit().
+// loop 8.7k instructions, ~140 KB, several times the SM's instruction cache. Kernels for problems
+// without a mask, bias or softcap (Problem::plain_scores) keep the raw dots and test causal and
+// window visibility by position with a TileBand instead. `*tanh_out` as for logit().
 inline __device__ __noinline__ float general_logit(const Problem& p, float dot, std::int64_t b, std::int64_t h,
                                             std::int64_t i, std::int64_t j, std::int64_t len_q, std::int64_t len_k,
                                             float* tanh_out) {
@@ -115,6 +115,39 @@ inline __device__ __noinline__ float general_logit(const Problem& p, float dot, 
     return -INFINITY;
   }
   return logit(p, dot, b, h, i, j, tanh_out);
+}
+
+// Which scores of one tile (queries [m0, ...), keys [n0, ...)) are visible by position alone:
+// inside both sequences, and for causal and the sliding window inside a band of diagonals, all
+// in 32-bit tile coordinates (a query row r and key column c of the tile; the 64-bit compares
+// of the general test grew the masking code through predicate spills). Limits are clamped to
+// +-2^30, far beyond any tile, so that nothing the tile holds changes side.
+struct TileBand {
+  int rows_in = 0, cols_in = 0;  // rows below rows_in and columns below cols_in are in the sequences
+  int lo = 0, hi = 0;            // column c is visible to row r when lo <= c - r <= hi
+
+  __device__ __forceinline__ bool visible(int r, int c) const {
+    return r < rows_in && c < cols_in && c - r >= lo && c - r <= hi;
+  }
+  // Every score of a rows x cols tile is visible (most tiles of a long sequence): nothing to mask.
+  __device__ __forceinline__ bool covers(int rows, int cols) const {
+    return rows_in >= rows && cols_in >= cols && hi >= cols - 1 && lo <= -(rows - 1);
+  }
+};
+
+__device__ __forceinline__ TileBand tile_band(const Problem& p, std::int64_t m0, std::int64_t n0, std::int64_t len_q,
+                                              std::int64_t len_k) {
+  constexpr std::int64_t kFar = std::int64_t(1) << 30;
+  auto narrow = [](std::int64_t v) { return int(v < -kFar ? -kFar : v > kFar ? kFar : v); };
+  // Problem::visible in tile coordinates: query m0 + r sits at key position m0 + r + len_k - len_q,
+  // so key n0 + c is on its diagonal where c - r = diag.
+  const std::int64_t diag = m0 - n0 + len_k - len_q;
+  TileBand band;
+  band.rows_in = narrow(len_q - m0);
+  band.cols_in = narrow(len_k - n0);
+  band.hi = p.causal ? narrow(diag) : p.window_right >= 0 ? narrow(diag + p.window_right) : int(kFar);
+  band.lo = p.window_left >= 0 ? narrow(diag - p.window_left) : int(-kFar);
+  return band;
 }
 
 // The flash kernels' scores enter the softmax (forward) and the probabilities (backward) in

@@ -52,27 +52,46 @@ struct Sm80BwdConfig : Sm80Config<Element, kHeadDim, kHeadDimV, 2> {
 // query's lse is -inf: else the raw dot in the plain kernels, the transformed logit otherwise)
 // and t the transform's tanh (softcap). coords gives each element's (row, col) in the tile: (query,
 // key), or (key, query) when kKeysByRow (the sm90a dk/dv kernels compute the transposed
-// products). i indexes the thread's queries for lse_of(i) (and the caller's delta_of): its rows in
-// rowcol order, or its columns when kKeysByRow.
+// products); the tile holds tile_queries x tile_keys scores. i indexes the thread's queries for
+// lse_of(i) (and the caller's delta_of): its rows in rowcol order, or its columns when kKeysByRow.
+// The plain kernels' hidden scores are set to -inf in acc_s itself.
 template <bool kPlain, bool kKeysByRow = false, class AccS, class Coords, class LseOf, class Each>
-__device__ __forceinline__ void for_each_score(const Problem& p, AccS const& acc_s, Coords const& coords,
-                                               std::int64_t b, std::int64_t h, std::int64_t m0, std::int64_t n0,
-                                               std::int64_t len_q, std::int64_t len_k, LseOf&& lse_of, Each&& each) {
+__device__ __forceinline__ void for_each_score(const Problem& p, AccS& acc_s, Coords const& coords, int tile_queries,
+                                               int tile_keys, std::int64_t b, std::int64_t h, std::int64_t m0,
+                                               std::int64_t n0, std::int64_t len_q, std::int64_t len_k,
+                                               LseOf&& lse_of, Each&& each) {
   cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
   cute::Tensor c_rc = make_tensor(coords.data(), rowcol(coords.layout()));
+  auto query_of = [&](int r, int c) { return kKeysByRow ? get<1>(c_rc(r, c)) : get<0>(c_rc(r, c)); };  // in the tile
+  auto key_of = [&](int r, int c) { return kKeysByRow ? get<0>(c_rc(r, c)) : get<1>(c_rc(r, c)); };
+  const cuda::TileBand band = cuda::tile_band(p, m0, n0, len_q, len_k);
+  if constexpr (kPlain) {
+    // Hidden scores to -inf first, in place, in a pass that a tile the band covers whole skips
+    // (as the forward's mask_scores does). With the test inside the loop below, the dq kernels
+    // held up to 37 more registers (the sm90 one at D = 96: from three CTAs per SM to two).
+    if (!band.covers(tile_queries, tile_keys)) {  // uniform over the CTA
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(s_rc); ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(s_rc); ++c)
+          if (!band.visible(query_of(r, c), key_of(r, c))) s_rc(r, c) = -INFINITY;
+      }
+    }
+  }
   CUTE_UNROLL
   for (int r = 0; r < size<0>(s_rc); ++r) {
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s_rc); ++c) {
       const int i = kKeysByRow ? c : r;
-      const std::int64_t row = m0 + (kKeysByRow ? get<1>(c_rc(r, c)) : get<0>(c_rc(r, c)));
-      const std::int64_t col = n0 + (kKeysByRow ? get<0>(c_rc(r, c)) : get<1>(c_rc(r, c)));
       float s = -INFINITY, t = 0.0f;
-      if (row < len_q && col < len_k && lse_of(i) != -INFINITY) {
-        if constexpr (kPlain)
-          s = p.causal && col > row + len_k - len_q ? -INFINITY : s_rc(r, c);
-        else
-          s = cuda::general_logit(p, s_rc(r, c), b, h, row, col, len_q, len_k, &t);
+      if (lse_of(i) != -INFINITY) {
+        if constexpr (kPlain) {
+          s = s_rc(r, c);  // -inf where hidden
+        } else {
+          const int query = query_of(r, c), key = key_of(r, c);
+          if (query < band.rows_in && key < band.cols_in)
+            s = cuda::general_logit(p, s_rc(r, c), b, h, m0 + query, n0 + key, len_q, len_k, &t);
+        }
       }
       each(r, c, i, s, t);
     }
@@ -83,13 +102,14 @@ __device__ __forceinline__ void for_each_score(const Problem& p, AccS const& acc
 // lse_of(i) and delta_of(i) as for_each_score's i.
 template <bool kPlain, bool kKeysByRow = false, class AccS, class AccDp, class Coords, class LseOf, class DeltaOf>
 __device__ __forceinline__ void probabilities_and_dscores(const Problem& p, AccS& acc_s, AccDp& acc_dp,
-                                                         Coords const& coords, std::int64_t b, std::int64_t h,
-                                                         std::int64_t m0, std::int64_t n0, std::int64_t len_q,
-                                                         std::int64_t len_k, LseOf&& lse_of, DeltaOf&& delta_of) {
+                                                         Coords const& coords, int tile_queries, int tile_keys,
+                                                         std::int64_t b, std::int64_t h, std::int64_t m0,
+                                                         std::int64_t n0, std::int64_t len_q, std::int64_t len_k,
+                                                         LseOf&& lse_of, DeltaOf&& delta_of) {
   cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
   cute::Tensor dp_rc = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));
   const float to_log2 = cuda::log2_factor<kPlain>(p);
-  for_each_score<kPlain, kKeysByRow>(p, acc_s, coords, b, h, m0, n0, len_q, len_k, lse_of,
+  for_each_score<kPlain, kKeysByRow>(p, acc_s, coords, tile_queries, tile_keys, b, h, m0, n0, len_q, len_k, lse_of,
                                      [&](int r, int c, int i, float s, float t) {
                                        cuda::probability_and_dscore(p, s, to_log2, t, lse_of(i), dp_rc(r, c),
                                                                     delta_of(i), s_rc(r, c), dp_rc(r, c));
@@ -266,7 +286,7 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
       v_loader.load(rows_v, n0 + BN, raw_pointer_cast(sV.data()));
       cp_async_fence();
     }
-    probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k,
+    probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, BM, BN, b, h, m0, n0, len_q, len_k,
                                       [&](int r) { return lse_r[r]; }, [&](int r) { return delta_r[r]; });
 
     // dQ += dS K, dS through shared memory (a row of it is spread over two warps), K^T through
@@ -408,7 +428,7 @@ __global__ void __launch_bounds__(Sm80BwdConfig<Element, kHeadDim, kHeadDimV>::k
     clear(acc_dp);
     smem_gemm(mma, copy_a, tSsQ, tSrQ, tSrQ_view, copy_b, tSsK, tSrK, tSrK_view, acc_s);
     smem_gemm(mma, copy_a, tSsdO, tSrdO, tSrdO_view, copy_b, tSsV, tSrV, tSrV_view, acc_dp);
-    probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k,
+    probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, BM, BN, b, h, m0, n0, len_q, len_k,
                                       [&](int r) { return lse_r[r]; }, [&](int r) { return delta_r[r]; });
 
     // P and dS to shared memory (by coordinates) so that their transposes can be read back.

@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(128)
     wgmma_pair<true>(mma_s, tSrQ, tSrK, acc_s90, tPrdO, tPrV, acc_dp90);
     cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
     cute::Tensor acc_dp = make_tensor(acc_dp90.data(), AccLayoutS{});
-    probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, b, h, m0, n0, len_q, len_k,
+    probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, BM, BN, b, h, m0, n0, len_q, len_k,
                                       [&](int r) { return lse_r[r]; }, [&](int r) { return delta_r[r]; });
 
     cute::Tensor rdS = make_tensor_like<Element>(acc_dp);
@@ -379,7 +379,8 @@ __global__ void __launch_bounds__(128)
     cute::Tensor acc_dpt = make_tensor(acc_dpt90.data(), AccLayoutS{});
     const float* s_lse = s_stats + stage * 2 * BM;
     probabilities_and_dscores<kPlain, true>(
-        p, acc_st, acc_dpt, tScS, b, h, m0, n0, len_q, len_k, [&](int c) { return s_lse[get<1>(tScS_rc(0, c))]; },
+        p, acc_st, acc_dpt, tScS, BM, BN, b, h, m0, n0, len_q, len_k,
+        [&](int c) { return s_lse[get<1>(tScS_rc(0, c))]; },
         [&](int c) { return s_lse[BM + get<1>(tScS_rc(0, c))]; });
 
     cute::Tensor rPt = make_tensor_like<Element>(acc_st);
@@ -484,7 +485,7 @@ struct DkdvRole {
       before_write();
       auto lse_of = [&](int c) { return stats[query_of(c)]; };
       const float to_log2 = cuda::log2_factor<kPlain>(p);
-      for_each_score<kPlain, true>(p, acc_x, tScS, b, h, m0, n0, len_q, len_k, lse_of,
+      for_each_score<kPlain, true>(p, acc_x, tScS, BM, BN, b, h, m0, n0, len_q, len_k, lse_of,
                                    [&](int r, int c, int, float s, float t) {
                                      cuda::probability_and_weight(p, s, to_log2, t, lse_of(c), x_rc(r, c),
                                                                   weight_at(r, c));

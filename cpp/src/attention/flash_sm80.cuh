@@ -181,34 +181,29 @@ __device__ __forceinline__ float quad_sum(float v) {
 // how S = Q K^T is computed), all on the mma.sync accumulator layout.
 
 // Scores of one key block, in place, in cuda::log2_factor's units: -inf where hidden or outside the
-// sequences; else the raw dot (kPlain: the problem has none of the options but causal,
-// Problem::plain_scores) or the whole transform (scale, softcap, bias, masks). coords(i) is the
-// (row, col) of accumulator element i within the BM x BN tile. A plain tile inside both
-// sequences and wholly below the causal diagonal (most tiles of a long sequence) is left as it is.
+// sequences; else, in the plain kernels (Problem::plain_scores: no mask, bias or softcap), the raw
+// dot with causal and window visibility by position (cuda::TileBand), or the whole transform
+// (scale, softcap, bias, masks; cuda::general_logit). coords(i) is the (row, col) of accumulator
+// element i within the BM x BN tile. A plain tile that the band covers whole (most tiles of a
+// long sequence) needs no masking.
 template <bool kPlain, int BM, int BN, class Acc, class Coords>
 __device__ __forceinline__ void mask_scores(Acc& acc_s, const Coords& coords, const Problem& p, std::int64_t b,
                                             std::int64_t h, std::int64_t m0, std::int64_t n0, std::int64_t len_q,
                                             std::int64_t len_k) {
+  const cuda::TileBand band = cuda::tile_band(p, m0, n0, len_q, len_k);
   if constexpr (kPlain) {
-    const bool interior =
-        m0 + BM <= len_q && n0 + BN <= len_k && (!p.causal || n0 + BN - 1 <= m0 + len_k - len_q);
-    if (interior) return;  // uniform over the CTA
+    if (band.covers(BM, BN)) return;  // uniform over the CTA
   }
-  // The tile's limits in 32-bit tile coordinates (compares per score stay 32-bit): rows below
-  // rows_in and columns below cols_in are inside the sequences; plain causal shows column c to
-  // row r where c - r <= diag (clamped: beyond [-BM, BN] every pair is on one side).
-  const int rows_in = int(len_q - m0 < BM ? len_q - m0 : BM), cols_in = int(len_k - n0 < BN ? len_k - n0 : BN);
-  const std::int64_t diag64 = kPlain && p.causal ? m0 - n0 + len_k - len_q : BN;
-  const int diag = int(diag64 < -BM ? -BM : diag64 > BN ? BN : diag64);
   CUTE_UNROLL
   for (int i = 0; i < size(acc_s); ++i) {
     const int r = get<0>(coords(i)), c = get<1>(coords(i));
-    const bool inside = r < rows_in && c < cols_in;
     float t;
     if constexpr (kPlain)
-      acc_s(i) = inside && c - r <= diag ? acc_s(i) : -INFINITY;
+      acc_s(i) = band.visible(r, c) ? acc_s(i) : -INFINITY;
     else
-      acc_s(i) = inside ? cuda::general_logit(p, acc_s(i), b, h, m0 + r, n0 + c, len_q, len_k, &t) : -INFINITY;
+      acc_s(i) = r < band.rows_in && c < band.cols_in
+                     ? cuda::general_logit(p, acc_s(i), b, h, m0 + r, n0 + c, len_q, len_k, &t)
+                     : -INFINITY;
   }
 }
 
