@@ -54,7 +54,7 @@ struct Sm80BwdConfig : Sm80Config<Element, kHeadDim, kHeadDimV, 2> {
 // key), or (key, query) when kKeysByRow (the sm90a dk/dv kernels compute the transposed
 // products); the tile holds tile_queries x tile_keys scores. i indexes the thread's queries for
 // lse_of(i) (and the caller's delta_of): its rows in rowcol order, or its columns when kKeysByRow.
-// The plain kernels' hidden scores are set to -inf in acc_s itself.
+// The sm90a dk/dv kernels' plain instantiations set hidden scores to -inf in acc_s itself.
 template <bool kPlain, bool kKeysByRow = false, class AccS, class Coords, class LseOf, class Each>
 __device__ __forceinline__ void for_each_score(const Problem& p, AccS& acc_s, Coords const& coords, int tile_queries,
                                                int tile_keys, std::int64_t b, std::int64_t h, std::int64_t m0,
@@ -65,11 +65,15 @@ __device__ __forceinline__ void for_each_score(const Problem& p, AccS& acc_s, Co
   auto query_of = [&](int r, int c) { return kKeysByRow ? get<1>(c_rc(r, c)) : get<0>(c_rc(r, c)); };  // in the tile
   auto key_of = [&](int r, int c) { return kKeysByRow ? get<0>(c_rc(r, c)) : get<1>(c_rc(r, c)); };
   const cuda::TileBand band = cuda::tile_band(p, m0, n0, len_q, len_k);
-  if constexpr (kPlain) {
-    // Hidden scores to -inf first, in place, in a pass that a tile the band covers whole skips
-    // (as the forward's mask_scores does). With the test inside the loop below, the dq kernels
-    // held up to 37 more registers (the sm90 one at D = 96: from three CTAs per SM to two).
-    if (!band.covers(tile_queries, tile_keys)) {  // uniform over the CTA
+  // Plain kernels: where the band does not cover the tile, hidden scores become -inf. The sm90a
+  // dk/dv kernels (kKeysByRow), at the register limit, do it in a pass of their own first (with
+  // the test inside the loop below, the D = 128 one spilled); the dq kernels and sm80's dk/dv
+  // test in the loop (the separate pass cost the sm90 dq kernel at D = 96 six registers, three
+  // CTAs per SM to two, and the sm80 one at D = 64 55).
+  constexpr bool kMaskingPass = kPlain && kKeysByRow;
+  const bool all_visible = kPlain && band.covers(tile_queries, tile_keys);  // uniform over the CTA
+  if constexpr (kMaskingPass) {
+    if (!all_visible) {
       CUTE_UNROLL
       for (int r = 0; r < size<0>(s_rc); ++r) {
         CUTE_UNROLL
@@ -85,8 +89,10 @@ __device__ __forceinline__ void for_each_score(const Problem& p, AccS& acc_s, Co
       const int i = kKeysByRow ? c : r;
       float s = -INFINITY, t = 0.0f;
       if (lse_of(i) != -INFINITY) {
-        if constexpr (kPlain) {
+        if constexpr (kMaskingPass) {
           s = s_rc(r, c);  // -inf where hidden
+        } else if constexpr (kPlain) {
+          if (all_visible || band.visible(query_of(r, c), key_of(r, c))) s = s_rc(r, c);
         } else {
           const int query = query_of(r, c), key = key_of(r, c);
           if (query < band.rows_in && key < band.cols_in)
