@@ -75,8 +75,8 @@ struct Problem {
   // dots (the scale folded into the exp2, cuda_common.cuh log2_factor) and test causal and window
   // visibility by position in tile coordinates (TileBand) instead of calling the whole transform
   // (general_logit) for each score. (Softcap inline, even as a uniform branch never taken, grew
-  // the plain kernels by up to 40 registers: the sm90 dq kernel at D = 96 from three CTAs per SM
-  // to two.)
+  // the plain kernels by up to 32 registers, and made the sm90a dk/dv kernel at D = 128 spill:
+  // bench/NOTES.md, 2026-12-01.)
   bool plain_scores() const { return mask.data == nullptr && bias.data == nullptr && !(softcap > 0.0f); }
 
   bool has_mask() const { return mask.data != nullptr; }
