@@ -8,7 +8,11 @@ causal and window by position; what most calls run) must not spill registers (th
 forward hold 64 score floats per thread beside O's 64 and P's 32: a spill there would be paid in
 every key block). Compiles one translation unit per kernel family at D = 128 (and the two-warpgroup
 backward at D = 256, which may spill) the way the library's build does. Skipped without nvcc or
-CUTLASS's headers."""
+CUTLASS's headers.
+
+The same objects' SASS (cuobjdump) must show the products on Hopper's tensor-core instructions:
+every sm90a kernel issues HGMMA and no HMMA (mma.sync), and the forwards' P·V and the dk/dv
+kernels' Pᵀ·dO and dSᵀ·Q take their A operand from registers (HGMMA R, R, gdesc) as designed."""
 
 import os
 import re
@@ -39,13 +43,16 @@ def _ptxas_report(name, tmp_path_factory):
            os.path.join(ROOT, "cpp", "src", "attention", name), "-o", str(tmp_path / "kernel.o")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
-    _REPORTS[name] = result.stdout + result.stderr
+    sass = subprocess.run([shutil.which("cuobjdump") or "cuobjdump", "-sass", str(tmp_path / "kernel.o")],
+                          capture_output=True, text=True, timeout=300)
+    assert sass.returncode == 0, sass.stderr[-4000:]
+    _REPORTS[name] = (result.stdout + result.stderr, sass.stdout)
     return _REPORTS[name]
 
 
 @pytest.mark.parametrize("name", FILES)
 def test_sm90_wgmma_pipeline_kept(name, tmp_path_factory):
-    report = _ptxas_report(name, tmp_path_factory)
+    report, _ = _ptxas_report(name, tmp_path_factory)
     assert "Compiling entry function" in report, "ptxas printed no report"
     losses = [line for line in report.splitlines()
               if any(code in line for code in ("C7514", "C7519", "Potential Performance Loss", "is injected"))]
@@ -65,6 +72,41 @@ def _plain_spills(report):
 
 @pytest.mark.parametrize("name", [f for f in FILES if "d128" in f])
 def test_sm90_plain_kernels_do_not_spill(name, tmp_path_factory):
-    spills = _plain_spills(_ptxas_report(name, tmp_path_factory))
+    spills = _plain_spills(_ptxas_report(name, tmp_path_factory)[0])
     assert spills, "no plain kernel instantiation in the report"
     assert not any(spills.values()), spills
+
+
+def _tensor_core_instructions(sass):
+    """{kernel: (HGMMA with both operands in shared memory, HGMMA with A in registers, HMMA)}
+    counted in cuobjdump's listing, where each kernel starts with a "Function : <mangled name>"
+    line. The shared-memory form reads "HGMMA.<shape>.<types> Rd, gdesc[..], ..."; the register
+    form "HGMMA.<shape>.<types> Rd, Ra, gdesc[..], ..."."""
+    counts, kernel = {}, None
+    for line in sass.splitlines():
+        function = re.search(r"Function : (\S+)", line)
+        if function:
+            kernel = function.group(1)
+            counts[kernel] = [0, 0, 0]
+        elif kernel is None:
+            continue
+        elif re.search(r"\bHGMMA\.\S+ R\d+, gdesc", line):
+            counts[kernel][0] += 1
+        elif re.search(r"\bHGMMA\.\S+ R\d+, R\d+, gdesc", line):
+            counts[kernel][1] += 1
+        elif re.search(r"\bHMMA\.", line):
+            counts[kernel][2] += 1
+    return counts
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_sm90_kernels_run_on_hgmma(name, tmp_path_factory):
+    counts = _tensor_core_instructions(_ptxas_report(name, tmp_path_factory)[1])
+    # the flash kernels; the files also hold helpers without products (the backward's delta_kernel)
+    kernels = {kernel: c for kernel, c in counts.items() if re.search(r"_sm90(ws)?(_split)?_kernel", kernel)}
+    assert kernels, "no sm90 flash kernel in the SASS listing"
+    for kernel, (shared, registers, hmma) in kernels.items():
+        assert shared > 0 and hmma == 0, (kernel, shared, registers, hmma)
+        # P·V in the forwards, Pᵀ·dO and dSᵀ·Q in the dk/dv kernels: A is the softmax's registers
+        if "forward" in kernel or "dkdv" in kernel:
+            assert registers > 0, (kernel, shared, registers, hmma)
