@@ -163,3 +163,21 @@ def test_bias_that_requires_grad_is_refused():
     torch.testing.assert_close(rt.attention(q, k, v, bias=bias.detach()), rudnn.attention(q.detach(), k, v))
     with torch.no_grad():
         torch.testing.assert_close(rt.attention(q, k, v, bias=bias), rudnn.attention(q.detach(), k, v))
+
+
+# Empty sizes: the gradient of out.sum() over an empty out arrives as an expanded tensor (every
+# stride 0), which an empty array may have. Sk = 0 gives out 0, lse -inf and zero gradients.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B, Hq, Hkv, Sq, Sk", [(0, 4, 2, 5, 7), (2, 4, 2, 0, 7), (2, 0, 2, 5, 7), (2, 4, 2, 5, 0),
+                                                (0, 0, 1, 0, 0)], ids=["B0", "Sq0", "Hq0", "Sk0", "all0"])
+def test_autograd_empty_sizes(device, B, Hq, Hkv, Sq, Sk):
+    q = torch.randn(B, Hq, Sq, 16, device=device, requires_grad=True)
+    k = torch.randn(B, Hkv, Sk, 16, device=device, requires_grad=True)
+    v = torch.randn(B, Hkv, Sk, 8, device=device, requires_grad=True)
+    out, lse = rt.attention(q, k, v, return_lse=True)
+    assert out.shape == (B, Hq, Sq, 8) and lse.shape == (B, Hq, Sq)
+    assert (out == 0).all() if Sk == 0 else True
+    assert (lse == float("-inf")).all() if Sk == 0 else True
+    out.sum().backward()
+    for t in (q, k, v):
+        assert t.grad.shape == t.shape and (t.grad == 0).all()

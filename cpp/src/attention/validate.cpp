@@ -16,6 +16,12 @@ using core::shape_str;
 
 namespace {
 
+// An empty array has no element to read or write, and frameworks report any strides for one
+// (torch's gradient of a sum over an empty output is expanded: every stride 0).
+void expect_rows_contiguous(const Tensor& t, const std::string& name) {
+  if (t.numel() > 0) core::expect_last_dim_contiguous(t, name);
+}
+
 // cu_seqlens: int32 [B + 1], dense; on the CPU its values are checked too (on CUDA the
 // host never reads device memory; kernels clamp the values to the packed length instead).
 void check_cu_seqlens(const Tensor& cu, const Tensor& q, const std::string& name, std::int64_t total,
@@ -113,9 +119,9 @@ Problem check_inputs(const std::string& op, const Tensor& q, const Tensor& k, co
     fail(ErrorKind::shape, op + ": the number of query heads Hq = " + std::to_string(p.hq) +
                                " must be a multiple of the number of key/value heads Hkv = " + std::to_string(p.hkv));
   p.group = p.hq / p.hkv;
-  core::expect_last_dim_contiguous(q, op + ": q");
-  core::expect_last_dim_contiguous(k, op + ": k");
-  core::expect_last_dim_contiguous(v, op + ": v");
+  expect_rows_contiguous(q, op + ": q");
+  expect_rows_contiguous(k, op + ": k");
+  expect_rows_contiguous(v, op + ": v");
   core::expect_data(q, op + ": q");
   core::expect_data(k, op + ": k");
   core::expect_data(v, op + ": v");
@@ -176,7 +182,7 @@ void check_like(const Tensor& t, const Tensor& q, DType dtype, std::initializer_
   if (t.dtype != dtype)
     fail(ErrorKind::dtype, name + ": expected " + dtype_name(dtype) + " (" + what + "), got " + dtype_name(t.dtype));
   expect_shape(t, dims, name, "");
-  core::expect_last_dim_contiguous(t, name);
+  expect_rows_contiguous(t, name);
   core::expect_data(t, name);
 }
 
