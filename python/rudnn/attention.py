@@ -6,6 +6,10 @@ framework on the same device. Softmax statistics are float32; outputs take q's d
 
 from __future__ import annotations
 
+import operator
+
+import numpy as np
+
 from . import _C
 from . import _frameworks as fw
 from .errors import ArgumentError
@@ -37,11 +41,14 @@ def _window(op, window):
     for side in (left, right):
         if side is None:
             sides.append(-1)
-        elif isinstance(side, int) and not isinstance(side, bool):
-            sides.append(int(side))
-        else:
+            continue
+        try:  # any integer (NumPy's too, as FlashAttention's window_size takes), not bool or float
+            if isinstance(side, (bool, np.bool_)):
+                raise TypeError
+            sides.append(operator.index(side))
+        except TypeError:
             raise ArgumentError(f"{op}: window: expected (left, right) with each an int >= 0 or None, "
-                                f"got {window!r}")
+                                f"got {window!r}") from None
     return tuple(sides)
 
 
