@@ -704,3 +704,32 @@ def test_last_algorithm_cpu():
     q, k, v, _ = _inputs(CASES["basic"], torch.float32, "cpu")
     rudnn.attention(q, k, v, strategy="flash")  # strategies choose CUDA kernels; the CPU runs the reference
     assert rudnn.attention_last_algorithm() == "cpu"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_of_empty_batch_takes_any_strides(device):
+    """An empty array has no element to read: a zero-stride dout (torch's gradient of a sum) and
+    an empty q whose last axis is not dense are valid."""
+    q = torch.empty(0, 4, 16, 5, device=device).transpose(-1, -2)  # [0, 4, 5, 16], last-axis stride 5
+    k, v = torch.randn(0, 2, 7, 16, device=device), torch.randn(0, 2, 7, 8, device=device)
+    out, lse = rudnn.attention(q, k, v, return_lse=True)
+    assert out.shape == (0, 4, 5, 8) and lse.shape == (0, 4, 5)
+    dout = torch.zeros((), device=device).expand(0, 4, 5, 8)
+    dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+
+def test_window_takes_any_integer():
+    """window sides may be NumPy integers (as in FlashAttention's window_size); bools and floats
+    are refused."""
+    q, k, v, _ = _inputs(CASES["window"], torch.float32, "cpu")
+    expected = rudnn.attention(q, k, v, window=(3, 2))
+    torch.testing.assert_close(rudnn.attention(q, k, v, window=(np.int64(3), np.int32(2))), expected,
+                               rtol=0, atol=0)
+    torch.testing.assert_close(rudnn.attention(q, k, v, window=[np.int64(3), 2]), expected, rtol=0, atol=0)
+    with pytest.raises(rudnn.ArgumentError, match=r"attention: window: expected \(left, right\) with each an int "
+                                                  r">= 0 or None, got \(True, 2\)"):
+        rudnn.attention(q, k, v, window=(True, 2))
+    with pytest.raises(rudnn.ArgumentError, match=r"attention: window: expected \(left, right\) with each an int "
+                                                  r">= 0 or None, got \(3, np.float64\(2.0\)\)"):
+        rudnn.attention(q, k, v, window=(3, np.float64(2.0)))
