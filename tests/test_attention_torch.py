@@ -71,7 +71,7 @@ def test_autograd_varlen(device):
     k = rand((8, 1, 16), torch.float32, device, seed=2).requires_grad_()
     v = rand((8, 1, 16), torch.float32, device, seed=3).requires_grad_()
     out, lse = rt.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, return_lse=True)
-    assert lse.shape == (4, 8) and not lse.requires_grad
+    assert lse.shape == (4, 8)
     out.sum().backward()
     leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
     o, _ = ref.attention_varlen(*leaves, cu.cpu(), cu.cpu(), causal=True)
@@ -181,3 +181,49 @@ def test_autograd_empty_sizes(device, B, Hq, Hkv, Sq, Sk):
     out.sum().backward()
     for t in (q, k, v):
         assert t.grad.shape == t.shape and (t.grad == 0).all()
+
+
+# With return_lse=True the gradient flows through lse too (as when partial attentions are merged
+# by their lse, in ring or split-KV attention): d lse_i / d s_ij = softmax_ij.
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use", ["out_and_lse", "lse_only"])
+@pytest.mark.parametrize("Hq, Hkv, Sq, Sk, opts", [(4, 2, 7, 9, dict(softcap=3.0, window=(4, None))),
+                                                   (4, 4, 9, 4, dict(causal=True))], ids=["gqa", "empty_rows"])
+def test_autograd_through_lse(device, use, Hq, Hkv, Sq, Sk, opts):
+    q, k, v = (t.detach().clone().requires_grad_() for t in _qkv(device, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk))
+    mask = (torch.rand(Sq, Sk, generator=torch.Generator().manual_seed(0)) > 0.2).to(device)
+    out, lse = rt.attention(q, k, v, mask=mask, return_lse=True, **opts)
+    assert lse.requires_grad
+    g, h = rand(out.shape, torch.float32, device, seed=6), rand(lse.shape, torch.float32, device, seed=7)
+
+    def loss(o, l):
+        finite = torch.where(torch.isfinite(l), l, torch.zeros_like(l))
+        return (finite * h.to(l.device)).sum() + ((o * g.to(o.device)).sum() if use == "out_and_lse" else 0)
+
+    loss(out, lse).backward()
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    loss(*ref.attention(*leaves, mask=mask.cpu(), **opts)).backward()
+    for ours, exact, name in zip((q.grad, k.grad, v.grad), leaves, ("dq", "dk", "dv")):
+        expected = exact.grad if exact.grad is not None else torch.zeros_like(exact)  # lse does not depend on v
+        assert ours.shape == exact.shape, name
+        torch.testing.assert_close(ours.cpu().double(), expected, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_autograd_through_lse_varlen_and_compiled(device):
+    cu = torch.tensor([0, 3, 3, 8], dtype=torch.int32, device=device)
+    q = rand((8, 4, 16), torch.float32, device, seed=1).requires_grad_()
+    k = rand((8, 2, 16), torch.float32, device, seed=2).requires_grad_()
+    v = rand((8, 2, 16), torch.float32, device, seed=3).requires_grad_()
+    h = rand((4, 8), torch.float32, device, seed=4)
+
+    def loss(a, b, c):
+        o, l = rt.attention(a, b, c, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, return_lse=True)
+        return o.sum() + (l * h).sum()
+
+    torch.compile(loss, fullgraph=True)(q, k, v).backward()
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    o, l = ref.attention_varlen(*leaves, cu.cpu(), cu.cpu(), causal=True)
+    (o.sum() + (l * h.cpu().double()).sum()).backward()
+    for ours, exact in zip((q.grad, k.grad, v.grad), leaves):
+        torch.testing.assert_close(ours.cpu().double(), exact.grad, rtol=1e-5, atol=1e-5)

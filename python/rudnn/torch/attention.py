@@ -1,7 +1,7 @@
 """rudnn.attention as torch.library custom ops: a fake (meta) implementation for
-torch.compile and autograd through rudnn.attention_backward (gradients of q, k and v;
-none for mask and bias: a mask or bias that requires grad is refused rather than left
-silently untrained).
+torch.compile and autograd through rudnn.attention_backward (gradients of q, k and v,
+through out and, with return_lse=True, through lse too; none for mask and bias: a mask or
+bias that requires grad is refused rather than left silently untrained).
 
 `rudnn.torch.attention` takes the same arguments as `rudnn.attention`. With `out=` or
 `stream=` the call runs eagerly without autograd, like torch's own out= variants.
@@ -69,19 +69,43 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, mask, bias, cu_q, cu_k)
     ctx.options = (scale, causal, wl, wr, softcap, strategy)
-    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # an unused out or lse brings None, not a tensor of zeros
+
+
+def _with_lse_gradient(dout, v, out, dlse, varlen: bool):
+    """(dout', v', out') that make attention_backward include the gradient through lse.
+
+    d lse_i / d s_ij = P_ij, so it adds P_ij dlse_i to dS_ij = P_ij (dP_ij - delta_i), where the
+    backward computes delta_i = dout_i . out_i: one more value column v' = [v, 0],
+    out' = [out, -dlse], dout' = [dout, 1] leaves dP unchanged, makes delta' = delta - dlse,
+    and dv' = [dv, P^T 1] (the extra column is dropped). The copies and the odd head dim
+    (no flash kernel; the fallback runs) are paid only when lse is used."""
+    if varlen:
+        dlse = dlse.t()  # [Hq, Tq] -> [Tq, Hq], like out's rows
+    extra = (-dlse).to(out.dtype).unsqueeze(-1)
+    if dout is None:
+        dout = torch.zeros_like(out)
+    return (torch.cat([dout, torch.ones_like(extra)], -1), torch.cat([v, v.new_zeros(v.shape[:-1] + (1,))], -1),
+            torch.cat([out, extra], -1))
 
 
 def _autograd_backward(ctx, dout, dlse):
     q, k, v, out, lse, mask, bias, cu_q, cu_k = ctx.saved_tensors
     scale, causal, wl, wr, softcap, strategy = ctx.options
-    if dout.stride(-1) != 1:
+    if dout is None and dlse is None:
+        return (None,) * 13
+    backward_v, backward_out = v, out
+    if dlse is not None:
+        dout, backward_v, backward_out = _with_lse_gradient(dout, v, out, dlse, cu_q is not None)
+    elif dout.stride(-1) != 1:
         dout = dout.contiguous()
     # The flash backward covers fewer cases than the flash forward: a flash forward is
     # differentiated by the "auto" backward (flash where it supports the case).
     backward_strategy = "auto" if strategy == "flash" else strategy
-    dq, dk, dv = _backward(dout, q, k, v, out, lse, mask, bias, scale, causal, wl, wr, softcap, cu_q, cu_k,
-                           backward_strategy, torch.are_deterministic_algorithms_enabled())
+    dq, dk, dv = _backward(dout, q, k, backward_v, backward_out, lse, mask, bias, scale, causal, wl, wr, softcap,
+                           cu_q, cu_k, backward_strategy, torch.are_deterministic_algorithms_enabled())
+    if dlse is not None:
+        dv = dv[..., :-1]
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
