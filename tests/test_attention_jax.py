@@ -171,3 +171,45 @@ def test_cu_seqlens_values_are_checked_when_the_call_runs():
     jitted = jax.jit(lambda a, b, c, cq, ck: rj.attention(a, b, c, cu_seqlens_q=cq, cu_seqlens_k=ck))
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"rudnn\.ArgumentError: " + message):
         jitted(J(q), J(k), J(v), jnp.asarray(cu_q), jnp.asarray(cu_k)).block_until_ready()
+
+
+# With return_lse=True the gradient flows through lse too (d lse_i / d s_ij = softmax_ij), as
+# merging partial attentions by their lse needs; a cotangent of lse alone works as well.
+@pytest.mark.parametrize("use", ["out_and_lse", "lse_only"])
+@pytest.mark.parametrize("Hq, Hkv, Sq, Sk, opts", [(4, 2, 6, 9, dict(softcap=3.0, window=(4, None))),
+                                                   (4, 4, 9, 4, dict(causal=True))], ids=["gqa", "empty_rows"])
+def test_grad_through_lse(use, Hq, Hkv, Sq, Sk, opts):
+    q, k, v = _inputs(torch.float32, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk)
+    mask = torch.rand(Sq, Sk, generator=torch.Generator().manual_seed(0)) > 0.2
+    g, h = rand((2, Hq, Sq, 16), torch.float32, seed=6), rand((2, Hq, Sq), torch.float32, seed=7)
+
+    def loss(a, b, c):
+        o, l = rj.attention(a, b, c, mask=J(mask), return_lse=True, **opts)
+        lse_term = jnp.sum(jnp.where(jnp.isfinite(l), l, 0.0) * J(h))
+        return lse_term + (jnp.sum(o * J(g)) if use == "out_and_lse" else 0.0)
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(J(q), J(k), J(v))
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    o, l = ref.attention(*leaves, mask=mask, **opts)
+    total = (torch.where(torch.isfinite(l), l, torch.zeros_like(l)) * h.double()).sum()
+    (total + ((o * g.double()).sum() if use == "out_and_lse" else 0)).backward()
+    for ours, exact, name in zip(grads, leaves, ("dq", "dk", "dv")):
+        expected = exact.grad if exact.grad is not None else torch.zeros_like(exact)  # lse does not depend on v
+        torch.testing.assert_close(T(ours).double(), expected, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_grad_through_lse_varlen():
+    cu_q, cu_k = np.array([0, 4, 4, 9, 11], dtype=np.int32), np.array([0, 6, 9, 9, 14], dtype=np.int32)
+    q, k, v = (rand((t, h, 16), torch.float32, seed=s) for t, h, s in ((11, 8, 1), (14, 2, 2), (14, 2, 3)))
+    h = rand((8, 11), torch.float32, seed=4)
+
+    def loss(a, b, c):
+        o, l = rj.attention(a, b, c, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True, return_lse=True)
+        return jnp.sum(o) + jnp.sum(jnp.where(jnp.isfinite(l), l, 0.0) * J(h))
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(J(q), J(k), J(v))
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    o, l = ref.attention_varlen(*leaves, cu_q, cu_k, causal=True)
+    (o.sum() + (torch.where(torch.isfinite(l), l, torch.zeros_like(l)) * h.double()).sum()).backward()
+    for ours, exact in zip(grads, leaves):
+        torch.testing.assert_close(T(ours).double(), exact.grad, rtol=1e-5, atol=1e-5)

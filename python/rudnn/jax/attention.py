@@ -3,9 +3,9 @@
 Same names, arguments and results as ``rudnn.attention`` / ``rudnn.attention_backward``;
 ``rudnn.attention`` called with JAX arrays comes here. Every call, eager or traced, is a
 ``jax.ffi.ffi_call`` to a libruDNN handler registered for the "cpu" and "CUDA" platforms,
-so it works under ``jax.jit`` and ``jax.grad`` (gradients for q, k and v; mask, bias and
-the lse output are not differentiated: their cotangents are zero). ``vmap`` runs the call
-once per batch element.
+so it works under ``jax.jit`` and ``jax.grad`` (gradients for q, k and v, through out and,
+with return_lse=True, through lse; mask and bias are not differentiated: their cotangents
+are zero). ``vmap`` runs the call once per batch element.
 Arguments are checked by libruDNN's validation when the call is traced; on the CPU the
 cu_seqlens values are checked when the call runs.
 """
@@ -17,6 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from .. import _C
 from ..attention import options as _options
@@ -45,22 +46,44 @@ def _op(key, out_shape, lse_shape, return_lse):
         out, lse = forward(q, k, v, *extra)
         return (out, lse) if return_lse else out
 
-    def fwd(q, k, v, *extra):
+    def fwd(*primals):  # symbolic_zeros: each primal comes as a CustomVJPPrimal
+        q, k, v, *extra = (p.value for p in primals)
         out, lse = forward(q, k, v, *extra)
-        return ((out, lse) if return_lse else out), (q, k, v, out, lse, extra)
+        return ((out, lse) if return_lse else out), (q, k, v, out, lse, tuple(extra))
 
     def bwd(saved, cotangent):
         q, k, v, out, lse, extra = saved
-        dout = cotangent[0] if return_lse else cotangent
+        dout, dlse = cotangent if return_lse else (cotangent, None)
+        if isinstance(dout, SymbolicZero) and (dlse is None or isinstance(dlse, SymbolicZero)):
+            return (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)) + tuple(None for _ in extra)
+        dout = jnp.zeros_like(out) if isinstance(dout, SymbolicZero) else dout.astype(out.dtype)
+        backward_v, backward_out = v, out
+        if dlse is not None and not isinstance(dlse, SymbolicZero):  # decided when traced
+            dout, backward_v, backward_out = _with_lse_gradient(dout, v, out, dlse, varlen)
         # The flash backward covers fewer cases than the flash forward: a flash forward is
         # differentiated by the "auto" backward (flash where it supports the case).
         bkey = key[:-1] + ((0,) if key[-1] == 1 else (key[-1],))
-        dq, dk, dv = _backward_call(bkey, deterministic)(dout.astype(out.dtype), q, k, v, out, lse, *extra)
-        return (dq, dk, dv) + tuple(None for _ in extra)
+        dq, dk, dv = _backward_call(bkey, deterministic)(dout, q, k, backward_v, backward_out, lse, *extra)
+        return (dq, dk, dv[..., :v.shape[-1]]) + tuple(None for _ in extra)
 
+    varlen = key[2]
     f = jax.custom_vjp(primal)
-    f.defvjp(fwd, bwd)
+    f.defvjp(fwd, bwd, symbolic_zeros=True)
     return jax.jit(f)
+
+
+def _with_lse_gradient(dout, v, out, dlse, varlen):
+    """(dout', v', out') that make attention_backward include the gradient through lse:
+    d lse_i / d s_ij = P_ij adds P_ij dlse_i to dS_ij = P_ij (dP_ij - delta_i), with
+    delta_i = dout_i . out_i; one more value column v' = [v, 0], out' = [out, -dlse],
+    dout' = [dout, 1] leaves dP unchanged and makes delta' = delta - dlse (dv' gains a column
+    that is dropped). Only traced when the lse cotangent is not a symbolic zero."""
+    if varlen:
+        dlse = dlse.T  # [Hq, Tq] -> [Tq, Hq], like out's rows
+    extra = (-dlse).astype(out.dtype)[..., None]
+    return (jnp.concatenate([dout, jnp.ones_like(extra)], -1),
+            jnp.concatenate([v, jnp.zeros(v.shape[:-1] + (1,), v.dtype)], -1),
+            jnp.concatenate([out, extra], -1))
 
 
 @functools.lru_cache(maxsize=None)
