@@ -79,7 +79,9 @@ Problem check_inputs(const std::string& op, const Tensor& q, const Tensor& k, co
   expect_dtype_of(v, q, op + ": v", "q");
 
   if (bool(o.cu_seqlens_q) != bool(o.cu_seqlens_k))
-    fail(ErrorKind::value, op + ": cu_seqlens_q and cu_seqlens_k must be given together");
+    fail(ErrorKind::value, op + ": cu_seqlens_q and cu_seqlens_k must be given together, got " +
+                               (o.cu_seqlens_q ? "cu_seqlens_q without cu_seqlens_k"
+                                               : "cu_seqlens_k without cu_seqlens_q"));
   Problem p;
   p.varlen = o.cu_seqlens_q != nullptr;
   const int rank = p.varlen ? 3 : 4;
