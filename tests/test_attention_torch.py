@@ -227,3 +227,12 @@ def test_autograd_through_lse_varlen_and_compiled(device):
     (o.sum() + (l * h.cpu().double()).sum()).backward()
     for ours, exact in zip((q.grad, k.grad, v.grad), leaves):
         torch.testing.assert_close(ours.cpu().double(), exact.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_call_with_wrong_ranks_raises_rudnns_error():
+    """The fake implementation does not index shapes it was not given: the call's own validation
+    reports the problem."""
+    q, k, v = _qkv("cpu")
+    compiled = torch.compile(lambda a, b, c: rt.attention(a, b, c), fullgraph=True)
+    with pytest.raises(rudnn.ShapeError, match=r"attention: q: expected rank 4 \[B, H, S, D\], got shape \[7, 16\]"):
+        compiled(q[0, 0], k[0, 0], v[0, 0])

@@ -21,6 +21,11 @@ from ..errors import UnsupportedError
 
 
 def _shapes(q: Tensor, v: Tensor, varlen: bool):
+    """(out shape, lse shape); empty placeholders when the ranks are wrong, so that tracing
+    goes on and the op's run reports the real problem (rudnn's ShapeError, not an IndexError)."""
+    rank = 3 if varlen else 4
+    if q.dim() != rank or v.dim() != rank:
+        return (0,), (0,)
     if varlen:
         return (q.shape[0], q.shape[1], v.shape[-1]), (q.shape[1], q.shape[0])
     return (q.shape[0], q.shape[1], q.shape[2], v.shape[-1]), tuple(q.shape[:3])
