@@ -99,6 +99,9 @@ FORWARD_ERRORS = [
      rudnn.DTypeError, "attention: out: expected float32 (q's dtype), got float16"),
     (lambda d: rudnn.attention(*_qkv(d), out=torch.empty(2, 4, 8, 5, device=d).transpose(-1, -2)), rudnn.ShapeError,
      "attention: out: the last axis must be contiguous (stride 1), got stride 5"),
+    (lambda d: rudnn.attention(*_qkv(d), out=torch.empty(1, 1, 5, 8, device=d).expand(2, 4, 5, 8)), rudnn.ShapeError,
+     "attention: out: expected an output whose elements do not share memory (no stride 0 on an axis of size > 1), "
+     "got shape [2, 4, 5, 8] with strides [0, 0, 8, 1]"),
     (lambda d: rudnn.attention(_qkv(d)[0], _t((2, 2, 6), device=d), _qkv(d)[2]), rudnn.ShapeError,
      "attention: k: expected rank 4 [B, H, S, D], got shape [2, 2, 6]"),
     (lambda d: rudnn.attention(*_qkv(d)[:2], _t((2, 2, 6, 8, 1), device=d)), rudnn.ShapeError,
