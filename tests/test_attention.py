@@ -237,13 +237,17 @@ def test_numpy_inputs():
 
 # ---- backward --------------------------------------------------------------------------------
 
-def _grads(q, k, v, opts, dout, dtype):
-    """(dq, dk, dv) of the reference computed in `dtype` by torch autograd."""
+def _grads(q, k, v, opts, dout, dtype, dlse=None):
+    """(dq, dk, dv) of the reference computed in `dtype` by torch autograd: of sum(out * dout),
+    plus sum(lse * dlse) over the rows that see a key when dlse is given."""
     leaves = [t.detach().cpu().to(dtype).requires_grad_() for t in (q, k, v)]
     cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in opts.items()}
-    out, _ = ref.attention(*leaves, dtype=dtype, **cpu)
-    out.backward(dout.cpu().to(dtype))
-    return [t.grad for t in leaves]
+    out, lse = ref.attention(*leaves, dtype=dtype, **cpu)
+    loss = (out * dout.cpu().to(dtype)).sum()
+    if dlse is not None:
+        loss = loss + (torch.where(torch.isfinite(lse), lse, 0) * dlse.cpu().to(dtype)).sum()
+    loss.backward()
+    return [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves]
 
 
 @pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
@@ -263,6 +267,56 @@ def test_backward(device, strategy, dtype, name):
     g_same = _grads(q, k, v, opts, dout, dtype)
     for ours, same, exact, what in zip((dq, dk, dv), g_same, g64, ("dq", "dk", "dv")):
         assert torch.isfinite(ours.cpu().float()).all(), what
+        assert_close_to_oracle(ours, same, exact, what)
+
+
+# dlse, the gradient with respect to lse, adds the path through lse: dS_ij gains P_ij dlse_i.
+# The loss of the oracle is sum(out * dout) + sum(lse * dlse) over the rows that see a key.
+LSE_GRADIENT_CASES = ["basic", "sq_gt_sk_causal", "flash_long_causal_d128", "flash_gqa8_causal_d64",
+                      "flash_decode_gqa8_d128", "flash_d192_dv128_window"]
+
+
+@pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", LSE_GRADIENT_CASES)
+def test_backward_through_lse(device, strategy, dtype, name):
+    case = CASES[name]
+    _skip_unsupported_flash(strategy, dtype, case["shape"][5], case["shape"][6])
+    q, k, v, opts = _inputs(case, dtype, device)
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
+    dout = rand(out.shape, dtype, device, seed=7)
+    dlse = rand(lse.shape, torch.float32, device, seed=8)
+    bs = _backward_strategy(strategy, dtype, *case["shape"][5:])
+    dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, dlse=dlse, strategy=bs, **opts)
+    without = rudnn.attention_backward(dout, q, k, v, out, lse, strategy=bs, **opts)
+    assert not torch.equal(dq, without[0]), "dlse changed nothing"
+    torch.testing.assert_close(dv, without[2], rtol=0, atol=0)  # lse does not depend on v
+    g64, g_same = _grads(q, k, v, opts, dout, torch.float64, dlse), _grads(q, k, v, opts, dout, dtype, dlse)
+    for ours, same, exact, what in zip((dq, dk, dv), g_same, g64, ("dq", "dk", "dv")):
+        assert torch.isfinite(ours.cpu().float()).all(), what
+        assert_close_to_oracle(ours, same, exact, what)
+
+
+@pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)
+def test_backward_through_lse_varlen_broadcast_dlse(device, strategy):
+    """A dlse of any strides (here expanded: every element the same memory, as torch hands the
+    gradient of lse.sum()) and packed sequences with an empty one."""
+    case = VARLEN["causal_gqa8"]
+    q, k, v, cu_q, cu_k, opts = _varlen_inputs(case, torch.bfloat16 if device == "cuda" else torch.float32, device)
+    kw = dict(cu_seqlens_q=cu_q.to(device), cu_seqlens_k=cu_k.to(device), **opts)
+    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **kw)
+    dout = rand(out.shape, q.dtype, device, seed=9)
+    dlse = torch.full((1, 1), 0.75, device=device).expand(lse.shape)
+    dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, dlse=dlse,
+                                          strategy=_backward_strategy(strategy, q.dtype, 64, 64), **kw)
+
+    def grads(dt):
+        leaves = [t.detach().cpu().to(dt).requires_grad_() for t in (q, k, v)]
+        o, l = ref.attention_varlen(*leaves, cu_q, cu_k, dtype=dt, **opts)
+        ((o * dout.cpu().to(dt)).sum() + 0.75 * torch.where(torch.isfinite(l), l, 0).sum()).backward()
+        return [t.grad for t in leaves]
+
+    for ours, same, exact, what in zip((dq, dk, dv), grads(q.dtype), grads(torch.float64), ("dq", "dk", "dv")):
         assert_close_to_oracle(ours, same, exact, what)
 
 

@@ -44,7 +44,8 @@ def emulator(tmp_path_factory):
 
 def _run(exe, tmp_path, q, k, v, opts, cu_q=None, cu_k=None, backward=None, env=None):
     """Dense q [B, Hq, Sq, D] or packed [Tq, Hq, D] with cu_seqlens. Forward: (out, lse) of the
-    emulated kernel. backward=(dout, out, lse): (dq, dk, dv) of the emulated dq and dk/dv kernels."""
+    emulated kernel. backward=(dout, out, lse) or (dout, out, lse, dlse): (dq, dk, dv) of the
+    emulated dq and dk/dv kernels."""
     varlen = cu_q is not None
     if varlen:
         (Tq, Hq, D), (Tk, Hkv, Dv) = q.shape, v.shape
@@ -74,10 +75,12 @@ def _run(exe, tmp_path, q, k, v, opts, cu_q=None, cu_k=None, backward=None, env=
         np.asarray(cu_q, np.int32).tofile(tmp_path / "cu_q.bin")
         np.asarray(cu_k, np.int32).tofile(tmp_path / "cu_k.bin")
     if backward is not None:
-        dout, out, lse = backward
+        dout, out, lse, *dlse = backward
         emu_array_bits(dout).tofile(tmp_path / "dout.bin")
         emu_array_bits(out.to(q.dtype)).tofile(tmp_path / "out.bin")
         lse.float().contiguous().numpy().tofile(tmp_path / "lse.bin")
+        if dlse:  # laid out like lse
+            dlse[0].float().contiguous().numpy().tofile(tmp_path / "dlse.bin")
     mode = "forward" if backward is None else "backward"
     result = subprocess.run([str(exe), mode, str(tmp_path)], capture_output=True, text=True, timeout=600,
                             env=None if env is None else {**os.environ, **env})
@@ -142,13 +145,25 @@ def test_fallback_forward_kernel_varlen(emulator, tmp_path):
                                   "all_options", "float_mask_bias_gqa8", "d64_tile_tail", "d192_dv128", "odd_dims",
                                   "wide_dv"])
 def test_fallback_backward_kernels(emulator, tmp_path, name, dtype):
+    _check_fallback_backward(emulator, tmp_path, name, dtype)
+
+
+# With dlse (the gradient through lse) the dq kernel subtracts it from each row's dout . out.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["sq_gt_sk_causal", "bool_mask_empty_rows", "softcap_causal_gqa4", "d64_tile_tail"])
+def test_fallback_backward_kernels_through_lse(emulator, tmp_path, name, dtype):
+    _check_fallback_backward(emulator, tmp_path, name, dtype, through_lse=True)
+
+
+def _check_fallback_backward(emulator, tmp_path, name, dtype, through_lse=False):
     case = WIDE if name == "wide_dv" else CASES[name]
     q, k, v, opts = _inputs(case, dtype, "cpu", seed=13)
     out, lse = _oracle(q, k, v, opts)  # the backward takes the forward's results as given
     dout = rand(out.shape, dtype, seed=7)
-    ours = _run(emulator, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse))
-    g64 = _grads(q, k, v, opts, dout, torch.float64)
-    g_same = _grads(q, k, v, opts, dout, dtype)
+    dlse = rand(lse.shape, torch.float32, seed=8) if through_lse else None
+    ours = _run(emulator, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse) + ((dlse,) if through_lse else ()))
+    g64 = _grads(q, k, v, opts, dout, torch.float64, dlse)
+    g_same = _grads(q, k, v, opts, dout, dtype, dlse)
     for mine, same, exact, what in zip(ours, g_same, g64, ("dq", "dk", "dv")):
         assert torch.isfinite(mine.float()).all(), what
         assert_close_to_oracle(mine, same, exact, f"{name} {what}")
@@ -369,13 +384,15 @@ def test_flash_backward_kernels(flash_emulator, tmp_path, name):
     _check_flash_backward(flash_emulator, tmp_path, name)
 
 
-def _check_flash_backward(exe, tmp_path, name, env=None):
+def _check_flash_backward(exe, tmp_path, name, env=None, through_lse=False):
     q, k, v, opts = _flash_inputs(name, seed=23)
     out, lse = _oracle(q, k, v, opts)
     dout = rand(out.shape, torch.bfloat16, seed=9)
-    ours = _run(exe, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse), env=env)
-    g64 = _grads(q, k, v, opts, dout, torch.float64)
-    g_same = _grads(q, k, v, opts, dout, torch.bfloat16)
+    dlse = rand(lse.shape, torch.float32, seed=10) if through_lse else None
+    ours = _run(exe, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse) + ((dlse,) if through_lse else ()),
+                env=env)
+    g64 = _grads(q, k, v, opts, dout, torch.float64, dlse)
+    g_same = _grads(q, k, v, opts, dout, torch.bfloat16, dlse)
     for mine, same, exact, what in zip(ours, g_same, g64, ("dq", "dk", "dv")):
         assert torch.isfinite(mine.float()).all(), what
         assert_close_to_oracle(mine, same, exact, f"{name} {what}")
@@ -388,6 +405,14 @@ def _check_flash_backward(exe, tmp_path, name, env=None):
                                              if g == "sm90" or FLASH_CASES[n]["shape"][5] % 64 == 0])
 def test_flash_sm90_backward_kernels(flash_emulator, tmp_path, name, generation):
     _check_flash_backward(flash_emulator, tmp_path, name, env={"EMU_FLASH_GENERATION": generation})
+
+
+# With dlse (the gradient through lse) the delta kernel subtracts it from each row's dout . out.
+@pytest.mark.parametrize("generation", ["sm80", "sm90", "sm90ws"])
+@pytest.mark.parametrize("name", ["causal_sq_gt_sk", "d128_causal"])
+def test_flash_backward_kernels_through_lse(flash_emulator, tmp_path, name, generation):
+    _check_flash_backward(flash_emulator, tmp_path, name, env={"EMU_FLASH_GENERATION": generation},
+                          through_lse=True)
 
 
 # The emulator is only evidence if a broken kernel fails in it: a forward that reads K before its

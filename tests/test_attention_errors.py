@@ -189,6 +189,8 @@ def test_mixed_devices():
     dout, q, k, v, out, lse = _backward_inputs("cpu")
     with pytest.raises(rudnn.DeviceError, match="attention_backward: lse: expected device cpu like dout, got cuda:0"):
         rudnn.attention_backward(dout, q, k, v, out, lse.cuda())
+    with pytest.raises(rudnn.DeviceError, match="attention_backward: dlse: expected device cpu like dout, got cuda:0"):
+        rudnn.attention_backward(dout, q, k, v, out, lse, dlse=lse.cuda())
 
 
 def _misaligned(shape, dtype):
@@ -261,6 +263,10 @@ BACKWARD_ERRORS = [
      rudnn.ShapeError, "attention_backward: dout: the last axis must be contiguous (stride 1), got stride 5"),
     (lambda a: rudnn.attention_backward(*a, softcap="on"), rudnn.ArgumentError,
      "attention_backward: softcap: expected a finite value > 0 (or None), got 'on'"),
+    (lambda a: rudnn.attention_backward(*a, dlse=a[5].half()), rudnn.DTypeError,
+     "attention_backward: dlse: expected float32, got float16"),
+    (lambda a: rudnn.attention_backward(*a, dlse=a[5][:, :, :4]), rudnn.ShapeError,
+     "attention_backward: dlse: expected shape [2, 4, 5] ([B, Hq, Sq]), got [2, 4, 4]"),
 ]
 
 

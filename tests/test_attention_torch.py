@@ -90,6 +90,9 @@ def test_opcheck(device):
     out, lse = rudnn.attention(q.detach(), k.detach(), v.detach(), return_lse=True)
     opcheck(ops.attention_backward.default, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse,
                                              None, None, None, False, -1, -1, None, None, None, "auto", True))
+    opcheck(ops.attention_backward.default, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse,
+                                             None, None, None, False, -1, -1, None, None, None, "auto", True,
+                                             torch.randn_like(lse)))
 
 
 def test_fake_tensor_shapes():

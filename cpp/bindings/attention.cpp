@@ -86,8 +86,8 @@ void register_attention(nb::module_& m) {
   auto backward_args = [](const In& dout, const In& q, const In& k, const In& v, const In& out, const In& lse,
                           const OptIn& mask, const OptIn& bias, std::optional<double> scale, bool causal,
                           std::int64_t wl, std::int64_t wr, double softcap, const OptIn& cu_q, const OptIn& cu_k,
-                          int strategy, bool deterministic, const Out& dq, const Out& dk, const Out& dv,
-                          std::optional<Tensor> (&keep)[4]) {
+                          int strategy, bool deterministic, const OptIn& dlse, const Out& dq, const Out& dk,
+                          const Out& dv, std::optional<Tensor> (&keep)[4], std::optional<Tensor>& keep_dlse) {
     AttentionBackwardArgs a;
     a.dout = to_tensor(dout, "dout");
     a.q = to_tensor(q, "q");
@@ -97,6 +97,7 @@ void register_attention(nb::module_& m) {
     a.lse = to_tensor(lse, "lse");
     a.options = options(mask, bias, scale, causal, wl, wr, softcap, cu_q, cu_k, strategy, keep);
     a.deterministic = deterministic;
+    a.dlse = opt_tensor(dlse, "dlse", keep_dlse);
     a.dq = to_tensor(dq, "dq");
     a.dk = to_tensor(dk, "dk");
     a.dv = to_tensor(dv, "dv");
@@ -108,31 +109,33 @@ void register_attention(nb::module_& m) {
       [backward_args](const In& dout, const In& q, const In& k, const In& v, const In& out, const In& lse,
                       const OptIn& mask, const OptIn& bias, std::optional<double> scale, bool causal, std::int64_t wl,
                       std::int64_t wr, double softcap, const OptIn& cu_q, const OptIn& cu_k, int strategy,
-                      bool deterministic, const Out& dq, const Out& dk, const Out& dv) {
-        std::optional<Tensor> keep[4];
+                      bool deterministic, const OptIn& dlse, const Out& dq, const Out& dk, const Out& dv) {
+        std::optional<Tensor> keep[4], keep_dlse;
         const AttentionBackwardArgs a = backward_args(dout, q, k, v, out, lse, mask, bias, scale, causal, wl, wr,
-                                                      softcap, cu_q, cu_k, strategy, deterministic, dq, dk, dv, keep);
+                                                      softcap, cu_q, cu_k, strategy, deterministic, dlse, dq, dk, dv,
+                                                      keep, keep_dlse);
         return attention_backward_workspace_bytes(a);
       },
       nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-      RUDNN_ATTENTION_OPTION_ARGS, nb::arg("deterministic"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"));
+      RUDNN_ATTENTION_OPTION_ARGS, nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"));
 
   m.def(
       "attention_backward",
       [backward_args](const In& dout, const In& q, const In& k, const In& v, const In& out, const In& lse,
                       const OptIn& mask, const OptIn& bias, std::optional<double> scale, bool causal, std::int64_t wl,
                       std::int64_t wr, double softcap, const OptIn& cu_q, const OptIn& cu_k, int strategy,
-                      bool deterministic, const Out& dq, const Out& dk, const Out& dv, const OptOut& workspace,
-                      std::uintptr_t stream) {
-        std::optional<Tensor> keep[4], ws;
+                      bool deterministic, const OptIn& dlse, const Out& dq, const Out& dk, const Out& dv,
+                      const OptOut& workspace, std::uintptr_t stream) {
+        std::optional<Tensor> keep[4], keep_dlse, ws;
         const AttentionBackwardArgs a = backward_args(dout, q, k, v, out, lse, mask, bias, scale, causal, wl, wr,
-                                                      softcap, cu_q, cu_k, strategy, deterministic, dq, dk, dv, keep);
+                                                      softcap, cu_q, cu_k, strategy, deterministic, dlse, dq, dk, dv,
+                                                      keep, keep_dlse);
         const Tensor* w = opt_tensor(workspace, "workspace", ws);
         nb::gil_scoped_release release;
         attention_backward(a, w, as_stream(stream));
       },
       nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-      RUDNN_ATTENTION_OPTION_ARGS, nb::arg("deterministic"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+      RUDNN_ATTENTION_OPTION_ARGS, nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
       nb::arg("workspace").none(), nb::arg("stream"));
 
   m.def("attention_last_algorithm", [] { return std::string(attention_last_algorithm()); },

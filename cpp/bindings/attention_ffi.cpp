@@ -2,9 +2,9 @@
 //
 // Targets (the same names on the "cpu" and "CUDA" platforms; attributes in brackets):
 //   rudnn_attention_forward   (q, k, v, [mask], [bias], [cu_q, cu_k]) -> (out, lse)
-//   rudnn_attention_backward  (dout, q, k, v, out, lse, [mask], [bias], [cu_q, cu_k]) -> (dq, dk, dv)
+//   rudnn_attention_backward  (dout, q, k, v, out, lse, [mask], [bias], [cu_q, cu_k], [dlse]) -> (dq, dk, dv)
 //   [has_mask, has_bias, varlen, has_scale, causal: bool, scale, softcap: f32,
-//    window_left, window_right: i64, strategy: i32; backward also deterministic: bool]
+//    window_left, window_right: i64, strategy: i32; backward also deterministic, has_dlse: bool]
 // CUDA workspaces come from XLA's scratch allocator.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -27,7 +27,8 @@ struct OptionAttrs {
   std::int32_t strategy;
 };
 
-// Reads the optional operands in their fixed order into `slots` and returns the options.
+// Reads the optional operands of the options in their fixed order into `slots` and returns the
+// options (the caller reads any operand after them, then calls in.finish()).
 rudnn::AttentionOptions read_options(const OptionAttrs& o, Inputs& in, Tensor (&slots)[4]) {
   rudnn::AttentionOptions opt;
   if (o.has_mask) opt.mask = &(slots[0] = in.next("mask"));
@@ -36,7 +37,6 @@ rudnn::AttentionOptions read_options(const OptionAttrs& o, Inputs& in, Tensor (&
     opt.cu_seqlens_q = &(slots[2] = in.next("cu_seqlens_q"));
     opt.cu_seqlens_k = &(slots[3] = in.next("cu_seqlens_k"));
   }
-  in.finish();
   if (o.has_scale) opt.scale = o.scale;
   opt.causal = o.causal;
   opt.window_left = o.window_left;
@@ -64,6 +64,7 @@ ffi::Error attention_forward(const Place& place, ffi::AnyBuffer q, ffi::AnyBuffe
     a.options = read_options({has_mask, has_bias, varlen, has_scale, causal, scale, softcap, window_left, window_right,
                               strategy},
                              in, slots);
+    in.finish();
     a.out = view(*out, place, "attention: out");
     lse_t = view(*lse, place, "attention: lse");
     a.lse = &lse_t;
@@ -77,7 +78,7 @@ ffi::Error attention_backward(const Place& place, ffi::AnyBuffer dout, ffi::AnyB
                               ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                               ffi::Result<ffi::AnyBuffer> dv, bool has_mask, bool has_bias, bool varlen,
                               bool has_scale, bool causal, float scale, float softcap, std::int64_t window_left,
-                              std::int64_t window_right, std::int32_t strategy, bool deterministic) {
+                              std::int64_t window_right, std::int32_t strategy, bool deterministic, bool has_dlse) {
   return guarded([&] {
     const char* op = "attention_backward";
     rudnn::AttentionBackwardArgs a;
@@ -87,11 +88,13 @@ ffi::Error attention_backward(const Place& place, ffi::AnyBuffer dout, ffi::AnyB
     a.v = view(v, place, "attention_backward: v");
     a.out = view(out, place, "attention_backward: out");
     a.lse = view(lse, place, "attention_backward: lse");
-    Tensor slots[4], ws;
+    Tensor slots[4], dlse, ws;
     Inputs in(args, place, op);
     a.options = read_options({has_mask, has_bias, varlen, has_scale, causal, scale, softcap, window_left, window_right,
                               strategy},
                              in, slots);
+    if (has_dlse) a.dlse = &(dlse = in.next("dlse"));
+    in.finish();
     a.deterministic = deterministic;
     a.dq = view(*dq, place, "attention_backward: dq");
     a.dk = view(*dk, place, "attention_backward: dk");
@@ -140,7 +143,8 @@ auto bind_backward(B&& b) {
                                .template Ret<ffi::AnyBuffer>()
                                .template Ret<ffi::AnyBuffer>()
                                .template Ret<ffi::AnyBuffer>())
-      .template Attr<bool>("deterministic");
+      .template Attr<bool>("deterministic")
+      .template Attr<bool>("has_dlse");
 }
 
 RUDNN_FFI_HANDLER(attention_forward_cpu, bind_forward(cpu_binding()), on_cpu, attention_forward)
@@ -209,10 +213,12 @@ std::tuple<std::vector<std::int64_t>, std::vector<std::int64_t>> validate_forwar
 void validate_backward(const Spec& dout, const Spec& q, const Spec& k, const Spec& v, const Spec& out,
                        const Spec& lse, const std::optional<Spec>& mask, const std::optional<Spec>& bias,
                        const std::optional<Spec>& cu_q, const std::optional<Spec>& cu_k, std::optional<double> scale,
-                       bool causal, std::int64_t wl, std::int64_t wr, double softcap) {
+                       bool causal, std::int64_t wl, std::int64_t wr, double softcap,
+                       const std::optional<Spec>& dlse) {
   rudnn::AttentionBackwardArgs a;
   const std::string op = "attention_backward";
-  Tensor slots[4];
+  Tensor slots[4], dlse_t;
+  if (dlse) a.dlse = &(dlse_t = abstract_view(*dlse, op + ": dlse"));
   a.dout = abstract_view(dout, op + ": dout");
   a.q = abstract_view(q, op + ": q");
   a.k = abstract_view(k, op + ": k");
@@ -245,7 +251,7 @@ void add_attention_validation(nb::module_& m) {
   m.def("jax_validate_attention_backward", &validate_backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("mask").none(), nb::arg("bias").none(),
         nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("scale").none(), nb::arg("causal"),
-        nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"));
+        nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"), nb::arg("dlse").none());
 }
 
 }  // namespace rudnn::jax_ffi

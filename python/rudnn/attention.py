@@ -149,18 +149,20 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
 
 def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=None, causal=False, window=None,
                        softcap=None, cu_seqlens_q=None, cu_seqlens_k=None, deterministic=False, strategy="auto",
-                       stream=None):
+                       dlse=None, stream=None):
     """Gradients (dq, dk, dv) of attention, recomputing the probabilities from lse (no
     Sq x Sk matrix is stored). Takes the forward's options; out and lse are its results.
     dk/dv sum over the query heads of each key/value head (GQA). deterministic=True gives
-    bitwise run-to-run reproducible gradients."""
+    bitwise run-to-run reproducible gradients. dlse (float32, lse's shape), the gradient with
+    respect to lse, adds the path through lse (for partial attentions merged by their lse)."""
     if fw.is_jax(q):
         return _jax().attention_backward(dout, q, k, v, out, lse, mask=mask, bias=bias, scale=scale, causal=causal,
                                          window=window, softcap=softcap, cu_seqlens_q=cu_seqlens_q,
-                                         cu_seqlens_k=cu_seqlens_k, deterministic=deterministic, strategy=strategy)
+                                         cu_seqlens_k=cu_seqlens_k, deterministic=deterministic, strategy=strategy,
+                                         dlse=dlse)
     op = "attention_backward"
     call = fw.Call(op, {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse, "mask": mask, "bias": bias,
-                        "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}, stream)
+                        "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "dlse": dlse}, stream)
     opts = options(op, mask=mask, bias=bias, scale=scale, causal=causal, window=window, softcap=softcap,
                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, strategy=strategy)
     dq = call.empty(tuple(q.shape), call.dtype_name(q))
@@ -171,7 +173,7 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=N
         return dict(dout=call.arg(dout), q=call.arg(q), k=call.arg(k), v=call.arg(v), out=call.arg(out),
                     lse=call.arg(lse), mask=call.arg(mask), bias=call.arg(bias),
                     cu_seqlens_q=call.arg(cu_seqlens_q), cu_seqlens_k=call.arg(cu_seqlens_k),
-                    deterministic=bool(deterministic), dq=call.arg(dq), dk=call.arg(dk), dv=call.arg(dv), **opts)
+                    deterministic=bool(deterministic), dlse=call.arg(dlse), dq=call.arg(dq), dk=call.arg(dk), dv=call.arg(dv), **opts)
 
     nbytes = _C.attention_backward_workspace_bytes(**args())
     workspace = call.empty((nbytes,), "uint8") if nbytes else None

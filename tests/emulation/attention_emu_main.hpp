@@ -9,8 +9,8 @@
 // [B, H, S, D], or packed [total, H, D] when varlen with int32 cu_q.bin/cu_k.bin), mask.bin /
 // bias.bin (uint8 or float32, dense [B', Hq, Sq, Sk] with B' in the meta line's mask/bias batch);
 // writes out.bin (q's format) and lse.bin (float32, [B, Hq, Sq] or [Hq, total]). backward also
-// reads dout.bin, out.bin and lse.bin (the forward's results, as given) and writes dq.bin,
-// dk.bin, dv.bin (q's format) and delta.bin (float32).
+// reads dout.bin, out.bin and lse.bin (the forward's results, as given), dlse.bin (float32, like
+// lse) if it exists, and writes dq.bin, dk.bin, dv.bin (q's format) and delta.bin (float32).
 //
 // Kernels provides
 //   template <class Bits> static void forward(const Problem&, const Bits* q, k, v, Bits* out, float* lse);
@@ -92,6 +92,11 @@ int run(const std::string& which, const std::string& dir, Problem p, i64 mask_ba
   auto dout = emu_read<Bits>(dir + "/dout.bin", rows_q * p.hq * p.dv);
   auto out = emu_read<Bits>(dir + "/out.bin", rows_q * p.hq * p.dv);
   auto lse = emu_read<float>(dir + "/lse.bin", rows_q * p.hq);
+  std::vector<float> dlse;
+  if (std::ifstream(dir + "/dlse.bin").good()) {
+    dlse = emu_read<float>(dir + "/dlse.bin", rows_q * p.hq);
+    bp.dlse = dlse.data(), bp.dlse_at = p.lse;
+  }
   std::vector<Bits> dq(q.size()), dk(k.size()), dv(v.size());
   poison(dq), poison(dk), poison(dv);
   std::vector<float> delta(rows_q * p.hq, NAN);

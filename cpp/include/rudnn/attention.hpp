@@ -64,6 +64,10 @@ struct AttentionBackwardArgs {
   AttentionOptions options;
   bool deterministic = false;     // bitwise run-to-run reproducible dq/dk/dv
   Tensor dq, dk, dv;              // like q, k, v (outputs)
+  // Optional: the gradient of the loss with respect to lse (float32, lse's shape; any strides).
+  // The gradients then include the path through lse (d lse_i / d s_ij = P_ij), as needed when
+  // partial attentions are merged by their lse (split-KV, ring attention).
+  const Tensor* dlse = nullptr;
 };
 
 std::size_t attention_backward_workspace_bytes(const AttentionBackwardArgs& args);

@@ -141,7 +141,8 @@ void backward_cpu(const AttentionBackwardArgs& a, const BackwardProblem& bp) {
             std::fill(dq.begin(), dq.end(), 0.0);
             if (lse != kNegInf) {  // a row that saw no key has no gradient
               row_scores(p, K, b, h, i, k0, len_q, len_k, q, scores, tanh_s);
-              const float delta = float(dot(dout, O + p.out.at(b, h, q0 + i), p.dv));  // sum_j P_ij dP_ij
+              // sum_j P_ij dP_ij, less the gradient through lse
+              const float delta = bp.row_delta(float(dot(dout, O + p.out.at(b, h, q0 + i), p.dv)), b, h, q0 + i);
               for (std::int64_t j = 0; j < len_k; ++j) {
                 if (scores[j] == kNegInf) continue;
                 const float prob = std::exp(scores[j] - lse);

@@ -234,7 +234,8 @@ __global__ void __launch_bounds__(kThreads)
     const T* o_row = out + p.out.at(b, h, q0 + row);
     for (std::int64_t d = lane; d < p.dv; d += kTeam) partial = fmaf(to_float(do_row[d]), to_float(o_row[d]), partial);
   }
-  const float delta = team_sum(partial);
+  const float dout_dot_out = team_sum(partial);  // every lane of the warp shuffles
+  const float delta = row < len_q ? bp.row_delta(dout_dot_out, b, h, q0 + row) : 0.0f;
   if (row < len_q && c_first == 0 && lane == 0) delta_ws[delta_index(p, b, h, q0 + row)] = delta;
   const float row_lse = row < len_q ? lse[p.lse.at(b, h, q0 + row)] : -INFINITY;  // -inf: no gradient
   const auto q_rows = rows(q, p.q, b, h, q0 + m0, len_q - m0);

@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(128)
   float s = 0.0f;
   for (std::int64_t d = threadIdx.x % 32; d < p.dv; d += 32) s = fmaf(float(g[d]), float(o[d]), s);
   for (int offset = 16; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
-  if (threadIdx.x % 32 == 0) delta[cuda::delta_index(p, b, h, q0 + i)] = s;
+  if (threadIdx.x % 32 == 0) delta[cuda::delta_index(p, b, h, q0 + i)] = bp.row_delta(s, b, h, q0 + i);
 }
 
 // acc += A B over the k axis of the fragments, both operands loaded from shared memory by their

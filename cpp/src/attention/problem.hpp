@@ -91,6 +91,14 @@ struct BackwardProblem {
   Problem fwd;
   Strides dout, dq, dk, dv;
   bool deterministic = false;
+  const float* dlse = nullptr;  // the gradient through lse (optional), indexed like lse by dlse_at
+  Strides dlse_at;
+
+  // The row term of dS_ij = P_ij (dP_ij - delta_i): delta_i = dout_i . out_i - dlse_i, the
+  // second part because d lse_i / d s_ij = P_ij. `dot` is dout_i . out_i.
+  RUDNN_HD float row_delta(float dot, std::int64_t b, std::int64_t h, std::int64_t row) const {
+    return dlse == nullptr ? dot : dot - dlse[dlse_at.at(b, h, row)];
+  }
 };
 
 Problem validate_forward(const AttentionForwardArgs& args);

@@ -268,6 +268,10 @@ BackwardProblem validate_backward(const AttentionBackwardArgs& a) {
   bp.dk = row_strides(a.dk, vl);
   bp.dv = row_strides(a.dv, vl);
   bp.deterministic = a.deterministic;
+  if (a.dlse) {
+    bp.dlse_at = check_lse(*a.dlse, a.q, p, op + ": dlse");
+    bp.dlse = a.dlse->numel() > 0 ? static_cast<const float*>(a.dlse->data) : nullptr;
+  }
   return bp;
 }
 

@@ -57,43 +57,28 @@ def _op(key, out_shape, lse_shape, return_lse):
         if isinstance(dout, SymbolicZero) and (dlse is None or isinstance(dlse, SymbolicZero)):
             return (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)) + tuple(None for _ in extra)
         dout = jnp.zeros_like(out) if isinstance(dout, SymbolicZero) else dout.astype(out.dtype)
-        backward_v, backward_out = v, out
-        if dlse is not None and not isinstance(dlse, SymbolicZero):  # decided when traced
-            dout, backward_v, backward_out = _with_lse_gradient(dout, v, out, dlse, varlen)
+        # the gradient through lse, when lse is used (decided when traced)
+        dlse = () if dlse is None or isinstance(dlse, SymbolicZero) else (dlse.astype(jnp.float32),)
         # The flash backward covers fewer cases than the flash forward: a flash forward is
         # differentiated by the "auto" backward (flash where it supports the case).
         bkey = key[:-1] + ((0,) if key[-1] == 1 else (key[-1],))
-        dq, dk, dv = _backward_call(bkey, deterministic)(dout, q, k, backward_v, backward_out, lse, *extra)
-        return (dq, dk, dv[..., :v.shape[-1]]) + tuple(None for _ in extra)
+        dq, dk, dv = _backward_call(bkey, deterministic, bool(dlse))(dout, q, k, v, out, lse, *extra, *dlse)
+        return (dq, dk, dv) + tuple(None for _ in extra)
 
-    varlen = key[2]
     f = jax.custom_vjp(primal)
     f.defvjp(fwd, bwd, symbolic_zeros=True)
     return jax.jit(f)
 
 
-def _with_lse_gradient(dout, v, out, dlse, varlen):
-    """(dout', v', out') that make attention_backward include the gradient through lse:
-    d lse_i / d s_ij = P_ij adds P_ij dlse_i to dS_ij = P_ij (dP_ij - delta_i), with
-    delta_i = dout_i . out_i; one more value column v' = [v, 0], out' = [out, -dlse],
-    dout' = [dout, 1] leaves dP unchanged and makes delta' = delta - dlse (dv' gains a column
-    that is dropped). Only traced when the lse cotangent is not a symbolic zero."""
-    if varlen:
-        dlse = dlse.T  # [Hq, Tq] -> [Tq, Hq], like out's rows
-    extra = (-dlse).astype(out.dtype)[..., None]
-    return (jnp.concatenate([dout, jnp.ones_like(extra)], -1),
-            jnp.concatenate([v, jnp.zeros(v.shape[:-1] + (1,), v.dtype)], -1),
-            jnp.concatenate([out, extra], -1))
-
-
 @functools.lru_cache(maxsize=None)
-def _backward_call(key, deterministic):
+def _backward_call(key, deterministic, has_dlse):
+    """f(dout, q, k, v, out, lse, *[mask], *[bias], *[cu_q, cu_k], *[dlse]) -> (dq, dk, dv)."""
     attrs = _attrs(*key)
 
     def call(dout, q, k, v, out, lse, *extra):
         results = (_ffi.sds(q.shape, q.dtype), _ffi.sds(k.shape, k.dtype), _ffi.sds(v.shape, v.dtype))
         return jax.ffi.ffi_call("rudnn_attention_backward", results, vmap_method="sequential")(
-            dout, q, k, v, out, lse, *extra, **attrs, deterministic=deterministic)
+            dout, q, k, v, out, lse, *extra, **attrs, deterministic=deterministic, has_dlse=has_dlse)
 
     return jax.jit(call)
 
@@ -136,7 +121,7 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
 @_ffi.raises_rudnn_errors
 def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=None, causal=False, window=None,
                        softcap=None, cu_seqlens_q=None, cu_seqlens_k=None, deterministic=False, strategy="auto",
-                       stream=None):
+                       dlse=None, stream=None):
     """rudnn.attention_backward for JAX arrays: (dq, dk, dv)."""
     del stream
     op = "attention_backward"
@@ -145,10 +130,12 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=N
     dout = _ffi.array(dout, op, "dout", required=True)
     out = _ffi.array(out, op, "out", required=True)
     lse = _ffi.array(lse, op, "lse", required=True)
+    dlse = _ffi.array(dlse, op, "dlse")
     _C.jax_validate_attention_backward(
         _ffi.spec(dout), _ffi.spec(q), _ffi.spec(k), _ffi.spec(v), _ffi.spec(out), _ffi.spec(lse), _ffi.spec(mask),
         _ffi.spec(bias), _ffi.spec(cu_q), _ffi.spec(cu_k), o["scale"], o["causal"], o["window_left"],
-        o["window_right"], o["softcap"])
+        o["window_right"], o["softcap"], _ffi.spec(dlse))
     key = (mask is not None, bias is not None, cu_q is not None, o["scale"], o["causal"], o["window_left"],
            o["window_right"], o["softcap"], o["strategy"])
-    return _backward_call(key, bool(deterministic))(dout, q, k, v, out, lse, *_ffi.present(mask, bias, cu_q, cu_k))
+    return _backward_call(key, bool(deterministic), dlse is not None)(
+        dout, q, k, v, out, lse, *_ffi.present(mask, bias, cu_q, cu_k, dlse))

@@ -56,16 +56,16 @@ def _(q, k, v, mask, bias, scale, causal, window_left, window_right, softcap, cu
 def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, mask: Optional[Tensor],
               bias: Optional[Tensor], scale: Optional[float], causal: bool, window_left: int, window_right: int,
               softcap: Optional[float], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], strategy: str,
-              deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+              deterministic: bool, dlse: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     return _attention_backward_eager(dout, q, k, v, out, lse, mask=mask, bias=bias, scale=scale, causal=causal,
                                      window=_window(window_left, window_right), softcap=softcap,
                                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                     deterministic=deterministic, strategy=strategy)
+                                     deterministic=deterministic, strategy=strategy, dlse=dlse)
 
 
 @_backward.register_fake
 def _(dout, q, k, v, out, lse, mask, bias, scale, causal, window_left, window_right, softcap, cu_seqlens_q,
-      cu_seqlens_k, strategy, deterministic):
+      cu_seqlens_k, strategy, deterministic, dlse=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -77,40 +77,20 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # an unused out or lse brings None, not a tensor of zeros
 
 
-def _with_lse_gradient(dout, v, out, dlse, varlen: bool):
-    """(dout', v', out') that make attention_backward include the gradient through lse.
-
-    d lse_i / d s_ij = P_ij, so it adds P_ij dlse_i to dS_ij = P_ij (dP_ij - delta_i), where the
-    backward computes delta_i = dout_i . out_i: one more value column v' = [v, 0],
-    out' = [out, -dlse], dout' = [dout, 1] leaves dP unchanged, makes delta' = delta - dlse,
-    and dv' = [dv, P^T 1] (the extra column is dropped). The copies and the odd head dim
-    (no flash kernel; the fallback runs) are paid only when lse is used."""
-    if varlen:
-        dlse = dlse.t()  # [Hq, Tq] -> [Tq, Hq], like out's rows
-    extra = (-dlse).to(out.dtype).unsqueeze(-1)
-    if dout is None:
-        dout = torch.zeros_like(out)
-    return (torch.cat([dout, torch.ones_like(extra)], -1), torch.cat([v, v.new_zeros(v.shape[:-1] + (1,))], -1),
-            torch.cat([out, extra], -1))
-
-
 def _autograd_backward(ctx, dout, dlse):
     q, k, v, out, lse, mask, bias, cu_q, cu_k = ctx.saved_tensors
     scale, causal, wl, wr, softcap, strategy = ctx.options
     if dout is None and dlse is None:
         return (None,) * 13
-    backward_v, backward_out = v, out
-    if dlse is not None:
-        dout, backward_v, backward_out = _with_lse_gradient(dout, v, out, dlse, cu_q is not None)
+    if dout is None:  # only lse is used: out's gradient is zero (dv too)
+        dout = torch.zeros_like(out)
     elif dout.stride(-1) != 1:
         dout = dout.contiguous()
     # The flash backward covers fewer cases than the flash forward: a flash forward is
     # differentiated by the "auto" backward (flash where it supports the case).
     backward_strategy = "auto" if strategy == "flash" else strategy
-    dq, dk, dv = _backward(dout, q, k, backward_v, backward_out, lse, mask, bias, scale, causal, wl, wr, softcap,
-                           cu_q, cu_k, backward_strategy, torch.are_deterministic_algorithms_enabled())
-    if dlse is not None:
-        dv = dv[..., :-1]
+    dq, dk, dv = _backward(dout, q, k, v, out, lse, mask, bias, scale, causal, wl, wr, softcap, cu_q, cu_k,
+                           backward_strategy, torch.are_deterministic_algorithms_enabled(), dlse)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
@@ -139,18 +119,18 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
 
 def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=None, causal=False, window=None,
                        softcap=None, cu_seqlens_q=None, cu_seqlens_k=None, deterministic=False, strategy="auto",
-                       stream=None):
+                       dlse=None, stream=None):
     if stream is not None:
         return _attention_backward_eager(dout, q, k, v, out, lse, mask=mask, bias=bias, scale=scale,
                                          causal=causal, window=window, softcap=softcap,
                                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                         deterministic=deterministic, strategy=strategy, stream=stream)
+                                         deterministic=deterministic, strategy=strategy, dlse=dlse, stream=stream)
     opts = _options("rudnn.torch.attention_backward", mask=mask, bias=bias, scale=scale, causal=causal,
                     window=window, softcap=softcap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                     strategy=strategy)
     return _backward(dout, q, k, v, out, lse, mask, bias, opts["scale"], opts["causal"], opts["window_left"],
                      opts["window_right"], softcap if softcap is None else float(softcap), cu_seqlens_q, cu_seqlens_k,
-                     strategy, bool(deterministic))
+                     strategy, bool(deterministic), dlse)
 
 
 __all__ = ["attention", "attention_backward"]
