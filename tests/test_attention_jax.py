@@ -126,6 +126,27 @@ def test_grad_varlen_with_empty_sequences():
     assert (np.array(grads[1])[6:9] == 0).all() and (np.array(grads[0])[4:9] == 0).all()
 
 
+def test_differentiating_mask_or_bias_is_refused():
+    """No cotangent is computed for a mask or a bias: asking for one is refused (as rudnn.torch
+    refuses one that requires grad) rather than answered with zeros; not differentiating them
+    (a constant, or another argnum) works."""
+    q, k, v = (J(t) for t in _inputs(torch.float32))
+    extra = jnp.asarray(rand((q.shape[2], k.shape[2]), torch.float32, seed=5).numpy())
+    for name in ("mask", "bias"):
+        def loss(a, m):
+            return jnp.sum(rj.attention(a, k, v, **{name: m}))
+
+        with pytest.raises(rudnn.UnsupportedError, match=f"attention: {name}: gradients with respect to {name} are "
+                                                         f"not computed; pass jax.lax.stop_gradient"):
+            jax.grad(loss, argnums=1)(q, extra)
+        with pytest.raises(rudnn.UnsupportedError, match=f"attention: {name}: gradients"):
+            jax.jit(jax.grad(loss, argnums=(0, 1)))(q, extra)
+        dq = jax.grad(loss)(q, extra)  # the mask or bias is not differentiated
+        expected = jax.grad(loss)(q, jax.lax.stop_gradient(extra))
+        np.testing.assert_array_equal(np.asarray(dq), np.asarray(expected))
+        assert np.isfinite(np.asarray(dq)).all() and np.abs(np.asarray(dq)).max() > 0
+
+
 def test_errors_at_trace_time():
     q, k, v = _inputs(torch.float32, Hq=3)
     with pytest.raises(rudnn.ShapeError, match="attention: the number of query heads Hq = 3 must be a multiple"):

@@ -4,8 +4,9 @@ Same names, arguments and results as ``rudnn.attention`` / ``rudnn.attention_bac
 ``rudnn.attention`` called with JAX arrays comes here. Every call, eager or traced, is a
 ``jax.ffi.ffi_call`` to a libruDNN handler registered for the "cpu" and "CUDA" platforms,
 so it works under ``jax.jit`` and ``jax.grad`` (gradients for q, k and v, through out and,
-with return_lse=True, through lse; mask and bias are not differentiated: their cotangents
-are zero). ``vmap`` runs the call once per batch element.
+with return_lse=True, through lse; mask and bias are not differentiated, so differentiating
+with respect to either is refused, as rudnn.torch does). ``vmap`` runs the call once per
+batch element.
 Arguments are checked by libruDNN's validation when the call is traced; on the CPU the
 cu_seqlens values are checked when the call runs.
 """
@@ -21,6 +22,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from .. import _C
 from ..attention import options as _options
+from ..errors import UnsupportedError
 from . import _ffi
 
 __all__ = ["attention", "attention_backward"]
@@ -47,6 +49,10 @@ def _op(key, out_shape, lse_shape, return_lse):
         return (out, lse) if return_lse else out
 
     def fwd(*primals):  # symbolic_zeros: each primal comes as a CustomVJPPrimal
+        for name, p in zip(["mask"] * key[0] + ["bias"] * key[1], primals[3:]):
+            if p.perturbed:  # no cotangent would be computed for it: refused, not left at zero
+                raise UnsupportedError(f"attention: {name}: gradients with respect to {name} are not computed; "
+                                       f"pass jax.lax.stop_gradient({name})")
         q, k, v, *extra = (p.value for p in primals)
         out, lse = forward(q, k, v, *extra)
         return ((out, lse) if return_lse else out), (q, k, v, out, lse, tuple(extra))
