@@ -254,17 +254,26 @@ def _grads(q, k, v, opts, dout, dtype, dlse=None):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", list(CASES))
 def test_backward(device, strategy, dtype, name):
+    _check_backward(device, strategy, dtype, name)
+
+
+def _check_backward(device, strategy, dtype, name, through_lse=False):
     case = CASES[name]
     _skip_unsupported_flash(strategy, dtype, case["shape"][5], case["shape"][6])
     q, k, v, opts = _inputs(case, dtype, device)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
     dout = rand(out.shape, dtype, device, seed=7)
+    dlse = rand(lse.shape, torch.float32, device, seed=8) if through_lse else None
     bs = _backward_strategy(strategy, dtype, *case["shape"][5:])
-    dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, strategy=bs, **opts)
+    dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, dlse=dlse, strategy=bs, **opts)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     assert dq.dtype == dk.dtype == dv.dtype == dtype
-    g64 = _grads(q, k, v, opts, dout, torch.float64)
-    g_same = _grads(q, k, v, opts, dout, dtype)
+    if through_lse:
+        without = rudnn.attention_backward(dout, q, k, v, out, lse, strategy=bs, **opts)
+        assert not torch.equal(dq, without[0]), "dlse changed nothing"
+        torch.testing.assert_close(dv, without[2], rtol=0, atol=0)  # lse does not depend on v
+    g64 = _grads(q, k, v, opts, dout, torch.float64, dlse)
+    g_same = _grads(q, k, v, opts, dout, dtype, dlse)
     for ours, same, exact, what in zip((dq, dk, dv), g_same, g64, ("dq", "dk", "dv")):
         assert torch.isfinite(ours.cpu().float()).all(), what
         assert_close_to_oracle(ours, same, exact, what)
@@ -280,21 +289,7 @@ LSE_GRADIENT_CASES = ["basic", "sq_gt_sk_causal", "flash_long_causal_d128", "fla
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", LSE_GRADIENT_CASES)
 def test_backward_through_lse(device, strategy, dtype, name):
-    case = CASES[name]
-    _skip_unsupported_flash(strategy, dtype, case["shape"][5], case["shape"][6])
-    q, k, v, opts = _inputs(case, dtype, device)
-    out, lse = rudnn.attention(q, k, v, return_lse=True, strategy=strategy, **opts)
-    dout = rand(out.shape, dtype, device, seed=7)
-    dlse = rand(lse.shape, torch.float32, device, seed=8)
-    bs = _backward_strategy(strategy, dtype, *case["shape"][5:])
-    dq, dk, dv = rudnn.attention_backward(dout, q, k, v, out, lse, dlse=dlse, strategy=bs, **opts)
-    without = rudnn.attention_backward(dout, q, k, v, out, lse, strategy=bs, **opts)
-    assert not torch.equal(dq, without[0]), "dlse changed nothing"
-    torch.testing.assert_close(dv, without[2], rtol=0, atol=0)  # lse does not depend on v
-    g64, g_same = _grads(q, k, v, opts, dout, torch.float64, dlse), _grads(q, k, v, opts, dout, dtype, dlse)
-    for ours, same, exact, what in zip((dq, dk, dv), g_same, g64, ("dq", "dk", "dv")):
-        assert torch.isfinite(ours.cpu().float()).all(), what
-        assert_close_to_oracle(ours, same, exact, what)
+    _check_backward(device, strategy, dtype, name, through_lse=True)
 
 
 @pytest.mark.parametrize("device, strategy", DEVICE_STRATEGIES)

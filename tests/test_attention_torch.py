@@ -64,12 +64,15 @@ def test_autograd_gqa_decode_and_empty_rows(device, Hq, Hkv, Sq, Sk, opts):
     assert (q.grad[:, :, :empty] == 0).all() and torch.isfinite(q.grad).all()
 
 
+def _packed_leaves(device, Hkv):
+    """q [8, 4, 16] and k, v [8, Hkv, 16] (packed rows) that require grad."""
+    return tuple(rand((8, h, 16), torch.float32, device, seed=s).requires_grad_() for h, s in ((4, 1), (Hkv, 2), (Hkv, 3)))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_autograd_varlen(device):
     cu = torch.tensor([0, 3, 3, 8], dtype=torch.int32, device=device)
-    q = rand((8, 4, 16), torch.float32, device, seed=1).requires_grad_()
-    k = rand((8, 1, 16), torch.float32, device, seed=2).requires_grad_()
-    v = rand((8, 1, 16), torch.float32, device, seed=3).requires_grad_()
+    q, k, v = _packed_leaves(device, Hkv=1)
     out, lse = rt.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, return_lse=True)
     assert lse.shape == (4, 8)
     out.sum().backward()
@@ -215,9 +218,7 @@ def test_autograd_through_lse(device, use, Hq, Hkv, Sq, Sk, opts):
 @pytest.mark.parametrize("device", DEVICES)
 def test_autograd_through_lse_varlen_and_compiled(device):
     cu = torch.tensor([0, 3, 3, 8], dtype=torch.int32, device=device)
-    q = rand((8, 4, 16), torch.float32, device, seed=1).requires_grad_()
-    k = rand((8, 2, 16), torch.float32, device, seed=2).requires_grad_()
-    v = rand((8, 2, 16), torch.float32, device, seed=3).requires_grad_()
+    q, k, v = _packed_leaves(device, Hkv=2)
     h = rand((4, 8), torch.float32, device, seed=4)
 
     def loss(a, b, c):
