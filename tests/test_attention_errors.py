@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import rudnn
+import rudnn.torch as rt
 from util import DEVICES
 
 
@@ -60,6 +61,12 @@ FORWARD_ERRORS = [
      "attention: softcap: expected a finite value > 0 (or None), got inf"),
     (lambda d: rudnn.attention(*_qkv(d), window=(-2, 0)), rudnn.ArgumentError,
      "attention: window: expected (left, right) with each >= 0, or -1 / None for unbounded, got (-2, 0)"),
+    (lambda d: rudnn.attention(*_qkv(d), causal="no"), rudnn.ArgumentError,
+     "attention: causal: expected True or False, got 'no'"),
+    (lambda d: rudnn.attention(*_qkv(d), return_lse=1), rudnn.ArgumentError,
+     "attention: return_lse: expected True or False, got 1"),
+    (lambda d: rt.attention(*_qkv(d), return_lse="yes"), rudnn.ArgumentError,
+     "rudnn.torch.attention: return_lse: expected True or False, got 'yes'"),
     (lambda d: rudnn.attention(*_qkv(d), window=3), rudnn.ArgumentError,
      "attention: window: expected None or a pair (left, right), got 3"),
     (lambda d: rudnn.attention(*_qkv(d), window=(1.5, 2)), rudnn.ArgumentError,
@@ -263,6 +270,10 @@ BACKWARD_ERRORS = [
      rudnn.ShapeError, "attention_backward: dout: the last axis must be contiguous (stride 1), got stride 5"),
     (lambda a: rudnn.attention_backward(*a, softcap="on"), rudnn.ArgumentError,
      "attention_backward: softcap: expected a finite value > 0 (or None), got 'on'"),
+    (lambda a: rudnn.attention_backward(*a, deterministic="yes"), rudnn.ArgumentError,
+     "attention_backward: deterministic: expected True or False, got 'yes'"),
+    (lambda a: rt.attention_backward(*a, deterministic=None), rudnn.ArgumentError,
+     "rudnn.torch.attention_backward: deterministic: expected True or False, got None"),
     (lambda a: rudnn.attention_backward(*a, dlse=a[5].half()), rudnn.DTypeError,
      "attention_backward: dlse: expected float32, got float16"),
     (lambda a: rudnn.attention_backward(*a, dlse=a[5][:, :, :4]), rudnn.ShapeError,

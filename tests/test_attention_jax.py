@@ -158,6 +158,10 @@ def test_errors_at_trace_time():
         rj.attention(J(q), J(k).astype(jnp.float16), J(v))
     with pytest.raises(rudnn.UnsupportedError, match="out= is not supported"):
         rj.attention(J(q), J(k), J(v), out=J(q))
+    with pytest.raises(rudnn.ArgumentError, match="attention: causal: expected True or False, got 'no'"):
+        rj.attention(J(q), J(k), J(v), causal="no")
+    with pytest.raises(rudnn.ArgumentError, match="attention: return_lse: expected True or False, got 1"):
+        rj.attention(J(q), J(k), J(v), return_lse=1)
 
 
 def test_errors_of_arguments_and_frameworks():

@@ -52,6 +52,13 @@ def _window(op, window):
     return tuple(sides)
 
 
+def flag(op, name, value):
+    """A yes/no option: True or False (NumPy's too), never a truthy string or number."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ArgumentError(f"{op}: {name}: expected True or False, got {value!r}")
+
+
 def _number(op, name, value, expected):
     """float(value) of a real number (a Python or NumPy scalar, a 0-d array); strings, bools
     and anything float() cannot convert raise an ArgumentError naming the argument."""
@@ -80,7 +87,7 @@ def _scale(op, scale):
 def options(op, *, mask, bias, scale, causal, window, softcap, cu_seqlens_q, cu_seqlens_k, strategy):
     """The option arguments of the _C.attention_* functions, checked where Python must."""
     left, right = _window(op, window)
-    return dict(scale=_scale(op, scale), causal=bool(causal), window_left=left,
+    return dict(scale=_scale(op, scale), causal=flag(op, "causal", causal), window_left=left,
                 window_right=right, softcap=_softcap(op, softcap), strategy=_strategy(op, strategy))
 
 
@@ -128,6 +135,7 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
                                 softcap=softcap, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                 return_lse=return_lse, strategy=strategy, out=out, stream=stream)
     op = "attention"
+    return_lse = flag(op, "return_lse", return_lse)
     call = fw.Call(op, {"q": q, "k": k, "v": v, "mask": mask, "bias": bias, "cu_seqlens_q": cu_seqlens_q,
                         "cu_seqlens_k": cu_seqlens_k, "out": out}, stream)
     opts = options(op, mask=mask, bias=bias, scale=scale, causal=causal, window=window, softcap=softcap,
@@ -161,6 +169,7 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=N
                                          cu_seqlens_k=cu_seqlens_k, deterministic=deterministic, strategy=strategy,
                                          dlse=dlse)
     op = "attention_backward"
+    deterministic = flag(op, "deterministic", deterministic)
     call = fw.Call(op, {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse, "mask": mask, "bias": bias,
                         "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "dlse": dlse}, stream)
     opts = options(op, mask=mask, bias=bias, scale=scale, causal=causal, window=window, softcap=softcap,

@@ -21,6 +21,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _C
+from ..attention import flag as _flag
 from ..attention import options as _options
 from ..errors import UnsupportedError
 from . import _ffi
@@ -120,7 +121,7 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
     varlen = cu_q is not None
     key = (mask is not None, bias is not None, varlen, o["scale"], o["causal"], o["window_left"], o["window_right"],
            o["softcap"], o["strategy"])
-    f = _op(key, tuple(out_shape), tuple(lse_shape), bool(return_lse))
+    f = _op(key, tuple(out_shape), tuple(lse_shape), _flag(op, "return_lse", return_lse))
     return f(q, k, v, *_ffi.present(mask, bias, cu_q, cu_k))
 
 
@@ -143,5 +144,5 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=N
         o["window_right"], o["softcap"], _ffi.spec(dlse))
     key = (mask is not None, bias is not None, cu_q is not None, o["scale"], o["causal"], o["window_left"],
            o["window_right"], o["softcap"], o["strategy"])
-    return _backward_call(key, bool(deterministic), dlse is not None)(
+    return _backward_call(key, _flag(op, "deterministic", deterministic), dlse is not None)(
         dout, q, k, v, out, lse, *_ffi.present(mask, bias, cu_q, cu_k, dlse))

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ..attention import attention as _attention_eager
 from ..attention import attention_backward as _attention_backward_eager
+from ..attention import flag as _flag
 from ..attention import options as _options
 from ..errors import UnsupportedError
 
@@ -114,7 +115,7 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
                                    f"{name}.detach() (or build it under torch.no_grad())")
     o, lse = _forward(q, k, v, mask, bias, opts["scale"], opts["causal"], opts["window_left"], opts["window_right"],
                       softcap if softcap is None else float(softcap), cu_seqlens_q, cu_seqlens_k, strategy)
-    return (o, lse) if return_lse else o
+    return (o, lse) if _flag(op, "return_lse", return_lse) else o
 
 
 def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=None, causal=False, window=None,
@@ -130,7 +131,7 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=N
                     strategy=strategy)
     return _backward(dout, q, k, v, out, lse, mask, bias, opts["scale"], opts["causal"], opts["window_left"],
                      opts["window_right"], softcap if softcap is None else float(softcap), cu_seqlens_q, cu_seqlens_k,
-                     strategy, bool(deterministic), dlse)
+                     strategy, _flag("rudnn.torch.attention_backward", "deterministic", deterministic), dlse)
 
 
 __all__ = ["attention", "attention_backward"]
