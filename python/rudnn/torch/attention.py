@@ -109,13 +109,14 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
     op = "rudnn.torch.attention"
     opts = _options(op, mask=mask, bias=bias, scale=scale, causal=causal, window=window, softcap=softcap,
                     cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, strategy=strategy)
+    return_lse = _flag(op, "return_lse", return_lse)
     for name, t in (("mask", mask), ("bias", bias)):
         if isinstance(t, Tensor) and t.requires_grad and torch.is_grad_enabled():
             raise UnsupportedError(f"{op}: {name}: gradients with respect to {name} are not computed; pass "
                                    f"{name}.detach() (or build it under torch.no_grad())")
     o, lse = _forward(q, k, v, mask, bias, opts["scale"], opts["causal"], opts["window_left"], opts["window_right"],
                       softcap if softcap is None else float(softcap), cu_seqlens_q, cu_seqlens_k, strategy)
-    return (o, lse) if _flag(op, "return_lse", return_lse) else o
+    return (o, lse) if return_lse else o
 
 
 def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=None, causal=False, window=None,
