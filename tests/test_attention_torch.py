@@ -66,7 +66,8 @@ def test_autograd_gqa_decode_and_empty_rows(device, Hq, Hkv, Sq, Sk, opts):
 
 def _packed_leaves(device, Hkv):
     """q [8, 4, 16] and k, v [8, Hkv, 16] (packed rows) that require grad."""
-    return tuple(rand((8, h, 16), torch.float32, device, seed=s).requires_grad_() for h, s in ((4, 1), (Hkv, 2), (Hkv, 3)))
+    return tuple(rand((8, h, 16), torch.float32, device, seed=s).requires_grad_()
+                 for h, s in ((4, 1), (Hkv, 2), (Hkv, 3)))
 
 
 @pytest.mark.parametrize("device", DEVICES)

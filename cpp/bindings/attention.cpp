@@ -117,7 +117,8 @@ void register_attention(nb::module_& m) {
         return attention_backward_workspace_bytes(a);
       },
       nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-      RUDNN_ATTENTION_OPTION_ARGS, nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"));
+      RUDNN_ATTENTION_OPTION_ARGS, nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dq"), nb::arg("dk"),
+      nb::arg("dv"));
 
   m.def(
       "attention_backward",
@@ -135,8 +136,8 @@ void register_attention(nb::module_& m) {
         attention_backward(a, w, as_stream(stream));
       },
       nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-      RUDNN_ATTENTION_OPTION_ARGS, nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
-      nb::arg("workspace").none(), nb::arg("stream"));
+      RUDNN_ATTENTION_OPTION_ARGS, nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dq"), nb::arg("dk"),
+      nb::arg("dv"), nb::arg("workspace").none(), nb::arg("stream"));
 
   m.def("attention_last_algorithm", [] { return std::string(attention_last_algorithm()); },
         "The kernel the last attention call on this thread ran (cpu, fallback, flash_sm80, ...).");

@@ -182,7 +182,8 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=N
         return dict(dout=call.arg(dout), q=call.arg(q), k=call.arg(k), v=call.arg(v), out=call.arg(out),
                     lse=call.arg(lse), mask=call.arg(mask), bias=call.arg(bias),
                     cu_seqlens_q=call.arg(cu_seqlens_q), cu_seqlens_k=call.arg(cu_seqlens_k),
-                    deterministic=bool(deterministic), dlse=call.arg(dlse), dq=call.arg(dq), dk=call.arg(dk), dv=call.arg(dv), **opts)
+                    deterministic=deterministic, dlse=call.arg(dlse), dq=call.arg(dq), dk=call.arg(dk),
+                    dv=call.arg(dv), **opts)
 
     nbytes = _C.attention_backward_workspace_bytes(**args())
     workspace = call.empty((nbytes,), "uint8") if nbytes else None
