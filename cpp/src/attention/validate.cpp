@@ -16,26 +16,6 @@ using core::shape_str;
 
 namespace {
 
-// An empty array has no element to read or write, and frameworks report any strides for one
-// (torch's gradient of a sum over an empty output is expanded: every stride 0).
-void expect_rows_contiguous(const Tensor& t, const std::string& name) {
-  if (t.numel() > 0) core::expect_last_dim_contiguous(t, name);
-}
-
-// An output written row by row must not have elements that share memory (an expanded array:
-// stride 0 on an axis of size > 1): rows would overwrite each other (racing on CUDA).
-void expect_distinct_elements(const Tensor& t, const std::string& name) {
-  bool shared = false;
-  std::string strides = "[";
-  for (int d = 0; d < t.rank; ++d) {
-    shared = shared || (t.shape[d] > 1 && t.strides[d] == 0);
-    strides += (d ? ", " : "") + std::to_string(t.strides[d]);
-  }
-  if (shared && t.numel() > 0)
-    fail(ErrorKind::shape, name + ": expected an output whose elements do not share memory (no stride 0 on an axis "
-                               "of size > 1), got shape " + t.shape_str() + " with strides " + strides + "]");
-}
-
 // cu_seqlens: int32 [B + 1], dense; on the CPU its values are checked too (on CUDA the
 // host never reads device memory; kernels clamp the values to the packed length instead).
 void check_cu_seqlens(const Tensor& cu, const Tensor& q, const std::string& name, std::int64_t total,
@@ -135,9 +115,9 @@ Problem check_inputs(const std::string& op, const Tensor& q, const Tensor& k, co
     fail(ErrorKind::shape, op + ": the number of query heads Hq = " + std::to_string(p.hq) +
                                " must be a multiple of the number of key/value heads Hkv = " + std::to_string(p.hkv));
   p.group = p.hq / p.hkv;
-  expect_rows_contiguous(q, op + ": q");
-  expect_rows_contiguous(k, op + ": k");
-  expect_rows_contiguous(v, op + ": v");
+  core::expect_last_dim_contiguous(q, op + ": q");
+  core::expect_last_dim_contiguous(k, op + ": k");
+  core::expect_last_dim_contiguous(v, op + ": v");
   core::expect_data(q, op + ": q");
   core::expect_data(k, op + ": k");
   core::expect_data(v, op + ": v");
@@ -198,7 +178,7 @@ void check_like(const Tensor& t, const Tensor& q, DType dtype, std::initializer_
   if (t.dtype != dtype)
     fail(ErrorKind::dtype, name + ": expected " + dtype_name(dtype) + " (" + what + "), got " + dtype_name(t.dtype));
   expect_shape(t, dims, name, "");
-  expect_rows_contiguous(t, name);
+  core::expect_last_dim_contiguous(t, name);
   core::expect_data(t, name);
 }
 
@@ -228,11 +208,11 @@ Problem validate_forward(const AttentionForwardArgs& a) {
     check_like(a.out, a.q, p.dtype, {p.sq, p.hq, p.dv}, op + ": out", "q's dtype");
   else
     check_like(a.out, a.q, p.dtype, {p.batch, p.hq, p.sq, p.dv}, op + ": out", "q's dtype");
-  expect_distinct_elements(a.out, op + ": out");
+  core::expect_distinct_elements(a.out, op + ": out");
   p.out = row_strides(a.out, p.varlen);
   if (a.lse) {
     p.lse = check_lse(*a.lse, a.q, p, op + ": lse");
-    expect_distinct_elements(*a.lse, op + ": lse");
+    core::expect_distinct_elements(*a.lse, op + ": lse");
   }
   return p;
 }
@@ -259,9 +239,9 @@ BackwardProblem validate_backward(const AttentionBackwardArgs& a) {
   like(a.dq, a.q, "dq");
   like(a.dk, a.k, "dk");
   like(a.dv, a.v, "dv");
-  expect_distinct_elements(a.dq, op + ": dq");
-  expect_distinct_elements(a.dk, op + ": dk");
-  expect_distinct_elements(a.dv, op + ": dv");
+  core::expect_distinct_elements(a.dq, op + ": dq");
+  core::expect_distinct_elements(a.dk, op + ": dk");
+  core::expect_distinct_elements(a.dv, op + ": dv");
   p.out = row_strides(a.out, vl);
   bp.dout = row_strides(a.dout, vl);
   bp.dq = row_strides(a.dq, vl);
