@@ -17,19 +17,9 @@ from torch import Tensor
 from ..attention import attention as _attention_eager
 from ..attention import attention_backward as _attention_backward_eager
 from ..attention import flag as _flag
+from ..attention import _shapes  # (out shape, lse shape); placeholders for wrong ranks
 from ..attention import options as _options
 from ..errors import UnsupportedError
-
-
-def _shapes(q: Tensor, v: Tensor, varlen: bool):
-    """(out shape, lse shape); empty placeholders when the ranks are wrong, so that tracing
-    goes on and the op's run reports the real problem (rudnn's ShapeError, not an IndexError)."""
-    rank = 3 if varlen else 4
-    if q.dim() != rank or v.dim() != rank:
-        return (0,), (0,)
-    if varlen:
-        return (q.shape[0], q.shape[1], v.shape[-1]), (q.shape[1], q.shape[0])
-    return (q.shape[0], q.shape[1], q.shape[2], v.shape[-1]), tuple(q.shape[:3])
 
 
 def _window(left: int, right: int):
