@@ -3,16 +3,19 @@
 #
 # Here, once per checkout (the device machine reaches no package registry):
 #     bash bench/fetch_wheels.sh                         # fills the ignored .whl/
+#     bash bench/prebuild_lib.sh                         # libruDNN for sm_90a into the ignored .gpulib/
 # Then, in a session whose device `status` says it can start a machine:
 #     run(command="RUDNN_COMMIT=<git rev-parse --short HEAD, plus '+dirty' if so> bash bench/gpu_check.sh",
-#         carry=[".whl"], timeout_s=600)
+#         carry=[".whl", ".gpulib"], timeout_s=600)
 # (.git does not travel, so the commit is passed in.) The step limits are clipped to GC_BUDGET=510 s
 # in all, so the script ends before a 600 s timeout_s even when every step runs to its limit; pass
 # a smaller GC_BUDGET (e.g. 330) when the lease must keep room for a rerun.
 #
 # Steps, each under its own `timeout`, none aborting the others: record the machine (env.log);
 # install .whl/*.whl into $GC_SITE; build rudnn for sm_90a with all cores (build.log, with ptxas's
-# resource report and cuobjdump's per-kernel resource usage); run the whole pytest suite with a
+# resource report and cuobjdump's per-kernel resource usage): only the nanobind module when .gpulib/
+# carries a libruDNN built from this same tree (its STAMP's source digest, bench/lib_digest.sh),
+# else, or when that fails, everything; run the whole pytest suite with a
 # per-test limit (pytest.log, junit.xml; a test that hangs or kills pytest is deselected and the
 # suite rerun without it, three times at most); run `python -m rudnn.bench --quick` (bench.md, bench.log); write summary.md and
 # print the short summary last. Everything lands in $OUT (7 files; the tool returns at most 8).
@@ -20,7 +23,9 @@
 # Knobs (environment): OUT, PYTHON (python3), GC_SITE (/tmp/site), GC_JOBS (nproc), GC_ARCHS (90a),
 # GC_BUILD_DIR (build/gpu), GC_BUDGET (510), GC_T_BUILD (330), GC_T_TEST (170), GC_T_BENCH (150),
 # GC_PER_TEST (90), GC_PYTEST_ARGS (more pytest arguments, e.g. "-k cuda"), GC_CMAKE_ARGS (more -C options for the build, e.g. -Ccmake.define.RUDNN_WITH_CUDA=OFF
-# to try the script on a machine without nvcc), GC_SKIP_BUILD (1: use the rudnn already importable).
+# to try the script on a machine without nvcc), GC_SKIP_BUILD (1: use the rudnn already importable), GC_PREBUILT (the carried
+# library's folder, .gpulib), GC_BUILD_ONLY (1: stop after the build, e.g. to try the carried library
+# here: `GC_BUILD_ONLY=1 PYTHON=.venv/bin/python GC_SITE=/tmp/gc_site bash bench/gpu_check.sh`).
 # Exit status: 0 when the build, every test and every benchmark check passed; 1 otherwise.
 set -u
 set +e
@@ -66,7 +71,7 @@ fi
 export RUDNN_COMMIT="$COMMIT"
 
 # Step results, read by the summary.
-BUILD_STATUS="not run"; BUILD_S=0
+BUILD_STATUS="not run"; BUILD_S=0; BUILD_HOW=""
 TEST_STATUS="not run"; TEST_S=0; TEST_ATTEMPTS=0; HUNG=()
 BENCH_STATUS="not run"; BENCH_S=0
 SUMMARY_DONE=0
@@ -97,7 +102,7 @@ write_summary() {
   SUMMARY_DONE=1
   cap_logs
   GC_OUT="$OUT" GC_COMMIT="$COMMIT" GC_ARCHS="$ARCHS" GC_JOBS="$JOBS" GC_TOTAL_S=$(( $(now) - T0 )) \
-  GC_BUILD_STATUS="$BUILD_STATUS" GC_BUILD_S="$BUILD_S" GC_TEST_STATUS="$TEST_STATUS" GC_TEST_S="$TEST_S" \
+  GC_BUILD_STATUS="$BUILD_STATUS" GC_BUILD_S="$BUILD_S" GC_BUILD_HOW="${BUILD_HOW:-not built}" GC_TEST_STATUS="$TEST_STATUS" GC_TEST_S="$TEST_S" \
   GC_TEST_ATTEMPTS="$TEST_ATTEMPTS" GC_HUNG="$(printf '%s\n' "${HUNG[@]}")" GC_BENCH_STATUS="$BENCH_STATUS" \
   GC_BENCH_S="$BENCH_S" GC_PER_TEST="$PER_TEST" timeout 60 "$PY" - <<'PYEOF'
 import os, re, xml.etree.ElementTree as ET
@@ -177,7 +182,7 @@ bench_ok = sum(1 for l in bench_rows if l.rstrip().endswith("| ok |") or "| ok (
 
 head = [f"# GPU check — commit {E['GC_COMMIT']}", "",
         f"- GPU: {gpu_name()}",
-        f"- build ({E['GC_ARCHS']}, {E['GC_JOBS']} jobs): {E['GC_BUILD_STATUS']} in {E['GC_BUILD_S']} s",
+        f"- build ({E['GC_ARCHS']}, {E['GC_JOBS']} jobs): {E['GC_BUILD_STATUS']} in {E['GC_BUILD_S']} s ({E['GC_BUILD_HOW']})",
         (f"- tests: {tests_line} — {E['GC_TEST_STATUS']} in {E['GC_TEST_S']} s, "
          f"{E['GC_TEST_ATTEMPTS']} pytest run(s), counted from {source}" if E["GC_TEST_ATTEMPTS"] != "0"
          else f"- tests: {E['GC_TEST_STATUS']}"),
@@ -250,19 +255,60 @@ if [ "${GC_SKIP_BUILD:-0}" = 1 ]; then
   echo "GC_SKIP_BUILD=1: not building; using the importable rudnn" > "$OUT/build.log"
   import_check >> "$OUT/build.log" 2>&1 && BUILD_STATUS="skipped (importable)" || BUILD_STATUS="skipped, IMPORT FAILED"
 else
-  lim=$(limit "$T_BUILD" 150)
-  say "building for $ARCHS with $JOBS jobs (limit ${lim}s)"
-  (
-    echo "== pip install (scikit-build-core) for $ARCHS, $JOBS jobs, build dir $BUILD_DIR, limit ${lim}s"
+  # pip_build DIR LIMIT [-C options]: the wheel's build (scikit-build-core) into $SITE; exit status
+  pip_build() {
+    local dir=$1 lim=$2
+    shift 2
+    echo "== pip install (scikit-build-core) for $ARCHS, $JOBS jobs, build dir $dir, limit ${lim}s $*"
     CMAKE_BUILD_PARALLEL_LEVEL=$JOBS timeout -k 10 "$lim" "$PY" -m pip install -v --no-build-isolation --no-deps \
       --no-index --no-cache-dir --upgrade --target "$SITE" \
-      -Ccmake.define.RUDNN_CUDA_ARCHS="$ARCHS" -Ccmake.define.RUDNN_PTXAS_VERBOSE=ON -Cbuild-dir="$BUILD_DIR" \
-      ${GC_CMAKE_ARGS:-} . 2>&1
-    rc=$?
+      -Ccmake.define.RUDNN_CUDA_ARCHS="$ARCHS" -Ccmake.define.RUDNN_PTXAS_VERBOSE=ON -Cbuild-dir="$dir" \
+      "$@" ${GC_CMAKE_ARGS:-} . 2>&1
+    local rc=$?
     echo "== pip install exit status $rc"
-    exit $rc
-  ) > "$OUT/build.log" 2>&1
-  rc=$?
+    return $rc
+  }
+  # A libruDNN built here from this very tree (bench/prebuild_lib.sh, carried in .gpulib/): then only
+  # the nanobind module is compiled (GPU minutes go to measuring); if it is missing, stale (another
+  # source digest or arch) or does not load, the full build runs instead.
+  PREBUILT=${GC_PREBUILT:-$REPO/.gpulib}
+  prebuilt_why="none carried ($PREBUILT/libruDNN.so.0 missing)"
+  if [ -f "$PREBUILT/libruDNN.so.0" ] && [ -f "$PREBUILT/STAMP" ]; then
+    want="digest $(bash bench/lib_digest.sh 2>/dev/null)"
+    if ! grep -qx "$want" "$PREBUILT/STAMP"; then
+      prebuilt_why="stale: tree has $want, $(grep '^digest' "$PREBUILT/STAMP")"
+    elif ! grep -qx "archs $ARCHS" "$PREBUILT/STAMP"; then
+      prebuilt_why="built for $(grep '^archs' "$PREBUILT/STAMP"), not $ARCHS"
+    else
+      prebuilt_why=""
+    fi
+  fi
+  : > "$OUT/build.log"
+  rc=1
+  if [ -z "$prebuilt_why" ]; then
+    lim=$(limit "$T_BUILD" 150)
+    say "building the module against the carried libruDNN ($(grep '^commit' "$PREBUILT/STAMP"), limit ${lim}s)"
+    { echo "== carried libruDNN:"; cat "$PREBUILT/STAMP"; } >> "$OUT/build.log"
+    pip_build "$BUILD_DIR-module" "$lim" -Ccmake.define.RUDNN_PREBUILT_LIBRARY="$PREBUILT/libruDNN.so.0" \
+      >> "$OUT/build.log" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && import_check >> "$OUT/build.log" 2>&1; then
+      BUILD_HOW="module only, libruDNN carried"
+      { echo; echo "== ptxas report of the carried libruDNN (bench/prebuild_lib.sh)"; cat "$PREBUILT/ptxas.log"; } \
+        >> "$OUT/build.log" 2>/dev/null
+    else
+      prebuilt_why="the module build or import failed with it (exit $rc)"
+      rc=1
+    fi
+  fi
+  if [ $rc -ne 0 ]; then
+    lim=$(limit $(( T_BUILD - ($(now) - t) )) 150)
+    say "building everything for $ARCHS with $JOBS jobs (carried libruDNN: $prebuilt_why; limit ${lim}s)"
+    echo "== full build (carried libruDNN: $prebuilt_why)" >> "$OUT/build.log"
+    pip_build "$BUILD_DIR" "$lim" -Ccmake.define.RUDNN_PREBUILT_LIBRARY= >> "$OUT/build.log" 2>&1
+    rc=$?
+    BUILD_HOW="full build"
+  fi
   BUILD_S=$(( $(now) - t ))
   if [ $rc -eq 0 ] && import_check >> "$OUT/build.log" 2>&1; then
     BUILD_STATUS="ok"
@@ -278,10 +324,12 @@ else
     { echo; echo "== cuobjdump --dump-resource-usage $lib"; timeout 30 cuobjdump --dump-resource-usage "$lib" 2>&1 | head -400; } >> "$OUT/build.log"
   fi
 fi
-say "build: $BUILD_STATUS (${BUILD_S}s)"
+say "build: $BUILD_STATUS (${BUILD_S}s, ${BUILD_HOW:-not built})"
 
 # ---------------------------------------------------------------- 3. tests
-if [ "$BUILD_STATUS" = ok ] || [ "$BUILD_STATUS" = "skipped (importable)" ]; then
+if [ "${GC_BUILD_ONLY:-0}" = 1 ]; then
+  TEST_STATUS="skipped (GC_BUILD_ONLY=1)"
+elif [ "$BUILD_STATUS" = ok ] || [ "$BUILD_STATUS" = "skipped (importable)" ]; then
   t=$(now)
   PT=(-m pytest tests -v -rfE --color=no -p no:cacheprovider "--junitxml=$OUT/junit.xml")
   # GC_PYTEST_ARGS narrows the run, e.g. "-k cuda" for the CUDA variants alone (CI runs the rest).
@@ -331,7 +379,9 @@ else
 fi
 
 # ---------------------------------------------------------------- 4. benchmark
-if [ "$BUILD_STATUS" = ok ] || [ "$BUILD_STATUS" = "skipped (importable)" ]; then
+if [ "${GC_BUILD_ONLY:-0}" = 1 ]; then
+  BENCH_STATUS="skipped (GC_BUILD_ONLY=1)"
+elif [ "$BUILD_STATUS" = ok ] || [ "$BUILD_STATUS" = "skipped (importable)" ]; then
   t=$(now)
   lim=$(limit "$T_BENCH" 0)
   say "bench --quick (limit ${lim}s)"

@@ -38,8 +38,8 @@ def _kernels_source():
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    return build_emulator("attention_fallback_emu.cpp", _kernels_source(), tmp_path_factory.mktemp("attn_emu"))
+def emulator():
+    return build_emulator("attention_fallback_emu.cpp", _kernels_source())
 
 
 def _run(exe, tmp_path, q, k, v, opts, cu_q=None, cu_k=None, backward=None, env=None):
@@ -234,9 +234,8 @@ def _flash_source(extra_edits=()):
 
 
 @pytest.fixture(scope="module")
-def flash_emulator(tmp_path_factory):
-    return build_emulator("attention_flash_emu.cpp", _flash_source(), tmp_path_factory.mktemp("flash_emu"),
-                          needs_cutlass=True)
+def flash_emulator():
+    return build_emulator("attention_flash_emu.cpp", _flash_source(), needs_cutlass=True)
 
 
 # Shapes the flash kernels take (bfloat16, every head-dim pair the build has): tile tails on both
@@ -472,7 +471,7 @@ PLANTED_TESTS = ("test_flash_emulator_catches_planted_bug", "test_flash_emulator
                  "test_flash_emulator_catches_planted_varlen_bug", "test_flash_emulator_reports_unordered_access")
 
 
-def _planted_emulator(build_dir, edit, case, generation, backward):
+def _planted_emulator(edit, case, generation, backward):
     """The flash emulator with one edit of the kernels' text, built with only the kernels that
     `case` runs through `generation` in one pass (its head dim, plain or general scores:
     attention_flash_emu.cpp); a run that needs another kernel fails instead of passing unchecked."""
@@ -480,20 +479,18 @@ def _planted_emulator(build_dir, edit, case, generation, backward):
     plain = not any(option in FLASH_CASES[case] for option in ("mask", "bias", "softcap"))
     defines = [f"EMU_HEAD_DIM={FLASH_CASES[case]['shape'][5]}", f"EMU_BACKWARD={int(backward)}",
                f"EMU_GENERATION={('sm80', 'sm90', 'sm90ws').index(generation)}", f"EMU_PLAIN={int(plain)}"]
-    return build_emulator("attention_flash_emu.cpp", _flash_source([edit]), build_dir, needs_cutlass=True,
-                          defines=defines)
+    return build_emulator("attention_flash_emu.cpp", _flash_source([edit]), needs_cutlass=True, defines=defines)
 
 
 @pytest.fixture(scope="module")
-def planted_emulators(request, tmp_path_factory):
+def planted_emulators(request):
     """The emulators of every selected planted-bug test, built os.cpu_count() at a time (one g++
     process each) from when the first of those tests runs: {(test, bug): future executable}."""
     wanted = [(item.originalname, item.callspec.params["bug"]) for item in request.session.items
               if item.module is request.module and item.originalname in PLANTED_TESTS]
     pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
     try:
-        yield {key: pool.submit(_planted_emulator, tmp_path_factory.mktemp("planted"), *_planted_setup(*key))
-               for key in wanted}
+        yield {key: pool.submit(_planted_emulator, *_planted_setup(*key)) for key in wanted}
     finally:
         pool.shutdown(cancel_futures=True)
 

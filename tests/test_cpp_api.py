@@ -48,10 +48,23 @@ def test_dlpack_consumer_program(tmp_path):
     torch_include = os.path.join(os.path.dirname(torch.__file__), "include")
     libdir = os.path.join(prefix, "lib")
     subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", f"-I{prefix}/include", f"-I{torch_include}", str(src),
-                    f"-L{libdir}", "-lruDNN", f"-Wl,-rpath,{libdir}", "-o", str(exe)], check=True)
+                    f"-L{libdir}", "-l:libruDNN.so.0", f"-Wl,-rpath,{libdir}", "-o", str(exe)], check=True)
     result = subprocess.run([str(exe)], capture_output=True, text=True)
     assert result.returncode == 0, result
     assert "unsupported DLPack dtype" in result.stdout
+
+
+def test_package_holds_one_library_file():
+    """A wheel cannot hold symlinks: the package must hold libruDNN once, under the SONAME that
+    rudnn._C links against (not .so, .so.0 and .so.0.1.0 as three full copies)."""
+    lib_dir = os.path.join(rudnn.cmake_prefix(), "lib")
+    libs = sorted(f for f in os.listdir(lib_dir) if f.startswith("libruDNN"))
+    assert libs == ["libruDNN.so.0"], libs
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("no readelf (binutils)")
+    dynamic = subprocess.run([readelf, "-d", rudnn._C.__file__], capture_output=True, text=True, check=True).stdout
+    assert "[libruDNN.so.0]" in dynamic, dynamic
 
 
 # Mangled names of libstdc++'s own machinery (streams, locales, the exception runtime). A build

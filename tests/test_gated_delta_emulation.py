@@ -49,9 +49,8 @@ def _kernels_source():
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    return build_emulator("gated_delta_emu.cpp", _kernels_source(), tmp_path_factory.mktemp("gd_emu"),
-                          needs_cutlass=True)
+def emulator():
+    return build_emulator("gated_delta_emu.cpp", _kernels_source(), needs_cutlass=True)
 
 
 def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=None, dfinal=None):

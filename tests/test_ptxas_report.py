@@ -21,7 +21,7 @@ import subprocess
 
 import pytest
 
-from util import ROOT, cutlass_include
+from util import ROOT, ccache_env, cutlass_include, nvidia_tool
 
 FILES = ["flash_fwd_sm90_d128.cu", "flash_fwd_sm90ws_d128.cu", "flash_bwd_sm90_d128.cu", "flash_bwd_sm90_d256.cu",
          "flash_bwd_sm90ws_d128.cu"]
@@ -30,29 +30,35 @@ FILES = ["flash_fwd_sm90_d128.cu", "flash_fwd_sm90ws_d128.cu", "flash_bwd_sm90_d
 _REPORTS = {}  # file name -> ptxas report: each file is compiled once for all the tests here
 
 
-def _ptxas_report(name, tmp_path_factory):
+def _ptxas_report(name):
     if name in _REPORTS:
         return _REPORTS[name]
     nvcc, cutlass = shutil.which("nvcc"), cutlass_include()
     if not (nvcc and cutlass):
         pytest.skip("needs nvcc and CUTLASS's headers")
-    tmp_path = tmp_path_factory.mktemp("ptxas")
-    cmd = [nvcc, "-O3", "-DNDEBUG", "-std=c++17", "--generate-code=arch=compute_90a,code=[sm_90a]",
-           "--expt-relaxed-constexpr", "-DRUDNN_WITH_CUDA=1", f"-I{os.path.join(ROOT, 'cpp', 'include')}",
-           f"-I{os.path.join(ROOT, 'cpp', 'src')}", "-isystem", cutlass, "-Xptxas", "-v", "-c",
-           os.path.join(ROOT, "cpp", "src", "attention", name), "-o", str(tmp_path / "kernel.o")]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    # in the clone's build/ (not a temporary folder): ccache hashes where the object goes when a
+    # dependency file is written, and a path relative to the clone is the same in a fresh clone
+    os.makedirs(os.path.join(ROOT, "build", "ptxas"), exist_ok=True)
+    obj = os.path.join(ROOT, "build", "ptxas", name.replace(".cu", ".o"))
+    launcher, depfile, env = ccache_env(obj)  # ptxas's report is the compile's stderr, which ccache keeps too
+    cmd = launcher + [nvcc, "-O3", "-DNDEBUG", "-std=c++17", "--generate-code=arch=compute_90a,code=[sm_90a]",
+                      "--expt-relaxed-constexpr", "-DRUDNN_WITH_CUDA=1", f"-I{os.path.join(ROOT, 'cpp', 'include')}",
+                      f"-I{os.path.join(ROOT, 'cpp', 'src')}", "-isystem", cutlass, "-Xptxas", "-v", *depfile, "-c",
+                      os.path.join(ROOT, "cpp", "src", "attention", name), "-o", obj]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
-    sass = subprocess.run([shutil.which("cuobjdump") or "cuobjdump", "-sass", str(tmp_path / "kernel.o")],
-                          capture_output=True, text=True, timeout=300)
+    # cuobjdump is installed by requirements-dev.txt: its absence is a broken install, not a skip
+    cuobjdump = nvidia_tool("cuobjdump")
+    assert cuobjdump, "cuobjdump not found: requirements-dev.txt installs it (nvidia-cuda-cuobjdump)"
+    sass = subprocess.run([cuobjdump, "-sass", obj], capture_output=True, text=True, timeout=300)
     assert sass.returncode == 0, sass.stderr[-4000:]
     _REPORTS[name] = (result.stdout + result.stderr, sass.stdout)
     return _REPORTS[name]
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_sm90_wgmma_pipeline_kept(name, tmp_path_factory):
-    report, _ = _ptxas_report(name, tmp_path_factory)
+def test_sm90_wgmma_pipeline_kept(name):
+    report, _ = _ptxas_report(name)
     assert "Compiling entry function" in report, "ptxas printed no report"
     losses = [line for line in report.splitlines()
               if any(code in line for code in ("C7514", "C7519", "Potential Performance Loss", "is injected"))]
@@ -71,8 +77,8 @@ def _plain_spills(report):
 
 
 @pytest.mark.parametrize("name", [f for f in FILES if "d128" in f])
-def test_sm90_plain_kernels_do_not_spill(name, tmp_path_factory):
-    spills = _plain_spills(_ptxas_report(name, tmp_path_factory)[0])
+def test_sm90_plain_kernels_do_not_spill(name):
+    spills = _plain_spills(_ptxas_report(name)[0])
     assert spills, "no plain kernel instantiation in the report"
     assert not any(spills.values()), spills
 
@@ -100,8 +106,8 @@ def _tensor_core_instructions(sass):
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_sm90_kernels_run_on_hgmma(name, tmp_path_factory):
-    counts = _tensor_core_instructions(_ptxas_report(name, tmp_path_factory)[1])
+def test_sm90_kernels_run_on_hgmma(name):
+    counts = _tensor_core_instructions(_ptxas_report(name)[1])
     # the flash kernels; the files also hold helpers without products (the backward's delta_kernel)
     kernels = {kernel: c for kernel, c in counts.items() if re.search(r"_sm90(ws)?(_split)?_kernel", kernel)}
     assert kernels, "no sm90 flash kernel in the SASS listing"

@@ -1,5 +1,6 @@
 """Shared test helpers: devices, dtypes and the FlashAttention-style error budget."""
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -60,6 +61,32 @@ def cuda_include():
     return None
 
 
+def nvidia_tool(name):
+    """Path of the CUDA binary tool `name` (cuobjdump, nvdisasm): from NVIDIA's wheels that
+    requirements-dev.txt installs (site-packages/nvidia/cu13/bin), else from PATH; None if neither."""
+    try:
+        import nvidia
+        for root in nvidia.__path__:
+            exe = os.path.join(root, "cu13", "bin", name)
+            if os.access(exe, os.X_OK):
+                return exe
+    except ImportError:
+        pass
+    return shutil.which(name)
+
+
+def ccache_env(obj):
+    """(launcher, flags, env) for a compile made by the tests into `obj`: ccache with paths hashed
+    relative to the clone, in depend mode (the headers from the compiler's -MD file), as
+    scripts/install.sh sets it, so a fresh clone reuses what an earlier one compiled;
+    ([], [], None) without ccache. RUDNN_TEST_NO_CCACHE=1 compiles without it."""
+    ccache = shutil.which("ccache")
+    if not ccache or os.environ.get("RUDNN_TEST_NO_CCACHE") == "1":
+        return [], [], None
+    env = dict(os.environ, CCACHE_BASEDIR=ROOT, CCACHE_NOHASHDIR="1", CCACHE_DEPEND="1")
+    return [ccache], ["-MD", "-MF", f"{obj}.d"], env
+
+
 def cutlass_include():
     """CUTLASS/CuTe headers of the pinned nvidia-cutlass wheel, or None."""
     try:
@@ -70,23 +97,40 @@ def cutlass_include():
     return inc if os.path.exists(os.path.join(inc, "cute", "tensor.hpp")) else None
 
 
-def build_emulator(source, kernels_inc, build_dir, needs_cutlass=False, defines=()):
+def build_emulator(source, kernels_inc, needs_cutlass=False, defines=()):
     """Compiles tests/emulation/<source> with the extracted kernel text `kernels_inc` and the
     preprocessor `defines` ("NAME=VALUE"); skips the test when g++ (C++20), the CUDA headers or
-    (if needed) CUTLASS's headers are missing."""
+    (if needed) CUTLASS's headers are missing. The build lives in build/emu/<digest of its
+    inputs> inside the clone and compiles through ccache (ccache_env), so a later run, in this
+    clone or a fresh one, recompiles only what changed: the emulators are most of the
+    emulation tests' time."""
     cxx, cuda_inc = shutil.which("g++"), cuda_include()
     cutlass_inc = cutlass_include() if needs_cutlass else None
     if not (cxx and cuda_inc and (cutlass_inc or not needs_cutlass)):
         pytest.skip("needs g++, the CUDA toolkit headers" + (" and CUTLASS headers" if needs_cutlass else ""))
-    (build_dir / "kernels.inc").write_text(kernels_inc)
-    exe = build_dir / os.path.splitext(source)[0]
-    cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-w", f"-I{build_dir}", f"-I{os.path.join(ROOT, 'cpp', 'src')}",
-           f"-I{os.path.join(ROOT, 'cpp', 'include')}", f"-I{cuda_inc}", f"-I{os.path.join(cuda_inc, 'cccl')}"]
-    cmd += [f"-I{cutlass_inc}"] if cutlass_inc else []
-    cmd += [f"-D{d}" for d in defines]
-    cmd += [os.path.join(ROOT, "tests", "emulation", source), os.path.join(ROOT, "cpp", "src", "core", "tensor.cpp"),
-            "-o", str(exe)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    stem = os.path.splitext(source)[0]
+    digest = hashlib.sha256("\0".join([source, kernels_inc, *defines]).encode()).hexdigest()[:16]
+    build_dir = os.path.join(ROOT, "build", "emu", f"{stem}-{digest}")
+    os.makedirs(build_dir, exist_ok=True)
+    inc = os.path.join(build_dir, "kernels.inc")
+    if not os.path.exists(inc) or open(inc).read() != kernels_inc:
+        with open(inc + ".tmp", "w") as f:  # same-content builds may run at once: replace atomically
+            f.write(kernels_inc)
+        os.replace(inc + ".tmp", inc)
+    flags = ["-std=c++20", "-O1", "-pthread", "-w", f"-I{build_dir}", f"-I{os.path.join(ROOT, 'cpp', 'src')}",
+             f"-I{os.path.join(ROOT, 'cpp', 'include')}", f"-I{cuda_inc}", f"-I{os.path.join(cuda_inc, 'cccl')}"]
+    flags += [f"-I{cutlass_inc}"] if cutlass_inc else []
+    flags += [f"-D{d}" for d in defines]
+    objects = []
+    for src in (os.path.join(ROOT, "tests", "emulation", source), os.path.join(ROOT, "cpp", "src", "core", "tensor.cpp")):
+        obj = os.path.join(build_dir, os.path.splitext(os.path.basename(src))[0] + ".o")
+        launcher, depfile, env = ccache_env(obj)
+        result = subprocess.run(launcher + [cxx, *flags, *depfile, "-c", src, "-o", obj], capture_output=True,
+                                text=True, cwd=ROOT, env=env)
+        assert result.returncode == 0, result.stderr[-4000:]
+        objects.append(obj)
+    exe = os.path.join(build_dir, stem)
+    result = subprocess.run([cxx, "-pthread", *objects, "-o", exe], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
     return exe
 
