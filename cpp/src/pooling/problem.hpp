@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "rudnn/pooling.hpp"
 
@@ -94,6 +95,97 @@ RUDNN_HD float avg_divisor(const Geometry& g, const AxisSpan (&s)[kAxes]) {
   if (g.divisor_override != 0) return float(g.divisor_override);
   if (g.count_include_pad) return float(s[0].padded * s[1].padded * s[2].padded);
   return float((s[0].end - s[0].first) * (s[1].end - s[1].first) * (s[2].end - s[2].first));
+}
+
+// The loops below take the element loads as functors (a host lambda on the CPU, a device lambda
+// in a CUDA kernel), so that both backends share one definition of what a window computes.
+// A load returns L adjacent channels of one element (L = 1 but for CUDA's channels-last vector
+// path). nvcc's host/device call check is off for them: each instantiation runs where its
+// functor does.
+template <int L>
+struct Lanes {
+  float v[L];
+};
+template <int L>
+struct IndexLanes {
+  i64 v[L];
+};
+
+// One output window: the maximum (the first one wins, NaN propagates, as in torch) and the flat
+// index of its element, or the average (an empty window gives 0, as in torch). load(offset)
+// reads x at an element offset (channels c .. c + L - 1).
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <bool Max, int L, class Load>
+RUDNN_HD Lanes<L> pool_window(const Geometry& g, const Strides& xs, i64 n, i64 c, const AxisSpan (&s)[kAxes],
+                              const Load& load, IndexLanes<L>& best_at) {
+  Lanes<L> acc;
+  const i64 first = g.flat_in({s[0].first, s[1].first, s[2].first});
+  for (int l = 0; l < L; ++l) {
+    acc.v[l] = Max ? -std::numeric_limits<float>::infinity() : 0.0f;
+    best_at.v[l] = first;
+  }
+  bool any = false;
+  for (i64 d = s[0].first; d < s[0].end; d += s[0].step)
+    for (i64 h = s[1].first; h < s[1].end; h += s[1].step)
+      for (i64 w = s[2].first; w < s[2].end; w += s[2].step) {
+        const Lanes<L> v = load(xs.offset(n, c, {d, h, w}));
+        const i64 here = g.flat_in({d, h, w});
+        any = true;
+        for (int l = 0; l < L; ++l) {
+          if constexpr (Max) {
+            if (v.v[l] > acc.v[l] || v.v[l] != v.v[l]) {  // v != v: NaN
+              acc.v[l] = v.v[l];
+              best_at.v[l] = here;
+            }
+          } else {
+            acc.v[l] += v.v[l];
+          }
+        }
+      }
+  if constexpr (!Max) {
+    const float divisor = avg_divisor(g, s);
+    for (int l = 0; l < L; ++l) acc.v[l] = any ? acc.v[l] / divisor : 0.0f;
+  }
+  return acc;
+}
+
+// The gradient of input element pos: the sum, over the output windows that contain it in
+// output order, of dy (max: where the window's index names pos; average: dy / divisor).
+// load_dy(offset) reads dy, load_index(offset) the indices (channels c .. c + L - 1).
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <bool Max, int L, class LoadDy, class LoadIndex>
+RUDNN_HD Lanes<L> gather_window_grads(const Geometry& g, const Strides& dys, const Strides& is, i64 n, i64 c,
+                                      const i64 (&pos)[kAxes], const LoadDy& load_dy, const LoadIndex& load_index) {
+  i64 lo[kAxes], hi[kAxes];
+  for (int a = 0; a < kAxes; ++a) covering_outputs(g, a, pos[a], lo[a], hi[a]);
+  const i64 flat = g.flat_in(pos);
+  Lanes<L> acc;
+  for (int l = 0; l < L; ++l) acc.v[l] = 0.0f;
+  for (i64 o0 = lo[0]; o0 <= hi[0]; ++o0)
+    for (i64 o1 = lo[1]; o1 <= hi[1]; ++o1)
+      for (i64 o2 = lo[2]; o2 <= hi[2]; ++o2) {
+        const i64 o[kAxes] = {o0, o1, o2};
+        if constexpr (Max) {
+          const IndexLanes<L> index = load_index(is.offset(n, c, o));
+          bool hit = false;
+          for (int l = 0; l < L; ++l) hit = hit || index.v[l] == flat;
+          if (!hit) continue;  // dy is read only where some channel's maximum is this element
+          const Lanes<L> d = load_dy(dys.offset(n, c, o));
+          for (int l = 0; l < L; ++l)
+            if (index.v[l] == flat) acc.v[l] += d.v[l];
+        } else {
+          const AxisSpan s[kAxes] = {axis_span(g, 0, o0), axis_span(g, 1, o1), axis_span(g, 2, o2)};
+          if (!(span_contains(s[0], pos[0]) && span_contains(s[1], pos[1]) && span_contains(s[2], pos[2]))) continue;
+          const float divisor = avg_divisor(g, s);
+          const Lanes<L> d = load_dy(dys.offset(n, c, o));
+          for (int l = 0; l < L; ++l) acc.v[l] += d.v[l] / divisor;
+        }
+      }
+  return acc;
 }
 
 struct ForwardProblem {

@@ -1,0 +1,226 @@
+// CUDA backend of the pooling family. Memory-bound and simple: one thread per output element
+// (forward) and one per input element (backward, a gather: one writer per element, no
+// atomics), each running the window computation of problem.hpp that the CPU backend runs.
+//
+// Threads walk the written tensor in its memory order (channels fastest when they are its
+// densest axis), so that a warp's stores are coalesced, and for channels-last tensors its loads
+// too. Channels-last tensors whose channel count and strides allow it take the vector path:
+// each thread owns L = 16 bytes / sizeof(T) adjacent channels, read and written with 16-byte
+// accesses, and computes the window bounds once for all of them.
+//
+// Instantiations: dtype x {max, average} x {scalar, vector}, forward and backward; spatial rank,
+// kernel size and adaptive vs fixed windows are run-time values.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
+#include "core/convert.cuh"
+#include "core/cuda_check.hpp"
+#include "core/device.hpp"
+#include "core/dispatch.hpp"
+#include "pooling/problem.hpp"
+
+namespace rudnn::pooling {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 8;  // grid-stride loops over a grid of 8 blocks (2048 threads) per SM
+
+// L elements of T read or written as one access (16 bytes at most per instruction).
+template <class T, int L>
+struct alignas(sizeof(T) * L < 16 ? sizeof(T) * L : 16) Pack {
+  T v[L];
+};
+
+template <class T, int L>
+inline constexpr int kPackAlign = int(alignof(Pack<T, L>));
+
+template <class T>
+inline constexpr int kVecLanes = 16 / int(sizeof(T));
+
+struct Element {
+  i64 n, c;
+  i64 pos[kAxes];
+};
+
+// Element t of a (batch, groups of L channels, *size) grid, walked in memory order.
+__device__ __forceinline__ Element element_at(i64 t, i64 channel_groups, int lanes, const i64 (&size)[kAxes],
+                                              bool channels_last) {
+  Element e;
+  if (channels_last) {
+    e.c = t % channel_groups * lanes;
+    t /= channel_groups;
+  }
+  e.pos[2] = t % size[2];
+  t /= size[2];
+  e.pos[1] = t % size[1];
+  t /= size[1];
+  e.pos[0] = t % size[0];
+  t /= size[0];
+  if (!channels_last) {
+    e.c = t % channel_groups * lanes;
+    t /= channel_groups;
+  }
+  e.n = t;
+  return e;
+}
+
+template <class T, int L>
+__device__ __forceinline__ Lanes<L> load_lanes(const T* data, i64 offset) {
+  const Pack<T, L> pack = *reinterpret_cast<const Pack<T, L>*>(data + offset);
+  Lanes<L> out;
+#pragma unroll
+  for (int l = 0; l < L; ++l) out.v[l] = core::to_float(pack.v[l]);
+  return out;
+}
+
+template <class T, int L>
+__device__ __forceinline__ void store_lanes(T* data, i64 offset, const Lanes<L>& values) {
+  Pack<T, L> pack;
+#pragma unroll
+  for (int l = 0; l < L; ++l) pack.v[l] = core::from_float<T>(values.v[l]);
+  *reinterpret_cast<Pack<T, L>*>(data + offset) = pack;
+}
+
+template <int L>
+__device__ __forceinline__ IndexLanes<L> load_indices(const i64* data, i64 offset) {
+  const Pack<i64, L> pack = *reinterpret_cast<const Pack<i64, L>*>(data + offset);
+  IndexLanes<L> out;
+#pragma unroll
+  for (int l = 0; l < L; ++l) out.v[l] = pack.v[l];
+  return out;
+}
+
+template <int L>
+__device__ __forceinline__ void store_indices(i64* data, i64 offset, const IndexLanes<L>& values) {
+  Pack<i64, L> pack;
+#pragma unroll
+  for (int l = 0; l < L; ++l) pack.v[l] = values.v[l];
+  *reinterpret_cast<Pack<i64, L>*>(data + offset) = pack;
+}
+
+// One thread per output element (L channels of it); indices may be null.
+template <class T, bool Max, int L>
+__global__ void __launch_bounds__(kThreads)
+    pool_forward_kernel(const ForwardProblem p, const T* __restrict__ x, T* __restrict__ y,
+                        i64* __restrict__ indices, i64 total) {
+  const Geometry& g = p.g;
+  const i64 groups = g.channels / L;
+  const auto load = [x](i64 offset) { return load_lanes<T, L>(x, offset); };
+  for (i64 t = i64(blockIdx.x) * kThreads + threadIdx.x; t < total; t += i64(gridDim.x) * kThreads) {
+    const Element e = element_at(t, groups, L, g.out, p.channels_last);
+    const AxisSpan s[kAxes] = {axis_span(g, 0, e.pos[0]), axis_span(g, 1, e.pos[1]), axis_span(g, 2, e.pos[2])};
+    IndexLanes<L> best_at;
+    const Lanes<L> result = pool_window<Max, L>(g, p.x, e.n, e.c, s, load, best_at);
+    store_lanes<T, L>(y, p.y.offset(e.n, e.c, e.pos), result);
+    if (Max && indices) store_indices<L>(indices, p.indices.offset(e.n, e.c, e.pos), best_at);
+  }
+}
+
+// One thread per input element (L channels of it): the gather of the windows that cover it.
+template <class T, bool Max, int L>
+__global__ void __launch_bounds__(kThreads)
+    pool_backward_kernel(const BackwardProblem p, const T* __restrict__ dy, const i64* __restrict__ indices,
+                         T* __restrict__ dx, i64 total) {
+  const Geometry& g = p.g;
+  const i64 groups = g.channels / L;
+  const auto load_dy = [dy](i64 offset) { return load_lanes<T, L>(dy, offset); };
+  const auto load_index = [indices](i64 offset) { return load_indices<L>(indices, offset); };
+  for (i64 t = i64(blockIdx.x) * kThreads + threadIdx.x; t < total; t += i64(gridDim.x) * kThreads) {
+    const Element e = element_at(t, groups, L, g.in, p.channels_last);
+    const Lanes<L> grad = gather_window_grads<Max, L>(g, p.dy, p.indices, e.n, e.c, e.pos, load_dy, load_index);
+    store_lanes<T, L>(dx, p.dx.offset(e.n, e.c, e.pos), grad);
+  }
+}
+
+int grid_for(i64 threads) {
+  const int sms = core::device_props(core::current_device()).sm_count;
+  return int(std::max<i64>(1, std::min<i64>((threads + kThreads - 1) / kThreads, i64(sms) * kBlocksPerSm)));
+}
+
+// Whether a tensor's channel groups of L can be read as packs: dense channels, every other
+// stride a multiple of L, the data aligned to the pack.
+template <class T, int L>
+bool packable(const void* data, const Strides& s) {
+  if (data == nullptr) return true;
+  if (reinterpret_cast<std::uintptr_t>(data) % kPackAlign<T, L> != 0) return false;
+  return s.c == 1 && s.n % L == 0 && s.sp[0] % L == 0 && s.sp[1] % L == 0 && s.sp[2] % L == 0;
+}
+
+template <class T>
+bool use_vector_path(bool channels_last, i64 channels, std::initializer_list<bool> tensors_packable) {
+  constexpr int L = kVecLanes<T>;
+  if (!channels_last || channels % L != 0) return false;
+  for (bool ok : tensors_packable)
+    if (!ok) return false;
+  return true;
+}
+
+template <class T, bool Max, int L>
+void launch_forward(const ForwardProblem& p, const T* x, T* y, i64* indices, cudaStream_t stream) {
+  const i64 total = p.outputs() / L;
+  pool_forward_kernel<T, Max, L><<<grid_for(total), kThreads, 0, stream>>>(p, x, y, indices, total);
+  RUDNN_CUDA_CHECK_LAUNCH("pool_forward_kernel");
+}
+
+template <class T, bool Max, int L>
+void launch_backward(const BackwardProblem& p, const T* dy, const i64* indices, T* dx, cudaStream_t stream) {
+  const i64 total = p.inputs() / L;
+  pool_backward_kernel<T, Max, L><<<grid_for(total), kThreads, 0, stream>>>(p, dy, indices, dx, total);
+  RUDNN_CUDA_CHECK_LAUNCH("pool_backward_kernel");
+}
+
+template <class T, int L>
+void forward_typed(const ForwardProblem& p, const T* x, T* y, i64* indices, cudaStream_t stream) {
+  if (p.g.max) launch_forward<T, true, L>(p, x, y, indices, stream);
+  else launch_forward<T, false, L>(p, x, y, nullptr, stream);
+}
+
+template <class T, int L>
+void backward_typed(const BackwardProblem& p, const T* dy, const i64* indices, T* dx, cudaStream_t stream) {
+  if (p.g.max) launch_backward<T, true, L>(p, dy, indices, dx, stream);
+  else launch_backward<T, false, L>(p, dy, nullptr, dx, stream);
+}
+
+template <class F>
+decltype(auto) dispatch(DType dtype, F&& f) {
+  return core::dispatch_float<__half, __nv_bfloat16>(dtype, std::forward<F>(f));
+}
+
+}  // namespace
+
+void forward_cuda(const ForwardProblem& p, const Tensor& x, const Tensor& y, const Tensor* indices, Stream stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  dispatch(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int L = kVecLanes<T>;
+    i64* idx = indices ? indices->ptr<i64>() : nullptr;
+    const bool vector = use_vector_path<T>(
+        p.channels_last, p.g.channels,
+        {packable<T, L>(x.data, p.x), packable<T, L>(y.data, p.y), !idx || packable<i64, L>(idx, p.indices)});
+    if (vector) forward_typed<T, L>(p, x.ptr<T>(), y.ptr<T>(), idx, s);
+    else forward_typed<T, 1>(p, x.ptr<T>(), y.ptr<T>(), idx, s);
+  });
+}
+
+void backward_cuda(const BackwardProblem& p, const Tensor& dy, const Tensor* indices, const Tensor& dx,
+                   Stream stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  dispatch(dx.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int L = kVecLanes<T>;
+    const i64* idx = indices ? indices->ptr<i64>() : nullptr;
+    const bool vector = use_vector_path<T>(
+        p.channels_last, p.g.channels,
+        {packable<T, L>(dy.data, p.dy), packable<T, L>(dx.data, p.dx), !idx || packable<i64, L>(idx, p.indices)});
+    if (vector) backward_typed<T, L>(p, dy.ptr<T>(), idx, dx.ptr<T>(), s);
+    else backward_typed<T, 1>(p, dy.ptr<T>(), idx, dx.ptr<T>(), s);
+  });
+}
+
+}  // namespace rudnn::pooling
