@@ -151,44 +151,69 @@ def _channels_last_memory(a, rank_batched):
     return a.permute(order).is_contiguous()
 
 
-def _empty(call, shape, dtype, channels_last_memory):
+def channels_last_result(a, dims, layout, rank=None):
+    """Whether a result (of rank `rank`, default a's) follows torch channels_last input `a`."""
+    rank = len(a.shape) if rank is None else rank
+    return layout == 0 and rank == dims + 2 and _channels_last_memory(a, dims + 2)
+
+
+def allocate(empty, shape, dtype, channels_last_memory):
+    """empty(shape, dtype), or channels-last memory seen in (N, C, *spatial) order (torch only)."""
     if not channels_last_memory:
-        return call.empty(shape, dtype)
+        return empty(shape, dtype)
     rank = len(shape)
-    dense = call.empty((shape[0],) + tuple(shape[2:]) + (shape[1],), dtype)
+    dense = empty((shape[0],) + tuple(shape[2:]) + (shape[1],), dtype)
     return dense.permute((0, rank - 1) + tuple(range(1, rank - 1)))
 
 
-def _cl(a, dims, layout):
-    return layout == 0 and _channels_last_memory(a, dims + 2)
+def _spec(shape, dtype):
+    """A data-less stand-in for an array of this shape and dtype name, for the C++ checks and
+    output shapes (bfloat16, which NumPy lacks, stands in as float32: the checks only ask for a float)."""
+    return np.broadcast_to(np.zeros((), "float32" if dtype == "bfloat16" else dtype), tuple(int(d) for d in shape))
+
+
+def max_pool_shape(shape, dtype, w, layout):
+    """y's shape for x of this shape and dtype name; raises what max_pool would for bad arguments."""
+    return _C.max_pool_output_shape(_spec(shape, dtype), *w.args(), layout)
+
+
+def avg_pool_shape(shape, dtype, w, layout):
+    return _C.avg_pool_output_shape(_spec(shape, dtype), *w.args(), layout)
+
+
+def adaptive_pool_shape(kind, shape, dtype, output_size, layout):
+    return _C.adaptive_pool_output_shape(kind, _spec(shape, dtype), list(output_size), layout)
 
 
 # ---- the calls on normalized options (shared with rudnn.torch) -------------------------------
 
 def run_max_pool(op, x, w, return_indices, layout, out=None, stream=None):
     call = fw.Call(op, {"x": x, "out": out}, stream)
-    shape = _C.max_pool_output_shape(call.arg(x), *w.args(), layout)
-    cl = _cl(x, len(w.kernel), layout)
-    y = out if out is not None else _empty(call, shape, call.dtype_name(x), cl)
-    indices = _empty(call, shape, "int64", cl) if return_indices else None
+    dtype = call.dtype_name(x)
+    shape = max_pool_shape(x.shape, dtype, w, layout)
+    cl = channels_last_result(x, len(w.kernel), layout)
+    y = out if out is not None else allocate(call.empty, shape, dtype, cl)
+    indices = allocate(call.empty, shape, "int64", cl) if return_indices else None
     _C.max_pool_forward(call.arg(x), call.arg(y), call.arg(indices), *w.args(), layout, call.stream)
     return (y, indices) if return_indices else y
 
 
 def run_avg_pool(op, x, w, layout, out=None, stream=None):
     call = fw.Call(op, {"x": x, "out": out}, stream)
-    shape = _C.avg_pool_output_shape(call.arg(x), *w.args(), layout)
-    y = out if out is not None else _empty(call, shape, call.dtype_name(x), _cl(x, len(w.kernel), layout))
+    dtype = call.dtype_name(x)
+    shape = avg_pool_shape(x.shape, dtype, w, layout)
+    y = out if out is not None else allocate(call.empty, shape, dtype, channels_last_result(x, len(w.kernel), layout))
     _C.avg_pool_forward(call.arg(x), call.arg(y), *w.args(), layout, call.stream)
     return y
 
 
 def run_adaptive_pool(op, kind, x, output_size, return_indices, layout, out=None, stream=None):
     call = fw.Call(op, {"x": x, "out": out}, stream)
-    shape = _C.adaptive_pool_output_shape(kind, call.arg(x), list(output_size), layout)
-    cl = _cl(x, len(output_size), layout)
-    y = out if out is not None else _empty(call, shape, call.dtype_name(x), cl)
-    indices = _empty(call, shape, "int64", cl) if return_indices else None
+    dtype = call.dtype_name(x)
+    shape = adaptive_pool_shape(kind, x.shape, dtype, output_size, layout)
+    cl = channels_last_result(x, len(output_size), layout)
+    y = out if out is not None else allocate(call.empty, shape, dtype, cl)
+    indices = allocate(call.empty, shape, "int64", cl) if return_indices else None
     _C.adaptive_pool_forward(kind, call.arg(x), call.arg(y), call.arg(indices), list(output_size), layout,
                              call.stream)
     return (y, indices) if return_indices else y
@@ -196,7 +221,7 @@ def run_adaptive_pool(op, kind, x, output_size, return_indices, layout, out=None
 
 def run_max_pool_backward(op, dy, x, indices, w, layout, stream=None):
     call = fw.Call(op, {"dy": dy, "x": x, "indices": indices}, stream)
-    dx = _empty(call, tuple(x.shape), call.dtype_name(x), _cl(x, len(w.kernel), layout))
+    dx = allocate(call.empty, tuple(x.shape), call.dtype_name(x), channels_last_result(x, len(w.kernel), layout))
     _C.max_pool_backward(call.arg(dy), call.arg(x), call.arg(indices), call.arg(dx), *w.args(), layout, call.stream)
     return dx
 
@@ -210,8 +235,8 @@ def _shape(op, x_shape):
 
 def run_avg_pool_backward(op, dy, x_shape, w, layout, stream=None):
     call = fw.Call(op, {"dy": dy}, stream)
-    dims = len(w.kernel)
-    dx = _empty(call, x_shape, call.dtype_name(dy), _cl(dy, dims, layout) and len(x_shape) == dims + 2)
+    dx = allocate(call.empty, x_shape, call.dtype_name(dy), channels_last_result(dy, len(w.kernel), layout,
+                                                                                len(x_shape)))
     _C.avg_pool_backward(call.arg(dy), call.arg(dx), *w.args(), layout, call.stream)
     return dx
 
@@ -219,8 +244,7 @@ def run_avg_pool_backward(op, dy, x_shape, w, layout, stream=None):
 def run_adaptive_pool_backward(op, kind, dy, x, indices, x_shape, dims, layout, stream=None):
     call = fw.Call(op, {"dy": dy, "x": x, "indices": indices}, stream)
     like = x if x is not None else dy
-    cl = _cl(like, dims, layout) and len(x_shape) == dims + 2
-    dx = _empty(call, x_shape, call.dtype_name(x if x is not None else dy), cl)
+    dx = allocate(call.empty, x_shape, call.dtype_name(like), channels_last_result(like, dims, layout, len(x_shape)))
     _C.adaptive_pool_backward(kind, call.arg(dy), call.arg(x), call.arg(indices), call.arg(dx), dims, layout,
                               call.stream)
     return dx
