@@ -94,9 +94,9 @@ def _i(shape=(1, 2, 3, 3), dtype=torch.int64, device="cpu"):
         (lambda d: rudnn.avg_pool(_x(device=d), 2, out=torch.empty(1, 2, 1, 1, device=d).expand(1, 2, 3, 3)),
          rudnn.ShapeError, "avg_pool: y: expected an output whose elements do not share memory"),
         # backward
-        (lambda d: rudnn.max_pool_backward(_x((1, 2, 3, 3), device=d), _x(device=d), _i(dtype=torch.int32, device=d),
+        (lambda d: rudnn.max_pool_backward(_x((1, 2, 3, 3), device=d), _x(device=d), _i(dtype=torch.uint8, device=d),
                                            kernel=2), rudnn.DTypeError,
-         "max_pool_backward: indices: expected int64, got int32"),
+         "max_pool_backward: indices: expected int64 or int32, got uint8"),
         (lambda d: rudnn.max_pool_backward(_x((1, 2, 3, 3), device=d), _x(device=d), _i((1, 2, 3, 2), device=d),
                                            kernel=2), rudnn.ShapeError,
          "max_pool_backward: indices: expected the shape of dy [1, 2, 3, 3], got [1, 2, 3, 2]"),

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "families.hpp"
+#include "pooling_args.hpp"
 #include "rudnn/pooling.hpp"
 #include "tensor_convert.hpp"
 
@@ -18,51 +19,19 @@ namespace {
 
 using Sizes = std::vector<std::int64_t>;
 
-PoolLayout as_layout(int layout) { return layout == 1 ? PoolLayout::channels_last : PoolLayout::channels_first; }
-AdaptivePoolKind as_adaptive(int kind) { return kind == 1 ? AdaptivePoolKind::max : AdaptivePoolKind::avg; }
-
-// The Python layer gives every list the same length, the spatial dims. A length outside 1..3
-// is copied as nothing: libruDNN's validation then reports the dims.
-void copy_sizes(const Sizes& from, std::int64_t (&to)[kMaxPoolDims]) {
-  if (from.size() > std::size_t(kMaxPoolDims)) return;
-  for (std::size_t i = 0; i < from.size(); ++i) to[i] = from[i];
-}
-
 PoolWindow window(const Sizes& kernel, const Sizes& stride, const Sizes& padding, const Sizes& dilation,
                   bool ceil_mode) {
-  if (stride.size() != kernel.size() || padding.size() != kernel.size() || dilation.size() != kernel.size())
-    throw Error(ErrorKind::value, "pooling: internal: kernel, stride, padding and dilation differ in length");
-  PoolWindow w;
-  w.dims = int(kernel.size());
-  copy_sizes(kernel, w.kernel);
-  copy_sizes(stride, w.stride);
-  copy_sizes(padding, w.padding);
-  copy_sizes(dilation, w.dilation);
-  w.ceil_mode = ceil_mode;
-  return w;
+  return pooling_args::window(kernel, stride, padding, &dilation, ceil_mode);
 }
 
-AvgPoolDivisor divisor(bool count_include_pad, std::optional<std::int64_t> divisor_override) {
-  AvgPoolDivisor d;
-  d.count_include_pad = count_include_pad;
-  d.has_divisor_override = divisor_override.has_value();
-  d.divisor_override = divisor_override.value_or(0);
-  return d;
+PoolWindow avg_window(const Sizes& kernel, const Sizes& stride, const Sizes& padding, bool ceil_mode) {
+  return pooling_args::window(kernel, stride, padding, static_cast<const Sizes*>(nullptr), ceil_mode);
 }
 
 nb::tuple shape_tuple(const PoolShape& s) {
   nb::list out;
   for (int d = 0; d < s.rank; ++d) out.append(s.dims[d]);
   return nb::tuple(out);
-}
-
-AdaptivePoolArgs adaptive_args(int kind, const Sizes& output_size, int layout) {
-  AdaptivePoolArgs a;
-  a.kind = as_adaptive(kind);
-  a.dims = int(output_size.size());
-  copy_sizes(output_size, a.output_size);
-  a.layout = as_layout(layout);
-  return a;
 }
 
 }  // namespace
@@ -74,7 +43,7 @@ void register_pooling(nb::module_& m) {
          bool ceil_mode, int layout) {
         MaxPoolArgs a;
         a.window = window(kernel, stride, padding, dilation, ceil_mode);
-        a.layout = as_layout(layout);
+        a.layout = pooling_args::layout(layout);
         a.x = to_tensor(x, "x");
         return shape_tuple(max_pool_output_shape(a));
       },
@@ -88,7 +57,7 @@ void register_pooling(nb::module_& m) {
         std::optional<Tensor> keep;
         MaxPoolArgs a;
         a.window = window(kernel, stride, padding, dilation, ceil_mode);
-        a.layout = as_layout(layout);
+        a.layout = pooling_args::layout(layout);
         a.x = to_tensor(x, "x");
         a.y = to_tensor(y, "y");
         a.indices = opt_tensor(indices, "indices", keep);
@@ -103,9 +72,9 @@ void register_pooling(nb::module_& m) {
       [](const In& x, const Sizes& kernel, const Sizes& stride, const Sizes& padding, bool ceil_mode,
          bool count_include_pad, std::optional<std::int64_t> divisor_override, int layout) {
         AvgPoolArgs a;
-        a.window = window(kernel, stride, padding, Sizes(kernel.size(), 1), ceil_mode);
-        a.divisor = divisor(count_include_pad, divisor_override);
-        a.layout = as_layout(layout);
+        a.window = avg_window(kernel, stride, padding, ceil_mode);
+        a.divisor = pooling_args::divisor(count_include_pad, divisor_override);
+        a.layout = pooling_args::layout(layout);
         a.x = to_tensor(x, "x");
         return shape_tuple(avg_pool_output_shape(a));
       },
@@ -117,9 +86,9 @@ void register_pooling(nb::module_& m) {
       [](const In& x, const Out& y, const Sizes& kernel, const Sizes& stride, const Sizes& padding, bool ceil_mode,
          bool count_include_pad, std::optional<std::int64_t> divisor_override, int layout, std::uintptr_t stream) {
         AvgPoolArgs a;
-        a.window = window(kernel, stride, padding, Sizes(kernel.size(), 1), ceil_mode);
-        a.divisor = divisor(count_include_pad, divisor_override);
-        a.layout = as_layout(layout);
+        a.window = avg_window(kernel, stride, padding, ceil_mode);
+        a.divisor = pooling_args::divisor(count_include_pad, divisor_override);
+        a.layout = pooling_args::layout(layout);
         a.x = to_tensor(x, "x");
         a.y = to_tensor(y, "y");
         nb::gil_scoped_release release;
@@ -131,7 +100,7 @@ void register_pooling(nb::module_& m) {
   m.def(
       "adaptive_pool_output_shape",
       [](int kind, const In& x, const Sizes& output_size, int layout) {
-        AdaptivePoolArgs a = adaptive_args(kind, output_size, layout);
+        AdaptivePoolArgs a = pooling_args::adaptive(kind, output_size, layout);
         a.x = to_tensor(x, "x");
         return shape_tuple(adaptive_pool_output_shape(a));
       },
@@ -142,7 +111,7 @@ void register_pooling(nb::module_& m) {
       [](int kind, const In& x, const Out& y, const OptOut& indices, const Sizes& output_size, int layout,
          std::uintptr_t stream) {
         std::optional<Tensor> keep;
-        AdaptivePoolArgs a = adaptive_args(kind, output_size, layout);
+        AdaptivePoolArgs a = pooling_args::adaptive(kind, output_size, layout);
         a.x = to_tensor(x, "x");
         a.y = to_tensor(y, "y");
         a.indices = opt_tensor(indices, "indices", keep);
@@ -158,7 +127,7 @@ void register_pooling(nb::module_& m) {
          const Sizes& padding, const Sizes& dilation, bool ceil_mode, int layout, std::uintptr_t stream) {
         MaxPoolBackwardArgs a;
         a.window = window(kernel, stride, padding, dilation, ceil_mode);
-        a.layout = as_layout(layout);
+        a.layout = pooling_args::layout(layout);
         a.dy = to_tensor(dy, "dy");
         a.x = to_tensor(x, "x");
         a.indices = to_tensor(indices, "indices");
@@ -174,9 +143,9 @@ void register_pooling(nb::module_& m) {
       [](const In& dy, const Out& dx, const Sizes& kernel, const Sizes& stride, const Sizes& padding, bool ceil_mode,
          bool count_include_pad, std::optional<std::int64_t> divisor_override, int layout, std::uintptr_t stream) {
         AvgPoolBackwardArgs a;
-        a.window = window(kernel, stride, padding, Sizes(kernel.size(), 1), ceil_mode);
-        a.divisor = divisor(count_include_pad, divisor_override);
-        a.layout = as_layout(layout);
+        a.window = avg_window(kernel, stride, padding, ceil_mode);
+        a.divisor = pooling_args::divisor(count_include_pad, divisor_override);
+        a.layout = pooling_args::layout(layout);
         a.dy = to_tensor(dy, "dy");
         a.dx = to_tensor(dx, "dx");
         nb::gil_scoped_release release;
@@ -191,9 +160,9 @@ void register_pooling(nb::module_& m) {
          std::uintptr_t stream) {
         std::optional<Tensor> keep[2];
         AdaptivePoolBackwardArgs a;
-        a.kind = as_adaptive(kind);
+        a.kind = pooling_args::adaptive_kind(kind);
         a.dims = dims;
-        a.layout = as_layout(layout);
+        a.layout = pooling_args::layout(layout);
         a.dy = to_tensor(dy, "dy");
         a.x = opt_tensor(x, "x", keep[0]);
         a.indices = opt_tensor(indices, "indices", keep[1]);

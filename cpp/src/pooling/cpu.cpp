@@ -27,7 +27,7 @@ void for_each_position(const i64 (&size)[kAxes], F&& f) {
 }
 
 template <class T, bool Max>
-void forward_typed(const ForwardProblem& p, const T* x, T* y, i64* indices) {
+void forward_typed(const ForwardProblem& p, const T* x, T* y, const IndexArray& indices) {
   const Geometry& g = p.g;
   const auto load = [x](i64 offset) { return Lanes<1>{{to_float(x[offset])}}; };
   for (i64 n = 0; n < g.batch; ++n)
@@ -37,15 +37,15 @@ void forward_typed(const ForwardProblem& p, const T* x, T* y, i64* indices) {
         const i64 o[kAxes] = {o0, o1, o2};
         IndexLanes<1> best_at;
         y[p.y.offset(n, c, o)] = from_float<T>(pool_window<Max, 1>(g, p.x, n, c, s, load, best_at).v[0]);
-        if (p.has_indices) indices[p.indices.offset(n, c, o)] = best_at.v[0];
+        if (p.has_indices) indices.store(p.indices.offset(n, c, o), best_at.v[0]);
       });
 }
 
 template <class T, bool Max>
-void backward_typed(const BackwardProblem& p, const T* dy, const i64* indices, T* dx) {
+void backward_typed(const BackwardProblem& p, const T* dy, const IndexArray& indices, T* dx) {
   const Geometry& g = p.g;
   const auto load_dy = [dy](i64 offset) { return Lanes<1>{{to_float(dy[offset])}}; };
-  const auto load_index = [indices](i64 offset) { return IndexLanes<1>{{indices[offset]}}; };
+  const auto load_index = [&indices](i64 offset) { return IndexLanes<1>{{indices.load(offset)}}; };
   for (i64 n = 0; n < g.batch; ++n)
     for (i64 c = 0; c < g.channels; ++c)
       for_each_position(g.in, [&](i64 i0, i64 i1, i64 i2) {
@@ -60,7 +60,7 @@ void backward_typed(const BackwardProblem& p, const T* dy, const i64* indices, T
 void forward_cpu(const ForwardProblem& p, const Tensor& x, const Tensor& y, const Tensor* indices) {
   dispatch(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    i64* idx = indices ? indices->ptr<i64>() : nullptr;
+    const IndexArray idx{indices ? indices->data : nullptr, p.indices_i32};
     if (p.g.max) forward_typed<T, true>(p, x.ptr<T>(), y.ptr<T>(), idx);
     else forward_typed<T, false>(p, x.ptr<T>(), y.ptr<T>(), idx);
   });
@@ -69,7 +69,7 @@ void forward_cpu(const ForwardProblem& p, const Tensor& x, const Tensor& y, cons
 void backward_cpu(const BackwardProblem& p, const Tensor& dy, const Tensor* indices, const Tensor& dx) {
   dispatch(dx.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const i64* idx = indices ? indices->ptr<i64>() : nullptr;
+    const IndexArray idx{indices ? indices->data : nullptr, p.indices_i32};
     if (p.g.max) backward_typed<T, true>(p, dy.ptr<T>(), idx, dx.ptr<T>());
     else backward_typed<T, false>(p, dy.ptr<T>(), idx, dx.ptr<T>());
   });

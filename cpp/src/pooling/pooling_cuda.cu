@@ -87,28 +87,40 @@ __device__ __forceinline__ void store_lanes(T* data, i64 offset, const Lanes<L>&
   *reinterpret_cast<Pack<T, L>*>(data + offset) = pack;
 }
 
-template <int L>
-__device__ __forceinline__ IndexLanes<L> load_indices(const i64* data, i64 offset) {
-  const Pack<i64, L> pack = *reinterpret_cast<const Pack<i64, L>*>(data + offset);
+template <class I, int L>
+__device__ __forceinline__ IndexLanes<L> load_index_pack(const void* data, i64 offset) {
+  const Pack<I, L> pack = *reinterpret_cast<const Pack<I, L>*>(static_cast<const I*>(data) + offset);
   IndexLanes<L> out;
 #pragma unroll
-  for (int l = 0; l < L; ++l) out.v[l] = pack.v[l];
+  for (int l = 0; l < L; ++l) out.v[l] = i64(pack.v[l]);
   return out;
 }
 
-template <int L>
-__device__ __forceinline__ void store_indices(i64* data, i64 offset, const IndexLanes<L>& values) {
-  Pack<i64, L> pack;
+template <class I, int L>
+__device__ __forceinline__ void store_index_pack(void* data, i64 offset, const IndexLanes<L>& values) {
+  Pack<I, L> pack;
 #pragma unroll
-  for (int l = 0; l < L; ++l) pack.v[l] = values.v[l];
-  *reinterpret_cast<Pack<i64, L>*>(data + offset) = pack;
+  for (int l = 0; l < L; ++l) pack.v[l] = I(values.v[l]);
+  *reinterpret_cast<Pack<I, L>*>(static_cast<I*>(data) + offset) = pack;
+}
+
+// Indices are int64 or int32 (a uniform run-time branch, not one more instantiation).
+template <int L>
+__device__ __forceinline__ IndexLanes<L> load_indices(const IndexArray& a, i64 offset) {
+  return a.i32 ? load_index_pack<std::int32_t, L>(a.data, offset) : load_index_pack<i64, L>(a.data, offset);
+}
+
+template <int L>
+__device__ __forceinline__ void store_indices(const IndexArray& a, i64 offset, const IndexLanes<L>& values) {
+  if (a.i32) store_index_pack<std::int32_t, L>(a.data, offset, values);
+  else store_index_pack<i64, L>(a.data, offset, values);
 }
 
 // One thread per output element (L channels of it); indices may be null.
 template <class T, bool Max, int L>
 __global__ void __launch_bounds__(kThreads)
     pool_forward_kernel(const ForwardProblem p, const T* __restrict__ x, T* __restrict__ y,
-                        i64* __restrict__ indices, i64 total) {
+                        const IndexArray indices, i64 total) {
   const Geometry& g = p.g;
   const i64 groups = g.channels / L;
   const auto load = [x](i64 offset) { return load_lanes<T, L>(x, offset); };
@@ -118,14 +130,14 @@ __global__ void __launch_bounds__(kThreads)
     IndexLanes<L> best_at;
     const Lanes<L> result = pool_window<Max, L>(g, p.x, e.n, e.c, s, load, best_at);
     store_lanes<T, L>(y, p.y.offset(e.n, e.c, e.pos), result);
-    if (Max && indices) store_indices<L>(indices, p.indices.offset(e.n, e.c, e.pos), best_at);
+    if (Max && p.has_indices) store_indices<L>(indices, p.indices.offset(e.n, e.c, e.pos), best_at);
   }
 }
 
 // One thread per input element (L channels of it): the gather of the windows that cover it.
 template <class T, bool Max, int L>
 __global__ void __launch_bounds__(kThreads)
-    pool_backward_kernel(const BackwardProblem p, const T* __restrict__ dy, const i64* __restrict__ indices,
+    pool_backward_kernel(const BackwardProblem p, const T* __restrict__ dy, const IndexArray indices,
                          T* __restrict__ dx, i64 total) {
   const Geometry& g = p.g;
   const i64 groups = g.channels / L;
@@ -152,6 +164,11 @@ bool packable(const void* data, const Strides& s) {
   return s.c == 1 && s.n % L == 0 && s.sp[0] % L == 0 && s.sp[1] % L == 0 && s.sp[2] % L == 0;
 }
 
+template <int L>
+bool indices_packable(const IndexArray& a, const Strides& s) {
+  return a.i32 ? packable<std::int32_t, L>(a.data, s) : packable<i64, L>(a.data, s);
+}
+
 template <class T>
 bool use_vector_path(bool channels_last, i64 channels, std::initializer_list<bool> tensors_packable) {
   constexpr int L = kVecLanes<T>;
@@ -162,29 +179,29 @@ bool use_vector_path(bool channels_last, i64 channels, std::initializer_list<boo
 }
 
 template <class T, bool Max, int L>
-void launch_forward(const ForwardProblem& p, const T* x, T* y, i64* indices, cudaStream_t stream) {
+void launch_forward(const ForwardProblem& p, const T* x, T* y, const IndexArray& indices, cudaStream_t stream) {
   const i64 total = p.outputs() / L;
   pool_forward_kernel<T, Max, L><<<grid_for(total), kThreads, 0, stream>>>(p, x, y, indices, total);
   RUDNN_CUDA_CHECK_LAUNCH("pool_forward_kernel");
 }
 
 template <class T, bool Max, int L>
-void launch_backward(const BackwardProblem& p, const T* dy, const i64* indices, T* dx, cudaStream_t stream) {
+void launch_backward(const BackwardProblem& p, const T* dy, const IndexArray& indices, T* dx, cudaStream_t stream) {
   const i64 total = p.inputs() / L;
   pool_backward_kernel<T, Max, L><<<grid_for(total), kThreads, 0, stream>>>(p, dy, indices, dx, total);
   RUDNN_CUDA_CHECK_LAUNCH("pool_backward_kernel");
 }
 
 template <class T, int L>
-void forward_typed(const ForwardProblem& p, const T* x, T* y, i64* indices, cudaStream_t stream) {
+void forward_typed(const ForwardProblem& p, const T* x, T* y, const IndexArray& indices, cudaStream_t stream) {
   if (p.g.max) launch_forward<T, true, L>(p, x, y, indices, stream);
-  else launch_forward<T, false, L>(p, x, y, nullptr, stream);
+  else launch_forward<T, false, L>(p, x, y, indices, stream);
 }
 
 template <class T, int L>
-void backward_typed(const BackwardProblem& p, const T* dy, const i64* indices, T* dx, cudaStream_t stream) {
+void backward_typed(const BackwardProblem& p, const T* dy, const IndexArray& indices, T* dx, cudaStream_t stream) {
   if (p.g.max) launch_backward<T, true, L>(p, dy, indices, dx, stream);
-  else launch_backward<T, false, L>(p, dy, nullptr, dx, stream);
+  else launch_backward<T, false, L>(p, dy, indices, dx, stream);
 }
 
 template <class F>
@@ -199,10 +216,10 @@ void forward_cuda(const ForwardProblem& p, const Tensor& x, const Tensor& y, con
   dispatch(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int L = kVecLanes<T>;
-    i64* idx = indices ? indices->ptr<i64>() : nullptr;
+    const IndexArray idx{indices ? indices->data : nullptr, p.indices_i32};
     const bool vector = use_vector_path<T>(
         p.channels_last, p.g.channels,
-        {packable<T, L>(x.data, p.x), packable<T, L>(y.data, p.y), !idx || packable<i64, L>(idx, p.indices)});
+        {packable<T, L>(x.data, p.x), packable<T, L>(y.data, p.y), indices_packable<L>(idx, p.indices)});
     if (vector) forward_typed<T, L>(p, x.ptr<T>(), y.ptr<T>(), idx, s);
     else forward_typed<T, 1>(p, x.ptr<T>(), y.ptr<T>(), idx, s);
   });
@@ -214,10 +231,10 @@ void backward_cuda(const BackwardProblem& p, const Tensor& dy, const Tensor* ind
   dispatch(dx.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int L = kVecLanes<T>;
-    const i64* idx = indices ? indices->ptr<i64>() : nullptr;
+    const IndexArray idx{indices ? indices->data : nullptr, p.indices_i32};
     const bool vector = use_vector_path<T>(
         p.channels_last, p.g.channels,
-        {packable<T, L>(dy.data, p.dy), packable<T, L>(dx.data, p.dx), !idx || packable<i64, L>(idx, p.indices)});
+        {packable<T, L>(dy.data, p.dy), packable<T, L>(dx.data, p.dx), indices_packable<L>(idx, p.indices)});
     if (vector) backward_typed<T, L>(p, dy.ptr<T>(), idx, dx.ptr<T>(), s);
     else backward_typed<T, 1>(p, dy.ptr<T>(), idx, dx.ptr<T>(), s);
   });

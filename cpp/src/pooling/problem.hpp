@@ -188,10 +188,24 @@ RUDNN_HD Lanes<L> gather_window_grads(const Geometry& g, const Strides& dys, con
   return acc;
 }
 
+// Indices are int64 (torch's) or int32 (JAX's without x64).
+struct IndexArray {
+  void* data;
+  bool i32;
+  RUDNN_HD i64 load(i64 offset) const {
+    return i32 ? i64(static_cast<const std::int32_t*>(data)[offset]) : static_cast<const i64*>(data)[offset];
+  }
+  RUDNN_HD void store(i64 offset, i64 value) const {
+    if (i32) static_cast<std::int32_t*>(data)[offset] = std::int32_t(value);
+    else static_cast<i64*>(data)[offset] = value;
+  }
+};
+
 struct ForwardProblem {
   Geometry g;
   Strides x, y, indices;
   bool has_indices = false;
+  bool indices_i32 = false;
   bool channels_last = false;  // y's channels are its densest axis (CUDA threads walk c fastest)
   i64 outputs() const { return g.batch * g.channels * g.out_plane(); }
 };
@@ -199,6 +213,7 @@ struct ForwardProblem {
 struct BackwardProblem {
   Geometry g;
   Strides dy, dx, indices;  // indices: max only
+  bool indices_i32 = false;
   bool channels_last = false;  // dx's channels are its densest axis
   i64 inputs() const { return g.batch * g.channels * g.in_plane(); }
 };

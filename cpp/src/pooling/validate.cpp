@@ -1,5 +1,6 @@
 // Every check of the pooling family, run once before either backend. Sizes are checked for
 // int64 overflow as they are computed, so that no backend index can wrap.
+#include <climits>
 #include <string>
 
 #include "core/check.hpp"
@@ -161,6 +162,15 @@ void check_pooled(const Tensor& t, const Tensor& x, const Geometry& g, int dims,
   }
 }
 
+// Indices are int64 (torch's) or int32 (JAX's without x64), which must hold every flat index.
+void check_index_dtype(const Tensor& t, const Geometry& g, const std::string& name) {
+  if (t.dtype != DType::i64 && t.dtype != DType::i32)
+    fail(ErrorKind::dtype, name + ": expected int64 or int32, got " + dtype_name(t.dtype));
+  if (t.dtype == DType::i32 && g.in_plane() > INT32_MAX)
+    fail(ErrorKind::dtype, name + ": int32 cannot hold the flat indices of an input plane of " +
+                               std::to_string(g.in_plane()) + " elements; use int64");
+}
+
 void check_output(const Tensor& t, const std::string& name) {
   core::expect_distinct_elements(t, name);
   core::expect_data(t, name);
@@ -175,6 +185,7 @@ ForwardProblem forward_problem(const Geometry& g, int dims, PoolLayout layout, c
   if (indices) {
     p.has_indices = true;
     p.indices = strides_of(*indices, dims, layout);
+    p.indices_i32 = indices->dtype == DType::i32;
   }
   p.channels_last = g.channels > 1 && p.y.c == 1;
   return p;
@@ -185,7 +196,8 @@ void check_forward_outputs(const Geometry& g, int dims, PoolLayout layout, const
   check_pooled(y, x, g, dims, layout, x.dtype, op + ": y", "the pooled shape of x");
   check_output(y, op + ": y");
   if (indices) {
-    check_pooled(*indices, x, g, dims, layout, DType::i64, op + ": indices", "the shape of y");
+    check_index_dtype(*indices, g, op + ": indices");
+    check_pooled(*indices, x, g, dims, layout, indices->dtype, op + ": indices", "the shape of y");
     check_output(*indices, op + ": indices");
   }
 }
@@ -240,7 +252,10 @@ BackwardProblem backward_problem(const Geometry& g, int dims, PoolLayout layout,
   p.g = g;
   p.dy = strides_of(dy, dims, layout);
   p.dx = strides_of(dx, dims, layout);
-  if (indices) p.indices = strides_of(*indices, dims, layout);
+  if (indices) {
+    p.indices = strides_of(*indices, dims, layout);
+    p.indices_i32 = indices->dtype == DType::i32;
+  }
   p.channels_last = g.channels > 1 && p.dx.c == 1;
   return p;
 }
@@ -253,9 +268,9 @@ void check_dx(const Tensor& dx, const Tensor* x, const Tensor& dy, const std::st
   check_output(dx, op + ": dx");
 }
 
-void check_indices_like(const Tensor& indices, const Tensor& dy, const std::string& op) {
+void check_indices_like(const Tensor& indices, const Tensor& dy, const Geometry& g, const std::string& op) {
   core::expect_same_device(indices, dy, op + ": indices", "dy");
-  core::expect_dtype(indices, DType::i64, op + ": indices");
+  check_index_dtype(indices, g, op + ": indices");
   core::expect_same_shape(indices, dy, op + ": indices", "dy");
 }
 
@@ -300,7 +315,7 @@ BackwardProblem validate_max_pool_backward(const MaxPoolBackwardArgs& a) {
   const int dims = a.window.dims;
   const Geometry g = fixed_geometry(a.window, a.layout, a.x, true, op, "x");
   check_pooled(a.dy, a.x, g, dims, a.layout, a.x.dtype, op + ": dy", "the output of max_pool for x");
-  check_indices_like(a.indices, a.dy, op);
+  check_indices_like(a.indices, a.dy, g, op);
   check_dx(a.dx, &a.x, a.dy, op);
   return backward_problem(g, dims, a.layout, a.dy, a.dx, &a.indices);
 }
@@ -339,7 +354,7 @@ BackwardProblem validate_adaptive_pool_backward(const AdaptivePoolBackwardArgs& 
   const Geometry g = adaptive_geometry(a.kind, a.dims, output_size, a.layout, input, op, input_name);
   check_pooled(a.dy, input, g, a.dims, a.layout, input.dtype, op + ": dy",
                "the batch and channels of " + input_name + ", any output size");
-  if (max) check_indices_like(*a.indices, a.dy, op);
+  if (max) check_indices_like(*a.indices, a.dy, g, op);
   check_dx(a.dx, a.x, a.dy, op);
   return backward_problem(g, a.dims, a.layout, a.dy, a.dx, a.indices);
 }
