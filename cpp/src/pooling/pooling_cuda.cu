@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 
 #include "core/convert.cuh"
 #include "core/cuda_check.hpp"
@@ -150,11 +149,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-int grid_for(i64 threads) {
-  const int sms = core::device_props(core::current_device()).sm_count;
-  return int(std::max<i64>(1, std::min<i64>((threads + kThreads - 1) / kThreads, i64(sms) * kBlocksPerSm)));
-}
-
 // Whether a tensor's channel groups of L can be read as packs: dense channels, every other
 // stride a multiple of L, the data aligned to the pack.
 template <class T, int L>
@@ -169,13 +163,26 @@ bool indices_packable(const IndexArray& a, const Strides& s) {
   return a.i32 ? packable<std::int32_t, L>(a.data, s) : packable<i64, L>(a.data, s);
 }
 
+// The vector path (kVecLanes<T> channels per thread) for channels-last problems whose tensors
+// all pack; the scalar path otherwise.
 template <class T>
-bool use_vector_path(bool channels_last, i64 channels, std::initializer_list<bool> tensors_packable) {
+bool forward_vector_path(const ForwardProblem& p, const void* x, const void* y, const IndexArray& indices) {
   constexpr int L = kVecLanes<T>;
-  if (!channels_last || channels % L != 0) return false;
-  for (bool ok : tensors_packable)
-    if (!ok) return false;
-  return true;
+  return p.channels_last && p.g.channels % L == 0 && packable<T, L>(x, p.x) && packable<T, L>(y, p.y) &&
+         indices_packable<L>(indices, p.indices);
+}
+
+template <class T>
+bool backward_vector_path(const BackwardProblem& p, const void* dy, const void* dx, const IndexArray& indices) {
+  constexpr int L = kVecLanes<T>;
+  return p.channels_last && p.g.channels % L == 0 && packable<T, L>(dy, p.dy) && packable<T, L>(dx, p.dx) &&
+         indices_packable<L>(indices, p.indices);
+}
+
+// (tests/emulation/pooling_emu.cpp runs everything above this line on the CPU.)
+int grid_for(i64 threads) {
+  const int sms = core::device_props(core::current_device()).sm_count;
+  return int(std::max<i64>(1, std::min<i64>((threads + kThreads - 1) / kThreads, i64(sms) * kBlocksPerSm)));
 }
 
 template <class T, bool Max, int L>
@@ -217,10 +224,7 @@ void forward_cuda(const ForwardProblem& p, const Tensor& x, const Tensor& y, con
     using T = typename decltype(tag)::type;
     constexpr int L = kVecLanes<T>;
     const IndexArray idx{indices ? indices->data : nullptr, p.indices_i32};
-    const bool vector = use_vector_path<T>(
-        p.channels_last, p.g.channels,
-        {packable<T, L>(x.data, p.x), packable<T, L>(y.data, p.y), indices_packable<L>(idx, p.indices)});
-    if (vector) forward_typed<T, L>(p, x.ptr<T>(), y.ptr<T>(), idx, s);
+    if (forward_vector_path<T>(p, x.data, y.data, idx)) forward_typed<T, L>(p, x.ptr<T>(), y.ptr<T>(), idx, s);
     else forward_typed<T, 1>(p, x.ptr<T>(), y.ptr<T>(), idx, s);
   });
 }
@@ -232,10 +236,7 @@ void backward_cuda(const BackwardProblem& p, const Tensor& dy, const Tensor* ind
     using T = typename decltype(tag)::type;
     constexpr int L = kVecLanes<T>;
     const IndexArray idx{indices ? indices->data : nullptr, p.indices_i32};
-    const bool vector = use_vector_path<T>(
-        p.channels_last, p.g.channels,
-        {packable<T, L>(dy.data, p.dy), packable<T, L>(dx.data, p.dx), indices_packable<L>(idx, p.indices)});
-    if (vector) backward_typed<T, L>(p, dy.ptr<T>(), idx, dx.ptr<T>(), s);
+    if (backward_vector_path<T>(p, dy.data, dx.data, idx)) backward_typed<T, L>(p, dy.ptr<T>(), idx, dx.ptr<T>(), s);
     else backward_typed<T, 1>(p, dy.ptr<T>(), idx, dx.ptr<T>(), s);
   });
 }
