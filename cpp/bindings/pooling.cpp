@@ -19,15 +19,6 @@ namespace {
 
 using Sizes = std::vector<std::int64_t>;
 
-PoolWindow window(const Sizes& kernel, const Sizes& stride, const Sizes& padding, const Sizes& dilation,
-                  bool ceil_mode) {
-  return pooling_args::window(kernel, stride, padding, &dilation, ceil_mode);
-}
-
-PoolWindow avg_window(const Sizes& kernel, const Sizes& stride, const Sizes& padding, bool ceil_mode) {
-  return pooling_args::window(kernel, stride, padding, static_cast<const Sizes*>(nullptr), ceil_mode);
-}
-
 nb::tuple shape_tuple(const PoolShape& s) {
   nb::list out;
   for (int d = 0; d < s.rank; ++d) out.append(s.dims[d]);
@@ -42,8 +33,7 @@ void register_pooling(nb::module_& m) {
       [](const In& x, const Sizes& kernel, const Sizes& stride, const Sizes& padding, const Sizes& dilation,
          bool ceil_mode, int layout) {
         MaxPoolArgs a;
-        a.window = window(kernel, stride, padding, dilation, ceil_mode);
-        a.layout = pooling_args::layout(layout);
+        pooling_args::set_max_options(a, kernel, stride, padding, dilation, ceil_mode, layout);
         a.x = to_tensor(x, "x");
         return shape_tuple(max_pool_output_shape(a));
       },
@@ -56,8 +46,7 @@ void register_pooling(nb::module_& m) {
          const Sizes& padding, const Sizes& dilation, bool ceil_mode, int layout, std::uintptr_t stream) {
         std::optional<Tensor> keep;
         MaxPoolArgs a;
-        a.window = window(kernel, stride, padding, dilation, ceil_mode);
-        a.layout = pooling_args::layout(layout);
+        pooling_args::set_max_options(a, kernel, stride, padding, dilation, ceil_mode, layout);
         a.x = to_tensor(x, "x");
         a.y = to_tensor(y, "y");
         a.indices = opt_tensor(indices, "indices", keep);
@@ -72,9 +61,8 @@ void register_pooling(nb::module_& m) {
       [](const In& x, const Sizes& kernel, const Sizes& stride, const Sizes& padding, bool ceil_mode,
          bool count_include_pad, std::optional<std::int64_t> divisor_override, int layout) {
         AvgPoolArgs a;
-        a.window = avg_window(kernel, stride, padding, ceil_mode);
-        a.divisor = pooling_args::divisor(count_include_pad, divisor_override);
-        a.layout = pooling_args::layout(layout);
+        pooling_args::set_avg_options(a, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override,
+                                      layout);
         a.x = to_tensor(x, "x");
         return shape_tuple(avg_pool_output_shape(a));
       },
@@ -86,9 +74,8 @@ void register_pooling(nb::module_& m) {
       [](const In& x, const Out& y, const Sizes& kernel, const Sizes& stride, const Sizes& padding, bool ceil_mode,
          bool count_include_pad, std::optional<std::int64_t> divisor_override, int layout, std::uintptr_t stream) {
         AvgPoolArgs a;
-        a.window = avg_window(kernel, stride, padding, ceil_mode);
-        a.divisor = pooling_args::divisor(count_include_pad, divisor_override);
-        a.layout = pooling_args::layout(layout);
+        pooling_args::set_avg_options(a, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override,
+                                      layout);
         a.x = to_tensor(x, "x");
         a.y = to_tensor(y, "y");
         nb::gil_scoped_release release;
@@ -126,8 +113,7 @@ void register_pooling(nb::module_& m) {
       [](const In& dy, const In& x, const In& indices, const Out& dx, const Sizes& kernel, const Sizes& stride,
          const Sizes& padding, const Sizes& dilation, bool ceil_mode, int layout, std::uintptr_t stream) {
         MaxPoolBackwardArgs a;
-        a.window = window(kernel, stride, padding, dilation, ceil_mode);
-        a.layout = pooling_args::layout(layout);
+        pooling_args::set_max_options(a, kernel, stride, padding, dilation, ceil_mode, layout);
         a.dy = to_tensor(dy, "dy");
         a.x = to_tensor(x, "x");
         a.indices = to_tensor(indices, "indices");
@@ -143,9 +129,8 @@ void register_pooling(nb::module_& m) {
       [](const In& dy, const Out& dx, const Sizes& kernel, const Sizes& stride, const Sizes& padding, bool ceil_mode,
          bool count_include_pad, std::optional<std::int64_t> divisor_override, int layout, std::uintptr_t stream) {
         AvgPoolBackwardArgs a;
-        a.window = avg_window(kernel, stride, padding, ceil_mode);
-        a.divisor = pooling_args::divisor(count_include_pad, divisor_override);
-        a.layout = pooling_args::layout(layout);
+        pooling_args::set_avg_options(a, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override,
+                                      layout);
         a.dy = to_tensor(dy, "dy");
         a.dx = to_tensor(dx, "dx");
         nb::gil_scoped_release release;

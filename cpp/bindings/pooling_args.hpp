@@ -46,6 +46,23 @@ inline AvgPoolDivisor divisor(bool count_include_pad, std::optional<std::int64_t
   return d;
 }
 
+// The window and layout of a max pooling args struct (forward or backward).
+template <class Args, class List>
+void set_max_options(Args& a, const List& kernel, const List& stride, const List& padding, const List& dilation,
+                     bool ceil_mode, int layout_code) {
+  a.window = window(kernel, stride, padding, &dilation, ceil_mode);
+  a.layout = layout(layout_code);
+}
+
+// The window, divisor and layout of an average pooling args struct (forward or backward).
+template <class Args, class List>
+void set_avg_options(Args& a, const List& kernel, const List& stride, const List& padding, bool ceil_mode,
+                     bool count_include_pad, std::optional<std::int64_t> divisor_override, int layout_code) {
+  a.window = window(kernel, stride, padding, static_cast<const List*>(nullptr), ceil_mode);
+  a.divisor = divisor(count_include_pad, divisor_override);
+  a.layout = layout(layout_code);
+}
+
 template <class List>
 AdaptivePoolArgs adaptive(int kind, const List& output_size, int layout_code) {
   AdaptivePoolArgs a;

@@ -31,19 +31,25 @@ std::optional<std::int64_t> override_of(bool has, std::int64_t value) {
   return has ? std::optional<std::int64_t>(value) : std::nullopt;
 }
 
+// The optional indices result of a forward call (in `slot`), or null.
+const Tensor* indices_output(const ffi::RemainingRets& rets, const Place& place, const char* op, bool has,
+                             Tensor& slot) {
+  Outputs out(rets, place, op);
+  const Tensor* indices = has ? &(slot = out.next("indices")) : nullptr;
+  out.finish();
+  return indices;
+}
+
 ffi::Error max_pool_forward(const Place& place, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             ffi::RemainingRets rets, Sizes kernel, Sizes stride, Sizes padding, Sizes dilation,
                             bool ceil_mode, std::int32_t layout, bool has_indices) {
   return guarded([&] {
     rudnn::MaxPoolArgs a;
-    a.window = args::window(kernel, stride, padding, &dilation, ceil_mode);
-    a.layout = args::layout(layout);
+    args::set_max_options(a, kernel, stride, padding, dilation, ceil_mode, layout);
     a.x = view(x, place, "max_pool: x");
     a.y = view(*y, place, "max_pool: y");
     Tensor indices;
-    Outputs out(rets, place, "max_pool");
-    if (has_indices) a.indices = &(indices = out.next("indices"));
-    out.finish();
+    a.indices = indices_output(rets, place, "max_pool", has_indices, indices);
     rudnn::max_pool_forward(a, place.stream);
   });
 }
@@ -53,9 +59,8 @@ ffi::Error avg_pool_forward(const Place& place, ffi::AnyBuffer x, ffi::Result<ff
                             bool has_divisor_override, std::int64_t divisor_override, std::int32_t layout) {
   return guarded([&] {
     rudnn::AvgPoolArgs a;
-    a.window = args::window(kernel, stride, padding, static_cast<const Sizes*>(nullptr), ceil_mode);
-    a.divisor = args::divisor(count_include_pad, override_of(has_divisor_override, divisor_override));
-    a.layout = args::layout(layout);
+    args::set_avg_options(a, kernel, stride, padding, ceil_mode, count_include_pad,
+                          override_of(has_divisor_override, divisor_override), layout);
     a.x = view(x, place, "avg_pool: x");
     a.y = view(*y, place, "avg_pool: y");
     rudnn::avg_pool_forward(a, place.stream);
@@ -71,9 +76,7 @@ ffi::Error adaptive_pool_forward(const Place& place, ffi::AnyBuffer x, ffi::Resu
     a.x = view(x, place, std::string(op) + ": x");
     a.y = view(*y, place, std::string(op) + ": y");
     Tensor indices;
-    Outputs out(rets, place, op);
-    if (has_indices) a.indices = &(indices = out.next("indices"));
-    out.finish();
+    a.indices = indices_output(rets, place, op, has_indices, indices);
     rudnn::adaptive_pool_forward(a, place.stream);
   });
 }
@@ -83,8 +86,7 @@ ffi::Error max_pool_backward(const Place& place, ffi::AnyBuffer dy, ffi::AnyBuff
                              Sizes dilation, bool ceil_mode, std::int32_t layout) {
   return guarded([&] {
     rudnn::MaxPoolBackwardArgs a;
-    a.window = args::window(kernel, stride, padding, &dilation, ceil_mode);
-    a.layout = args::layout(layout);
+    args::set_max_options(a, kernel, stride, padding, dilation, ceil_mode, layout);
     a.dy = view(dy, place, "max_pool_backward: dy");
     a.x = view(x, place, "max_pool_backward: x");
     a.indices = view(indices, place, "max_pool_backward: indices");
@@ -98,9 +100,8 @@ ffi::Error avg_pool_backward(const Place& place, ffi::AnyBuffer dy, ffi::Result<
                              bool has_divisor_override, std::int64_t divisor_override, std::int32_t layout) {
   return guarded([&] {
     rudnn::AvgPoolBackwardArgs a;
-    a.window = args::window(kernel, stride, padding, static_cast<const Sizes*>(nullptr), ceil_mode);
-    a.divisor = args::divisor(count_include_pad, override_of(has_divisor_override, divisor_override));
-    a.layout = args::layout(layout);
+    args::set_avg_options(a, kernel, stride, padding, ceil_mode, count_include_pad,
+                          override_of(has_divisor_override, divisor_override), layout);
     a.dy = view(dy, place, "avg_pool_backward: dy");
     a.dx = view(*dx, place, "avg_pool_backward: dx");
     rudnn::avg_pool_backward(a, place.stream);

@@ -176,17 +176,21 @@ void check_output(const Tensor& t, const std::string& name) {
   core::expect_data(t, name);
 }
 
+// The strides and index type of an (optional) indices tensor; whether there is one.
+bool read_indices(const Tensor* indices, int dims, PoolLayout layout, Strides& strides, bool& i32) {
+  if (!indices) return false;
+  strides = strides_of(*indices, dims, layout);
+  i32 = indices->dtype == DType::i32;
+  return true;
+}
+
 ForwardProblem forward_problem(const Geometry& g, int dims, PoolLayout layout, const Tensor& x, const Tensor& y,
                                const Tensor* indices) {
   ForwardProblem p;
   p.g = g;
   p.x = strides_of(x, dims, layout);
   p.y = strides_of(y, dims, layout);
-  if (indices) {
-    p.has_indices = true;
-    p.indices = strides_of(*indices, dims, layout);
-    p.indices_i32 = indices->dtype == DType::i32;
-  }
+  p.has_indices = read_indices(indices, dims, layout, p.indices, p.indices_i32);
   p.channels_last = g.channels > 1 && p.y.c == 1;
   return p;
 }
@@ -252,10 +256,7 @@ BackwardProblem backward_problem(const Geometry& g, int dims, PoolLayout layout,
   p.g = g;
   p.dy = strides_of(dy, dims, layout);
   p.dx = strides_of(dx, dims, layout);
-  if (indices) {
-    p.indices = strides_of(*indices, dims, layout);
-    p.indices_i32 = indices->dtype == DType::i32;
-  }
+  read_indices(indices, dims, layout, p.indices, p.indices_i32);
   p.channels_last = g.channels > 1 && p.dx.c == 1;
   return p;
 }
