@@ -130,6 +130,15 @@ def test_documented_errors(device, call, exc, message):
     assert message in str(info.value)
 
 
+def test_int32_indices_must_hold_every_flat_index():
+    big = (1, 1, 65536, 65537)  # 2**32 + 65536 elements per plane; expanded views, no memory
+    x = torch.zeros(1).expand(big)
+    dy = torch.zeros(1).expand(1, 1, 32768, 32768)
+    with pytest.raises(rudnn.DTypeError, match="max_pool_backward: indices: int32 cannot hold the flat indices of "
+                                               "an input plane of 4295032832 elements; use int64"):
+        rudnn.max_pool_backward(dy, x, torch.zeros(1, dtype=torch.int32).expand(dy.shape), kernel=2)
+
+
 def test_huge_stride_is_one_window():
     x = _x((1, 1, 3, 3))
     torch.testing.assert_close(rudnn.max_pool(x, 1, stride=(2**62, 1)), x[:, :, :1])

@@ -8,8 +8,9 @@
 // its arguments before any work (throwing rudnn::Error), then runs the CPU reference backend or
 // the CUDA backend according to the tensors' device. Outputs are allocated by the caller.
 //
-// Indices are int64 and flat per plane, as torch returns them: for an input plane of spatial
-// shape (D, H, W) the element (d, h, w) has index (d * H + h) * W + w.
+// Indices are flat per plane, as torch returns them: for an input plane of spatial shape
+// (D, H, W) the element (d, h, w) has index (d * H + h) * W + w. They are int64 (torch's) or
+// int32 (JAX's default integer; only when every index of a plane fits).
 //
 // Backward passes are gathers: each input element's gradient is summed, in float32 and in a
 // fixed order, from the output windows that cover it (one writer per element, no atomics:
@@ -52,7 +53,7 @@ struct MaxPoolArgs {
   PoolLayout layout = PoolLayout::channels_first;
   Tensor x;                          // f32/f16/bf16
   Tensor y;                          // x's dtype, the pooled shape (output)
-  const Tensor* indices = nullptr;   // int64, y's shape; optional output
+  const Tensor* indices = nullptr;   // int64 or int32, y's shape; optional output
 };
 
 struct AvgPoolArgs {
@@ -74,7 +75,7 @@ struct AdaptivePoolArgs {
   PoolLayout layout = PoolLayout::channels_first;
   Tensor x;
   Tensor y;
-  const Tensor* indices = nullptr;  // int64, y's shape; optional output, max only
+  const Tensor* indices = nullptr;  // int64 or int32, y's shape; optional output, max only
 };
 
 // The shape of y for x under the options of each args struct (their y and indices are not
@@ -98,7 +99,7 @@ struct MaxPoolBackwardArgs {
   PoolLayout layout = PoolLayout::channels_first;
   Tensor dy;       // x's dtype, the pooled shape
   Tensor x;
-  Tensor indices;  // int64, dy's shape
+  Tensor indices;  // int64 or int32, dy's shape
   Tensor dx;       // like x (output)
 };
 
@@ -110,7 +111,7 @@ struct AvgPoolBackwardArgs {
   Tensor dx;  // dy's dtype, the input's shape (output)
 };
 
-// The output size is dy's spatial shape; indices (int64, dy's shape) iff kind is max, and
+// The output size is dy's spatial shape; indices (int64 or int32, dy's shape) iff kind is max, and
 // then x (shape, dtype, device only) too.
 struct AdaptivePoolBackwardArgs {
   AdaptivePoolKind kind = AdaptivePoolKind::avg;
