@@ -142,6 +142,9 @@ def test_int32_indices_must_hold_every_flat_index():
 def test_huge_stride_is_one_window():
     x = _x((1, 1, 3, 3))
     torch.testing.assert_close(rudnn.max_pool(x, 1, stride=(2**62, 1)), x[:, :, :1])
+    torch.testing.assert_close(rudnn.max_pool(x, 1, stride=(2**62 + 1, 1), ceil_mode=True), x[:, :, :1])
+    torch.testing.assert_close(rudnn.avg_pool(x, 2, stride=2**62 + 3, padding=1, ceil_mode=True),
+                               torch.nn.functional.avg_pool2d(x, 2, stride=2**30, padding=1, ceil_mode=True))
 
 
 @pytest.mark.parametrize("device", DEVICES)

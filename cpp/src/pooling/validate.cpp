@@ -133,7 +133,8 @@ void read_window(const PoolWindow& w, bool allow_dilation, const std::string& op
     // last window must start inside the input or its left padding.
     const i64 span = padded - extent;
     i64 out = (w.ceil_mode ? span / w.stride[i] + (span % w.stride[i] != 0) : span / w.stride[i]) + 1;
-    if (w.ceil_mode && (out - 1) * w.stride[i] >= g.in[a] + w.padding[i]) --out;
+    // (out - 1) * stride >= in + padding, without a product that could overflow:
+    if (w.ceil_mode && out - 1 > (g.in[a] + w.padding[i] - 1) / w.stride[i]) --out;
     g.out[a] = out;
   }
 }
