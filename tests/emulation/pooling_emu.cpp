@@ -102,7 +102,7 @@ template <class T, bool Max, int L>
 void emu_forward(const ForwardProblem& p, const Tensor& x, const Tensor& y, const IndexArray& indices) {
   const i64 total = p.outputs() / L;
   emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
-    emu_k::pool_forward_kernel<T, Max, L>(p, x.ptr<T>(), y.ptr<T>(), indices, total);
+    emu_k::pool_forward_kernel<T, Max, L>(p, emu_k::forward_decoder<L>(p), x.ptr<T>(), y.ptr<T>(), indices, total);
   });
 }
 
@@ -110,7 +110,8 @@ template <class T, bool Max, int L>
 void emu_backward(const BackwardProblem& p, const Tensor& dy, const IndexArray& indices, const Tensor& dx) {
   const i64 total = p.inputs() / L;
   emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
-    emu_k::pool_backward_kernel<T, Max, L>(p, dy.ptr<T>(), indices, dx.ptr<T>(), total);
+    emu_k::pool_backward_kernel<T, Max, L>(p, emu_k::backward_decoder<L>(p), dy.ptr<T>(), indices, dx.ptr<T>(),
+                                           total);
   });
 }
 

@@ -42,28 +42,75 @@ inline constexpr int kPackAlign = int(alignof(Pack<T, L>));
 template <class T>
 inline constexpr int kVecLanes = 16 / int(sizeof(T));
 
+// q = n / d and r = n % d for n >= 0, the divisions of the element decode. 64-bit division is a
+// subroutine call on the GPU and the decode would be much of a small window's work, so while n
+// and d are below 2^31 the quotient is a multiply-high and a shift by a multiplier the host
+// computes once: m = ceil(2^p / d) with p = 31 + ceil(log2 d), exact for every such n.
+struct FastDivmod {
+  i64 d = 1;
+  std::uint32_t multiplier = 0;
+  int shift = 0;      // p - 32
+  bool fast = false;  // 2 <= d < 2^31
+
+  RUDNN_HD i64 divmod(i64 n, i64& r) const {
+    i64 q;
+    if (d == 1) q = n;
+    else if (fast && n < (i64(1) << 31))
+      q = i64(std::uint32_t((std::uint64_t(std::uint32_t(n)) * multiplier) >> 32) >> shift);
+    else q = n / d;
+    r = n - q * d;
+    return q;
+  }
+};
+
+inline FastDivmod make_divmod(i64 d) {
+  FastDivmod f;
+  f.d = d;
+  if (d < 2 || d >= (i64(1) << 31)) return f;
+  int log2_ceil = 0;
+  while ((i64(1) << log2_ceil) < d) ++log2_ceil;
+  const int p = 31 + log2_ceil;
+  f.multiplier = std::uint32_t(((std::uint64_t(1) << p) + std::uint64_t(d) - 1) / std::uint64_t(d));
+  f.shift = p - 32;
+  f.fast = true;
+  return f;
+}
+
+// How a thread's linear index t maps to an element of a (batch, groups of L channels, *size)
+// grid walked in memory order (channel groups fastest when channels_last).
+struct GridDecoder {
+  FastDivmod groups, size[kAxes];
+  int lanes = 1;
+  bool channels_last = false;
+};
+
+inline GridDecoder make_decoder(i64 channels, int lanes, const i64 (&size)[kAxes], bool channels_last) {
+  GridDecoder dec;
+  dec.groups = make_divmod(channels / lanes);
+  for (int a = 0; a < kAxes; ++a) dec.size[a] = make_divmod(size[a]);
+  dec.lanes = lanes;
+  dec.channels_last = channels_last;
+  return dec;
+}
+
 struct Element {
   i64 n, c;
   i64 pos[kAxes];
 };
 
-// Element t of a (batch, groups of L channels, *size) grid, walked in memory order.
-__device__ __forceinline__ Element element_at(i64 t, i64 channel_groups, int lanes, const i64 (&size)[kAxes],
-                                              bool channels_last) {
+__device__ __forceinline__ Element element_at(i64 t, const GridDecoder& dec) {
   Element e;
-  if (channels_last) {
-    e.c = t % channel_groups * lanes;
-    t /= channel_groups;
+  i64 r;
+  if (dec.channels_last) {
+    t = dec.groups.divmod(t, r);
+    e.c = r * dec.lanes;
   }
-  e.pos[2] = t % size[2];
-  t /= size[2];
-  e.pos[1] = t % size[1];
-  t /= size[1];
-  e.pos[0] = t % size[0];
-  t /= size[0];
-  if (!channels_last) {
-    e.c = t % channel_groups * lanes;
-    t /= channel_groups;
+  t = dec.size[2].divmod(t, e.pos[2]);
+  t = dec.size[1].divmod(t, e.pos[1]);
+  t = dec.size[0].divmod(t, e.pos[0]);
+  if (!dec.channels_last) {
+    t = dec.groups.divmod(t, r);
+    e.c = r * dec.lanes;
   }
   e.n = t;
   return e;
@@ -118,13 +165,12 @@ __device__ __forceinline__ void store_indices(const IndexArray& a, i64 offset, c
 // One thread per output element (L channels of it); indices may be null.
 template <class T, bool Max, int L>
 __global__ void __launch_bounds__(kThreads)
-    pool_forward_kernel(const ForwardProblem p, const T* __restrict__ x, T* __restrict__ y,
-                        const IndexArray indices, i64 total) {
+    pool_forward_kernel(const ForwardProblem p, const GridDecoder dec, const T* __restrict__ x,
+                        T* __restrict__ y, const IndexArray indices, i64 total) {
   const Geometry& g = p.g;
-  const i64 groups = g.channels / L;
   const auto load = [x](i64 offset) { return load_lanes<T, L>(x, offset); };
   for (i64 t = i64(blockIdx.x) * kThreads + threadIdx.x; t < total; t += i64(gridDim.x) * kThreads) {
-    const Element e = element_at(t, groups, L, g.out, p.channels_last);
+    const Element e = element_at(t, dec);
     const AxisSpan s[kAxes] = {axis_span(g, 0, e.pos[0]), axis_span(g, 1, e.pos[1]), axis_span(g, 2, e.pos[2])};
     IndexLanes<L> best_at;
     const Lanes<L> result = pool_window<Max, L>(g, p.x, e.n, e.c, s, load, best_at);
@@ -136,14 +182,13 @@ __global__ void __launch_bounds__(kThreads)
 // One thread per input element (L channels of it): the gather of the windows that cover it.
 template <class T, bool Max, int L>
 __global__ void __launch_bounds__(kThreads)
-    pool_backward_kernel(const BackwardProblem p, const T* __restrict__ dy, const IndexArray indices,
-                         T* __restrict__ dx, i64 total) {
+    pool_backward_kernel(const BackwardProblem p, const GridDecoder dec, const T* __restrict__ dy,
+                         const IndexArray indices, T* __restrict__ dx, i64 total) {
   const Geometry& g = p.g;
-  const i64 groups = g.channels / L;
   const auto load_dy = [dy](i64 offset) { return load_lanes<T, L>(dy, offset); };
   const auto load_index = [indices](i64 offset) { return load_indices<L>(indices, offset); };
   for (i64 t = i64(blockIdx.x) * kThreads + threadIdx.x; t < total; t += i64(gridDim.x) * kThreads) {
-    const Element e = element_at(t, groups, L, g.in, p.channels_last);
+    const Element e = element_at(t, dec);
     const Lanes<L> grad = gather_window_grads<Max, L>(g, p.dy, p.indices, e.n, e.c, e.pos, load_dy, load_index);
     store_lanes<T, L>(dx, p.dx.offset(e.n, e.c, e.pos), grad);
   }
@@ -179,6 +224,17 @@ bool backward_vector_path(const BackwardProblem& p, const void* dy, const void* 
          indices_packable<L>(indices, p.indices);
 }
 
+// The element decode of the forward (outputs) and backward (inputs) kernels.
+template <int L>
+GridDecoder forward_decoder(const ForwardProblem& p) {
+  return make_decoder(p.g.channels, L, p.g.out, p.channels_last);
+}
+
+template <int L>
+GridDecoder backward_decoder(const BackwardProblem& p) {
+  return make_decoder(p.g.channels, L, p.g.in, p.channels_last);
+}
+
 // (tests/emulation/pooling_emu.cpp runs everything above this line on the CPU.)
 int grid_for(i64 threads) {
   const int sms = core::device_props(core::current_device()).sm_count;
@@ -188,14 +244,16 @@ int grid_for(i64 threads) {
 template <class T, bool Max, int L>
 void launch_forward(const ForwardProblem& p, const T* x, T* y, const IndexArray& indices, cudaStream_t stream) {
   const i64 total = p.outputs() / L;
-  pool_forward_kernel<T, Max, L><<<grid_for(total), kThreads, 0, stream>>>(p, x, y, indices, total);
+  pool_forward_kernel<T, Max, L><<<grid_for(total), kThreads, 0, stream>>>(p, forward_decoder<L>(p), x, y, indices,
+                                                                           total);
   RUDNN_CUDA_CHECK_LAUNCH("pool_forward_kernel");
 }
 
 template <class T, bool Max, int L>
 void launch_backward(const BackwardProblem& p, const T* dy, const IndexArray& indices, T* dx, cudaStream_t stream) {
   const i64 total = p.inputs() / L;
-  pool_backward_kernel<T, Max, L><<<grid_for(total), kThreads, 0, stream>>>(p, dy, indices, dx, total);
+  pool_backward_kernel<T, Max, L><<<grid_for(total), kThreads, 0, stream>>>(p, backward_decoder<L>(p), dy, indices,
+                                                                            dx, total);
   RUDNN_CUDA_CHECK_LAUNCH("pool_backward_kernel");
 }
 
