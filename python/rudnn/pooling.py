@@ -6,7 +6,8 @@ x is (N, C, *spatial) by default, (N, *spatial, C) with ``layout="NHWC"`` (at ev
 of spatial axes is the length of the window options when one is a sequence, else x's rank
 minus 2. A torch ``channels_last`` tensor is read in place through its strides, and its results
 come back ``channels_last`` too. Indices are int64 and flat per input plane, as torch returns
-them. Windows accumulate in float32; outputs take x's dtype.
+them (rudnn.jax: int32 unless jax_enable_x64; the backward functions take either). Windows
+accumulate in float32; outputs take x's dtype.
 
 Backward passes are gathers (each input element sums the output windows that cover it, in a
 fixed order): deterministic, bitwise run to run, without atomics. Their window options are the
@@ -107,8 +108,13 @@ def layout_code(op, layout):
     return _LAYOUTS[layout]
 
 
+def _default_stride(stride):
+    """None for torch's two spellings of "the kernel": None and an empty sequence."""
+    return None if stride is not None and _is_sequence(stride) and len(stride) == 0 else stride
+
+
 def max_window(op, rank, kernel, stride, padding, dilation, ceil_mode):
-    stride = None if stride is not None and _is_sequence(stride) and len(stride) == 0 else stride  # torch: [] = kernel
+    stride = _default_stride(stride)
     dims = spatial_dims(op, rank, {"kernel": kernel, "stride": stride, "padding": padding, "dilation": dilation})
     k = sizes(op, "kernel", kernel, dims)
     return Window(k, k if stride is None else sizes(op, "stride", stride, dims), sizes(op, "padding", padding, dims),
@@ -116,7 +122,7 @@ def max_window(op, rank, kernel, stride, padding, dilation, ceil_mode):
 
 
 def avg_window(op, rank, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    stride = None if stride is not None and _is_sequence(stride) and len(stride) == 0 else stride
+    stride = _default_stride(stride)
     dims = spatial_dims(op, rank, {"kernel": kernel, "stride": stride, "padding": padding})
     k = sizes(op, "kernel", kernel, dims)
     if divisor_override is not None:
