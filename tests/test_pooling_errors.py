@@ -84,6 +84,10 @@ def _i(shape=(1, 2, 3, 3), dtype=torch.int64, device="cpu"):
          "[2, 6, 6]"),
         (lambda d: rudnn.adaptive_avg_pool(_x(device=d), "2"), rudnn.ArgumentError,
          "adaptive_avg_pool: output_size: expected an int >= 0, None, or a sequence of them"),
+        (lambda d: rudnn.adaptive_avg_pool(_x(device=d), (2**63 - 1, 1)), rudnn.ArgumentError,
+         "adaptive_avg_pool: output_size * input size along spatial axis 0 overflows int64"),
+        (lambda d: rudnn.adaptive_max_pool(_x(device=d), (2**62, 1)), rudnn.ArgumentError,
+         "adaptive_max_pool: output_size * input size along spatial axis 0 overflows int64"),
         (lambda d: rudnn.adaptive_avg_pool(_x(device=d), (2**40, 2**40)), rudnn.ArgumentError,
          "adaptive_avg_pool: the number of output elements overflows int64"),
         # outputs

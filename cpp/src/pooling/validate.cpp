@@ -239,9 +239,10 @@ Geometry adaptive_geometry(AdaptivePoolKind kind, int dims, const i64* output_si
   for (int i = 0; i < dims; ++i) {
     const int a = kAxes - dims + i;
     g.out[a] = output_size[i];
-    // The window bounds compute (o + 1) * in + out - 1 and (p + 1) * out + in - 1.
+    // The window bounds compute (o + 1) * in + out - 1 and (p + 1) * out + in - 1, both below
+    // (out + 1) * (in + 1).
     const std::string what = op + ": output_size * input size along spatial axis " + std::to_string(i);
-    checked_add(checked_mul(g.out[a] + 1, g.in[a] + 1, what), 0, what);
+    checked_mul(checked_add(g.out[a], 1, what), checked_add(g.in[a], 1, what), what);
   }
   checked_outputs(g, op);
   return g;
