@@ -153,6 +153,16 @@ def test_max_pool_nan_and_ties():
     assert torch.equal(y[~y.isnan()], y_ref[~y_ref.isnan()])
 
 
+@pytest.mark.parametrize("dims", [1, 2])
+def test_window_that_holds_no_input_element(dims):
+    # kernel 2, padding 1, dilation 4 on 3 elements: taps at -1 and 3, both outside. torch gives
+    # -inf and the index of the first tap after the padding (past the plane); so does rudnn.
+    x = rand((1, 1) + (3,) * dims, torch.float32)
+    y, i = rudnn.max_pool(x, 2, padding=1, dilation=4, return_indices=True)
+    y_ref, i_ref = _f("max_pool", dims)(x, 2, padding=1, dilation=4, return_indices=True)
+    assert torch.equal(y, y_ref) and torch.equal(i, i_ref)
+
+
 def test_strided_input():
     x = rand((2, 3, 9, 14), torch.float16)[:, ::2, 1:, ::2]
     assert not x.is_contiguous()
