@@ -21,5 +21,7 @@ void add_moe_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_moe_validation(nanobind::module_& m);
 void add_gated_delta_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_gated_delta_validation(nanobind::module_& m);
+// Pooling has no jax_validate_* functions: rudnn.jax.pooling checks through the eager bindings.
+void add_pooling_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 
 }  // namespace rudnn::jax_ffi

@@ -39,4 +39,5 @@ NB_MODULE(_C, m) {
   rudnn::bindings::register_attention(m);
   rudnn::bindings::register_moe(m);
   rudnn::bindings::register_gated_delta(m);
+  rudnn::bindings::register_pooling(m);
 }

@@ -1,0 +1,30 @@
+"""The pooling CUDA kernels' own source (cpp/src/pooling/pooling_cuda.cu: the forward and the
+gather backward kernels, their 16-byte channel packs, int32/int64 indices and the choice between
+the vector and the scalar path) run on the CPU by a host emulator (tests/emulation/pooling_emu.cpp:
+std::threads for CUDA threads, a grid smaller than the work so the grid-stride loops wrap) and
+compared bitwise with the CPU backend, which test_pooling.py checks against torch. Skipped when
+g++ (C++20) or the CUDA toolkit's headers are missing."""
+
+import os
+import subprocess
+
+from util import ROOT, build_emulator
+
+
+def _kernels_source():
+    src = open(os.path.join(ROOT, "cpp", "src", "pooling", "pooling_cuda.cu")).read()
+    start = src.index("constexpr int kThreads")
+    end = src.index("// (tests/emulation/pooling_emu.cpp runs everything above this line on the CPU.)")
+    return "namespace rudnn::pooling {\nnamespace emu_k {\n" + src[start:end] + "}\n}\n"
+
+
+def test_pooling_kernels_match_the_cpu_backend(tmp_path):
+    exe = build_emulator("pooling_emu.cpp", _kernels_source(), tmp_path)
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    lines = result.stdout.strip().splitlines()
+    assert result.returncode == 0 and lines and all(line.endswith(" ok") for line in lines), \
+        result.stdout + result.stderr
+    # Both paths ran, forward and backward (the cases are chosen to hit each).
+    for pass_ in ("forward", "backward"):
+        for path in ("vector", "scalar"):
+            assert any(f"{pass_}={path}" in line for line in lines), f"no case ran the {pass_} {path} path"
