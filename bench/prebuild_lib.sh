@@ -10,7 +10,9 @@
 # which gpu_check.sh puts in its build.log). libstdc++ and libgcc are linked statically and kept
 # local (the device image's toolchain does the same), so the library needs only glibc there.
 # Uses ccache like scripts/install.sh; about 10-15 min cold on 2 cores. Knobs: GC_ARCHS (90a),
-# PYTHON (.venv/bin/python, for CUTLASS's headers from the pinned wheel).
+# PYTHON (.venv/bin/python, for CUTLASS's headers from the pinned wheel), PREBUILD_CMAKE_ARGS (more
+# -D options; -DRUDNN_WITH_CUDA=OFF makes a CPU-only library in a minute, to try the mechanism:
+# then `GC_BUILD_ONLY=1 GC_CMAKE_ARGS=-Ccmake.define.RUDNN_WITH_CUDA=OFF bash bench/gpu_check.sh`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -23,7 +25,7 @@ build=build/gpulib
 start=$(date +%s)
 "$(dirname "$py")/cmake" -S . -B "$build" -G Ninja -DCMAKE_MAKE_PROGRAM="$(dirname "$py")/ninja" \
   -DPython_EXECUTABLE="$py" -DRUDNN_CUDA_ARCHS="$archs" -DRUDNN_PTXAS_VERBOSE=ON \
-  -DCMAKE_SHARED_LINKER_FLAGS="-static-libstdc++ -static-libgcc" > "$build.configure.log" 2>&1 ||
+  -DCMAKE_SHARED_LINKER_FLAGS="-static-libstdc++ -static-libgcc" -DRUDNN_WITH_CUDA=ON ${PREBUILD_CMAKE_ARGS:-} > "$build.configure.log" 2>&1 ||
   { tail -n 40 "$build.configure.log" >&2; exit 1; }
 NINJA_STATUS="[%f/%t %es] " "$(dirname "$py")/cmake" --build "$build" --target ruDNN 2>&1 | tee "$build.log" |
   sed -u -n -E '/^\[[0-9]+\/[0-9]+ /{s#(Building|Linking) [A-Z+]+ (object|shared library) ##; p}'
@@ -39,6 +41,7 @@ cat > .gpulib/STAMP <<STAMP
 digest $(bash bench/lib_digest.sh)
 commit $commit
 archs $archs
+cmake_args ${PREBUILD_CMAKE_ARGS:-}
 needs $glibc
 built $(date -u '+%Y-%m-%d %H:%M:%S UTC') in $(( $(date +%s) - start )) s
 STAMP

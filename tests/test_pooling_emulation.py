@@ -18,8 +18,8 @@ def _kernels_source():
     return "namespace rudnn::pooling {\nnamespace emu_k {\n" + src[start:end] + "}\n}\n"
 
 
-def test_pooling_kernels_match_the_cpu_backend(tmp_path):
-    exe = build_emulator("pooling_emu.cpp", _kernels_source(), tmp_path)
+def test_pooling_kernels_match_the_cpu_backend():
+    exe = build_emulator("pooling_emu.cpp", _kernels_source())
     result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     lines = result.stdout.strip().splitlines()
     assert result.returncode == 0 and lines and all(line.endswith(" ok") for line in lines), \
