@@ -78,8 +78,8 @@ Problem read_problem(const Inputs& in, bool backward, const std::string& op) {
   if (lp.rank != 3)
     fail(ErrorKind::shape, op + ": log_probs: expected 3 axes [T, N, C] (or 2, [T, C], without a batch), got shape " +
                                lp.shape_str());
-  if (lp.shape[2] < 1)
-    fail(ErrorKind::shape, op + ": log_probs: expected C >= 1 classes, got shape " + lp.shape_str());
+  if (lp.numel() == 0)  // torch rejects an empty log_probs too
+    fail(ErrorKind::shape, op + ": log_probs: expected T, N and C >= 1, got shape " + lp.shape_str());
   if (lp.shape[2] > INT32_MAX)
     fail(ErrorKind::unsupported, op + ": log_probs: at most " + std::to_string(INT32_MAX) + " classes, got " +
                                      std::to_string(lp.shape[2]));
@@ -136,11 +136,25 @@ Problem read_problem(const Inputs& in, bool backward, const std::string& op) {
     total = checked_add(total, s.target_length, op + ": sum(target_lengths)");
     if (s.target_length > max_target) max_target = s.target_length;
   }
-  if (!padded && total > tg.shape[0])
-    fail(ErrorKind::value, op + ": target_lengths: their sum (" + std::to_string(total) +
-                               ") is larger than the concatenated targets (" + std::to_string(tg.shape[0]) + " labels)");
   p.max_states = checked_add(checked_mul(max_target, 2, op + ": 2 * max(target_lengths) + 1"), 1,
                              op + ": 2 * max(target_lengths) + 1");
+
+  if (!padded && total != tg.shape[0])
+    fail(ErrorKind::value, op + ": target_lengths: expected their sum (" + std::to_string(total) +
+                               ") to be the length of the concatenated targets, got " + std::to_string(tg.shape[0]) +
+                               " labels");
+
+  // Sized before the labels are copied, so that a size that overflows fails before any allocation.
+  const std::string what = op + ": the workspace size";
+  std::size_t at = 0;
+  p.ws.sequences = append(at, p.N, sizeof(Sequence), what);
+  p.ws.labels = append(at, total, sizeof(std::int32_t), what);
+  p.ws.losses = append(at, p.N, sizeof(float), what);
+  const i64 alpha_rows = backward ? p.T : 2;
+  p.ws.alpha = append(at, checked_mul(checked_mul(p.N, alpha_rows, what), p.max_states, what), sizeof(float), what);
+  p.ws.beta = append(at, backward ? checked_mul(checked_mul(p.N, 2, what), p.max_states, what) : 0, sizeof(float),
+                     what);
+  p.ws.total = at;
 
   p.labels.resize(std::size_t(total));
   i64 concat_at = 0;
@@ -157,16 +171,6 @@ Problem read_problem(const Inputs& in, bool backward, const std::string& op) {
     concat_at += s.target_length;
   }
 
-  const std::string what = op + ": the workspace size";
-  std::size_t at = 0;
-  p.ws.sequences = append(at, p.N, sizeof(Sequence), what);
-  p.ws.labels = append(at, total, sizeof(std::int32_t), what);
-  p.ws.losses = append(at, p.N, sizeof(float), what);
-  const i64 alpha_rows = backward ? p.T : 2;
-  p.ws.alpha = append(at, checked_mul(checked_mul(p.N, alpha_rows, what), p.max_states, what), sizeof(float), what);
-  p.ws.beta = append(at, backward ? checked_mul(checked_mul(p.N, 2, what), p.max_states, what) : 0, sizeof(float),
-                     what);
-  p.ws.total = at;
   return p;
 }
 
