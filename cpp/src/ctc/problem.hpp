@@ -29,10 +29,12 @@ struct Sequence {
   i64 label_offset = 0;
 };
 
-// Byte offsets of the workspace parts (each 16-byte aligned). Alpha holds two rolling rows per
-// sequence in the forward and every time step in the backward; beta two rolling rows.
+// Byte offsets of the workspace parts (each 16-byte aligned). losses holds each sequence's
+// negative log-likelihood as float32 (before zero_infinity); alpha two rolling rows per sequence
+// in the forward and every time step in the backward; beta two rolling rows. links (backward
+// only, CUDA) chains each label position to the next position of the same label.
 struct WorkspaceLayout {
-  std::size_t sequences = 0, labels = 0, losses = 0, alpha = 0, beta = 0, total = 0;
+  std::size_t sequences = 0, labels = 0, links = 0, losses = 0, alpha = 0, beta = 0, total = 0;
 };
 
 struct Problem {

@@ -84,6 +84,9 @@ Problem read_problem(const Inputs& in, bool backward, const std::string& op) {
     fail(ErrorKind::unsupported, op + ": log_probs: at most " + std::to_string(INT32_MAX) + " classes, got " +
                                      std::to_string(lp.shape[2]));
   core::expect_last_dim_contiguous(lp, op + ": log_probs");
+  if (lp.device.is_cuda() && lp.shape[1] > INT32_MAX)  // one block per sequence
+    fail(ErrorKind::unsupported, op + ": log_probs: at most " + std::to_string(INT32_MAX) +
+                                     " sequences on CUDA, got " + std::to_string(lp.shape[1]));
   core::expect_data(lp, op + ": log_probs");
 
   Problem p;
@@ -149,6 +152,7 @@ Problem read_problem(const Inputs& in, bool backward, const std::string& op) {
   std::size_t at = 0;
   p.ws.sequences = append(at, p.N, sizeof(Sequence), what);
   p.ws.labels = append(at, total, sizeof(std::int32_t), what);
+  p.ws.links = append(at, backward ? total : 0, sizeof(std::int32_t), what);
   p.ws.losses = append(at, p.N, sizeof(float), what);
   const i64 alpha_rows = backward ? p.T : 2;
   p.ws.alpha = append(at, checked_mul(checked_mul(p.N, alpha_rows, what), p.max_states, what), sizeof(float), what);
