@@ -37,6 +37,8 @@ __device__ __forceinline__ float log_add(float a, float b) {
   return hi + log1pf(expf(lo - hi));
 }
 
+__device__ __forceinline__ bool is_inf(float v) { return fabsf(v) == INFINITY; }
+
 // The arrays of one call in the workspace, and the call's scalars.
 struct Params {
   i64 T, C, blank, max_states, lp_t, lp_n, loss_n, grad_t, grad_n, N;
@@ -106,7 +108,7 @@ __global__ void __launch_bounds__(kThreads) ctc_alpha_kernel(Params p, const T* 
   }
   p.losses[n] = nll;
   if (loss && p.reduction == int(CtcReduction::none))
-    loss[n * p.loss_n] = core::from_float<T>(p.zero_infinity && isinf(nll) ? 0.0f : nll);
+    loss[n * p.loss_n] = core::from_float<T>(p.zero_infinity && is_inf(nll) ? 0.0f : nll);
 }
 
 // The reduced loss, summed in sequence order as the CPU backend does.
@@ -115,7 +117,7 @@ __global__ void ctc_reduce_kernel(Params p, T* loss) {
   float reduced = 0.0f;
   for (i64 n = 0; n < p.N; ++n) {
     float nll = p.losses[n];
-    if (p.zero_infinity && isinf(nll)) nll = 0.0f;
+    if (p.zero_infinity && is_inf(nll)) nll = 0.0f;
     const i64 len = p.sequences[n].target_length;
     reduced += p.reduction == int(CtcReduction::mean) ? nll / float(len > 1 ? len : 1) : nll;
   }
@@ -136,7 +138,7 @@ __global__ void __launch_bounds__(kThreads) ctc_grad_kernel(Params p, const T* l
   const LogProbs<T> lp{log_probs + n * p.lp_n, p.lp_t};
   T* g = grad + n * p.grad_n;
   const float nll = p.losses[n];
-  const bool zeroed = p.zero_infinity && isinf(nll);
+  const bool zeroed = p.zero_infinity && is_inf(nll);
   const i64 live = zeroed ? 0 : seq.input_length;  // rows past it are zero
 
   for (i64 i = live * p.C + threadIdx.x; i < p.T * p.C; i += blockDim.x) g[(i / p.C) * p.grad_t + i % p.C] =
