@@ -174,3 +174,11 @@ def test_deterministic():
     first = rudnn.ctc_loss(*args), rudnn.ctc_loss_backward(torch.tensor(1.0), *args)
     second = rudnn.ctc_loss(*args), rudnn.ctc_loss_backward(torch.tensor(1.0), *args)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_targets_beyond_shared_memory(device):
+    """2S + 1 = 4201 states: the CUDA kernels keep the labels and rows in the workspace."""
+    S, T = 2100, 2300
+    log_probs = _log_probs(T, 1, 5, torch.float32)
+    _run(device, torch.float32, log_probs, _labels(1, S, 5, 0), [T], [S], "none")
