@@ -23,5 +23,7 @@ void add_gated_delta_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_gated_delta_validation(nanobind::module_& m);
 // Pooling has no jax_validate_* functions: rudnn.jax.pooling checks through the eager bindings.
 void add_pooling_targets(nanobind::dict& cpu, nanobind::dict& cuda);
+// CTC: cpu handlers only (libruDNN reads targets and lengths on the host); no jax_validate_*.
+void add_ctc_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 
 }  // namespace rudnn::jax_ffi
