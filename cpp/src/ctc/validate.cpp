@@ -10,21 +10,11 @@
 
 namespace rudnn::ctc {
 
+using core::checked_add;
+using core::checked_mul;
 using core::fail;
 
 namespace {
-
-i64 checked_mul(i64 a, i64 b, const std::string& what) {
-  i64 r;
-  if (__builtin_mul_overflow(a, b, &r)) fail(ErrorKind::value, what + " overflows int64");
-  return r;
-}
-
-i64 checked_add(i64 a, i64 b, const std::string& what) {
-  i64 r;
-  if (__builtin_add_overflow(a, b, &r)) fail(ErrorKind::value, what + " overflows int64");
-  return r;
-}
 
 // Byte size of `count` elements of `size` bytes, rounded up to 16, appended at `offset`.
 std::size_t append(std::size_t& offset, i64 count, std::size_t size, const std::string& what) {
