@@ -10,5 +10,6 @@ void register_attention(nanobind::module_& m);
 void register_moe(nanobind::module_& m);
 void register_gated_delta(nanobind::module_& m);
 void register_pooling(nanobind::module_& m);
+void register_interpolate(nanobind::module_& m);
 
 }  // namespace rudnn::bindings

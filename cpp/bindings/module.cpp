@@ -40,4 +40,5 @@ NB_MODULE(_C, m) {
   rudnn::bindings::register_moe(m);
   rudnn::bindings::register_gated_delta(m);
   rudnn::bindings::register_pooling(m);
+  rudnn::bindings::register_interpolate(m);
 }
