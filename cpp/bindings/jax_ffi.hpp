@@ -23,5 +23,6 @@ void add_gated_delta_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_gated_delta_validation(nanobind::module_& m);
 // Pooling has no jax_validate_* functions: rudnn.jax.pooling checks through the eager bindings.
 void add_pooling_targets(nanobind::dict& cpu, nanobind::dict& cuda);
+void add_interpolate_targets(nanobind::dict& cpu, nanobind::dict& cuda);  // checks through rudnn.interpolate too
 
 }  // namespace rudnn::jax_ffi
