@@ -154,18 +154,28 @@ def test_scale_factor_that_keeps_or_doubles_the_size(shape, mode, aa, factor):
                                _torch_grad(fn, x.double(), dy.double(), torch.float64), "dx")
 
 
-@pytest.mark.parametrize("mode,aa", [("linear", False), ("bicubic", False), ("bilinear", True), ("bicubic", True),
-                                     ("area", False), ("nearest-exact", False)])
-@pytest.mark.parametrize("factor", [0.23, 0.5, 1.0, 1.37, 3.0, 7.9])
-def test_gather_bounds(mode, aa, factor):
-    # Every input element's gradient sums exactly the outputs whose (clamped) taps read it: compared
-    # with torch's scatter on one axis at many factors, borders included.
-    shape = (1, 1, 19) if mode in ("linear", "area", "nearest-exact") else (1, 1, 3, 19)
+GATHERS = [("nearest", False, None), ("nearest-exact", False, None), ("linear", False, None), ("linear", False, True),
+           ("bicubic", False, None), ("bicubic", False, True), ("bilinear", True, None), ("bilinear", True, True),
+           ("bicubic", True, None), ("area", False, None)]
+
+
+@pytest.mark.parametrize("factor", [0.07, 0.23, 0.5, 1.0, 1.37, 3.0, 7.9, 21.0])
+@pytest.mark.parametrize("mode,aa,align_corners", GATHERS,
+                         ids=[f"{m}{'-aa' if a else ''}{'-align' if c else ''}" for m, a, c in GATHERS])
+def test_gather_bounds(mode, aa, align_corners, factor):
+    # Every input element's gradient sums exactly the outputs whose (clamped) taps read it:
+    # compared with torch's scatter along one axis at factors from strong down- to strong
+    # upsampling, borders included, by size and by the same scale_factor (a mapping off the
+    # nominal out / in ratio).
+    shape = (1, 1, 3, 19) if mode in ("bicubic", "bilinear") else (1, 1, 19)
     x = rand(shape, torch.float64)
-    size = max(1, int(shape[-1] * factor))
-    out = shape[:-1] + (size,) if len(shape) == 3 else (1, 1, 3, size)
-    kw = dict(size=out[2:], mode=mode, antialias=aa)
-    dy = rand(out, torch.float64, seed=2)
-    ref = _torch_grad(lambda t: F.interpolate(t, **kw), x, dy, torch.float64)
-    dx = rudnn.interpolate_backward(dy.float(), shape, **kw)
-    torch.testing.assert_close(dx.double(), ref, rtol=1e-5, atol=1e-5)
+    lead = (1.0,) * (len(shape) - 3)
+    for kw in (dict(size=shape[2:-1] + (max(1, int(shape[-1] * factor)),)), dict(scale_factor=lead + (factor,))):
+        if kw.get("scale_factor") and int(shape[-1] * factor) < 1:
+            continue
+        kw.update(mode=mode, antialias=aa, align_corners=align_corners)
+        out = F.interpolate(x, **kw).shape
+        dy = rand(out, torch.float64, seed=2)
+        ref = _torch_grad(lambda t: F.interpolate(t, **kw), x, dy, torch.float64)
+        dx = rudnn.interpolate_backward(dy.float(), shape, **kw)
+        torch.testing.assert_close(dx.double(), ref, rtol=1e-5, atol=1e-5)

@@ -179,24 +179,25 @@ RUDNN_HD float weight_to(Method m, const Axis& a, const Taps& t, i64 i) {
 // The outputs [lo, hi] along an axis whose taps can read input position i (empty when lo > hi).
 // Both ends of an output's clamped tap run are non-decreasing in o for every method (its source
 // coordinate is, float rounding included), so the outputs reading i are contiguous: lo is the
-// first output whose last tap reaches i, hi the last whose first tap does not pass it. Binary
-// searches over the same tap_range the forward uses find them exactly.
+// first output whose last tap reaches i, hi the last whose first tap does not pass it. The walk
+// starts at the output whose centre maps nearest to i under the nominal ratio out / in (a given
+// scale_factor moves the mapping by at most about one output from it) and steps over the same
+// tap_range the forward uses until both conditions hold, so the bounds are exact; the steps are
+// about as many as the outputs the gather then visits.
 RUDNN_HD void covering_outputs(Method m, const Axis& a, i64 i, i64& lo, i64& hi) {
-  i64 l = 0, r = a.out;
-  while (l < r) {
-    const i64 mid = l + (r - l) / 2;
-    const TapRange t = tap_range(m, a, mid);
-    if (min_i64(t.first + t.count - 1, a.in - 1) >= i) r = mid;
-    else l = mid + 1;
-  }
-  lo = l;
-  l = lo, r = a.out;
-  while (l < r) {
-    const i64 mid = l + (r - l) / 2;
-    if (max_i64(tap_range(m, a, mid).first, 0) > i) r = mid;
-    else l = mid + 1;
-  }
-  hi = l - 1;
+  const double guess = (double(i) + 0.5) * double(a.out) / double(a.in) - 0.5;
+  const i64 start = guess <= 0.0 ? 0 : min_i64(i64(guess), a.out - 1);
+  const auto last_tap = [&](i64 o) {
+    const TapRange t = tap_range(m, a, o);
+    return min_i64(t.first + t.count - 1, a.in - 1);
+  };
+  const auto first_tap = [&](i64 o) { return max_i64(tap_range(m, a, o).first, 0); };
+  lo = start;
+  while (lo > 0 && last_tap(lo - 1) >= i) --lo;
+  while (lo < a.out && last_tap(lo) < i) ++lo;
+  hi = start;
+  while (hi + 1 < a.out && first_tap(hi + 1) <= i) ++hi;
+  while (hi >= 0 && first_tap(hi) > i) --hi;
 }
 
 // One output element: the nested weighted sum of its taps (area: their mean). load(offset) reads
