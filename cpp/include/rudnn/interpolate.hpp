@@ -12,6 +12,9 @@
 // coordinate mapping uses 1 / scale_factor when a scale factor was given and not recomputed,
 // else input size / output size (align_corners: (in - 1) / (out - 1)). recompute_scale_factor
 // (scale_factor only) drops the given scale after the output size is computed; area always does.
+// Where torch's kernels copy an axis that keeps its size whatever the given scale (in some modes
+// and passes only, so that torch's backward is then not its forward's transpose), rudnn gives
+// what torch gives in each pass (cpp/src/interpolate/validate.cpp, set_shortcuts).
 //
 // The backward pass is a gather: each input element sums, in float32 and in a fixed order, the
 // contributions of the output elements whose taps read it (one writer per element, no atomics:
@@ -36,7 +39,7 @@ constexpr int kMaxInterpolateDims = 3;
 
 struct InterpolateOptions {
   InterpolateMode mode = InterpolateMode::nearest;
-  PoolLayout layout = PoolLayout::channels_first;
+  PoolLayout layout = PoolLayout::channels_first;  // pooling's two layouts (rudnn/pooling.hpp)
   // Exactly one of size and scale_factor, each with `dims` entries (= x's spatial axes).
   bool has_size = false;
   bool has_scale_factor = false;

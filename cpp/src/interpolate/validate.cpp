@@ -88,6 +88,8 @@ void check_input(const Tensor& x, PoolLayout layout, const std::string& name) {
 }
 
 void check_mode_options(const InterpolateOptions& o, const Tensor& x, const std::string& op, const std::string& name) {
+  if (int(o.mode) < int(InterpolateMode::nearest) || int(o.mode) > int(InterpolateMode::area))
+    fail(ErrorKind::value, op + ": mode: unknown mode code " + std::to_string(int(o.mode)));
   const int dims = x.rank - 2;
   const int tied = mode_dims(o.mode);
   if (tied && tied != dims)
