@@ -11,5 +11,6 @@ void register_moe(nanobind::module_& m);
 void register_gated_delta(nanobind::module_& m);
 void register_pooling(nanobind::module_& m);
 void register_ctc(nanobind::module_& m);
+void register_interpolate(nanobind::module_& m);
 
 }  // namespace rudnn::bindings

@@ -13,6 +13,7 @@ nanobind::dict ffi_targets() {
   rudnn::jax_ffi::add_gated_delta_targets(cpu, cuda);
   rudnn::jax_ffi::add_pooling_targets(cpu, cuda);
   rudnn::jax_ffi::add_ctc_targets(cpu, cuda);
+  rudnn::jax_ffi::add_interpolate_targets(cpu, cuda);
   all["cpu"] = cpu;
   all["CUDA"] = cuda;
   return all;

@@ -41,4 +41,5 @@ NB_MODULE(_C, m) {
   rudnn::bindings::register_gated_delta(m);
   rudnn::bindings::register_pooling(m);
   rudnn::bindings::register_ctc(m);
+  rudnn::bindings::register_interpolate(m);
 }
