@@ -301,7 +301,11 @@ else
       rc=1
     fi
   fi
-  if [ $rc -ne 0 ]; then
+  if [ $rc -ne 0 ] && [ "$(limit $(( T_BUILD - ($(now) - t) )) 150)" -lt 30 ]; then
+    say "no time left for the full build (carried libruDNN: $prebuilt_why)"
+    echo "== no time left for the full build" >> "$OUT/build.log"
+    rc=124
+  elif [ $rc -ne 0 ]; then
     lim=$(limit $(( T_BUILD - ($(now) - t) )) 150)
     say "building everything for $ARCHS with $JOBS jobs (carried libruDNN: $prebuilt_why; limit ${lim}s)"
     echo "== full build (carried libruDNN: $prebuilt_why)" >> "$OUT/build.log"

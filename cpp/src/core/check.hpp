@@ -95,19 +95,6 @@ inline void expect_data(const Tensor& t, const std::string& name) {
   if (t.data == nullptr && t.numel() > 0) fail(ErrorKind::value, name + ": data pointer is null");
 }
 
-// a + b and a * b of sizes, or an ArgumentError "<what> overflows int64".
-inline std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& what) {
-  std::int64_t r;
-  if (__builtin_add_overflow(a, b, &r)) fail(ErrorKind::value, what + " overflows int64");
-  return r;
-}
-
-inline std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& what) {
-  std::int64_t r;
-  if (__builtin_mul_overflow(a, b, &r)) fail(ErrorKind::value, what + " overflows int64");
-  return r;
-}
-
 inline void expect_positive_finite(double v, const std::string& name) {
   if (!(std::isfinite(v) && v > 0))
     fail(ErrorKind::value, name + ": expected a finite value > 0, got " + std::to_string(v));

@@ -6,6 +6,7 @@
 
 #include "core/backend.hpp"
 #include "core/check.hpp"
+#include "core/checked_math.hpp"
 #include "ctc/problem.hpp"
 
 namespace rudnn::ctc {

@@ -4,25 +4,17 @@
 #include <string>
 
 #include "core/check.hpp"
+#include "core/checked_math.hpp"
 #include "pooling/problem.hpp"
 
 namespace rudnn::pooling {
 
 using core::fail;
 
+using core::checked_add;
+using core::checked_mul;
+
 namespace {
-
-i64 checked_add(i64 a, i64 b, const std::string& what) {
-  i64 r;
-  if (__builtin_add_overflow(a, b, &r)) fail(ErrorKind::value, what + " overflows int64");
-  return r;
-}
-
-i64 checked_mul(i64 a, i64 b, const std::string& what) {
-  i64 r;
-  if (__builtin_mul_overflow(a, b, &r)) fail(ErrorKind::value, what + " overflows int64");
-  return r;
-}
 
 std::string list_str(const i64* v, int n) {
   std::string s = "[";
