@@ -25,6 +25,9 @@ endfunction()
 file(GLOB RUDNN_CXX_SOURCES CONFIGURE_DEPENDS cpp/src/*/*.cpp)
 if(RUDNN_WITH_CUDA)
   file(GLOB RUDNN_CUDA_SOURCES CONFIGURE_DEPENDS cpp/src/*/*.cu)
+  if(NOT RUDNN_WITH_SM90WS)
+    list(FILTER RUDNN_CUDA_SOURCES EXCLUDE REGEX "_sm90ws_[^/]*\\.cu$")
+  endif()
 else()
   list(FILTER RUDNN_CXX_SOURCES EXCLUDE REGEX "cpp/src/core/device\\.cpp$")
 endif()
@@ -34,7 +37,7 @@ endif()
 # (mma.sync, cp.async) to the others: Hopper runs them only when asked to (RUDNN_ATTENTION_FLASH=sm80,
 # RUDNN_MOE_SM80_ON_SM90=1, attention's "autotune"), from their compute_80 PTX, which the driver
 # compiles at first use. A list without entries of one kind (the GPU check's "90a") compiles that
-# generation for the whole list. This halves the compiles of 36 of the 51 CUDA files.
+# generation for the whole list. This halves the compiles of 36 of the 51 CUDA files (28 of the 43 without sm90ws).
 set(RUDNN_KERNEL_OBJECTS "")
 if(RUDNN_WITH_CUDA)
   set(_rudnn_archs_sm90 ${RUDNN_CUDA_ARCHS})
@@ -65,6 +68,11 @@ if(NOT rudnn_git_status EQUAL 0 OR RUDNN_COMMIT STREQUAL "")
 endif()
 set_source_files_properties(cpp/src/core/tune_cache.cpp PROPERTIES
   COMPILE_DEFINITIONS "RUDNN_VERSION=\"${PROJECT_VERSION}\";RUDNN_COMMIT=\"${RUDNN_COMMIT}\"")
+# Only the file that holds the kernel table knows whether sm90ws was built (a definition on the
+# whole target would change every compile's flags, and with them every ccache key).
+if(RUDNN_WITH_CUDA AND RUDNN_WITH_SM90WS)
+  set_source_files_properties(cpp/src/attention/attention_cuda.cu PROPERTIES COMPILE_DEFINITIONS RUDNN_WITH_SM90WS=1)
+endif()
 target_include_directories(ruDNN
   PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/cpp/include> $<INSTALL_INTERFACE:${RUDNN_INSTALL_INCLUDEDIR}>)
 if(RUDNN_WITH_CUDA)

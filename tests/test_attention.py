@@ -504,9 +504,28 @@ def test_flash_backward_d256_needs_its_shared_memory():
 SM90_HEAD_DIMS = ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256))
 
 
+SM90WS_NOT_BUILT = "this libruDNN was built without the sm90ws kernels"
+
+
+def _skip_unless_built(monkeypatch, kernel):
+    """Sets RUDNN_ATTENTION_FLASH to `kernel`; skips where this build lacks it (sm90ws is compiled
+    only with -DRUDNN_WITH_SM90WS=ON, as bench/gpu_check.sh builds it)."""
+    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", kernel)
+    if kernel != "sm90ws":
+        return
+    q = torch.zeros((1, 1, 8, 64), dtype=torch.bfloat16, device="cuda")
+    try:
+        rudnn.attention(q, q, q, strategy="flash")
+    except rudnn.UnsupportedError as e:
+        if SM90WS_NOT_BUILT not in str(e):
+            raise
+        pytest.skip("this build has no sm90ws kernels (-DRUDNN_WITH_SM90WS=ON builds them)")
+
+
 def _hopper_inputs(monkeypatch, kernel, name, head_dims):
     """bfloat16 CUDA inputs of case `name` (head dims 64 unless its (D, Dv) is in `head_dims`, those
     the sm90a kernels have) with RUDNN_ATTENTION_FLASH set to `kernel`."""
+    _skip_unless_built(monkeypatch, kernel)
     case = dict(CASES[name])
     B, Hq, Hkv, Sq, Sk, D, Dv = case["shape"]
     if (D, Dv) not in head_dims:
@@ -549,7 +568,7 @@ def test_every_flash_kernel_varlen_on_hopper(monkeypatch, kernel):
     """Packed batches on every generation, forward and backward (sm90ws: one TMA descriptor over
     every sequence's rows, the next sequence's rows in a tail tile cleared), with NaN in the rows
     that no result depends on: the results must be those of the same inputs without them."""
-    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", kernel)
+    _skip_unless_built(monkeypatch, kernel)
     q, k, v, cu_q, cu_k, opts = _varlen_inputs(VARLEN_NEIGHBOURS, torch.bfloat16, "cuda")
     dout = rand(q.shape, torch.bfloat16, "cuda", seed=9)
     clean = [t.clone() for t in (q, k, v, dout)]
@@ -585,7 +604,7 @@ def test_every_flash_kernel_varlen_on_hopper(monkeypatch, kernel):
 def test_sm90ws_leaves_broadcast_operands_to_sm90(monkeypatch):
     """sm90ws loads by TMA, whose strides are 16-byte multiples: zero-stride (expanded) operands
     run the sm90 kernels instead, with correct results (forward and backward)."""
-    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", "sm90ws")
+    _skip_unless_built(monkeypatch, "sm90ws")
     q = rand((2, 4, 70, 64), torch.bfloat16, "cuda", seed=1)
     k, v = (rand((1, 4, 90, 64), torch.bfloat16, "cuda", seed=s).expand(2, 4, 90, 64) for s in (2, 3))
     out = rudnn.attention(q, k, v, strategy="flash")
@@ -615,10 +634,17 @@ def test_flash_generation_variable_errors(monkeypatch):
     with pytest.raises(rudnn.ArgumentError, match="RUDNN_ATTENTION_FLASH: expected 'sm80', 'sm90', 'sm90ws' or unset, "
                                                "got 'sm70'"):
         rudnn.attention(q, k, v, strategy="flash")
+    monkeypatch.setenv("RUDNN_ATTENTION_FLASH", "sm90ws")
     if torch.cuda.get_device_capability()[0] != 9:
-        monkeypatch.setenv("RUDNN_ATTENTION_FLASH", "sm90ws")
         with pytest.raises(rudnn.UnsupportedError, match="RUDNN_ATTENTION_FLASH=sm90ws needs a Hopper GPU"):
             rudnn.attention(q, k, v, strategy="flash")
+    else:
+        # Built (gpu_check builds it): it runs; not built: the error says how to build it.
+        try:
+            rudnn.attention(q, k, v, strategy="flash")
+            assert rudnn.attention_last_algorithm() == "flash_sm90ws"
+        except rudnn.UnsupportedError as e:
+            assert f"RUDNN_ATTENTION_FLASH=sm90ws: {SM90WS_NOT_BUILT} (configure with -DRUDNN_WITH_SM90WS=ON)" in str(e)
 
 
 @pytest.mark.cuda

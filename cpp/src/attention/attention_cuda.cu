@@ -53,18 +53,28 @@ struct FlashKernels {
   FlashForward forward_sm80, forward_sm90, forward_sm90ws;
   FlashBackward backward_sm80, backward_sm90, backward_sm90ws;
 };
+// sm90ws is compiled on request only (CMake RUDNN_WITH_SM90WS, which defines this for this file).
+#if RUDNN_WITH_SM90WS
+constexpr bool kSm90wsBuilt = true;
+#define RUDNN_IF_SM90WS(kernel) kernel
+#else
+constexpr bool kSm90wsBuilt = false;
+#define RUDNN_IF_SM90WS(kernel) nullptr
+#endif
 constexpr FlashKernels kFlashBuilt[] = {
-    {64, 64, flash_forward_sm80_d64, flash_forward_sm90_d64, flash_forward_sm90ws_d64, flash_backward_sm80_d64,
-     flash_backward_sm90_d64, flash_backward_sm90ws_d64},
+    {64, 64, flash_forward_sm80_d64, flash_forward_sm90_d64, RUDNN_IF_SM90WS(flash_forward_sm90ws_d64),
+     flash_backward_sm80_d64, flash_backward_sm90_d64, RUDNN_IF_SM90WS(flash_backward_sm90ws_d64)},
     {96, 96, flash_forward_sm80_d96, flash_forward_sm90_d96, nullptr, flash_backward_sm80_d96,
      flash_backward_sm90_d96, nullptr},
-    {128, 128, flash_forward_sm80_d128, flash_forward_sm90_d128, flash_forward_sm90ws_d128, flash_backward_sm80_d128,
-     flash_backward_sm90_d128, flash_backward_sm90ws_d128},
-    {192, 128, flash_forward_sm80_d192_dv128, flash_forward_sm90_d192_dv128, flash_forward_sm90ws_d192_dv128,
-     flash_backward_sm80_d192_dv128, flash_backward_sm90_d192_dv128, flash_backward_sm90ws_d192_dv128},
-    {256, 256, flash_forward_sm80_d256, flash_forward_sm90_d256, flash_forward_sm90ws_d256, flash_backward_sm80_d256,
-     flash_backward_sm90_d256, flash_backward_sm90ws_d256},
+    {128, 128, flash_forward_sm80_d128, flash_forward_sm90_d128, RUDNN_IF_SM90WS(flash_forward_sm90ws_d128),
+     flash_backward_sm80_d128, flash_backward_sm90_d128, RUDNN_IF_SM90WS(flash_backward_sm90ws_d128)},
+    {192, 128, flash_forward_sm80_d192_dv128, flash_forward_sm90_d192_dv128,
+     RUDNN_IF_SM90WS(flash_forward_sm90ws_d192_dv128), flash_backward_sm80_d192_dv128,
+     flash_backward_sm90_d192_dv128, RUDNN_IF_SM90WS(flash_backward_sm90ws_d192_dv128)},
+    {256, 256, flash_forward_sm80_d256, flash_forward_sm90_d256, RUDNN_IF_SM90WS(flash_forward_sm90ws_d256),
+     flash_backward_sm80_d256, flash_backward_sm90_d256, RUDNN_IF_SM90WS(flash_backward_sm90ws_d256)},
 };
+#undef RUDNN_IF_SM90WS
 
 const FlashKernels* flash_kernels_for(const Problem& p) {
   for (const FlashKernels& k : kFlashBuilt)
@@ -115,6 +125,9 @@ Generation flash_generation(bool* forced = nullptr) {
       core::fail(ErrorKind::unsupported, "attention: RUDNN_ATTENTION_FLASH=" + choice +
                                              " needs a Hopper GPU (compute capability 9.x), this device has " +
                                              std::to_string(props.cc_major) + "." + std::to_string(props.cc_minor));
+    if (choice == "sm90ws" && !kSm90wsBuilt)
+      core::fail(ErrorKind::unsupported, "attention: RUDNN_ATTENTION_FLASH=sm90ws: this libruDNN was built without "
+                                         "the sm90ws kernels (configure with -DRUDNN_WITH_SM90WS=ON)");
     return choice == "sm90" ? Generation::sm90 : Generation::sm90ws;
   }
   core::fail(ErrorKind::value, "attention: RUDNN_ATTENTION_FLASH: expected 'sm80', 'sm90', 'sm90ws' or unset, got '" +
@@ -122,11 +135,12 @@ Generation flash_generation(bool* forced = nullptr) {
 }
 
 // The generations "autotune" times: the one RUDNN_ATTENTION_FLASH names, else every one the
-// device runs (all three on Hopper).
+// device runs (sm80 and sm90 on Hopper, and sm90ws where this build has it).
 std::vector<Generation> tunable_generations() {
   bool forced = false;
   const Generation g = flash_generation(&forced);
   if (forced || g == Generation::sm80) return {g};
+  if (!kSm90wsBuilt) return {Generation::sm80, Generation::sm90};
   return {Generation::sm80, Generation::sm90, Generation::sm90ws};
 }
 
