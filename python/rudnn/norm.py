@@ -37,7 +37,8 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, residual=None, return_sta
 
     weight, bias: [H], float32 or x's dtype (optional). With `residual`, h = x + residual
     is normalized and returned too: (y, h). `return_stats=True` appends float32 mean and
-    rstd of shape x.shape[:-1]. `out=` receives y (torch, CuPy, NumPy).
+    rstd of shape x.shape[:-1]. `out=` receives y (torch, CuPy, NumPy); it may be x itself
+    (in place) when there is no residual, and must not otherwise share memory with an argument.
     """
     if fw.is_jax(x):
         return _jax().layer_norm(x, weight, bias, eps, residual=residual, return_stats=return_stats, out=out,
@@ -49,7 +50,8 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None, return_stats=False, out
     """RMSNorm over the last axis: h / sqrt(mean(h^2) + eps) * weight.
 
     With `residual`, h = x + residual is normalized and returned too: (y, h).
-    `return_stats=True` appends the float32 rstd of shape x.shape[:-1].
+    `return_stats=True` appends the float32 rstd of shape x.shape[:-1]. `out=` as in layer_norm
+    (x itself without a residual, else memory shared with no argument).
     """
     if fw.is_jax(x):
         return _jax().rms_norm(x, weight, eps, residual=residual, return_stats=return_stats, out=out, stream=stream)
@@ -57,7 +59,8 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None, return_stats=False, out
 
 
 def softmax(x, *, out=None, stream=None):
-    """Softmax over the last axis, computed in float32. A row of only -inf gives NaN."""
+    """Softmax over the last axis, computed in float32. A row of only -inf gives NaN.
+    `out=` may be x itself (in place), and must not otherwise share memory with x."""
     if fw.is_jax(x):
         return _jax().softmax(x, out=out, stream=stream)
     call = fw.Call("softmax", {"x": x, "out": out}, stream)

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/aliasing.hpp"
 #include "core/check.hpp"
 #include "moe/problem.hpp"
 
@@ -127,6 +128,8 @@ RouteProblem validate_route(const MoeRouteArgs& a) {
   check_experts_limit(a.logits.shape[1], op);
   check_top_k(a.top_k, a.logits.shape[1], "E", op);
   check_route_outputs(a.logits, a.expert_indices, a.weights, a.top_k, op);
+  core::expect_outputs_apart({{a.expert_indices, op + ": expert_indices"}, {a.weights, op + ": weights"}},
+                             {{a.logits, op + ": logits"}});
   RouteProblem p;
   p.tokens = a.logits.shape[0];
   p.experts = int(a.logits.shape[1]);
@@ -164,6 +167,8 @@ RouteProblem validate_route_sigmoid_grouped(const MoeRouteSigmoidGroupedArgs& a)
   check_top_k(a.top_k, per_group * a.selected_groups, "the experts in the kept groups", op);
   check_scale(a.scale, op);
   check_route_outputs(a.logits, a.expert_indices, a.weights, a.top_k, op);
+  core::expect_outputs_apart({{a.expert_indices, op + ": expert_indices"}, {a.weights, op + ": weights"}},
+                             {{a.logits, op + ": logits"}, {a.bias, op + ": bias"}});
   RouteProblem p;
   p.tokens = a.logits.shape[0];
   p.experts = int(E);
@@ -196,6 +201,9 @@ DispatchPlanProblem validate_dispatch_plan(const MoeDispatchPlanArgs& a) {
     core::expect_same_device(*a.workspace, idx, op + ": workspace", "expert_indices");
     core::expect_dtype(*a.workspace, DType::u8, op + ": workspace");
   }
+  core::expect_outputs_apart({{a.offsets, op + ": offsets"}, {a.token_of_row, op + ": token_of_row"},
+                              {a.row_of_slot, op + ": row_of_slot"}, {a.workspace, op + ": workspace"}},
+                             {{idx, op + ": expert_indices"}});
   DispatchPlanProblem p;
   p.tokens = T;
   p.top_k = int(k);
@@ -218,6 +226,7 @@ GatherProblem validate_gather_rows(const Tensor& x, const Tensor& token_of_row, 
   expect_like_dtype(out, x.dtype, op + ": out", "x");
   expect_matrix(out, op + ": out");
   expect_shape(out, shape_of(N, H), "[N, H]", op + ": out");
+  core::expect_outputs_apart({{out, op + ": out"}}, {{x, op + ": x"}, {token_of_row, op + ": token_of_row"}});
   GatherProblem p;
   p.tokens = x.shape[0];
   p.rows = N;
@@ -265,6 +274,8 @@ CombineProblem validate_combine(const MoeCombineArgs& a) {
   expect_like_dtype(a.out, a.y.dtype, op + ": out", "y");
   expect_matrix(a.out, op + ": out");
   expect_shape(a.out, shape_of(p.tokens, p.hidden), "[T, H]", op + ": out");
+  core::expect_outputs_apart({{a.out, op + ": out"}},
+                             {{a.y, op + ": y"}, {a.row_of_slot, op + ": row_of_slot"}, {a.weights, op + ": weights"}});
   p.out_stride = row_stride(a.out);
   return p;
 }
@@ -278,6 +289,9 @@ CombineProblem validate_combine_backward(const MoeCombineBackwardArgs& a) {
   expect_matrix(a.dy, op + ": dy");
   expect_shape(a.dy, shape_of(p.rows, p.hidden), "[N, H] like y", op + ": dy");
   check_output(a.dweights, a.y, "y", DType::f32, shape_of(p.tokens, p.top_k), "[T, k]", op + ": dweights");
+  core::expect_outputs_apart({{a.dy, op + ": dy"}, {a.dweights, op + ": dweights"}},
+                             {{a.y, op + ": y"}, {a.dout, op + ": dout"}, {a.row_of_slot, op + ": row_of_slot"},
+                              {a.weights, op + ": weights"}});
   p.dout_stride = row_stride(a.dout);
   p.dy_stride = row_stride(a.dy);
   return p;
@@ -345,6 +359,10 @@ ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a) {
   if (a.up_pre) check_pre(*a.up_pre, a.x, p, op + ": up_pre");
   check_experts_workspace(a.workspace, a.x, op);
   p.y_stride = row_stride(a.y);
+  core::expect_outputs_apart({{a.y, op + ": y"}, {a.gate_pre, op + ": gate_pre"}, {a.up_pre, op + ": up_pre"},
+                              {a.workspace, op + ": workspace"}},
+                             {{a.x, op + ": x"}, {a.offsets, op + ": offsets"}, {a.gate, op + ": gate"},
+                              {a.up, op + ": up"}, {a.down, op + ": down"}});
   p.strategy = a.strategy;
   return p;
 }
@@ -364,6 +382,11 @@ ExpertsProblem validate_experts_backward(const MoeExpertsBackwardArgs& a) {
   check_output(a.ddown, a.x, "x", DType::f32, a.down.shape_str(), "[E, H, I] like down", op + ": ddown");
   check_experts_workspace(a.workspace, a.x, op);
   p.y_stride = row_stride(a.dx);
+  core::expect_outputs_apart({{a.dx, op + ": dx"}, {a.dgate, op + ": dgate"}, {a.dup, op + ": dup"},
+                              {a.ddown, op + ": ddown"}, {a.workspace, op + ": workspace"}},
+                             {{a.dy, op + ": dy"}, {a.x, op + ": x"}, {a.offsets, op + ": offsets"},
+                              {a.gate, op + ": gate"}, {a.up, op + ": up"}, {a.down, op + ": down"},
+                              {a.gate_pre, op + ": gate_pre"}, {a.up_pre, op + ": up_pre"}});
   p.dy_stride = row_stride(a.dy);
   p.strategy = a.strategy;
   return p;
@@ -400,6 +423,8 @@ SelectedRouterProblem validate_selected_router(const MoeSelectedRouterArgs& a) {
   SelectedRouterProblem p = check_selected_common(a.logits, a.indices, a.scale, op);
   check_output(a.weights, a.logits, "logits", DType::f32, shape_of(p.tokens, p.top_k), "[T, k] like indices",
                op + ": weights");
+  core::expect_outputs_apart({{a.weights, op + ": weights"}},
+                             {{a.logits, op + ": logits"}, {a.indices, op + ": indices"}});
   return p;
 }
 
@@ -414,6 +439,9 @@ SelectedRouterProblem validate_selected_router_backward(const MoeSelectedRouterB
   expect_like_dtype(a.dlogits, a.logits.dtype, op + ": dlogits", "logits");
   expect_matrix(a.dlogits, op + ": dlogits");
   expect_shape(a.dlogits, a.logits.shape_str(), "[T, E] like logits", op + ": dlogits");
+  core::expect_outputs_apart({{a.dlogits, op + ": dlogits"}},
+                             {{a.logits, op + ": logits"}, {a.indices, op + ": indices"},
+                              {a.grad_weights, op + ": grad_weights"}});
   p.grad_stride = row_stride(a.grad_weights);
   p.dlogits_stride = row_stride(a.dlogits);
   return p;

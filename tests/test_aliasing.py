@@ -1,0 +1,135 @@
+"""Outputs that share memory with an input, with another output or with themselves are refused
+by every family (issue 27, items 2 and 3): one check in core (cpp/src/core/aliasing.cpp) that
+each family's validate step calls. Each case also checks that nothing was written: the inputs
+keep their bytes."""
+
+import pytest
+import torch
+
+import rudnn
+from util import DEVICES
+
+OVERLAP = "shares memory with"
+EXPANDED = "expected an output whose elements do not share memory (no stride 0 on an axis of size > 1)"
+INTERLEAVED = "expected an output whose elements do not share memory (no axes that overlap in memory)"
+
+
+def _rows(device, n=4, h=8):
+    return torch.randn(n, h, device=device)
+
+
+def _qkv(device):
+    return (torch.randn(1, 1, 4, 8, device=device) for _ in range(3))
+
+
+def _expect(call, exc, message, *kept):
+    before = [t.clone() for t in kept]
+    with pytest.raises(exc, match=None) as info:
+        call()
+    assert message in str(info.value), str(info.value)
+    for t, b in zip(kept, before):
+        assert torch.equal(t, b), "an input was written by a refused call"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_out_is_an_input(device):
+    q, k, v = _qkv(device)
+    _expect(lambda: rudnn.attention(q, k, v, out=v), rudnn.ArgumentError, "attention: out: shares memory with attention: v",
+            q, k, v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["softmax", "rms_norm", "layer_norm"])
+def test_norm_out_overlaps_its_input_partly(device, op):
+    base = torch.randn(5, 8, device=device)
+    fn = getattr(rudnn, op)
+    _expect(lambda: fn(base[:4], out=base[1:]), rudnn.ArgumentError, f"{op}: y: shares memory with {op}: x", base)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["softmax", "rms_norm", "layer_norm"])
+def test_norm_exactly_in_place_is_the_documented_exception(device, op):
+    x = _rows(device)
+    expected = getattr(rudnn, op)(x.clone())
+    getattr(rudnn, op)(x, out=x)
+    torch.testing.assert_close(x, expected, rtol=0, atol=0)
+    # a view of x one row on is not x itself
+    base = torch.randn(5, 8, device=device)
+    _expect(lambda: getattr(rudnn, op)(base[1:], out=base[:4]), rudnn.ArgumentError,
+            f"{op}: y: shares memory with {op}: x", base)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_norm_in_place_with_a_residual_is_refused(device):
+    x, r = _rows(device), _rows(device)
+    _expect(lambda: rudnn.rms_norm(x, None, residual=r, out=x), rudnn.ArgumentError,
+            "rms_norm: y: shares memory with rms_norm: x", x, r)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", ["softmax", "rms_norm", "layer_norm"])
+def test_norm_expanded_out(device, op):
+    x = _rows(device)
+    out = torch.empty(8, device=device).expand(4, 8)
+    _expect(lambda: getattr(rudnn, op)(x, out=out), rudnn.ShapeError, f"{op}: y: {EXPANDED}", x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_norm_interleaved_out(device):
+    # as_strided rows that start one element apart: distinct strides, shared elements.
+    x = _rows(device)
+    out = torch.empty(16, device=device).as_strided((4, 8), (1, 1))
+    _expect(lambda: rudnn.softmax(x, out=out), rudnn.ShapeError, f"softmax: y: {INTERLEAVED}", x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_norm_residual_out_overlaps_y(device):
+    x, r = _rows(device), _rows(device)
+    # residual_out is allocated by rudnn; give out= the residual itself
+    _expect(lambda: rudnn.rms_norm(x, None, residual=r, out=r), rudnn.ArgumentError,
+            "rms_norm: y: shares memory with rms_norm: residual", x, r)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gated_delta_out_is_an_input(device):
+    B, H, T, K, V = 1, 2, 5, 4, 4
+    q = torch.randn(B, H, T, K, device=device)
+    k = torch.nn.functional.normalize(torch.randn(B, H, T, K, device=device), dim=-1)
+    v = torch.randn(B, H, T, V, device=device)
+    beta = torch.rand(B, H, T, device=device)
+    g = -torch.rand(B, H, T, device=device)
+    _expect(lambda: rudnn.gated_delta_rule(q, k, v, beta, g, scale=0.5, out=v), rudnn.ArgumentError,
+            "gated_delta_rule: out: shares memory with gated_delta_rule: v", q, k, v, beta, g)
+    _expect(lambda: rudnn.chunk_gated_delta_rule(q, k, v, beta, g, scale=0.5, out=torch.empty(V, device=device)
+                                                 .expand(B, H, T, V)),
+            rudnn.ShapeError, f"chunk_gated_delta_rule: out: {EXPANDED}", q, k, v, beta, g)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pooling_out_is_the_input(device):
+    x = torch.randn(1, 2, 4, 4, device=device)
+    big = torch.randn(1, 2, 4, 4, device=device)
+    _expect(lambda: rudnn.adaptive_avg_pool(big, 2, out=big[:, :, :2, :2]), rudnn.ArgumentError,
+            "adaptive_avg_pool: y: shares memory with adaptive_avg_pool: x", big)
+    _expect(lambda: rudnn.avg_pool(x, 2, out=torch.empty(1, device=device).expand(1, 2, 2, 2)), rudnn.ShapeError,
+            f"avg_pool: y: {EXPANDED}", x)
+
+
+def test_views_of_one_buffer_that_do_not_overlap_pass():
+    # Disjoint byte ranges of one buffer are fine (views that interleave are refused: the check
+    # compares byte ranges).
+    base = torch.randn(8, 8)
+    y = rudnn.softmax(base[:4], out=base[4:])
+    torch.testing.assert_close(y, torch.softmax(base[:4], -1))
+
+
+def test_chunk_size_that_overflows_the_workspace_size():
+    # issue 27 item 1: 4 * (c^2 + c) overflowed int64 and passed the shared-memory check.
+    q = torch.randn(1, 1, 5, 4)
+    k = torch.nn.functional.normalize(torch.randn(1, 1, 5, 4), dim=-1)
+    v, beta, g = torch.randn(1, 1, 5, 4), torch.rand(1, 1, 5), -torch.rand(1, 1, 5)
+    for c in (1518500250, 2**31 - 1):
+        with pytest.raises(rudnn.ArgumentError, match=f"chunk_size: {c} needs "):
+            rudnn.chunk_gated_delta_rule(q, k, v, beta, g, scale=0.5, chunk_size=c)
+        with pytest.raises(rudnn.ArgumentError, match=f"chunk_size: {c} needs "):
+            rudnn.chunk_gated_delta_rule_backward(v, q, k, v, beta, g, scale=0.5, chunk_size=c)
