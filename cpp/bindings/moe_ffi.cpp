@@ -389,7 +389,7 @@ void validate_experts(const Spec& x, const Spec& gate, const Spec& up, const Spe
   const std::int64_t experts = a.gate.rank == 3 ? a.gate.shape[0] + 1 : 1;
   a.offsets = Tensor::contiguous(placeholder_data(), DType::i32, a.x.device, &experts, 1);
   a.y = abstract_like(a.x);
-  moe::validate_experts_forward(a);
+  moe::validate_experts_forward(a, /*read_offsets=*/false);
 }
 
 }  // namespace

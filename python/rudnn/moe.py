@@ -355,6 +355,13 @@ def _combine_backward(y, dout, row_of_slot, weights, code, stream):
     return dy, dweights
 
 
+def _row_outputs(call):
+    """The allocator of the per-row expert outputs. Host offsets are checked to partition the rows
+    (ArgumentError otherwise); device offsets are not read on the host, so there the outputs
+    start zeroed: a row that no expert segment covers comes out 0, never unwritten memory."""
+    return call.zeros if call.device[0] == "cuda" else call.empty
+
+
 def _run_experts(call, gate, up, down, x, offsets, y, gate_pre, up_pre, code):
     def args():
         return (call.arg(x), call.arg(offsets), call.arg(gate), call.arg(up), call.arg(down), call.arg(y),
@@ -370,11 +377,12 @@ def _experts_forward(op, gate, up, down, x, offsets, code, training, stream):
     _no_jax(op, x)
     call = fw.Call(op, {"x": x, "offsets": offsets, "gate": gate, "up": up, "down": down}, stream)
     dtype = call.dtype_name(x) if call.dtype_name(x) in fw.FLOAT_DTYPES else "float32"
-    y = call.empty(tuple(x.shape), dtype)
+    rows = _row_outputs(call)
+    y = rows(tuple(x.shape), dtype)
     gate_pre = up_pre = None
     if training:
         inter = (int(x.shape[0]), int(gate.shape[1]))
-        gate_pre, up_pre = call.empty(inter, dtype), call.empty(inter, dtype)
+        gate_pre, up_pre = rows(inter, dtype), rows(inter, dtype)
     _run_experts(call, gate, up, down, x, offsets, y, gate_pre, up_pre, code)
     return (y, gate_pre, up_pre) if training else y
 
@@ -382,7 +390,7 @@ def _experts_forward(op, gate, up, down, x, offsets, code, training, stream):
 def _experts_backward(gate, up, down, dy, x, offsets, gate_pre, up_pre, code, stream):
     _no_jax("MoeTrainingCache.backward", dy)
     call = fw.Call("MoeTrainingCache.backward", {"dy": dy, "x": x, "gate": gate}, stream)
-    dx = call.empty(tuple(x.shape), call.dtype_name(x))
+    dx = _row_outputs(call)(tuple(x.shape), call.dtype_name(x))
     dgate = call.empty(tuple(gate.shape), "float32")
     dup = call.empty(tuple(up.shape), "float32")
     ddown = call.empty(tuple(down.shape), "float32")

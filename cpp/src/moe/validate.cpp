@@ -192,6 +192,14 @@ DispatchPlanProblem validate_dispatch_plan(const MoeDispatchPlanArgs& a) {
   const std::int64_t T = idx.shape[0], k = idx.shape[1];
   if (T * k >= (std::int64_t(1) << 31))
     fail(ErrorKind::unsupported, op + ": at most 2^31 - 1 (token, slot) pairs are supported, got " + str(T * k));
+  // Host ids are checked here (SPEC section 4: no token is dropped); device ids are not read on
+  // the host, and a slot whose id is out of range gets no row there (token_of_row -1).
+  if (!idx.device.is_cuda())
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t j = 0; j < k; ++j)
+        if (const std::int64_t e = read_index(idx, t * row_stride(idx) + j); e < 0 || e >= a.num_experts)
+          fail(ErrorKind::value, op + ": expert_indices[" + str(t) + ", " + str(j) + "]: expected an expert id in [0, " +
+                                     str(a.num_experts) + "), got " + str(e));
   check_output(a.offsets, idx, "expert_indices", DType::i32, "[" + str(a.num_experts + 1) + "]", "[E + 1]",
                op + ": offsets");
   check_output(a.token_of_row, idx, "expert_indices", DType::i32, "[" + str(T * k) + "]", "[T * k]",
@@ -248,6 +256,14 @@ CombineProblem check_combine_common(const Tensor& y, const Tensor& row_of_slot, 
   if (row_of_slot.rank != 2)
     fail(ErrorKind::shape, op + ": row_of_slot: expected 2 axes, got shape " + row_of_slot.shape_str());
   expect_dense(row_of_slot, op + ": row_of_slot");
+  if (!row_of_slot.device.is_cuda()) {  // host rows must name rows of y (device ones are not read here)
+    const std::int32_t* r = row_of_slot.ptr<std::int32_t>();
+    const std::int64_t slots = row_of_slot.shape[0] * row_of_slot.shape[1], k = row_of_slot.shape[1];
+    for (std::int64_t i = 0; i < slots; ++i)
+      if (r[i] < 0 || r[i] >= y.shape[0])
+        fail(ErrorKind::value, op + ": row_of_slot[" + str(i / k) + ", " + str(i % k) + "]: expected a row of y in [0, " +
+                                   str(y.shape[0]) + "), got " + str(r[i]));
+  }
   CombineProblem p;
   p.tokens = row_of_slot.shape[0];
   p.top_k = int(row_of_slot.shape[1]);
@@ -299,9 +315,26 @@ CombineProblem validate_combine_backward(const MoeCombineBackwardArgs& a) {
 
 namespace {
 
+// Host offsets partition the N rows of x: offsets[0] = 0, non-decreasing, offsets[E] = N.
+// (Device offsets are not read on the host; their kernels clamp them, and rows that no
+// segment covers come out zero: see SwiGluExperts in python/rudnn/moe.py.)
+void check_host_offsets(const Tensor& offsets, std::int64_t rows, const std::string& op) {
+  const std::int32_t* o = offsets.ptr<std::int32_t>();
+  const std::int64_t E = offsets.shape[0] - 1;
+  const std::string name = op + ": offsets[";
+  if (o[0] != 0) fail(ErrorKind::value, name + "0]: expected 0 (the first row), got " + str(o[0]));
+  for (std::int64_t e = 1; e <= E; ++e)
+    if (o[e] < o[e - 1])
+      fail(ErrorKind::value, name + str(e) + "]: expected >= offsets[" + str(e - 1) + "] = " + str(o[e - 1]) +
+                                 " (offsets do not decrease), got " + str(o[e]));
+  if (o[E] != rows)
+    fail(ErrorKind::value, name + str(E) + "]: expected " + str(rows) + " (every row of x belongs to an expert), got " +
+                               str(o[E]));
+}
+
 // x [N, H], offsets [E+1], gate/up [E, I, H], down [E, H, I].
 ExpertsProblem check_experts_common(const Tensor& x, const Tensor& offsets, const Tensor& gate, const Tensor& up,
-                                    const Tensor& down, const std::string& op) {
+                                    const Tensor& down, const std::string& op, bool read_offsets) {
   core::expect_float(x, op + ": x");
   expect_matrix(x, op + ": x");
   core::expect_float(gate, op + ": gate");
@@ -326,6 +359,7 @@ ExpertsProblem check_experts_common(const Tensor& x, const Tensor& offsets, cons
   core::expect_dtype(offsets, DType::i32, op + ": offsets");
   expect_shape(offsets, "[" + str(E + 1) + "]", "[E + 1]", op + ": offsets");
   expect_dense(offsets, op + ": offsets");
+  if (read_offsets && !offsets.device.is_cuda()) check_host_offsets(offsets, x.shape[0], op);
   ExpertsProblem p;
   p.rows = x.shape[0];
   p.experts = int(E);
@@ -347,9 +381,9 @@ void check_experts_workspace(const Tensor* w, const Tensor& x, const std::string
 
 }  // namespace
 
-ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a) {
+ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a, bool read_offsets) {
   const std::string op = a.gate_pre ? "SwiGluExperts.forward_dispatched_training" : "SwiGluExperts.forward_dispatched";
-  ExpertsProblem p = check_experts_common(a.x, a.offsets, a.gate, a.up, a.down, op);
+  ExpertsProblem p = check_experts_common(a.x, a.offsets, a.gate, a.up, a.down, op, read_offsets);
   core::expect_same_device(a.y, a.x, op + ": y", "x");
   expect_like_dtype(a.y, a.x.dtype, op + ": y", "x");
   expect_matrix(a.y, op + ": y");
@@ -367,9 +401,9 @@ ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a) {
   return p;
 }
 
-ExpertsProblem validate_experts_backward(const MoeExpertsBackwardArgs& a) {
+ExpertsProblem validate_experts_backward(const MoeExpertsBackwardArgs& a, bool read_offsets) {
   const std::string op = "MoeTrainingCache.backward";
-  ExpertsProblem p = check_experts_common(a.x, a.offsets, a.gate, a.up, a.down, op);
+  ExpertsProblem p = check_experts_common(a.x, a.offsets, a.gate, a.up, a.down, op, read_offsets);
   check_input_matrix(a.dy, a.x, "x", a.x.dtype, "x", a.x.shape_str(), "[N, H] like x", op + ": dy");
   check_pre(a.gate_pre, a.x, p, op + ": gate_pre");
   check_pre(a.up_pre, a.x, p, op + ": up_pre");
