@@ -54,22 +54,6 @@ class ConvOptions(NamedTuple):
         return (list(self.stride), list(self.pad_before), list(self.pad_after), list(self.dilation), self.groups,
                 self.layout, self.strategy)
 
-    def keywords(self):
-        """The options as the keywords of the public functions (padding as (before, after) pairs
-        only where they differ)."""
-        layout = "NHWC" if self.layout else "NCHW"
-        strategy = next(k for k, v in _STRATEGIES.items() if v == self.strategy)
-        padding = self.pad_before if self.pad_before == self.pad_after else _Padding(self.pad_before, self.pad_after)
-        return dict(stride=self.stride, padding=padding, dilation=self.dilation, groups=self.groups, layout=layout,
-                    strategy=strategy)
-
-
-class _Padding(NamedTuple):
-    """Asymmetric padding (what "same" gives for an even kernel extent), passed on unchanged."""
-
-    before: tuple
-    after: tuple
-
 
 def _jax():
     from . import jax as rudnn_jax
@@ -116,9 +100,7 @@ def options(op, dims, w_shape, stride, padding, dilation, groups, layout, strate
     groups = _integer(op, "groups", groups, "an int >= 1")
     if not isinstance(strategy, str) or strategy not in _STRATEGIES:
         raise ArgumentError(f"{op}: strategy: expected one of {', '.join(map(repr, _STRATEGIES))}, got {strategy!r}")
-    if isinstance(padding, _Padding):
-        before, after = _sizes(op, "padding", padding.before, dims), _sizes(op, "padding", padding.after, dims)
-    elif isinstance(padding, str):
+    if isinstance(padding, str):
         if padding == "valid":
             before = after = (0,) * dims
         elif padding == "same":
