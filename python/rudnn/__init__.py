@@ -6,6 +6,7 @@ from . import _C
 from . import moe
 from .attention import attention, attention_backward, attention_last_algorithm
 from .ctc import ctc_loss, ctc_loss_backward
+from .grid_sample import grid_sample, grid_sample_backward
 from .interpolate import interpolate, interpolate_backward
 from .gated_delta import (chunk_gated_delta_rule, chunk_gated_delta_rule_backward, gated_delta_rule,
                           gated_delta_rule_backward)
@@ -36,5 +37,6 @@ __all__ = [
     "adaptive_avg_pool_backward", "adaptive_max_pool_backward",
     "ctc_loss", "ctc_loss_backward",
     "interpolate", "interpolate_backward",
+    "grid_sample", "grid_sample_backward",
     "has_cuda", "cmake_prefix",
 ]
