@@ -150,7 +150,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// (tests/emulation/grid_sample_emu.cpp would run everything above this line on the CPU.)
+// The forward's split: groups of 4 channels for channels-last x, of 16 otherwise.
+Walk walk_for(const Problem& p) {
+  const i64 chunk = std::max<i64>(1, std::min<i64>(p.channels, p.channels_last ? 4 : 16));
+  return Walk{(p.channels + chunk - 1) / chunk, chunk, p.channels_last};
+}
+
+// (tests/emulation/grid_sample_emu.cpp runs everything above this line on the CPU.)
 int blocks_for(i64 threads) {
   const int sms = core::device_props(core::current_device()).sm_count;
   return int(std::max<i64>(1, std::min<i64>((threads + kThreads - 1) / kThreads, i64(sms) * kBlocksPerSm)));
@@ -165,8 +171,7 @@ void dispatch(DType dtype, F&& f) {
 
 void forward_cuda(const Problem& p, const Tensor& x, const Tensor& grid, const Tensor& y, Stream stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  const i64 chunk = std::min<i64>(p.channels, p.channels_last ? 4 : 16);
-  const Walk w{(p.channels + chunk - 1) / chunk, chunk, p.channels_last};
+  const Walk w = walk_for(p);
   const i64 total = p.batch * w.groups * p.out_plane();
   dispatch(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
