@@ -7,6 +7,7 @@ from . import moe
 from .attention import attention, attention_backward, attention_last_algorithm
 from .conv import conv, conv_bias_backward, conv_data_backward, conv_last_algorithm, conv_weight_backward
 from .ctc import ctc_loss, ctc_loss_backward
+from .grid_sample import grid_sample, grid_sample_backward
 from .interpolate import interpolate, interpolate_backward
 from .gated_delta import (chunk_gated_delta_rule, chunk_gated_delta_rule_backward, gated_delta_rule,
                           gated_delta_rule_backward)
@@ -38,5 +39,6 @@ __all__ = [
     "ctc_loss", "ctc_loss_backward",
     "interpolate", "interpolate_backward",
     "conv", "conv_data_backward", "conv_weight_backward", "conv_bias_backward", "conv_last_algorithm",
+    "grid_sample", "grid_sample_backward",
     "has_cuda", "cmake_prefix",
 ]
