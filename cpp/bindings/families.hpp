@@ -12,5 +12,6 @@ void register_gated_delta(nanobind::module_& m);
 void register_pooling(nanobind::module_& m);
 void register_ctc(nanobind::module_& m);
 void register_interpolate(nanobind::module_& m);
+void register_paged(nanobind::module_& m);
 
 }  // namespace rudnn::bindings

@@ -42,4 +42,5 @@ NB_MODULE(_C, m) {
   rudnn::bindings::register_pooling(m);
   rudnn::bindings::register_ctc(m);
   rudnn::bindings::register_interpolate(m);
+  rudnn::bindings::register_paged(m);
 }
