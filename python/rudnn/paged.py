@@ -204,14 +204,7 @@ class DevicePlan:
     # ---- ops ------------------------------------------------------------------------------
 
     def _meta(self, call, op):
-        if self.page_size is None:
-            raise ArgumentError(f"{op}: plan: this plan was reserved but holds no schedule yet "
-                                f"(DevicePlan.upload(host, q, into=plan) first)")
-        if call.fw.name != self.framework or call.device != self.device:
-            raise DeviceError(f"{op}: plan: expected the framework and device of the plan ({self.framework} "
-                              f"{fw._fmt(self.device)}), got {call.fw.name} {fw._fmt(call.device)}")
-        return dict(page_size=self.page_size, tables=call.arg(self.tables), lengths=call.arg(self.lengths),
-                    sequence_ids=call.arg(self.sequence_ids), positions=call.arg(self.positions))
+        return _meta(self, call, op)
 
     def attention(self, q, k_cache, v_cache, scale=None, causal=False, *, workspace=None, return_lse=False,
                   out=None, stream=None):
@@ -226,22 +219,7 @@ class DevicePlan:
 
             return jpaged.attention(self, q, k_cache, v_cache, scale=scale, causal=causal, workspace=workspace,
                                     return_lse=return_lse)
-        op = "paged_attention"
-        call = fw.Call(op, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "out": out}, stream)
-        meta = self._meta(call, op)
-        return_lse = flag(op, "return_lse", return_lse)
-        causal = flag(op, "causal", causal)
-        D = q.shape[-1] if len(q.shape) else 1
-        scale = 1.0 / math.sqrt(max(D, 1)) if scale is None else _number(op, "scale", scale, "a finite value > 0")
-        qs, vs = tuple(q.shape), tuple(v_cache.shape)
-        shape = (qs[0], qs[1], vs[3]) if len(qs) == 3 and len(vs) == 4 else (0,)
-        o = out if out is not None else call.empty(shape, call.dtype_name(q))
-        lse = call.empty(shape[:2] if len(shape) == 3 else (0,), "float32") if return_lse else None
-        splits, ws = _workspace(op, workspace, call, shape)
-        _C.paged_attention(**meta, q=call.arg(q), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache), scale=scale,
-                           causal=causal, out=call.arg(o), lse=call.arg(lse), splits=splits, workspace=call.arg(ws),
-                           stream=call.stream)
-        return (o, lse) if return_lse else o
+        return _attention(self, q, k_cache, v_cache, scale, causal, workspace, return_lse, out, stream)
 
     def mla(self, q, qp, latent, kp, scale, causal=False, *, workspace=None, return_lse=False, out=None,
             stream=None):
@@ -256,21 +234,7 @@ class DevicePlan:
 
             return jpaged.mla(self, q, qp, latent, kp, scale=scale, causal=causal, workspace=workspace,
                               return_lse=return_lse)
-        op = "paged_mla"
-        call = fw.Call(op, {"q": q, "qp": qp, "latent": latent, "kp": kp, "out": out}, stream)
-        meta = self._meta(call, op)
-        return_lse = flag(op, "return_lse", return_lse)
-        causal = flag(op, "causal", causal)
-        scale = _number(op, "scale", scale, "a finite value > 0")
-        qs = tuple(q.shape)
-        shape = qs if len(qs) == 3 else (0,)
-        o = out if out is not None else call.empty(shape, call.dtype_name(q))
-        lse = call.empty(shape[:2] if len(shape) == 3 else (0,), "float32") if return_lse else None
-        splits, ws = _workspace(op, workspace, call, shape)
-        _C.paged_mla(**meta, q=call.arg(q), qp=call.arg(qp), latent=call.arg(latent), kp=call.arg(kp), scale=scale,
-                     causal=causal, out=call.arg(o), lse=call.arg(lse), splits=splits, workspace=call.arg(ws),
-                     stream=call.stream)
-        return (o, lse) if return_lse else o
+        return _mla(self, q, qp, latent, kp, scale, causal, workspace, return_lse, out, stream)
 
     def append(self, k, v, k_cache, v_cache, *, stream=None):
         """Writes row r of k [queries, Hkv, D] and v [queries, Hkv, Dv] into the slot of position
@@ -282,17 +246,72 @@ class DevicePlan:
             from .jax import paged as jpaged
 
             return jpaged.append(self, k, v, k_cache, v_cache)
-        op = "paged_append"
-        call = fw.Call(op, {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream)
-        meta = self._meta(call, op)
-        _C.paged_append(**meta, k=call.arg(k), v=call.arg(v), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache),
-                        stream=call.stream)
-        return k_cache, v_cache
+        return _append(self, k, v, k_cache, v_cache, stream)
 
     def __repr__(self):
         return (f"DevicePlan({self.framework} {fw._fmt(self.device)}, page_size={self.page_size}, "
                 f"queries={self.queries}, num_seqs={self.num_seqs}, capacity={self.capacity})")
 
+
+def _meta(plan, call, op):
+    """The _C arguments of a plan's metadata (a DevicePlan, or any object with page_size, tables,
+    lengths, sequence_ids, positions of the call's framework)."""
+    if isinstance(plan, DevicePlan):
+        self = plan
+        if self.page_size is None:
+            raise ArgumentError(f"{op}: plan: this plan was reserved but holds no schedule yet "
+                                f"(DevicePlan.upload(host, q, into=plan) first)")
+        if call.fw.name != self.framework or call.device != self.device:
+            raise DeviceError(f"{op}: plan: expected the framework and device of the plan ({self.framework} "
+                              f"{fw._fmt(self.device)}), got {call.fw.name} {fw._fmt(call.device)}")
+    return dict(page_size=plan.page_size, tables=call.arg(plan.tables), lengths=call.arg(plan.lengths),
+                sequence_ids=call.arg(plan.sequence_ids), positions=call.arg(plan.positions))
+
+
+def _attention(plan, q, k_cache, v_cache, scale, causal, workspace, return_lse, out, stream):
+    op = "paged_attention"
+    call = fw.Call(op, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "out": out}, stream)
+    meta = _meta(plan, call, op)
+    return_lse = flag(op, "return_lse", return_lse)
+    causal = flag(op, "causal", causal)
+    D = q.shape[-1] if len(q.shape) else 1
+    scale = 1.0 / math.sqrt(max(D, 1)) if scale is None else _number(op, "scale", scale, "a finite value > 0")
+    qs, vs = tuple(q.shape), tuple(v_cache.shape)
+    shape = (qs[0], qs[1], vs[3]) if len(qs) == 3 and len(vs) == 4 else (0,)
+    o = out if out is not None else call.empty(shape, call.dtype_name(q))
+    lse = call.empty(shape[:2] if len(shape) == 3 else (0,), "float32") if return_lse else None
+    splits, ws = _workspace(op, workspace, call, shape)
+    _C.paged_attention(**meta, q=call.arg(q), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache), scale=scale,
+                       causal=causal, out=call.arg(o), lse=call.arg(lse), splits=splits, workspace=call.arg(ws),
+                       stream=call.stream)
+    return (o, lse) if return_lse else o
+
+
+def _mla(plan, q, qp, latent, kp, scale, causal, workspace, return_lse, out, stream):
+    op = "paged_mla"
+    call = fw.Call(op, {"q": q, "qp": qp, "latent": latent, "kp": kp, "out": out}, stream)
+    meta = _meta(plan, call, op)
+    return_lse = flag(op, "return_lse", return_lse)
+    causal = flag(op, "causal", causal)
+    scale = _number(op, "scale", scale, "a finite value > 0")
+    qs = tuple(q.shape)
+    shape = qs if len(qs) == 3 else (0,)
+    o = out if out is not None else call.empty(shape, call.dtype_name(q))
+    lse = call.empty(shape[:2] if len(shape) == 3 else (0,), "float32") if return_lse else None
+    splits, ws = _workspace(op, workspace, call, shape)
+    _C.paged_mla(**meta, q=call.arg(q), qp=call.arg(qp), latent=call.arg(latent), kp=call.arg(kp), scale=scale,
+                 causal=causal, out=call.arg(o), lse=call.arg(lse), splits=splits, workspace=call.arg(ws),
+                 stream=call.stream)
+    return (o, lse) if return_lse else o
+
+
+def _append(plan, k, v, k_cache, v_cache, stream):
+    op = "paged_append"
+    call = fw.Call(op, {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream)
+    meta = _meta(plan, call, op)
+    _C.paged_append(**meta, k=call.arg(k), v=call.arg(v), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache),
+                    stream=call.stream)
+    return k_cache, v_cache
 
 def _plan_call(op, q):
     if fw.is_jax(q):
