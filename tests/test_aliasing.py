@@ -133,3 +133,54 @@ def test_chunk_size_that_overflows_the_workspace_size():
             rudnn.chunk_gated_delta_rule(q, k, v, beta, g, scale=0.5, chunk_size=c)
         with pytest.raises(rudnn.ArgumentError, match=f"chunk_size: {c} needs "):
             rudnn.chunk_gated_delta_rule_backward(v, q, k, v, beta, g, scale=0.5, chunk_size=c)
+
+
+# ---- issue 27 items 6, 9, 10: scalars, integers and flags follow one rule (python/rudnn/_args.py) --
+
+def _gd():
+    q = torch.randn(1, 1, 5, 4)
+    k = torch.nn.functional.normalize(torch.randn(1, 1, 5, 4), dim=-1)
+    return q, k, torch.randn(1, 1, 5, 4), torch.rand(1, 1, 5), -torch.rand(1, 1, 5)
+
+
+@pytest.mark.parametrize("call, message", [
+    # item 6: values float32 cannot hold
+    (lambda: rudnn.attention(*_qkv("cpu"), scale=1e300),
+     "attention: scale: expected a finite value > 0 (or None for 1/sqrt(D)) that float32 can hold"),
+    (lambda: rudnn.attention(*_qkv("cpu"), scale=1e-300),
+     "attention: scale: expected a finite value > 0 (or None for 1/sqrt(D)) that float32 can hold (|value| >= "),
+    (lambda: rudnn.attention(*_qkv("cpu"), softcap=1e300),
+     "attention: softcap: expected a finite value > 0 (or None) that float32 can hold"),
+    (lambda: rudnn.attention(*_qkv("cpu"), softcap=1e-300),
+     "attention: softcap: expected a finite value > 0 (or None) that float32 can hold (|value| >= "),
+    (lambda: rudnn.rms_norm(_rows("cpu"), eps=1e-300), "rms_norm: eps: expected a finite value > 0 that float32"),
+    (lambda: rudnn.gated_delta_rule(*_gd(), scale=1e39), "gated_delta_rule: scale: expected a finite value that float32"),
+    # item 9: integers past int32 (a nanobind dump before)
+    (lambda: rudnn.chunk_gated_delta_rule(*_gd(), scale=0.5, chunk_size=2**40),
+     "chunk_gated_delta_rule: chunk_size: expected an integer in [1, 2^31 - 1], got 1099511627776"),
+    (lambda: rudnn.moe.route(torch.randn(3, 4), 2**40),
+     "moe.route: top_k: expected an integer <= 2^31 - 1, got 1099511627776"),
+    (lambda: rudnn.layer_norm(_rows("cpu"), eps=None), "layer_norm: eps: expected a finite value > 0, got None"),
+    # item 10: loose flags and numbers
+    (lambda: rudnn.layer_norm(_rows("cpu"), return_stats="no"),
+     "layer_norm: return_stats: expected True or False, got 'no'"),
+    (lambda: rudnn.rms_norm(_rows("cpu"), eps="1e-5"), "rms_norm: eps: expected a finite value > 0, got '1e-5'"),
+    (lambda: rudnn.rms_norm(_rows("cpu"), eps=True), "rms_norm: eps: expected a finite value > 0, got True"),
+    (lambda: rudnn.moe.route(torch.randn(3, 4), 2, renormalize="no"),
+     "moe.route: renormalize: expected True or False, got 'no'"),
+    (lambda: rudnn.moe.route(torch.randn(3, 4), 2.7), "moe.route: top_k: expected an integer <= 2^31 - 1, got 2.7"),
+    (lambda: rudnn.moe.route_sigmoid_grouped(torch.randn(3, 8), top_k=2, groups=4.9, selected_groups=2),
+     "moe.route_sigmoid_grouped: groups: expected an integer <= 2^31 - 1, got 4.9"),
+    (lambda: rudnn.chunk_gated_delta_rule(*_gd(), scale=0.5, chunk_size="64"),
+     "chunk_gated_delta_rule: chunk_size: expected an integer in [1, 2^31 - 1], got '64'"),
+])
+def test_scalars_integers_and_flags(call, message):
+    with pytest.raises(rudnn.ArgumentError) as info:
+        call()
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_a_huge_top_k_is_refused_before_allocating():
+    # top_k = 2^31 - 1 of 4 experts: libruDNN's top_k error, not a T x top_k allocation
+    with pytest.raises(rudnn.ArgumentError, match="moe.route: top_k"):
+        rudnn.moe.route(torch.randn(3, 4), 2**31 - 1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import _C
 from . import _frameworks as fw
+from ._args import flag, float32_number
 
 _LAYER, _RMS = 0, 1
 
@@ -19,6 +20,8 @@ def _jax():
 
 
 def _forward(op, kind, x, weight, bias, residual, eps, return_stats, out, stream):
+    eps = float32_number(op, "eps", eps, "a finite value > 0")  # libruDNN refuses <= 0 by its own words
+    return_stats = flag(op, "return_stats", return_stats)
     call = fw.Call(op, {"x": x, "weight": weight, "bias": bias, "residual": residual, "out": out}, stream)
     shape = tuple(x.shape)
     dtype = call.dtype_name(x)
@@ -26,7 +29,7 @@ def _forward(op, kind, x, weight, bias, residual, eps, return_stats, out, stream
     h = call.empty(shape, dtype) if residual is not None else None
     mean = call.empty(shape[:-1], "float32") if return_stats and kind == _LAYER else None
     rstd = call.empty(shape[:-1], "float32") if return_stats else None
-    _C.norm_forward(kind, call.arg(x), call.arg(weight), call.arg(bias), call.arg(residual), float(eps),
+    _C.norm_forward(kind, call.arg(x), call.arg(weight), call.arg(bias), call.arg(residual), eps,
                     call.arg(y), call.arg(h), call.arg(mean), call.arg(rstd), call.stream)
     results = (y,) + ((h,) if h is not None else ()) + tuple(s for s in (mean, rstd) if s is not None)
     return results[0] if len(results) == 1 else results
