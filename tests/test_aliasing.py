@@ -3,6 +3,7 @@ by every family (issue 27, items 2 and 3): one check in core (cpp/src/core/alias
 each family's validate step calls. Each case also checks that nothing was written: the inputs
 keep their bytes."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -43,7 +44,7 @@ def test_attention_out_is_an_input(device):
 def test_norm_out_overlaps_its_input_partly(device, op):
     base = torch.randn(5, 8, device=device)
     fn = getattr(rudnn, op)
-    _expect(lambda: fn(base[:4], out=base[1:]), rudnn.ArgumentError, f"{op}: y: shares memory with {op}: x", base)
+    _expect(lambda: fn(base[:4], out=base[1:]), rudnn.ArgumentError, f"{op}: out: shares memory with {op}: x", base)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -56,14 +57,14 @@ def test_norm_exactly_in_place_is_the_documented_exception(device, op):
     # a view of x one row on is not x itself
     base = torch.randn(5, 8, device=device)
     _expect(lambda: getattr(rudnn, op)(base[1:], out=base[:4]), rudnn.ArgumentError,
-            f"{op}: y: shares memory with {op}: x", base)
+            f"{op}: out: shares memory with {op}: x", base)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_norm_in_place_with_a_residual_is_refused(device):
     x, r = _rows(device), _rows(device)
     _expect(lambda: rudnn.rms_norm(x, None, residual=r, out=x), rudnn.ArgumentError,
-            "rms_norm: y: shares memory with rms_norm: x", x, r)
+            "rms_norm: out: shares memory with rms_norm: x", x, r)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -71,7 +72,7 @@ def test_norm_in_place_with_a_residual_is_refused(device):
 def test_norm_expanded_out(device, op):
     x = _rows(device)
     out = torch.empty(8, device=device).expand(4, 8)
-    _expect(lambda: getattr(rudnn, op)(x, out=out), rudnn.ShapeError, f"{op}: y: {EXPANDED}", x)
+    _expect(lambda: getattr(rudnn, op)(x, out=out), rudnn.ShapeError, f"{op}: out: {EXPANDED}", x)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -79,7 +80,7 @@ def test_norm_interleaved_out(device):
     # as_strided rows that start one element apart: distinct strides, shared elements.
     x = _rows(device)
     out = torch.empty(16, device=device).as_strided((4, 8), (1, 1))
-    _expect(lambda: rudnn.softmax(x, out=out), rudnn.ShapeError, f"softmax: y: {INTERLEAVED}", x)
+    _expect(lambda: rudnn.softmax(x, out=out), rudnn.ShapeError, f"softmax: out: {INTERLEAVED}", x)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -87,7 +88,7 @@ def test_norm_residual_out_overlaps_y(device):
     x, r = _rows(device), _rows(device)
     # residual_out is allocated by rudnn; give out= the residual itself
     _expect(lambda: rudnn.rms_norm(x, None, residual=r, out=r), rudnn.ArgumentError,
-            "rms_norm: y: shares memory with rms_norm: residual", x, r)
+            "rms_norm: out: shares memory with rms_norm: residual", x, r)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -184,3 +185,28 @@ def test_a_huge_top_k_is_refused_before_allocating():
     # top_k = 2^31 - 1 of 4 experts: libruDNN's top_k error, not a T x top_k allocation
     with pytest.raises(rudnn.ArgumentError, match="moe.route: top_k"):
         rudnn.moe.route(torch.randn(3, 4), 2**31 - 1)
+
+
+# ---- issue 27 items 7, 9: every bad argument is a rudnn.Error naming it -------------------------
+
+@pytest.mark.parametrize("call, exc, message", [
+    (lambda: rudnn.softmax(None), rudnn.FrameworkError, "softmax: x: expected a torch.Tensor"),
+    (lambda: rudnn.attention(torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8), None), rudnn.FrameworkError,
+     "attention: v: expected a torch.Tensor"),
+    (lambda: rudnn.softmax(torch.ones(2, 3, dtype=torch.bool)), rudnn.DTypeError,
+     "softmax: x: expected float32, float16 or bfloat16, got bool"),
+    (lambda: rudnn.softmax(torch.ones(2, 3, dtype=torch.float64)), rudnn.DTypeError,
+     "softmax: x: float64 arrays are not taken by rudnn"),
+    (lambda: rudnn.softmax(np.ones((2, 3), np.float32), out=np.broadcast_to(np.ones(3, np.float32), (2, 3))),
+     rudnn.ArgumentError, "softmax: out: expected a writable array"),
+    (lambda: rudnn.softmax(torch.randn(4, 1, dtype=torch.cfloat).conj().imag), rudnn.FrameworkError,
+     "softmax: x: a torch view with the negative bit set"),
+    (lambda: rudnn.softmax(torch.ones(2, 3), stream="bogus"), rudnn.ArgumentError,
+     "softmax: stream: expected None, a torch.cuda.Stream"),
+    (lambda: rudnn.rms_norm(torch.ones(2, 3), out=torch.ones(2, 4)), rudnn.ShapeError,
+     "rms_norm: out: expected the shape of x [2, 3], got [2, 4]"),
+])
+def test_bad_arguments_are_rudnn_errors(call, exc, message):
+    with pytest.raises(exc) as info:
+        call()
+    assert str(info.value).startswith(message), str(info.value)

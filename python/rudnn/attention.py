@@ -118,7 +118,7 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
     op = "attention"
     return_lse = flag(op, "return_lse", return_lse)
     call = fw.Call(op, {"q": q, "k": k, "v": v, "mask": mask, "bias": bias, "cu_seqlens_q": cu_seqlens_q,
-                        "cu_seqlens_k": cu_seqlens_k, "out": out}, stream)
+                        "cu_seqlens_k": cu_seqlens_k, "out": out}, stream, required=("q", "k", "v"))
     opts = options(op, mask=mask, bias=bias, scale=scale, causal=causal, window=window, softcap=softcap,
                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, strategy=strategy)
     out_shape, lse_shape = _shapes(q, v, cu_seqlens_q is not None)
@@ -152,7 +152,8 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=N
     op = "attention_backward"
     deterministic = flag(op, "deterministic", deterministic)
     call = fw.Call(op, {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse, "mask": mask, "bias": bias,
-                        "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "dlse": dlse}, stream)
+                        "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "dlse": dlse}, stream,
+                   required=("dout", "q", "k", "v", "out", "lse"), outputs=())
     opts = options(op, mask=mask, bias=bias, scale=scale, causal=causal, window=window, softcap=softcap,
                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, strategy=strategy)
     dq = call.empty(tuple(q.shape), call.dtype_name(q))

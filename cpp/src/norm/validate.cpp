@@ -95,10 +95,10 @@ ForwardProblem validate_forward(const NormForwardArgs& a) {
     fail(ErrorKind::value, op + ": residual and residual_out must be given together");
   if (a.residual_out) check_like(*a.residual_out, a.x, op + ": residual_out", "x");
   core::expect_positive_finite(a.eps, op + ": eps");
-  check_like(a.y, a.x, op + ": y", "x");
+  check_like(a.y, a.x, op + ": out", "x");
   if (a.mean) check_stat(*a.mean, a.x, op + ": mean");
   if (a.rstd) check_stat(*a.rstd, a.x, op + ": rstd");
-  core::expect_outputs_apart({{a.y, op + ": y"}, {a.residual_out, op + ": residual_out"}, {a.mean, op + ": mean"},
+  core::expect_outputs_apart({{a.y, op + ": out"}, {a.residual_out, op + ": residual_out"}, {a.mean, op + ": mean"},
                               {a.rstd, op + ": rstd"}},
                              {{a.x, op + ": x", a.residual ? core::InPlace::refused : core::InPlace::allowed},
                               {a.weight, op + ": weight"}, {a.bias, op + ": bias"}, {a.residual, op + ": residual"}});
@@ -159,8 +159,8 @@ BackwardProblem validate_backward(const NormBackwardArgs& a) {
 
 SoftmaxProblem validate_softmax_forward(const Tensor& x, const Tensor& y) {
   check_rows_input(x, "softmax: x");
-  check_like(y, x, "softmax: y", "x");
-  core::expect_outputs_apart({{y, "softmax: y"}}, {{x, "softmax: x", core::InPlace::allowed}});
+  check_like(y, x, "softmax: out", "x");
+  core::expect_outputs_apart({{y, "softmax: out"}}, {{x, "softmax: x", core::InPlace::allowed}});
   SoftmaxProblem p;
   p.rows = row_count(x);
   p.hidden = x.shape[x.rank - 1];
