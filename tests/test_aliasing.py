@@ -210,3 +210,29 @@ def test_bad_arguments_are_rudnn_errors(call, exc, message):
     with pytest.raises(exc) as info:
         call()
     assert str(info.value).startswith(message), str(info.value)
+
+
+# ---- issue 27 usability: eager ops and autograd -----------------------------------------------------
+
+def test_eager_op_on_a_tensor_that_requires_grad_warns():
+    x = torch.randn(2, 8, requires_grad=True)
+    with pytest.warns(UserWarning, match=r"softmax: x requires grad, but rudnn's eager ops record no autograd graph: "
+                                         r"use the rudnn.torch op"):
+        rudnn.softmax(x)
+    with torch.no_grad():  # no warning where torch would record nothing either
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rudnn.softmax(x)
+
+
+def test_out_with_autograd_is_refused_in_both_apis():
+    import rudnn.torch as rt
+    x = torch.randn(2, 8, requires_grad=True)
+    for fn in (rudnn.layer_norm, rt.layer_norm):
+        with pytest.raises(rudnn.ArgumentError, match="layer_norm: out: an out= array records no gradient, and x "
+                                                      "requires grad"):
+            fn(x, out=torch.empty(2, 8))
+    y = rt.layer_norm(x)  # the custom op records the graph and warns about nothing
+    y.sum().backward()
+    assert x.grad is not None

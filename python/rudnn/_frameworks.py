@@ -8,6 +8,7 @@ CUDA stream, and exports arrays as DLPack capsules for that stream.
 from __future__ import annotations
 
 import sys
+import warnings
 
 from .errors import ArgumentError, DeviceError, DTypeError, FrameworkError, UnsupportedError
 
@@ -82,6 +83,21 @@ class _Torch:
             raise FrameworkError(f"{op}: {name}: a torch view with the {'negative' if a.is_neg() else 'conjugate'} "
                                  f"bit set (as .conj().imag gives) cannot be passed through DLPack; call "
                                  f".resolve_neg() / .resolve_conj() first")
+
+    def check_autograd(self, op, present, outputs):
+        """rudnn's eager ops record no autograd: say so where torch would have recorded it. With
+        out= this is an error, as torch refuses out= arguments that need gradients."""
+        if not self.torch.is_grad_enabled():  # torch.no_grad(), or inside a rudnn.torch custom op
+            return
+        needing = [name for name, a in present if a.requires_grad and name not in outputs]
+        if not needing:
+            return
+        if any(name in outputs for name, _ in present):
+            raise ArgumentError(f"{op}: out: an out= array records no gradient, and {needing[0]} requires grad; "
+                                f"drop out= or run under torch.no_grad()")
+        warnings.warn(f"{op}: {needing[0]} requires grad, but rudnn's eager ops record no autograd graph: use the "
+                      f"rudnn.torch op of the same name for gradients, or run under torch.no_grad()",
+                      stacklevel=4)
 
     def capsule(self, a, stream, current):
         a = a.detach()  # torch refuses to export tensors that require grad
@@ -227,6 +243,8 @@ class Call:
                                  f"{', '.join(FLOAT_DTYPES)}; its index arrays int32, int64, uint32, uint8 or bool), "
                                  f"got {dtype}")
             self.fw.check_exportable(op, name, a, writes=name in outputs)
+        if fw == "torch":
+            self.fw.check_autograd(op, present, outputs)
         handle = None if stream is None else _stream_handle(op, stream)
         if self.device[0] == "cuda":
             self.current = self.fw.current_stream(self.device)
