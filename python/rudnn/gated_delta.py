@@ -11,7 +11,7 @@ Arguments (torch, CuPy, NumPy or JAX arrays; results in the framework of q):
 - q, k: [B, H, T, K] float32 / float16 / bfloat16; v: [B, Hv, T, V] in q's dtype, Hv a multiple
   of H (value head j reads q/k head j // (Hv // H), grouped value heads as in Qwen3.5).
 - beta: [B, Hv, T] in q's dtype (usually in (0, 1)); log_decay: [B, Hv, T] float32 (g_t, usually
-  a log-sigmoid output, <= 0).
+  a log-sigmoid output, <= 0; -inf resets the state).
 - initial_state: float32 [B, Hv, K, V] (zeros when None); it is only read, never written.
 - scale: the query scale, keyword-only and explicit (K ** -0.5 for Qwen); must be finite.
 - cu_seqlens: int32/int64 [N + 1] offsets for varlen packing (B == 1); sequence n is tokens
@@ -107,7 +107,9 @@ def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scal
     (the chunked WY/UT form; on CUDA the tensor-core kernel, which needs chunk_size 64, K <= 128
     and float16/bfloat16 inputs, UnsupportedError otherwise) or "recurrent" (token by token).
     The CUDA chunked kernel multiplies in the input dtype with float32 accumulation and a
-    float32 state, like FLA; the others compute in float32 throughout. log_decay must be finite.
+    float32 state, like FLA; the others compute in float32 throughout. log_decay may be -inf (a
+    reset: the decay is 0, as in the recurrence; the chunked form raises log decays below -80 to
+    -80, e^-80 being 0 to float32 precision); NaN propagates.
     out= (torch, CuPy, NumPy) receives the output [B, Hv, T, V] in q's dtype (any strides with a
     dense last axis); the returned out is that array.
     """
