@@ -236,3 +236,20 @@ def test_out_with_autograd_is_refused_in_both_apis():
     y = rt.layer_norm(x)  # the custom op records the graph and warns about nothing
     y.sum().backward()
     assert x.grad is not None
+
+
+def test_the_torch_and_jax_wrappers_follow_the_same_rule():
+    import rudnn.torch as rt
+    x = _rows("cpu")
+    with pytest.raises(rudnn.ArgumentError, match="rms_norm: eps: expected a finite value > 0, got '1e-5'"):
+        rt.rms_norm(x, eps="1e-5")
+    with pytest.raises(rudnn.ArgumentError, match="layer_norm: return_stats: expected True or False, got 'no'"):
+        rt.layer_norm(x, return_stats="no")
+    with pytest.raises(rudnn.ArgumentError, match=r"moe.route: top_k: expected an integer .*, got 2.7"):
+        rt.moe.route(torch.randn(3, 4), 2.7)
+    with pytest.raises(rudnn.ArgumentError, match=r"chunk_gated_delta_rule: chunk_size: expected an integer"):
+        rt.chunk_gated_delta_rule(*_gd(), scale=0.5, chunk_size="64")
+    import jax.numpy as jnp
+    import rudnn.jax as rj
+    with pytest.raises(rudnn.ArgumentError, match="moe.route: renormalize: expected True or False, got 'no'"):
+        rj.moe.route(jnp.ones((3, 4)), 2, "no")

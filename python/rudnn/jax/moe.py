@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._args import flag, integer
 from .. import _C
 from ..moe import _COMBINE_STRATEGIES, _EXPERTS_STRATEGIES, _SCORINGS, _choice
 from . import _ffi
@@ -41,7 +42,7 @@ def _ready(op, **arrays):
 def route(logits, top_k, renormalize=True):
     """Softmax top-k routing: (expert_indices uint32 [T, k], weights [T, k]); no gradient."""
     (logits,) = _ready("moe.route", logits=logits)
-    k = int(top_k)
+    k, renormalize = integer("moe.route", "top_k", top_k), flag("moe.route", "renormalize", renormalize)
     _C.jax_validate_moe_route(_ffi.spec(logits), k)
     shape = (logits.shape[0], k)
     logits = jax.lax.stop_gradient(logits)  # the selection gets no gradient
@@ -57,7 +58,9 @@ def route_sigmoid_grouped(logits, bias=None, *, top_k, groups, selected_groups, 
     op = "moe.route_sigmoid_grouped"
     (logits,) = _ready(op, logits=logits)
     bias = _ffi.array(bias, op, "bias")
-    k, scale = int(top_k), _ffi.static_float(scale, op, "scale")
+    k, scale = integer(op, "top_k", top_k), _ffi.static_float(scale, op, "scale")
+    groups, selected_groups = integer(op, "groups", groups), integer(op, "selected_groups", selected_groups)
+    group_top_two, renormalize = flag(op, "group_top_two", group_top_two), flag(op, "renormalize", renormalize)
     _C.jax_validate_moe_route_sigmoid_grouped(_ffi.spec(logits), _ffi.spec(bias), k, int(groups), int(selected_groups),
                                               bool(group_top_two), scale)
     shape = (logits.shape[0], k)

@@ -89,8 +89,8 @@ def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scal
         return _gd.chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state, scale=scale, chunk_size=chunk_size,
                                           cu_seqlens=cu_seqlens, strategy=strategy, out=out, stream=stream)
     strategy_code = _gd.kernel_code("chunk_gated_delta_rule", strategy)
-    return _forward(q, k, v, beta, log_decay, initial_state, cu_seqlens, float(scale), int(chunk_size), _CHUNKED,
-                    strategy_code)
+    scale, chunk_size = _gd._numbers("chunk_gated_delta_rule", scale, chunk_size)
+    return _forward(q, k, v, beta, log_decay, initial_state, cu_seqlens, scale, chunk_size, _CHUNKED, strategy_code)
 
 
 def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_seqlens=None, out=None, stream=None):
@@ -99,7 +99,8 @@ def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_
     if out is not None or stream is not None:
         return _gd.gated_delta_rule(q, k, v, beta, log_decay, initial_state, scale=scale, cu_seqlens=cu_seqlens,
                                     out=out, stream=stream)
-    return _forward(q, k, v, beta, log_decay, initial_state, cu_seqlens, float(scale), 64, _RECURRENT)
+    scale, _ = _gd._numbers("gated_delta_rule", scale, 64)
+    return _forward(q, k, v, beta, log_decay, initial_state, cu_seqlens, scale, 64, _RECURRENT)
 
 
 def chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None, dfinal_state=None, *, scale,
@@ -108,8 +109,9 @@ def chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_stat
         return _gd.chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state, dfinal_state,
                                                    scale=scale, chunk_size=chunk_size, cu_seqlens=cu_seqlens,
                                                    stream=stream)
-    grads = _backward(dout, q, k, v, beta, log_decay, initial_state, dfinal_state, cu_seqlens, float(scale),
-                      int(chunk_size), _CHUNKED)
+    scale, chunk_size = _gd._numbers("chunk_gated_delta_rule_backward", scale, chunk_size)
+    grads = _backward(dout, q, k, v, beta, log_decay, initial_state, dfinal_state, cu_seqlens, scale, chunk_size,
+                      _CHUNKED)
     return (*grads[:5], grads[5] if initial_state is not None else None)
 
 
@@ -118,8 +120,8 @@ def gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None
     if stream is not None:
         return _gd.gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state, dfinal_state, scale=scale,
                                              cu_seqlens=cu_seqlens, stream=stream)
-    grads = _backward(dout, q, k, v, beta, log_decay, initial_state, dfinal_state, cu_seqlens, float(scale), 64,
-                      _RECURRENT)
+    scale, _ = _gd._numbers("gated_delta_rule_backward", scale, 64)
+    grads = _backward(dout, q, k, v, beta, log_decay, initial_state, dfinal_state, cu_seqlens, scale, 64, _RECURRENT)
     return (*grads[:5], grads[5] if initial_state is not None else None)
 
 

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .._args import flag, float32_number, integer
 from .. import moe as _moe
 
 _SCORING = _moe._SCORINGS
@@ -57,14 +58,16 @@ def _(logits, bias, top_k, groups, selected_groups, group_top_two, renormalize, 
 
 def route(logits, top_k, renormalize=True):
     """Softmax top-k routing: (expert_indices uint32 [T, k], weights [T, k]); no gradient."""
-    return _route(logits, int(top_k), bool(renormalize))
+    return _route(logits, integer("moe.route", "top_k", top_k), flag("moe.route", "renormalize", renormalize))
 
 
 def route_sigmoid_grouped(logits, bias=None, *, top_k, groups, selected_groups, group_top_two=True, renormalize=True,
                           scale=1.0):
     """DeepSeek-V3 grouped sigmoid routing: (expert_indices, weights); no gradient."""
-    return _route_sigmoid_grouped(logits, bias, int(top_k), int(groups), int(selected_groups), bool(group_top_two),
-                                  bool(renormalize), float(scale))
+    op = "moe.route_sigmoid_grouped"
+    return _route_sigmoid_grouped(logits, bias, integer(op, "top_k", top_k), integer(op, "groups", groups),
+                                  integer(op, "selected_groups", selected_groups), flag(op, "group_top_two", group_top_two),
+                                  flag(op, "renormalize", renormalize), float32_number(op, "scale", scale, "a finite value > 0"))
 
 
 # ---- differentiable router weights --------------------------------------------------------------
@@ -110,12 +113,16 @@ torch.library.register_autograd("rudnn::moe_selected_router_weights", _srw_backw
 def selected_router_weights(logits, indices, scoring="softmax", renormalize=True, scale=1.0):
     """float32 [T, k] weights of the chosen experts, differentiable in logits."""
     code = _moe._choice(_SCORING, scoring, "moe.selected_router_weights", "scoring")
-    return _selected_router_weights(logits, indices, code, bool(renormalize), float(scale))
+    op = "moe.selected_router_weights"
+    return _selected_router_weights(logits, indices, code, flag(op, "renormalize", renormalize),
+                                    float32_number(op, "scale", scale, "a finite value > 0"))
 
 
 def selected_router_backward(logits, indices, grad_weights, scoring="softmax", renormalize=True, scale=1.0):
     code = _moe._choice(_SCORING, scoring, "moe.selected_router_backward", "scoring")
-    return _selected_router_backward(logits, indices, grad_weights, code, bool(renormalize), float(scale))
+    op = "moe.selected_router_backward"
+    return _selected_router_backward(logits, indices, grad_weights, code, flag(op, "renormalize", renormalize),
+                                     float32_number(op, "scale", scale, "a finite value > 0"))
 
 
 # ---- dispatch and combine ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .._args import flag, float32_number
 from .. import norm as _norm
 
 _LAYER, _RMS = 0, 1
@@ -106,16 +107,16 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, residual=None, return_sta
     if out is not None or stream is not None:
         return _norm.layer_norm(x, weight, bias, eps, residual=residual, return_stats=return_stats, out=out,
                                 stream=stream)
-    y, h, mean, rstd = _norm_forward(x, weight, bias, residual, float(eps), _LAYER)
-    return _norm_result(_LAYER, y, h, mean, rstd, residual, return_stats)
+    y, h, mean, rstd = _norm_forward(x, weight, bias, residual, float32_number("layer_norm", "eps", eps, "a finite value > 0"), _LAYER)
+    return _norm_result(_LAYER, y, h, mean, rstd, residual, flag("layer_norm", "return_stats", return_stats))
 
 
 def rms_norm(x, weight=None, eps=1e-6, *, residual=None, return_stats=False, out=None, stream=None):
     """rudnn.rms_norm as a differentiable, torch.compile-able custom op."""
     if out is not None or stream is not None:
         return _norm.rms_norm(x, weight, eps, residual=residual, return_stats=return_stats, out=out, stream=stream)
-    y, h, mean, rstd = _norm_forward(x, weight, None, residual, float(eps), _RMS)
-    return _norm_result(_RMS, y, h, mean, rstd, residual, return_stats)
+    y, h, mean, rstd = _norm_forward(x, weight, None, residual, float32_number("rms_norm", "eps", eps, "a finite value > 0"), _RMS)
+    return _norm_result(_RMS, y, h, mean, rstd, residual, flag("rms_norm", "return_stats", return_stats))
 
 
 def layer_norm_backward(dy, x, weight, mean, rstd, *, stream=None):
