@@ -1,4 +1,4 @@
-"""Outputs that share memory with an input, with another output or with themselves are refused
+"""Issue 27 (bad input), one test per reproducer. First: outputs that share memory with an input, with another output or with themselves are refused
 by every family (issue 27, items 2 and 3): one check in core (cpp/src/core/aliasing.cpp) that
 each family's validate step calls. Each case also checks that nothing was written: the inputs
 keep their bytes."""
