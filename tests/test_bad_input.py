@@ -1,7 +1,8 @@
-"""Issue 27 (bad input), one test per reproducer. First: outputs that share memory with an input, with another output or with themselves are refused
-by every family (issue 27, items 2 and 3): one check in core (cpp/src/core/aliasing.cpp) that
-each family's validate step calls. Each case also checks that nothing was written: the inputs
-keep their bytes."""
+"""Issue 27 (bad input), one test per reproducer, each failing before its fix. First: outputs
+that share memory with an input, with another output or with themselves are refused by every
+family (items 2 and 3): one check in core (cpp/src/core/aliasing.cpp) that each family's validate
+step calls; each case also checks that nothing was written (the inputs keep their bytes). Then
+scalars, integers and flags (items 6, 9, 10), bad arrays (items 7, 9) and autograd usability."""
 
 import numpy as np
 import pytest
