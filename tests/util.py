@@ -122,7 +122,10 @@ def build_emulator(source, kernels_inc, needs_cutlass=False, defines=()):
     flags += [f"-I{cutlass_inc}"] if cutlass_inc else []
     flags += [f"-D{d}" for d in defines]
     objects = []
-    for src in (os.path.join(ROOT, "tests", "emulation", source), os.path.join(ROOT, "cpp", "src", "core", "tensor.cpp")):
+    core = os.path.join(ROOT, "cpp", "src", "core")
+    # the validate steps the emulators compile in call core's out-of-line checks
+    for src in (os.path.join(ROOT, "tests", "emulation", source), os.path.join(core, "tensor.cpp"),
+                os.path.join(core, "aliasing.cpp")):
         obj = os.path.join(build_dir, os.path.splitext(os.path.basename(src))[0] + ".o")
         launcher, depfile, env = ccache_env(obj)
         result = subprocess.run(launcher + [cxx, *flags, *depfile, "-c", src, "-o", obj], capture_output=True,
