@@ -254,3 +254,13 @@ def test_the_torch_and_jax_wrappers_follow_the_same_rule():
     import rudnn.jax as rj
     with pytest.raises(rudnn.ArgumentError, match="moe.route: renormalize: expected True or False, got 'no'"):
         rj.moe.route(jnp.ones((3, 4)), 2, "no")
+
+
+def test_workspaces_are_allocated_through_the_callback_without_a_second_export():
+    # issue 27 (host overhead): attention passes workspace_alloc instead of exporting every array
+    # once for a size query and once for the call; the CPU never needs a workspace, so the path
+    # is driven here directly.
+    call = rudnn._frameworks.Call("attention", {"q": torch.zeros(1)})
+    assert rudnn._C._workspace_alloc_check(call.workspace_alloc, 96) == (96, 0)
+    assert rudnn._C._workspace_alloc_check(call.workspace_alloc, 0) == ()
+    assert rudnn._C._workspace_alloc_check(None, 96) == ()

@@ -74,6 +74,23 @@ const Tensor* opt_tensor(const std::optional<Array>& a, const char* name, std::o
   return &*slot;
 }
 
+// The workspace of a call: the array given, or, when `alloc` (a Python callable: byte count ->
+// DLPack capsule of that many uint8 on the call's device) is given instead, one it allocates
+// for bytes() > 0 bytes; `held` keeps that array alive through the call. Asking for the size
+// here, on the views already imported, spares the Python layer a second export of every array
+// (a separate *_workspace_bytes call takes capsules of its own).
+template <class Bytes>
+const Tensor* workspace_from(const std::optional<nb::ndarray<>>& given, const nb::object& alloc, Bytes&& bytes,
+                             std::optional<nb::ndarray<>>& held, std::optional<Tensor>& slot) {
+  if (given) return opt_tensor(given, "workspace", slot);
+  if (alloc.is_none()) return nullptr;
+  const std::size_t n = bytes();
+  if (n == 0) return nullptr;
+  held = nb::cast<nb::ndarray<>>(alloc(n));
+  slot = to_tensor(*held, "workspace");
+  return &*slot;
+}
+
 // rudnn::Error -> rudnn.errors.<Kind>Error (classes defined in Python, looked up once).
 inline void register_error_translator() {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {

@@ -266,6 +266,11 @@ class Call:
     def zeros(self, shape, dtype):
         return self.fw.zeros(shape, dtype, self.device)
 
+    def workspace_alloc(self, nbytes):
+        """A uint8 workspace of nbytes, as the capsule rudnn._C takes (the bindings call this
+        with the size they computed, so that no array is exported twice)."""
+        return self.arg(self.empty((nbytes,), "uint8"))
+
     def dtype_name(self, a):
         return self.fw.dtype_name(a)
 

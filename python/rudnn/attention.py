@@ -125,14 +125,12 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
     o = out if out is not None else call.empty(out_shape, call.dtype_name(q))
     lse = call.empty(lse_shape, "float32") if return_lse else None
 
-    def args():  # a DLPack capsule is consumed by the call it is passed to: export anew
+    def args():
         return dict(q=call.arg(q), k=call.arg(k), v=call.arg(v), mask=call.arg(mask), bias=call.arg(bias),
                     cu_seqlens_q=call.arg(cu_seqlens_q), cu_seqlens_k=call.arg(cu_seqlens_k), out=call.arg(o),
                     lse=call.arg(lse), **opts)
 
-    nbytes = _C.attention_forward_workspace_bytes(**args())
-    workspace = call.empty((nbytes,), "uint8") if nbytes else None
-    _C.attention_forward(**args(), workspace=call.arg(workspace), stream=call.stream)
+    _C.attention_forward(**args(), workspace=None, workspace_alloc=call.workspace_alloc, stream=call.stream)
     return (o, lse) if return_lse else o
 
 
@@ -167,9 +165,7 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=N
                     deterministic=deterministic, dlse=call.arg(dlse), dq=call.arg(dq), dk=call.arg(dk),
                     dv=call.arg(dv), **opts)
 
-    nbytes = _C.attention_backward_workspace_bytes(**args())
-    workspace = call.empty((nbytes,), "uint8") if nbytes else None
-    _C.attention_backward(**args(), workspace=call.arg(workspace), stream=call.stream)
+    _C.attention_backward(**args(), workspace=None, workspace_alloc=call.workspace_alloc, stream=call.stream)
     return dq, dk, dv
 
 
