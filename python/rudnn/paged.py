@@ -18,6 +18,8 @@ Inference servers keep K/V in fixed-size physical pages; a schedule maps sequenc
   that code captured over ``plan.attention`` sees the new schedule.
 - ``plan.attention``, ``plan.mla``, ``plan.append``; ``SplitWorkspace`` for split-KV.
 
+A JAX q gives a plan of JAX arrays (rudnn.jax.paged), whose calls run through XLA FFI.
+
 This release runs on the CPU (the reference backend); CUDA arrays raise UnsupportedError.
 """
 
@@ -31,7 +33,7 @@ import numpy as np
 from . import _C
 from . import _frameworks as fw
 from .attention import _number, flag
-from .errors import ArgumentError, DeviceError, DTypeError, FrameworkError, ShapeError, UnsupportedError
+from .errors import ArgumentError, DeviceError, DTypeError, ShapeError, UnsupportedError
 
 __all__ = ["HostPlan", "DevicePlan", "SplitWorkspace"]
 
@@ -165,6 +167,10 @@ class DevicePlan:
         """An empty plan on q's device able to hold schedules of up to max_queries query rows,
         max_seqs sequences and max_pages pages per sequence (fill it with upload(..., into=))."""
         op = "DevicePlan.reserve"
+        if fw.is_jax(q):
+            from .jax import paged as jpaged
+
+            return jpaged.reserve(q, max_queries, max_seqs, max_pages)
         cap = (_int(op, "max_queries", max_queries, 0), _int(op, "max_seqs", max_seqs, 0),
                _int(op, "max_pages", max_pages, 0))
         call = _plan_call(op, q)
@@ -176,6 +182,10 @@ class DevicePlan:
         op = "DevicePlan.upload"
         if not isinstance(host, HostPlan):
             raise ArgumentError(f"{op}: host: expected a rudnn.paged.HostPlan, got {type(host).__name__}")
+        if fw.is_jax(q):
+            from .jax import paged as jpaged
+
+            return jpaged.upload(host, q, into)
         call = _plan_call(op, q)
         need = (host.queries, host.num_seqs, host.max_pages)
         if into is None:
@@ -314,8 +324,6 @@ def _append(plan, k, v, k_cache, v_cache, stream):
     return k_cache, v_cache
 
 def _plan_call(op, q):
-    if fw.is_jax(q):
-        raise FrameworkError(f"{op}: q: JAX plans are made by rudnn.jax.paged.upload (its arrays are immutable)")
     call = fw.Call(op, {"q": q})
     if call.device[0] != "cpu":
         raise UnsupportedError(f"{op}: the CUDA backend of the paged family is not built yet; make the plan for "
