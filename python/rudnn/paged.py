@@ -246,6 +246,25 @@ class DevicePlan:
                               return_lse=return_lse)
         return _mla(self, q, qp, latent, kp, scale, causal, workspace, return_lse, out, stream)
 
+    def attention_backward(self, q, k_cache, v_cache, dout, scale=None, causal=False, *, need=("dq", "dk", "dv"),
+                           workspace=None, stream=None):
+        """Gradients (dq, dk_cache, dv_cache) of plan.attention for the output gradient dout
+        [queries, Hq, Dv], the probabilities recomputed. need= names the gradients to compute (the
+        others come back as None). Cache gradients have the caches' shapes: zero in slots no row
+        sees, the sum over every sequence reading a slot (shared pages). The CPU backend sums in a
+        fixed order (bitwise run-to-run deterministic); OrderedBackwardWorkspace is not built yet."""
+        if fw.is_jax(q):
+            raise UnsupportedError("paged_attention_backward: the JAX backward is not built yet")
+        return _attention_backward(self, q, k_cache, v_cache, dout, scale, causal, need, workspace, stream)
+
+    def mla_backward(self, q, qp, latent, kp, dout, scale, causal=False, *, need=("dq", "dqp", "dlatent", "dkp"),
+                     workspace=None, stream=None):
+        """Gradients (dq, dqp, dlatent, dkp) of plan.mla; dlatent holds both the key and the
+        value contributions. need= as in attention_backward."""
+        if fw.is_jax(q):
+            raise UnsupportedError("paged_mla_backward: the JAX backward is not built yet")
+        return _mla_backward(self, q, qp, latent, kp, dout, scale, causal, need, workspace, stream)
+
     def append(self, k, v, k_cache, v_cache, *, stream=None):
         """Writes row r of k [queries, Hkv, D] and v [queries, Hkv, Dv] into the slot of position
         positions[r] of sequence sequence_ids[r] of k_cache / v_cache, in place, and returns
@@ -313,6 +332,55 @@ def _mla(plan, q, qp, latent, kp, scale, causal, workspace, return_lse, out, str
                  causal=causal, out=call.arg(o), lse=call.arg(lse), splits=splits, workspace=call.arg(ws),
                  stream=call.stream)
     return (o, lse) if return_lse else o
+
+
+def _need(op, need, names):
+    if isinstance(need, str) or not all(isinstance(n, str) for n in (need or ())):
+        raise ArgumentError(f"{op}: need: expected a tuple of gradient names from {names}, got {need!r}")
+    unknown = [n for n in need if n not in names]
+    if unknown:
+        raise ArgumentError(f"{op}: need: unknown gradient {unknown[0]!r}; expected names from {names}")
+    return {n: n in need for n in names}
+
+
+def _no_workspace(op, workspace):
+    if workspace is not None:
+        raise UnsupportedError(f"{op}: workspace: OrderedBackwardWorkspace is not built yet (the CPU backward sums "
+                               f"in a fixed order already)")
+
+
+def _attention_backward(plan, q, k_cache, v_cache, dout, scale, causal, need, workspace, stream):
+    op = "paged_attention_backward"
+    call = fw.Call(op, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "dout": dout}, stream)
+    meta = _meta(plan, call, op)
+    want = _need(op, need, ("dq", "dk", "dv"))
+    _no_workspace(op, workspace)
+    causal = flag(op, "causal", causal)
+    D = q.shape[-1] if len(q.shape) else 1
+    scale = 1.0 / math.sqrt(max(D, 1)) if scale is None else _number(op, "scale", scale, "a finite value > 0")
+    dq = call.empty(tuple(q.shape), call.dtype_name(q)) if want["dq"] else None
+    dk = call.empty(tuple(k_cache.shape), call.dtype_name(k_cache)) if want["dk"] else None
+    dv = call.empty(tuple(v_cache.shape), call.dtype_name(v_cache)) if want["dv"] else None
+    _C.paged_attention_backward(**meta, q=call.arg(q), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache),
+                                dout=call.arg(dout), scale=scale, causal=causal, dq=call.arg(dq), dk_cache=call.arg(dk),
+                                dv_cache=call.arg(dv), stream=call.stream)
+    return dq, dk, dv
+
+
+def _mla_backward(plan, q, qp, latent, kp, dout, scale, causal, need, workspace, stream):
+    op = "paged_mla_backward"
+    call = fw.Call(op, {"q": q, "qp": qp, "latent": latent, "kp": kp, "dout": dout}, stream)
+    meta = _meta(plan, call, op)
+    want = _need(op, need, ("dq", "dqp", "dlatent", "dkp"))
+    _no_workspace(op, workspace)
+    causal = flag(op, "causal", causal)
+    scale = _number(op, "scale", scale, "a finite value > 0")
+    grads = {n: call.empty(tuple(a.shape), call.dtype_name(a)) if want[n] else None
+             for n, a in (("dq", q), ("dqp", qp), ("dlatent", latent), ("dkp", kp))}
+    _C.paged_mla_backward(**meta, q=call.arg(q), qp=call.arg(qp), latent=call.arg(latent), kp=call.arg(kp),
+                          dout=call.arg(dout), scale=scale, causal=causal,
+                          **{n: call.arg(g) for n, g in grads.items()}, stream=call.stream)
+    return grads["dq"], grads["dqp"], grads["dlatent"], grads["dkp"]
 
 
 def _append(plan, k, v, k_cache, v_cache, stream):
