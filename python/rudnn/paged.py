@@ -247,23 +247,24 @@ class DevicePlan:
         return _mla(self, q, qp, latent, kp, scale, causal, workspace, return_lse, out, stream)
 
     def attention_backward(self, q, k_cache, v_cache, dout, scale=None, causal=False, *, need=("dq", "dk", "dv"),
-                           workspace=None, stream=None):
+                           workspace=None, dlse=None, stream=None):
         """Gradients (dq, dk_cache, dv_cache) of plan.attention for the output gradient dout
         [queries, Hq, Dv], the probabilities recomputed. need= names the gradients to compute (the
         others come back as None). Cache gradients have the caches' shapes: zero in slots no row
         sees, the sum over every sequence reading a slot (shared pages). The CPU backend sums in a
-        fixed order (bitwise run-to-run deterministic); OrderedBackwardWorkspace is not built yet."""
+        fixed order (bitwise run-to-run deterministic); OrderedBackwardWorkspace is not built yet.
+        dlse (float32 [queries, Hq]), the gradient with respect to lse, adds the path through lse."""
         if fw.is_jax(q):
             raise UnsupportedError("paged_attention_backward: the JAX backward is not built yet")
-        return _attention_backward(self, q, k_cache, v_cache, dout, scale, causal, need, workspace, stream)
+        return _attention_backward(self, q, k_cache, v_cache, dout, scale, causal, need, workspace, stream, dlse)
 
     def mla_backward(self, q, qp, latent, kp, dout, scale, causal=False, *, need=("dq", "dqp", "dlatent", "dkp"),
-                     workspace=None, stream=None):
+                     workspace=None, dlse=None, stream=None):
         """Gradients (dq, dqp, dlatent, dkp) of plan.mla; dlatent holds both the key and the
         value contributions. need= as in attention_backward."""
         if fw.is_jax(q):
             raise UnsupportedError("paged_mla_backward: the JAX backward is not built yet")
-        return _mla_backward(self, q, qp, latent, kp, dout, scale, causal, need, workspace, stream)
+        return _mla_backward(self, q, qp, latent, kp, dout, scale, causal, need, workspace, stream, dlse)
 
     def append(self, k, v, k_cache, v_cache, *, stream=None):
         """Writes row r of k [queries, Hkv, D] and v [queries, Hkv, Dv] into the slot of position
@@ -349,9 +350,9 @@ def _no_workspace(op, workspace):
                                f"in a fixed order already)")
 
 
-def _attention_backward(plan, q, k_cache, v_cache, dout, scale, causal, need, workspace, stream):
+def _attention_backward(plan, q, k_cache, v_cache, dout, scale, causal, need, workspace, stream, dlse=None):
     op = "paged_attention_backward"
-    call = fw.Call(op, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "dout": dout}, stream)
+    call = fw.Call(op, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "dout": dout, "dlse": dlse}, stream)
     meta = _meta(plan, call, op)
     want = _need(op, need, ("dq", "dk", "dv"))
     _no_workspace(op, workspace)
@@ -363,13 +364,13 @@ def _attention_backward(plan, q, k_cache, v_cache, dout, scale, causal, need, wo
     dv = call.empty(tuple(v_cache.shape), call.dtype_name(v_cache)) if want["dv"] else None
     _C.paged_attention_backward(**meta, q=call.arg(q), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache),
                                 dout=call.arg(dout), scale=scale, causal=causal, dq=call.arg(dq), dk_cache=call.arg(dk),
-                                dv_cache=call.arg(dv), stream=call.stream)
+                                dv_cache=call.arg(dv), dlse=call.arg(dlse), stream=call.stream)
     return dq, dk, dv
 
 
-def _mla_backward(plan, q, qp, latent, kp, dout, scale, causal, need, workspace, stream):
+def _mla_backward(plan, q, qp, latent, kp, dout, scale, causal, need, workspace, stream, dlse=None):
     op = "paged_mla_backward"
-    call = fw.Call(op, {"q": q, "qp": qp, "latent": latent, "kp": kp, "dout": dout}, stream)
+    call = fw.Call(op, {"q": q, "qp": qp, "latent": latent, "kp": kp, "dout": dout, "dlse": dlse}, stream)
     meta = _meta(plan, call, op)
     want = _need(op, need, ("dq", "dqp", "dlatent", "dkp"))
     _no_workspace(op, workspace)
@@ -379,7 +380,7 @@ def _mla_backward(plan, q, qp, latent, kp, dout, scale, causal, need, workspace,
              for n, a in (("dq", q), ("dqp", qp), ("dlatent", latent), ("dkp", kp))}
     _C.paged_mla_backward(**meta, q=call.arg(q), qp=call.arg(qp), latent=call.arg(latent), kp=call.arg(kp),
                           dout=call.arg(dout), scale=scale, causal=causal,
-                          **{n: call.arg(g) for n, g in grads.items()}, stream=call.stream)
+                          **{n: call.arg(g) for n, g in grads.items()}, dlse=call.arg(dlse), stream=call.stream)
     return grads["dq"], grads["dqp"], grads["dlatent"], grads["dkp"]
 
 

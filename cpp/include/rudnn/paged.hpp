@@ -124,6 +124,7 @@ struct PagedAttentionBackwardArgs {
   const Tensor* dq = nullptr;        // like q
   const Tensor* dk_cache = nullptr;  // like k_cache
   const Tensor* dv_cache = nullptr;  // like v_cache
+  const Tensor* dlse = nullptr;      // optional float32 [queries, Hq]: the gradient through lse (any strides)
 };
 
 struct PagedMlaBackwardArgs {
@@ -135,6 +136,7 @@ struct PagedMlaBackwardArgs {
   const Tensor* dqp = nullptr;       // like qp
   const Tensor* dlatent = nullptr;   // like latent: the key and the value contributions
   const Tensor* dkp = nullptr;       // like kp
+  const Tensor* dlse = nullptr;      // optional float32 [queries, H]
 };
 
 void paged_attention_backward(const PagedAttentionBackwardArgs& args, Stream stream = nullptr);

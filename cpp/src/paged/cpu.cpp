@@ -89,7 +89,7 @@ void forward(const Problem& p, float* ws) {
 }
 
 // Gradients of one problem: for each (row, head) the probabilities are recomputed, then
-// dS = P (dP - delta) with delta = dout . out; every sum in double, in a fixed order (rows,
+// dS = P (dP - delta) with delta = dout . out - dlse; every sum in double, in a fixed order (rows,
 // heads, positions), cache gradients accumulated per slot and written once.
 template <class T>
 void backward(const BackwardProblem& b) {
@@ -138,6 +138,7 @@ void backward(const BackwardProblem& b) {
       }
       double delta = 0.0;
       for (std::int64_t e = 0; e < p.dv; ++e) delta += double(dout[e]) * out[e];
+      if (b.dlse) delta -= double(b.dlse[b.dlse_at.at(r, h)]);
       dq.assign(p.d, 0.0);
       dq2.assign(p.d2, 0.0);
       for (std::int64_t t = 0; t < n; ++t) {

@@ -85,6 +85,8 @@ struct BackwardProblem {
   void *dq = nullptr, *dq2 = nullptr, *dk = nullptr, *dk2 = nullptr, *dv = nullptr;
   RowStrides dq_at, dq2_at;
   CacheStrides dk_at, dk2_at, dv_at;
+  const float* dlse = nullptr;  // the gradient through lse (d lse / d s_t = P_t), or null
+  RowStrides dlse_at;
 };
 BackwardProblem validate_attention_backward(const PagedAttentionBackwardArgs& a);
 BackwardProblem validate_mla_backward(const PagedMlaBackwardArgs& a);

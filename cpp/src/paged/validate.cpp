@@ -518,6 +518,17 @@ void check_grad(const Tensor* g, const Tensor& like, const Tensor& q, const std:
   core::expect_data(*g, name);
 }
 
+void check_dlse(BackwardProblem& b, const Tensor* dlse, const Tensor& q, const std::string& op) {
+  if (!dlse) return;
+  const std::string name = op + ": dlse";
+  core::expect_same_device(*dlse, q, name, "q");
+  core::expect_dtype(*dlse, DType::f32, name);
+  core::expect_shape(*dlse, {b.fwd.sched.queries, b.fwd.hq}, name, "([queries, heads], like lse)");
+  core::expect_data(*dlse, name);
+  b.dlse = dlse->ptr<const float>();
+  b.dlse_at = RowStrides{dlse->strides[0], dlse->strides[1]};
+}
+
 RowStrides rows_of(const Tensor* g) { return g ? RowStrides{g->strides[0], g->strides[1]} : RowStrides{}; }
 CacheStrides cache_of(const Tensor* g) {
   return g ? CacheStrides{g->strides[0], g->strides[1], g->strides[2]} : CacheStrides{};
@@ -546,6 +557,7 @@ BackwardProblem validate_attention_backward(const PagedAttentionBackwardArgs& a)
   b.dq_at = rows_of(a.dq);
   b.dk_at = cache_of(a.dk_cache);
   b.dv_at = cache_of(a.dv_cache);
+  check_dlse(b, a.dlse, a.q, op);
   return b;
 }
 
@@ -574,6 +586,7 @@ BackwardProblem validate_mla_backward(const PagedMlaBackwardArgs& a) {
   b.dq2_at = rows_of(a.dqp);
   b.dk_at = cache_of(a.dlatent);
   b.dk2_at = cache_of(a.dkp);
+  check_dlse(b, a.dlse, a.q, op);
   return b;
 }
 
