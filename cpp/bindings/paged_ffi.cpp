@@ -6,6 +6,9 @@
 //   rudnn_paged_mla       (tables, lengths, sequence_ids, positions, q, qp, latent, kp) -> (out, lse)
 //   rudnn_paged_append    (tables, lengths, sequence_ids, positions, k, v, k_cache, v_cache) -> (k_cache, v_cache)
 //                         (attribute page_size only; the caches alias the results: donation-friendly)
+//   rudnn_paged_attention_backward (tables, ..., q, k_cache, v_cache, dout, dlse) -> (dq, dk_cache, dv_cache)
+//   rudnn_paged_mla_backward       (tables, ..., q, qp, latent, kp, dout, dlse) -> (dq, dqp, dlatent, dkp)
+//                         (attributes page_size, scale, causal)
 // The checks run as XLA runs the call (rudnn.jax raises them as rudnn errors when eager).
 #include <cstdint>
 #include <cstring>
@@ -92,6 +95,60 @@ ffi::Error mla(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths
   });
 }
 
+ffi::Error attention_backward(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
+                              ffi::AnyBuffer sequence_ids, ffi::AnyBuffer positions, ffi::AnyBuffer q,
+                              ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache, ffi::AnyBuffer dout, ffi::AnyBuffer dlse,
+                              ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                              ffi::Result<ffi::AnyBuffer> dv, std::int64_t page_size, double scale, bool causal) {
+  return guarded([&] {
+    const std::string op = "paged_attention_backward";
+    PagedAttentionBackwardArgs a;
+    a.plan = metadata(place, page_size, tables, lengths, sequence_ids, positions, op);
+    a.q = view(q, place, op + ": q");
+    a.k_cache = view(k_cache, place, op + ": k_cache");
+    a.v_cache = view(v_cache, place, op + ": v_cache");
+    a.dout = view(dout, place, op + ": dout");
+    a.scale = scale;
+    a.causal = causal;
+    const Tensor l = view(dlse, place, op + ": dlse"), gq = view(*dq, place, op + ": dq"),
+                 gk = view(*dk, place, op + ": dk_cache"), gv = view(*dv, place, op + ": dv_cache");
+    a.dlse = &l;
+    a.dq = &gq;
+    a.dk_cache = &gk;
+    a.dv_cache = &gv;
+    paged_attention_backward(a, place.stream);
+  });
+}
+
+ffi::Error mla_backward(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
+                        ffi::AnyBuffer sequence_ids, ffi::AnyBuffer positions, ffi::AnyBuffer q, ffi::AnyBuffer qp,
+                        ffi::AnyBuffer latent, ffi::AnyBuffer kp, ffi::AnyBuffer dout, ffi::AnyBuffer dlse,
+                        ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dqp,
+                        ffi::Result<ffi::AnyBuffer> dlatent, ffi::Result<ffi::AnyBuffer> dkp, std::int64_t page_size,
+                        double scale, bool causal) {
+  return guarded([&] {
+    const std::string op = "paged_mla_backward";
+    PagedMlaBackwardArgs a;
+    a.plan = metadata(place, page_size, tables, lengths, sequence_ids, positions, op);
+    a.q = view(q, place, op + ": q");
+    a.qp = view(qp, place, op + ": qp");
+    a.latent = view(latent, place, op + ": latent");
+    a.kp = view(kp, place, op + ": kp");
+    a.dout = view(dout, place, op + ": dout");
+    a.scale = scale;
+    a.causal = causal;
+    const Tensor l = view(dlse, place, op + ": dlse"), g0 = view(*dq, place, op + ": dq"),
+                 g1 = view(*dqp, place, op + ": dqp"), g2 = view(*dlatent, place, op + ": dlatent"),
+                 g3 = view(*dkp, place, op + ": dkp");
+    a.dlse = &l;
+    a.dq = &g0;
+    a.dqp = &g1;
+    a.dlatent = &g2;
+    a.dkp = &g3;
+    paged_mla_backward(a, place.stream);
+  });
+}
+
 ffi::Error append(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths, ffi::AnyBuffer sequence_ids,
                   ffi::AnyBuffer positions, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer k_cache,
                   ffi::AnyBuffer v_cache, ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out,
@@ -150,6 +207,38 @@ RUDNN_FFI_HANDLER(mla_cpu,
                                     .template Ret<ffi::AnyBuffer>()
                                     .template Ret<ffi::AnyBuffer>()),
                   on_cpu, mla)
+template <class B>
+auto backward_attrs(B&& b) {
+  return std::forward<B>(b)
+      .template Attr<std::int64_t>("page_size")
+      .template Attr<double>("scale")
+      .template Attr<bool>("causal");
+}
+
+RUDNN_FFI_HANDLER(attention_backward_cpu,
+                  backward_attrs(plan_args(cpu_binding())
+                                     .template Arg<ffi::AnyBuffer>()
+                                     .template Arg<ffi::AnyBuffer>()
+                                     .template Arg<ffi::AnyBuffer>()
+                                     .template Arg<ffi::AnyBuffer>()
+                                     .template Arg<ffi::AnyBuffer>()
+                                     .template Ret<ffi::AnyBuffer>()
+                                     .template Ret<ffi::AnyBuffer>()
+                                     .template Ret<ffi::AnyBuffer>()),
+                  on_cpu, attention_backward)
+RUDNN_FFI_HANDLER(mla_backward_cpu,
+                  backward_attrs(plan_args(cpu_binding())
+                                     .template Arg<ffi::AnyBuffer>()
+                                     .template Arg<ffi::AnyBuffer>()
+                                     .template Arg<ffi::AnyBuffer>()
+                                     .template Arg<ffi::AnyBuffer>()
+                                     .template Arg<ffi::AnyBuffer>()
+                                     .template Arg<ffi::AnyBuffer>()
+                                     .template Ret<ffi::AnyBuffer>()
+                                     .template Ret<ffi::AnyBuffer>()
+                                     .template Ret<ffi::AnyBuffer>()
+                                     .template Ret<ffi::AnyBuffer>()),
+                  on_cpu, mla_backward)
 RUDNN_FFI_HANDLER(append_cpu,
                   plan_args(cpu_binding())
                       .template Arg<ffi::AnyBuffer>()
@@ -169,6 +258,8 @@ void add_paged_targets(nb::dict& cpu, nb::dict& cuda) {
   cpu["rudnn_paged_attention"] = capsule(attention_cpu);
   cpu["rudnn_paged_mla"] = capsule(mla_cpu);
   cpu["rudnn_paged_append"] = capsule(append_cpu);
+  cpu["rudnn_paged_attention_backward"] = capsule(attention_backward_cpu);
+  cpu["rudnn_paged_mla_backward"] = capsule(mla_backward_cpu);
 }
 
 }  // namespace rudnn::jax_ffi

@@ -11,8 +11,8 @@ jitted function as an argument, a new schedule of the same sizes runs without re
 immutable, so ``upload(host, q, into=plan)`` puts new arrays into `plan` (of its reserved
 capacity) rather than rewriting memory. append's caches alias its results (donate them under
 jit to update in place). The checks run as XLA runs a call: an eager call raises them as rudnn
-errors, a jitted one as XLA's runtime error with the same message. This release has no paged
-backward: jax.grad through these calls raises UnsupportedError.
+errors, a jitted one as XLA's runtime error with the same message. attention and mla are
+differentiable (jax.grad; jax.custom_vjp over the paged backward, through out and lse).
 """
 
 from __future__ import annotations
@@ -123,23 +123,26 @@ def _splits(op, splits, workspace):
     return splits
 
 
-def _no_grad(name):
-    def bwd(saved, cotangents):
-        raise UnsupportedError(f"rudnn.jax.paged.{name}: the paged backward is not built yet (no jax.grad through "
-                               f"paged calls in this release)")
-    return bwd
-
-
 @functools.lru_cache(maxsize=None)
 def _attention_op(target, page_size, scale, causal, splits, out_shape, lse_shape, dtype):
+    """The differentiable forward of `target` (rudnn_paged_attention or rudnn_paged_mla) over
+    (4 metadata arrays, operands...) -> (out, lse); the metadata get no cotangent."""
+    attrs = dict(page_size=np.int64(page_size), scale=np.float64(scale), causal=bool(causal))
+
     def call(*args):
         return jax.ffi.ffi_call(target, (_ffi.sds(out_shape, dtype), _ffi.sds(lse_shape, jnp.float32)),
-                                vmap_method="sequential")(*args, page_size=np.int64(page_size),
-                                                          scale=np.float64(scale), causal=bool(causal),
-                                                          splits=np.int32(splits))
+                                vmap_method="sequential")(*args, splits=np.int32(splits), **attrs)
+
+    def bwd(saved, cotangents):
+        dout, dlse = cotangents
+        meta, operands = saved[:4], saved[4:]
+        results = tuple(_ffi.sds(a.shape, a.dtype) for a in operands)
+        grads = jax.ffi.ffi_call(target + "_backward", results, vmap_method="sequential")(
+            *meta, *operands, dout.astype(dtype), dlse.astype(jnp.float32), **attrs)
+        return (None,) * 4 + tuple(grads)
 
     f = jax.custom_vjp(call)
-    f.defvjp(lambda *args: (call(*args), None), _no_grad(target.replace("rudnn_paged_", "")))
+    f.defvjp(lambda *args: (call(*args), args), bwd)
     return jax.jit(f)
 
 
