@@ -139,3 +139,25 @@ def test_mla_grad():
     want = plan_of(sched, q).mla_backward(q, qp, latent, kp, dout, 0.1, True)
     for g, t in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), t.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_plan_backward_methods():
+    sched = schedule([37, 5], [1, 2], 16, seed=2)
+    q = rand((3, 4, 16), torch.float32, seed=1)
+    k = rand((sched[1], 16, 2, 16), torch.float32, seed=2)
+    v = rand((sched[1], 16, 2, 8), torch.float32, seed=3)
+    dout = rand((3, 4, 8), torch.float32, seed=4)
+    want = plan_of(sched, q).attention_backward(q, k, v, dout, 0.3, True)
+    plan = DevicePlan.upload(host_of(sched), j(q))
+    got = plan.attention_backward(j(q), j(k), j(v), j(dout), 0.3, True)
+    for g, t in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), t.numpy())
+    only = plan.attention_backward(j(q), j(k), j(v), j(dout), 0.3, True, need=("dv",))
+    assert only[0] is None and only[1] is None and only[2] is not None
+    sched, q, qp, latent, kp = mla_case([20, 3], [1, 3], 16, 4, 32, 8, torch.float32, seed=4)
+    dout = rand(tuple(q.shape), torch.float32, seed=9)
+    want = plan_of(sched, q).mla_backward(q, qp, latent, kp, dout, 0.1, False)
+    plan = DevicePlan.upload(host_of(sched), j(q))
+    got = plan.mla_backward(j(q), j(qp), j(latent), j(kp), j(dout), 0.1, False)
+    for g, t in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), t.numpy())

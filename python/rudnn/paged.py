@@ -255,7 +255,10 @@ class DevicePlan:
         fixed order (bitwise run-to-run deterministic); OrderedBackwardWorkspace is not built yet.
         dlse (float32 [queries, Hq]), the gradient with respect to lse, adds the path through lse."""
         if fw.is_jax(q):
-            raise UnsupportedError("paged_attention_backward: the JAX backward is not built yet")
+            from .jax import paged as jpaged
+
+            return jpaged.attention_backward(self, q, k_cache, v_cache, dout, scale, causal, need=need,
+                                             workspace=workspace, dlse=dlse)
         return _attention_backward(self, q, k_cache, v_cache, dout, scale, causal, need, workspace, stream, dlse)
 
     def mla_backward(self, q, qp, latent, kp, dout, scale, causal=False, *, need=("dq", "dqp", "dlatent", "dkp"),
@@ -263,7 +266,10 @@ class DevicePlan:
         """Gradients (dq, dqp, dlatent, dkp) of plan.mla; dlatent holds both the key and the
         value contributions. need= as in attention_backward."""
         if fw.is_jax(q):
-            raise UnsupportedError("paged_mla_backward: the JAX backward is not built yet")
+            from .jax import paged as jpaged
+
+            return jpaged.mla_backward(self, q, qp, latent, kp, dout, scale, causal, need=need, workspace=workspace,
+                                       dlse=dlse)
         return _mla_backward(self, q, qp, latent, kp, dout, scale, causal, need, workspace, stream, dlse)
 
     def append(self, k, v, k_cache, v_cache, *, stream=None):

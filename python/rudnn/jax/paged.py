@@ -29,7 +29,7 @@ from ..attention import flag as _flag
 from ..errors import ArgumentError, UnsupportedError
 from . import _ffi
 
-__all__ = ["upload", "reserve", "attention", "mla", "append"]
+__all__ = ["upload", "reserve", "attention", "mla", "append", "attention_backward", "mla_backward"]
 
 _NP_Q = np.zeros((1,), np.float32)
 
@@ -204,3 +204,41 @@ def append(plan, k, v, k_cache, v_cache):
     k_cache, v_cache = _array(op, "k_cache", k_cache), _array(op, "v_cache", v_cache)
     f = _append_op(page_size, tuple(k_cache.shape), k_cache.dtype, tuple(v_cache.shape), v_cache.dtype)
     return f(*meta, k, v, k_cache, v_cache)
+
+
+def _backward(op, target, plan, operands, dout, scale, causal, need, names, dlse):
+    _ffi.ensure_ready(op)
+    meta, page_size = _meta(op, plan)
+    want = _paged._need(op, need, names)
+    operands = [_array(op, n, a) for n, a in zip(("q",) + names[1:], operands)]
+    dout = _array(op, "dout", dout)
+    q = operands[0]
+    lse_shape = tuple(q.shape[:2]) if q.ndim == 3 else (0,)
+    dlse = jnp.zeros(lse_shape, jnp.float32) if dlse is None else _array(op, "dlse", dlse)
+    results = tuple(_ffi.sds(a.shape, a.dtype) for a in operands)
+    grads = jax.ffi.ffi_call(target, results, vmap_method="sequential")(
+        *meta, *operands, dout, dlse, page_size=np.int64(page_size), scale=np.float64(scale), causal=bool(causal))
+    return tuple(g if want[n] else None for n, g in zip(names, grads))
+
+
+@_ffi.raises_rudnn_errors
+def attention_backward(plan, q, k_cache, v_cache, dout, scale=None, causal=False, *, need=("dq", "dk", "dv"),
+                       workspace=None, dlse=None):
+    """plan.attention_backward for JAX arrays: (dq, dk_cache, dv_cache), None where not in need."""
+    op = "paged_attention_backward"
+    _paged._no_workspace(op, workspace)
+    D = q.shape[-1] if q.ndim else 1
+    scale = D ** -0.5 if scale is None else _number(op, "scale", scale, "a finite value > 0")
+    return _backward(op, "rudnn_paged_attention_backward", plan, (q, k_cache, v_cache), dout, scale,
+                     _flag(op, "causal", causal), need, ("dq", "dk", "dv"), dlse)
+
+
+@_ffi.raises_rudnn_errors
+def mla_backward(plan, q, qp, latent, kp, dout, scale, causal=False, *, need=("dq", "dqp", "dlatent", "dkp"),
+                 workspace=None, dlse=None):
+    """plan.mla_backward for JAX arrays: (dq, dqp, dlatent, dkp), None where not in need."""
+    op = "paged_mla_backward"
+    _paged._no_workspace(op, workspace)
+    return _backward(op, "rudnn_paged_mla_backward", plan, (q, qp, latent, kp), dout,
+                     _number(op, "scale", scale, "a finite value > 0"), _flag(op, "causal", causal), need,
+                     ("dq", "dqp", "dlatent", "dkp"), dlse)
