@@ -94,6 +94,22 @@ def test_forward_decay_scales_and_chunks(device, decay, chunk_size):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forward_with_minus_inf_log_decays_resets_the_state(device, entry, dtype):
+    """log_decay = -inf (a reset: decay 0) gives the recurrence's result on both paths (issue 27
+    item 8: the chunked path returned NaN from that step on, e^(-inf - -inf))."""
+    case = (1, 2, 2, 75, 16, 8)
+    q, k, v, beta, g, state = make_inputs(*case, dtype, device, seed=9)
+    g = g.clone()
+    g[:, 0, [0, 5, 6, 63, 64, 74]] = float("-inf")  # a chunk's first and last tokens, and runs of them
+    g[:, 1, 30] = -1e30  # finite but past the chunked floor
+    out, final = run(entry, q, k, v, beta, g, state, 0.25, 16 if entry == "chunk" else 64)
+    assert torch.isfinite(out).all() and torch.isfinite(final).all()
+    check_forward(out, final, q, k, v, beta, g, state, 0.25, tensor_cores=entry == "chunk" and device == "cuda")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("entry", ENTRIES)
 @pytest.mark.parametrize("decay", DECAYS)
 def test_forward_f32_decays_without_initial_state(device, entry, decay):
     case = (2, 1, 2, 40, 16, 8)

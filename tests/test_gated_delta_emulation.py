@@ -121,3 +121,21 @@ def test_recurrent_backward_kernel(emulator, tmp_path, dtype, varlen):
     for name, mine, o64, o32, x in zip(["dq", "dk", "dv", "dbeta", "dlog_decay", "dinitial_state"], ours, g64, g32,
                                        (q, k, v, beta, g, state)):
         assert_close_to_oracle(mine, o32.to(x.dtype), o64, name)
+
+
+@pytest.mark.parametrize("kernel", ["recurrent_forward", "chunked_forward"])
+def test_forward_kernels_with_minus_inf_log_decays(emulator, tmp_path, kernel):
+    """log_decay = -inf resets the state in both CUDA forwards (the chunked one raises it to its
+    floor, problem.hpp: chunked_log_decay), within the kernels' usual budget of the recurrence."""
+    case = (1, 2, 2, 75, 16, 8)
+    q, k, v, beta, g, state = make_inputs(*case, torch.bfloat16, seed=9)
+    g = g.clone()
+    g[:, 0, [0, 5, 6, 63, 64, 74]] = float("-inf")
+    g[:, 1, 30] = -1e30
+    out, final = _run(emulator, tmp_path, kernel, q, k, v, beta, g, state, 0.3)
+    assert torch.isfinite(out).all() and torch.isfinite(final).all()
+    o64, s64 = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, None, torch.float64)
+    peer = torch.bfloat16 if kernel == "chunked_forward" else torch.float32
+    o_peer, s_peer = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, None, peer)
+    assert_close_to_oracle(out, o_peer.to(torch.bfloat16), o64, f"{kernel} out")
+    assert_close_to_oracle(final, s_peer.float(), s64, f"{kernel} final_state")

@@ -11,7 +11,7 @@ Arguments (torch, CuPy, NumPy or JAX arrays; results in the framework of q):
 - q, k: [B, H, T, K] float32 / float16 / bfloat16; v: [B, Hv, T, V] in q's dtype, Hv a multiple
   of H (value head j reads q/k head j // (Hv // H), grouped value heads as in Qwen3.5).
 - beta: [B, Hv, T] in q's dtype (usually in (0, 1)); log_decay: [B, Hv, T] float32 (g_t, usually
-  a log-sigmoid output, <= 0).
+  a log-sigmoid output, <= 0; -inf resets the state).
 - initial_state: float32 [B, Hv, K, V] (zeros when None); it is only read, never written.
 - scale: the query scale, keyword-only and explicit (K ** -0.5 for Qwen); must be finite.
 - cu_seqlens: int32/int64 [N + 1] offsets for varlen packing (B == 1); sequence n is tokens
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from . import _C
 from . import _frameworks as fw
+from ._args import float32_number, integer
 from .errors import ArgumentError
 
 _CHUNKED, _RECURRENT = 0, 1
@@ -68,8 +69,14 @@ def _sizes(q, v, cu_seqlens):
     return (B, Hv, T, V), (N, Hv, K, V)
 
 
+def _numbers(op, scale, chunk_size):
+    return (float32_number(op, "scale", scale, "a finite value"),
+            integer(op, "chunk_size", chunk_size, expected="an integer in [1, 2^31 - 1]"))
+
+
 def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_size, cu_seqlens, stream, kernel=0,
              out=None):
+    scale, chunk_size = _numbers(op, scale, chunk_size)
     call = fw.Call(op, {"q": q, "k": k, "v": v, "beta": beta, "log_decay": log_decay,
                         "initial_state": initial_state, "cu_seqlens": cu_seqlens, "out": out}, stream)
     out_shape, state_shape = _sizes(q, v, cu_seqlens)
@@ -79,7 +86,7 @@ def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_siz
 
     def args():  # a DLPack capsule is consumed by the call it is passed to: export anew
         return (algo, call.arg(q), call.arg(k), call.arg(v), call.arg(beta), call.arg(log_decay),
-                call.arg(initial_state), call.arg(cu_seqlens), float(scale), int(chunk_size), call.arg(out),
+                call.arg(initial_state), call.arg(cu_seqlens), scale, chunk_size, call.arg(out),
                 call.arg(final_state), int(kernel))
 
     nbytes = _C.gated_delta_forward_workspace_bytes(*args()) if call.device[0] == "cuda" else 0
@@ -100,7 +107,9 @@ def chunk_gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scal
     (the chunked WY/UT form; on CUDA the tensor-core kernel, which needs chunk_size 64, K <= 128
     and float16/bfloat16 inputs, UnsupportedError otherwise) or "recurrent" (token by token).
     The CUDA chunked kernel multiplies in the input dtype with float32 accumulation and a
-    float32 state, like FLA; the others compute in float32 throughout. log_decay must be finite.
+    float32 state, like FLA; the others compute in float32 throughout. log_decay may be -inf (a
+    reset: the decay is 0, as in the recurrence; the chunked form raises log decays below -80 to
+    -80, e^-80 being 0 to float32 precision); NaN propagates.
     out= (torch, CuPy, NumPy) receives the output [B, Hv, T, V] in q's dtype (any strides with a
     dense last axis); the returned out is that array.
     """
@@ -124,6 +133,7 @@ def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_
 
 def _backward(op, algo, dout, q, k, v, beta, log_decay, initial_state, dfinal_state, scale, chunk_size, cu_seqlens,
               stream):
+    scale, chunk_size = _numbers(op, scale, chunk_size)
     call = fw.Call(op, {"dout": dout, "q": q, "k": k, "v": v, "beta": beta, "log_decay": log_decay,
                         "initial_state": initial_state, "dfinal_state": dfinal_state, "cu_seqlens": cu_seqlens},
                    stream)
@@ -137,7 +147,7 @@ def _backward(op, algo, dout, q, k, v, beta, log_decay, initial_state, dfinal_st
 
     def args():  # a DLPack capsule is consumed by the call it is passed to: export anew
         return (algo, call.arg(q), call.arg(k), call.arg(v), call.arg(beta), call.arg(log_decay),
-                call.arg(initial_state), call.arg(cu_seqlens), float(scale), int(chunk_size), call.arg(dout),
+                call.arg(initial_state), call.arg(cu_seqlens), scale, chunk_size, call.arg(dout),
                 call.arg(dfinal_state), call.arg(dq), call.arg(dk), call.arg(dv), call.arg(dbeta),
                 call.arg(dlog_decay), call.arg(dinitial))
 

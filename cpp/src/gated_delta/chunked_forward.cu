@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
   }
   if (tid < kC) {
     sm.beta[tid] = tid < valid ? load<X>(p.beta, p.sbeta, s.b, h, c0 + tid) : 0.0f;
-    sm.g[tid] = tid < valid ? p.g[s.b * p.sg.b + h * p.sg.h + (c0 + tid) * p.sg.t] : 0.0f;
+    sm.g[tid] = tid < valid ? chunked_log_decay(p.g[s.b * p.sg.b + h * p.sg.h + (c0 + tid) * p.sg.t]) : 0.0f;
   }
   __syncthreads();
   if (tid == 0) {  // cumulative sum of 64 values: cheaper sequentially than a barrier-laden scan

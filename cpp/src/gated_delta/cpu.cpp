@@ -188,7 +188,7 @@ void chunked_forward_impl(const GatedDeltaForwardArgs& a, const Problem& p) {
             q.load(sq.b, hk, c0 + i, K, &Qc[i * K]);
             v.load(sq.b, h, c0 + i, V, &Vc[i * V]);
             b[i] = beta.at(sq.b, h, c0 + i);
-            cum += g.at(sq.b, h, c0 + i);
+            cum += chunked_log_decay(g.at(sq.b, h, c0 + i));
           }
           G[i] = cum;
         }

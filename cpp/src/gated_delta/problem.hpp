@@ -46,6 +46,15 @@ constexpr std::int64_t kMaxCudaK = 256;
 
 inline std::int64_t chunk_workspace_bytes(std::int64_t c) { return 4 * (c * c + c); }
 
+// The chunked form takes e^(G_i - G_j) of cumulative log decays, where -inf - (-inf) is NaN; log
+// decays below this floor (-inf included) are raised to it there. e^-80 ~ 1.8e-35 resets the
+// state to float32 precision, as the recurrent form's e^-inf = 0 does exactly; NaN stays NaN.
+constexpr float kChunkedLogDecayFloor = -80.0f;
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline float chunked_log_decay(float g) { return g < kChunkedLogDecayFloor ? kChunkedLogDecayFloor : g; }
+
 // read_offsets = false skips the checks of cu_seqlens' values (JAX trace-time validation,
 // where arrays have no data yet); device arrays are never read on the host anyway.
 Problem validate_forward(const GatedDeltaForwardArgs& args, bool read_offsets = true);
