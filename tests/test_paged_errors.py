@@ -354,3 +354,22 @@ def test_cuda_is_not_built_yet():
     q = torch.zeros(3, 4, 8, device="cuda")
     with raises(rudnn.UnsupportedError, "DevicePlan.upload: the CUDA backend of the paged family is not built yet"):
         DevicePlan.upload(host(), q)
+
+
+def test_append_into_a_read_only_numpy_cache():
+    plan = DevicePlan.upload(host(), np.zeros(1, np.float32))
+    kc = np.broadcast_to(np.zeros((1, 4, 2, 8), np.float32), (6, 4, 2, 8))
+    with raises(rudnn.ArgumentError, "paged_append: k_cache: expected a writable array, got a read-only numpy.ndarray"):
+        plan.append(np.ones((3, 2, 8), np.float32), np.ones((3, 2, 4), np.float32), kc, np.zeros((6, 4, 2, 4),
+                                                                                               np.float32))
+
+
+def test_plans_of_a_q_that_requires_grad_do_not_warn():
+    import warnings
+
+    q = torch.zeros(3, 4, 8, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DevicePlan.upload(host(), q)
+        DevicePlan.reserve(q, 4, 4, 4)
+        SplitWorkspace(q, 3, 4, 8, 2)

@@ -392,14 +392,21 @@ def _mla_backward(plan, q, qp, latent, kp, dout, scale, causal, need, workspace,
 
 def _append(plan, k, v, k_cache, v_cache, stream):
     op = "paged_append"
-    call = fw.Call(op, {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream)
+    call = fw.Call(op, {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream,
+                   outputs=("k_cache", "v_cache"))
     meta = _meta(plan, call, op)
     _C.paged_append(**meta, k=call.arg(k), v=call.arg(v), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache),
                     stream=call.stream)
     return k_cache, v_cache
 
+def _shape_only(q):
+    """q when only its framework, device and stream matter: a torch tensor detached, so that one
+    that requires grad is not reported as an eager op's input that records no autograd."""
+    return q.detach() if fw._module_of(q) == "torch" else q
+
+
 def _plan_call(op, q):
-    call = fw.Call(op, {"q": q})
+    call = fw.Call(op, {"q": _shape_only(q)})
     if call.device[0] != "cpu":
         raise UnsupportedError(f"{op}: the CUDA backend of the paged family is not built yet; make the plan for "
                                f"a CPU q (the reference backend)")
@@ -418,7 +425,7 @@ class SplitWorkspace:
         self.value_dim = _int(op, "value_dim", value_dim, 1)
         self.splits = _int(op, "splits", splits, 0)
         self.nbytes = _C.paged_split_workspace_bytes(self.queries, self.heads, self.value_dim, self.splits)
-        call = fw.Call(op, {"q": q}, stream)
+        call = fw.Call(op, {"q": _shape_only(q)}, stream)
         self.device, self.framework, self.stream = call.device, call.fw.name, call.stream
         self.buffer = call.empty((self.nbytes,), "uint8")
 
