@@ -33,6 +33,11 @@ def host(**kw):
     (dict(page_size=4.0), rudnn.ArgumentError, "HostPlan: page_size: expected an integer >= 1, got 4.0"),
     (dict(page_size=True), rudnn.ArgumentError, "HostPlan: page_size: expected an integer >= 1, got True"),
     (dict(pages=-1), rudnn.ArgumentError, "HostPlan: pages: expected an integer >= 0, got -1"),
+    (dict(page_size=2**31), rudnn.ArgumentError, "HostPlan: page_size: expected an integer in [1, 2^31 - 1], got "
+                                                 "2147483648"),
+    (dict(pages=2**31), rudnn.ArgumentError, "HostPlan: pages: expected an integer in [0, 2^31 - 1], got 2147483648"),
+    (dict(lengths=[2**31, 3]), rudnn.ArgumentError, "HostPlan: lengths[0] = 2147483648: expected a length in "
+                                                    "[0, 2^31 - 1]"),
     (dict(tables=[[0, 1], [[2]]]), rudnn.ShapeError, "HostPlan: tables[1]: expected a 1-D list of page ids"),
     (dict(tables=np.array([0, 1])), rudnn.ShapeError,
      "HostPlan: tables: expected a list of per-sequence page lists or a 2-D array [num_seqs, max_pages]"),
