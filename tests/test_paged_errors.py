@@ -33,6 +33,11 @@ def host(**kw):
     (dict(page_size=4.0), rudnn.ArgumentError, "HostPlan: page_size: expected an integer >= 1, got 4.0"),
     (dict(page_size=True), rudnn.ArgumentError, "HostPlan: page_size: expected an integer >= 1, got True"),
     (dict(pages=-1), rudnn.ArgumentError, "HostPlan: pages: expected an integer >= 0, got -1"),
+    (dict(page_size=2**31), rudnn.ArgumentError, "HostPlan: page_size: expected an integer in [1, 2^31 - 1], got "
+                                                 "2147483648"),
+    (dict(pages=2**31), rudnn.ArgumentError, "HostPlan: pages: expected an integer in [0, 2^31 - 1], got 2147483648"),
+    (dict(lengths=[2**31, 3]), rudnn.ArgumentError, "HostPlan: lengths[0] = 2147483648: expected a length in "
+                                                    "[0, 2^31 - 1]"),
     (dict(tables=[[0, 1], [[2]]]), rudnn.ShapeError, "HostPlan: tables[1]: expected a 1-D list of page ids"),
     (dict(tables=np.array([0, 1])), rudnn.ShapeError,
      "HostPlan: tables: expected a list of per-sequence page lists or a 2-D array [num_seqs, max_pages]"),
@@ -354,3 +359,22 @@ def test_cuda_is_not_built_yet():
     q = torch.zeros(3, 4, 8, device="cuda")
     with raises(rudnn.UnsupportedError, "DevicePlan.upload: the CUDA backend of the paged family is not built yet"):
         DevicePlan.upload(host(), q)
+
+
+def test_append_into_a_read_only_numpy_cache():
+    plan = DevicePlan.upload(host(), np.zeros(1, np.float32))
+    kc = np.broadcast_to(np.zeros((1, 4, 2, 8), np.float32), (6, 4, 2, 8))
+    with raises(rudnn.ArgumentError, "paged_append: k_cache: expected a writable array, got a read-only numpy.ndarray"):
+        plan.append(np.ones((3, 2, 8), np.float32), np.ones((3, 2, 4), np.float32), kc, np.zeros((6, 4, 2, 4),
+                                                                                               np.float32))
+
+
+def test_plans_of_a_q_that_requires_grad_do_not_warn():
+    import warnings
+
+    q = torch.zeros(3, 4, 8, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DevicePlan.upload(host(), q)
+        DevicePlan.reserve(q, 4, 4, 4)
+        SplitWorkspace(q, 3, 4, 8, 2)

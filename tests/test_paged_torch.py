@@ -1,6 +1,6 @@
 """rudnn.torch.paged: custom ops over the plan's metadata tensors (CPU): equal to the eager
-plan methods, opcheck, torch.compile (a plan rewritten in place is seen without recompiling),
-and the documented lack of a backward."""
+plan methods, opcheck, torch.compile (with a plan rewritten in place), autograd through the
+paged backward."""
 
 import pytest
 import torch
@@ -93,11 +93,59 @@ def test_compile_sees_a_plan_rewritten_in_place():
                                                   dtype=torch.float32)[0], o64)
 
 
-def test_no_backward_yet():
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_autograd_attention(dtype):
+    sched, plan, q, k, v = case(dtype)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = rt.paged.attention(plan, *leaves, 0.2, True)
+    dout = rand(tuple(out.shape), dtype, seed=9)
+    out.backward(dout)
+    want = plan.attention_backward(q, k, v, dout, 0.2, True)
+    for leaf, w in zip(leaves, want):
+        assert torch.equal(leaf.grad, w)
+    # through torch.compile too
+    torch._dynamo.reset()
+    leaves2 = [t.clone().requires_grad_() for t in (q, k, v)]
+    f = torch.compile(lambda a, b, c: rt.paged.attention(plan, a, b, c, 0.2, True), fullgraph=True)
+    f(*leaves2).backward(dout)
+    for leaf, w in zip(leaves2, want):
+        assert torch.equal(leaf.grad, w)
+
+
+def test_autograd_mla():
+    sched, q, qp, latent, kp = mla_case([30, 3], [1, 3], 16, 4, 32, 8, torch.float32, seed=4)
+    plan = plan_of(sched, q)
+    leaves = [t.clone().requires_grad_() for t in (q, qp, latent, kp)]
+    out = rt.paged.mla(plan, *leaves, 0.1, True)
+    dout = rand(tuple(out.shape), torch.float32, seed=9)
+    out.backward(dout)
+    for leaf, w in zip(leaves, plan.mla_backward(q, qp, latent, kp, dout, 0.1, True)):
+        assert torch.equal(leaf.grad, w)
+
+
+def test_opcheck_backward():
     sched, plan, q, k, v = case()
-    out = rt.paged.attention(plan, q.requires_grad_(), k, v)
-    with pytest.raises(rudnn.UnsupportedError, match="rudnn.torch.paged.attention: the paged backward is not built"):
-        out.sum().backward()
+    meta = (plan.tables, plan.lengths, plan.sequence_ids, plan.positions, plan.page_size)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    opcheck(torch.ops.rudnn.paged_attention.default, (*meta, q, k, v, 0.3, True, 1))
+    dout = torch.randn(q.shape[0], 8, 16)
+    opcheck(torch.ops.rudnn.paged_attention_backward.default, (*meta, q.detach(), k.detach(), v.detach(), dout, 0.3,
+                                                               True))
+
+
+def test_gradient_through_lse():
+    """d lse / d s = P: the backward with dlse against autograd through the float64 reference."""
+    sched, plan, q, k, v = case()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = rt.paged.attention(plan, *leaves, 0.2, True, return_lse=True)
+    w = rand(tuple(lse.shape), torch.float32, seed=11)
+    (lse * w).sum().backward()
+    refs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    _, lse64 = ref.attention(ref_sched(sched), *refs, scale=0.2, causal=True)
+    (lse64 * w.double()).sum().backward()
+    for leaf, r in zip(leaves, refs):  # lse does not depend on v: its gradient is zero
+        want = r.grad if r.grad is not None else torch.zeros_like(r)
+        torch.testing.assert_close(leaf.grad.double(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_wrapper_errors():

@@ -141,6 +141,59 @@ void register_paged(nb::module_& m) {
       nb::arg("stream"));
 
   m.def(
+      "paged_attention_backward",
+      [](std::int64_t page_size, const In& tables, const In& lengths, const In& sequence_ids, const In& positions,
+         const In& q, const In& k_cache, const In& v_cache, const In& dout, double scale, bool causal,
+         const OptOut& dq, const OptOut& dk_cache, const OptOut& dv_cache, const OptIn& dlse, std::uintptr_t stream) {
+        PagedAttentionBackwardArgs a;
+        a.plan = metadata(page_size, tables, lengths, sequence_ids, positions);
+        a.q = to_tensor(q, "q");
+        a.k_cache = to_tensor(k_cache, "k_cache");
+        a.v_cache = to_tensor(v_cache, "v_cache");
+        a.dout = to_tensor(dout, "dout");
+        a.scale = scale;
+        a.causal = causal;
+        std::optional<Tensor> keep[4];
+        a.dq = opt_tensor(dq, "dq", keep[0]);
+        a.dk_cache = opt_tensor(dk_cache, "dk_cache", keep[1]);
+        a.dv_cache = opt_tensor(dv_cache, "dv_cache", keep[2]);
+        a.dlse = opt_tensor(dlse, "dlse", keep[3]);
+        nb::gil_scoped_release release;
+        paged_attention_backward(a, as_stream(stream));
+      },
+      RUDNN_PAGED_PLAN_ARGS, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("dout"), nb::arg("scale"),
+      nb::arg("causal"), nb::arg("dq").none(), nb::arg("dk_cache").none(), nb::arg("dv_cache").none(),
+      nb::arg("dlse").none(), nb::arg("stream"));
+
+  m.def(
+      "paged_mla_backward",
+      [](std::int64_t page_size, const In& tables, const In& lengths, const In& sequence_ids, const In& positions,
+         const In& q, const In& qp, const In& latent, const In& kp, const In& dout, double scale, bool causal,
+         const OptOut& dq, const OptOut& dqp, const OptOut& dlatent, const OptOut& dkp, const OptIn& dlse,
+         std::uintptr_t stream) {
+        PagedMlaBackwardArgs a;
+        a.plan = metadata(page_size, tables, lengths, sequence_ids, positions);
+        a.q = to_tensor(q, "q");
+        a.qp = to_tensor(qp, "qp");
+        a.latent = to_tensor(latent, "latent");
+        a.kp = to_tensor(kp, "kp");
+        a.dout = to_tensor(dout, "dout");
+        a.scale = scale;
+        a.causal = causal;
+        std::optional<Tensor> keep[5];
+        a.dq = opt_tensor(dq, "dq", keep[0]);
+        a.dqp = opt_tensor(dqp, "dqp", keep[1]);
+        a.dlatent = opt_tensor(dlatent, "dlatent", keep[2]);
+        a.dkp = opt_tensor(dkp, "dkp", keep[3]);
+        a.dlse = opt_tensor(dlse, "dlse", keep[4]);
+        nb::gil_scoped_release release;
+        paged_mla_backward(a, as_stream(stream));
+      },
+      RUDNN_PAGED_PLAN_ARGS, nb::arg("q"), nb::arg("qp"), nb::arg("latent"), nb::arg("kp"), nb::arg("dout"),
+      nb::arg("scale"), nb::arg("causal"), nb::arg("dq").none(), nb::arg("dqp").none(), nb::arg("dlatent").none(),
+      nb::arg("dkp").none(), nb::arg("dlse").none(), nb::arg("stream"));
+
+  m.def(
       "paged_append",
       [](std::int64_t page_size, const In& tables, const In& lengths, const In& sequence_ids, const In& positions,
          const In& k, const In& v, const Out& k_cache, const Out& v_cache, std::uintptr_t stream) {

@@ -18,6 +18,8 @@ Inference servers keep K/V in fixed-size physical pages; a schedule maps sequenc
   that code captured over ``plan.attention`` sees the new schedule.
 - ``plan.attention``, ``plan.mla``, ``plan.append``; ``SplitWorkspace`` for split-KV.
 
+A JAX q gives a plan of JAX arrays (rudnn.jax.paged), whose calls run through XLA FFI.
+
 This release runs on the CPU (the reference backend); CUDA arrays raise UnsupportedError.
 """
 
@@ -31,7 +33,7 @@ import numpy as np
 from . import _C
 from . import _frameworks as fw
 from .attention import _number, flag
-from .errors import ArgumentError, DeviceError, DTypeError, FrameworkError, ShapeError, UnsupportedError
+from .errors import ArgumentError, DeviceError, DTypeError, ShapeError, UnsupportedError
 
 __all__ = ["HostPlan", "DevicePlan", "SplitWorkspace"]
 
@@ -165,6 +167,10 @@ class DevicePlan:
         """An empty plan on q's device able to hold schedules of up to max_queries query rows,
         max_seqs sequences and max_pages pages per sequence (fill it with upload(..., into=))."""
         op = "DevicePlan.reserve"
+        if fw.is_jax(q):
+            from .jax import paged as jpaged
+
+            return jpaged.reserve(q, max_queries, max_seqs, max_pages)
         cap = (_int(op, "max_queries", max_queries, 0), _int(op, "max_seqs", max_seqs, 0),
                _int(op, "max_pages", max_pages, 0))
         call = _plan_call(op, q)
@@ -176,6 +182,10 @@ class DevicePlan:
         op = "DevicePlan.upload"
         if not isinstance(host, HostPlan):
             raise ArgumentError(f"{op}: host: expected a rudnn.paged.HostPlan, got {type(host).__name__}")
+        if fw.is_jax(q):
+            from .jax import paged as jpaged
+
+            return jpaged.upload(host, q, into)
         call = _plan_call(op, q)
         need = (host.queries, host.num_seqs, host.max_pages)
         if into is None:
@@ -235,6 +245,32 @@ class DevicePlan:
             return jpaged.mla(self, q, qp, latent, kp, scale=scale, causal=causal, workspace=workspace,
                               return_lse=return_lse)
         return _mla(self, q, qp, latent, kp, scale, causal, workspace, return_lse, out, stream)
+
+    def attention_backward(self, q, k_cache, v_cache, dout, scale=None, causal=False, *, need=("dq", "dk", "dv"),
+                           workspace=None, dlse=None, stream=None):
+        """Gradients (dq, dk_cache, dv_cache) of plan.attention for the output gradient dout
+        [queries, Hq, Dv], the probabilities recomputed. need= names the gradients to compute (the
+        others come back as None). Cache gradients have the caches' shapes: zero in slots no row
+        sees, the sum over every sequence reading a slot (shared pages). The CPU backend sums in a
+        fixed order (bitwise run-to-run deterministic); OrderedBackwardWorkspace is not built yet.
+        dlse (float32 [queries, Hq]), the gradient with respect to lse, adds the path through lse."""
+        if fw.is_jax(q):
+            from .jax import paged as jpaged
+
+            return jpaged.attention_backward(self, q, k_cache, v_cache, dout, scale, causal, need=need,
+                                             workspace=workspace, dlse=dlse)
+        return _attention_backward(self, q, k_cache, v_cache, dout, scale, causal, need, workspace, stream, dlse)
+
+    def mla_backward(self, q, qp, latent, kp, dout, scale, causal=False, *, need=("dq", "dqp", "dlatent", "dkp"),
+                     workspace=None, dlse=None, stream=None):
+        """Gradients (dq, dqp, dlatent, dkp) of plan.mla; dlatent holds both the key and the
+        value contributions. need= as in attention_backward."""
+        if fw.is_jax(q):
+            from .jax import paged as jpaged
+
+            return jpaged.mla_backward(self, q, qp, latent, kp, dout, scale, causal, need=need, workspace=workspace,
+                                       dlse=dlse)
+        return _mla_backward(self, q, qp, latent, kp, dout, scale, causal, need, workspace, stream, dlse)
 
     def append(self, k, v, k_cache, v_cache, *, stream=None):
         """Writes row r of k [queries, Hkv, D] and v [queries, Hkv, Dv] into the slot of position
@@ -305,18 +341,72 @@ def _mla(plan, q, qp, latent, kp, scale, causal, workspace, return_lse, out, str
     return (o, lse) if return_lse else o
 
 
+def _need(op, need, names):
+    if isinstance(need, str) or not all(isinstance(n, str) for n in (need or ())):
+        raise ArgumentError(f"{op}: need: expected a tuple of gradient names from {names}, got {need!r}")
+    unknown = [n for n in need if n not in names]
+    if unknown:
+        raise ArgumentError(f"{op}: need: unknown gradient {unknown[0]!r}; expected names from {names}")
+    return {n: n in need for n in names}
+
+
+def _no_workspace(op, workspace):
+    if workspace is not None:
+        raise UnsupportedError(f"{op}: workspace: OrderedBackwardWorkspace is not built yet (the CPU backward sums "
+                               f"in a fixed order already)")
+
+
+def _attention_backward(plan, q, k_cache, v_cache, dout, scale, causal, need, workspace, stream, dlse=None):
+    op = "paged_attention_backward"
+    call = fw.Call(op, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "dout": dout, "dlse": dlse}, stream)
+    meta = _meta(plan, call, op)
+    want = _need(op, need, ("dq", "dk", "dv"))
+    _no_workspace(op, workspace)
+    causal = flag(op, "causal", causal)
+    D = q.shape[-1] if len(q.shape) else 1
+    scale = 1.0 / math.sqrt(max(D, 1)) if scale is None else _number(op, "scale", scale, "a finite value > 0")
+    dq = call.empty(tuple(q.shape), call.dtype_name(q)) if want["dq"] else None
+    dk = call.empty(tuple(k_cache.shape), call.dtype_name(k_cache)) if want["dk"] else None
+    dv = call.empty(tuple(v_cache.shape), call.dtype_name(v_cache)) if want["dv"] else None
+    _C.paged_attention_backward(**meta, q=call.arg(q), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache),
+                                dout=call.arg(dout), scale=scale, causal=causal, dq=call.arg(dq), dk_cache=call.arg(dk),
+                                dv_cache=call.arg(dv), dlse=call.arg(dlse), stream=call.stream)
+    return dq, dk, dv
+
+
+def _mla_backward(plan, q, qp, latent, kp, dout, scale, causal, need, workspace, stream, dlse=None):
+    op = "paged_mla_backward"
+    call = fw.Call(op, {"q": q, "qp": qp, "latent": latent, "kp": kp, "dout": dout, "dlse": dlse}, stream)
+    meta = _meta(plan, call, op)
+    want = _need(op, need, ("dq", "dqp", "dlatent", "dkp"))
+    _no_workspace(op, workspace)
+    causal = flag(op, "causal", causal)
+    scale = _number(op, "scale", scale, "a finite value > 0")
+    grads = {n: call.empty(tuple(a.shape), call.dtype_name(a)) if want[n] else None
+             for n, a in (("dq", q), ("dqp", qp), ("dlatent", latent), ("dkp", kp))}
+    _C.paged_mla_backward(**meta, q=call.arg(q), qp=call.arg(qp), latent=call.arg(latent), kp=call.arg(kp),
+                          dout=call.arg(dout), scale=scale, causal=causal,
+                          **{n: call.arg(g) for n, g in grads.items()}, dlse=call.arg(dlse), stream=call.stream)
+    return grads["dq"], grads["dqp"], grads["dlatent"], grads["dkp"]
+
+
 def _append(plan, k, v, k_cache, v_cache, stream):
     op = "paged_append"
-    call = fw.Call(op, {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream)
+    call = fw.Call(op, {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream,
+                   outputs=("k_cache", "v_cache"))
     meta = _meta(plan, call, op)
     _C.paged_append(**meta, k=call.arg(k), v=call.arg(v), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache),
                     stream=call.stream)
     return k_cache, v_cache
 
+def _shape_only(q):
+    """q when only its framework, device and stream matter: a torch tensor detached, so that one
+    that requires grad is not reported as an eager op's input that records no autograd."""
+    return q.detach() if fw._module_of(q) == "torch" else q
+
+
 def _plan_call(op, q):
-    if fw.is_jax(q):
-        raise FrameworkError(f"{op}: q: JAX plans are made by rudnn.jax.paged.upload (its arrays are immutable)")
-    call = fw.Call(op, {"q": q})
+    call = fw.Call(op, {"q": _shape_only(q)})
     if call.device[0] != "cpu":
         raise UnsupportedError(f"{op}: the CUDA backend of the paged family is not built yet; make the plan for "
                                f"a CPU q (the reference backend)")
@@ -335,7 +425,7 @@ class SplitWorkspace:
         self.value_dim = _int(op, "value_dim", value_dim, 1)
         self.splits = _int(op, "splits", splits, 0)
         self.nbytes = _C.paged_split_workspace_bytes(self.queries, self.heads, self.value_dim, self.splits)
-        call = fw.Call(op, {"q": q}, stream)
+        call = fw.Call(op, {"q": _shape_only(q)}, stream)
         self.device, self.framework, self.stream = call.device, call.fw.name, call.stream
         self.buffer = call.empty((self.nbytes,), "uint8")
 

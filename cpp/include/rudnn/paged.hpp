@@ -112,6 +112,36 @@ std::size_t paged_split_workspace_bytes(std::int64_t queries, std::int64_t heads
 void paged_attention(const PagedAttentionArgs& args, const Tensor* workspace = nullptr, Stream stream = nullptr);
 void paged_mla(const PagedMlaArgs& args, const Tensor* workspace = nullptr, Stream stream = nullptr);
 
+// Backward (probabilities recomputed from q and the caches). Gradient outputs are optional (the
+// `need=` of the Python API): a null one is not computed. Cache gradients cover every slot
+// (zero where no visible key lives) and sum the contributions of every sequence that reads the
+// slot (a shared page gets them all). The CPU backend sums in double in a fixed order.
+struct PagedAttentionBackwardArgs {
+  PagedMetadata plan;
+  Tensor q, k_cache, v_cache, dout;  // dout [queries, Hq, Dv]
+  double scale = 0.0;
+  bool causal = false;
+  const Tensor* dq = nullptr;        // like q
+  const Tensor* dk_cache = nullptr;  // like k_cache
+  const Tensor* dv_cache = nullptr;  // like v_cache
+  const Tensor* dlse = nullptr;      // optional float32 [queries, Hq]: the gradient through lse (any strides)
+};
+
+struct PagedMlaBackwardArgs {
+  PagedMetadata plan;
+  Tensor q, qp, latent, kp, dout;    // dout [queries, H, R]
+  double scale = 0.0;
+  bool causal = false;
+  const Tensor* dq = nullptr;        // like q
+  const Tensor* dqp = nullptr;       // like qp
+  const Tensor* dlatent = nullptr;   // like latent: the key and the value contributions
+  const Tensor* dkp = nullptr;       // like kp
+  const Tensor* dlse = nullptr;      // optional float32 [queries, H]
+};
+
+void paged_attention_backward(const PagedAttentionBackwardArgs& args, Stream stream = nullptr);
+void paged_mla_backward(const PagedMlaBackwardArgs& args, Stream stream = nullptr);
+
 struct PagedAppendArgs {
   PagedMetadata plan;
   Tensor k, v;                  // [queries, Hkv, D], [queries, Hkv, Dv] (MLA: latent rows and kp rows, Hkv = 1)

@@ -88,7 +88,112 @@ void forward(const Problem& p, float* ws) {
   }
 }
 
+// Gradients of one problem: for each (row, head) the probabilities are recomputed, then
+// dS = P (dP - delta) with delta = dout . out - dlse; every sum in double, in a fixed order (rows,
+// heads, positions), cache gradients accumulated per slot and written once.
+template <class T>
+void backward(const BackwardProblem& b) {
+  const Problem& p = b.fwd;
+  const T* Q = static_cast<const T*>(p.q);
+  const T* K = static_cast<const T*>(p.k);
+  const T* V = static_cast<const T*>(p.v);
+  const T* Q2 = static_cast<const T*>(p.q2);
+  const T* K2 = static_cast<const T*>(p.k2);
+  const T* dO = static_cast<const T*>(p.out);
+  const Schedule& sc = p.sched;
+  const std::int64_t ps = sc.page_size, slots = p.pages * ps;
+  // Dense accumulators [pages * page_size, heads, dim] of the cache gradients that were asked for.
+  std::vector<double> dk(b.dk ? slots * p.hkv * p.d : 0), dv(b.dv ? slots * p.hkv * p.dv : 0),
+      dk2(b.dk2 ? slots * p.d2 : 0);
+  std::vector<float> q, q2, dout, scores;
+  std::vector<double> prob, out, dq, dq2;
+  for (std::int64_t r = 0; r < sc.queries; ++r) {
+    std::int64_t seq = 0;
+    const std::int64_t n = p.visible(r, seq);
+    auto slot_of = [&](std::int64_t t) { return std::int64_t(sc.page(seq, t / ps)) * ps + t % ps; };
+    auto at = [&](const CacheStrides& s, std::int64_t t, std::int64_t h) {
+      return s.at(sc.page(seq, t / ps), t % ps, h);
+    };
+    for (std::int64_t h = 0; h < p.hq; ++h) {
+      const std::int64_t hk = h / p.group;
+      load_row(Q + p.q_at.at(r, h), p.d, q);
+      if (p.mla) load_row(Q2 + p.q2_at.at(r, h), p.d2, q2);
+      load_row(dO + p.out_at.at(r, h), p.dv, dout);
+      scores.assign(n, kNegInf);
+      float m = kNegInf;
+      for (std::int64_t t = 0; t < n; ++t) {
+        double s = dot(q, K + at(p.k_at, t, hk), p.d);
+        if (p.mla) s += dot(q2, K2 + at(p.k2_at, t, 0), p.d2);
+        scores[t] = float(double(p.scale) * s);
+        m = std::fmax(m, scores[t]);
+      }
+      prob.assign(n, 0.0);
+      double sum = 0.0;
+      for (std::int64_t t = 0; t < n; ++t) sum += prob[t] = std::exp(double(scores[t]) - double(m));
+      out.assign(p.dv, 0.0);
+      for (std::int64_t t = 0; t < n; ++t) {
+        prob[t] /= sum;
+        const T* vt = V + at(p.v_at, t, hk);
+        for (std::int64_t e = 0; e < p.dv; ++e) out[e] += prob[t] * double(host::to_float(vt[e]));
+      }
+      double delta = 0.0;
+      for (std::int64_t e = 0; e < p.dv; ++e) delta += double(dout[e]) * out[e];
+      if (b.dlse) delta -= double(b.dlse[b.dlse_at.at(r, h)]);
+      dq.assign(p.d, 0.0);
+      dq2.assign(p.d2, 0.0);
+      for (std::int64_t t = 0; t < n; ++t) {
+        const T* kt = K + at(p.k_at, t, hk);
+        const double ds = prob[t] * (dot(dout, V + at(p.v_at, t, hk), p.dv) - delta) * double(p.scale);
+        const std::int64_t slot = slot_of(t);
+        for (std::int64_t e = 0; e < p.d; ++e) dq[e] += ds * double(host::to_float(kt[e]));
+        if (b.dk)
+          for (std::int64_t e = 0; e < p.d; ++e) {
+            double g = ds * double(q[e]);
+            if (p.mla) g += prob[t] * double(dout[e]);  // the latent is the value too
+            dk[(slot * p.hkv + hk) * p.d + e] += g;
+          }
+        if (b.dv)
+          for (std::int64_t e = 0; e < p.dv; ++e) dv[(slot * p.hkv + hk) * p.dv + e] += prob[t] * double(dout[e]);
+        if (p.mla) {
+          const T* k2t = K2 + at(p.k2_at, t, 0);
+          for (std::int64_t e = 0; e < p.d2; ++e) dq2[e] += ds * double(host::to_float(k2t[e]));
+          if (b.dk2)
+            for (std::int64_t e = 0; e < p.d2; ++e) dk2[slot * p.d2 + e] += ds * double(q2[e]);
+        }
+      }
+      if (b.dq) {
+        T* g = static_cast<T*>(b.dq) + b.dq_at.at(r, h);
+        for (std::int64_t e = 0; e < p.d; ++e) g[e] = host::from_float<T>(float(dq[e]));
+      }
+      if (b.dq2) {
+        T* g = static_cast<T*>(b.dq2) + b.dq2_at.at(r, h);
+        for (std::int64_t e = 0; e < p.d2; ++e) g[e] = host::from_float<T>(float(dq2[e]));
+      }
+    }
+  }
+  // Every slot of each cache gradient is written (zeros where no visible key lives).
+  auto store = [&](void* base, const CacheStrides& s, const std::vector<double>& acc, std::int64_t heads,
+                   std::int64_t dim) {
+    if (!base) return;
+    for (std::int64_t slot = 0; slot < slots; ++slot)
+      for (std::int64_t h = 0; h < heads; ++h) {
+        T* g = static_cast<T*>(base) + s.at(slot / ps, slot % ps, h);
+        for (std::int64_t e = 0; e < dim; ++e) g[e] = host::from_float<T>(float(acc[(slot * heads + h) * dim + e]));
+      }
+  };
+  store(b.dk, b.dk_at, dk, p.hkv, p.d);
+  store(b.dv, b.dv_at, dv, p.hkv, p.dv);
+  store(b.dk2, b.dk2_at, dk2, 1, p.d2);
+}
+
 }  // namespace
+
+void backward_cpu(const BackwardProblem& b) {
+  core::dispatch_float<host::f16, host::bf16>(b.fwd.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    backward<T>(b);
+  });
+}
 
 void forward_cpu(const Problem& p, const Tensor* workspace) {
   float* ws = p.splits > 1 ? workspace->ptr<float>() : nullptr;

@@ -39,6 +39,26 @@ void paged_mla(const PagedMlaArgs& args, const Tensor* workspace, Stream) {
                   [&] { no_cuda_yet("paged_mla"); });
 }
 
+void paged_attention_backward(const PagedAttentionBackwardArgs& args, Stream) {
+  const paged::BackwardProblem p = paged::validate_attention_backward(args);
+  core::on_device(args.q.device, "paged_attention_backward",
+                  [&] {
+                    paged::backward_cpu(p);
+                    last_algorithm = "cpu";
+                  },
+                  [&] { no_cuda_yet("paged_attention_backward"); });
+}
+
+void paged_mla_backward(const PagedMlaBackwardArgs& args, Stream) {
+  const paged::BackwardProblem p = paged::validate_mla_backward(args);
+  core::on_device(args.q.device, "paged_mla_backward",
+                  [&] {
+                    paged::backward_cpu(p);
+                    last_algorithm = "cpu";
+                  },
+                  [&] { no_cuda_yet("paged_mla_backward"); });
+}
+
 void paged_append(const PagedAppendArgs& args, Stream) {
   const paged::AppendProblem p = paged::validate_append(args);
   core::on_device(args.k.device, "paged_append",

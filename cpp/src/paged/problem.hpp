@@ -72,8 +72,25 @@ struct AppendProblem {
 // A checked schedule view of host or device metadata; on the CPU its values are checked too.
 Schedule check_metadata(const PagedMetadata& m, const Tensor& q, std::int64_t pages, const std::string& op,
                         const char* q_name = "q");
-Problem validate_attention(const PagedAttentionArgs& a, const Tensor* workspace);
-Problem validate_mla(const PagedMlaArgs& a, const Tensor* workspace);
+// backward: the checks of the forward with dout in place of out (an input: it may be expanded).
+Problem validate_attention(const PagedAttentionArgs& a, const Tensor* workspace,
+                           const std::string& op = "paged_attention", bool backward = false);
+Problem validate_mla(const PagedMlaArgs& a, const Tensor* workspace, const std::string& op = "paged_mla",
+                     bool backward = false);
+
+// The gradients of a backward call (null where not requested). For MLA, dk is dlatent (key
+// and value contributions), dk2 dkp, dq2 dqp; attention's value gradient is dv.
+struct BackwardProblem {
+  Problem fwd;  // fwd.out / fwd.out_at are dout
+  void *dq = nullptr, *dq2 = nullptr, *dk = nullptr, *dk2 = nullptr, *dv = nullptr;
+  RowStrides dq_at, dq2_at;
+  CacheStrides dk_at, dk2_at, dv_at;
+  const float* dlse = nullptr;  // the gradient through lse (d lse / d s_t = P_t), or null
+  RowStrides dlse_at;
+};
+BackwardProblem validate_attention_backward(const PagedAttentionBackwardArgs& a);
+BackwardProblem validate_mla_backward(const PagedMlaBackwardArgs& a);
+void backward_cpu(const BackwardProblem& p);
 AppendProblem validate_append(const PagedAppendArgs& a);
 // The first pair of rows naming the same physical slot of a host schedule; message empty when none.
 void find_duplicate_slot(const Schedule& s, std::int64_t& row, std::int64_t& of, std::string& message);

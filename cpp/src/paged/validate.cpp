@@ -192,10 +192,13 @@ void check_dim(std::int64_t v, std::int64_t hi, const std::string& name, const s
                                t.shape_str());
 }
 
-void check_outputs(Problem& p, const Tensor& q, const Tensor& out, const Tensor* lse, const std::string& op) {
-  p.out_at = check_rows(out, q, p.sched.queries, p.hq, p.dv, op + ": out",
+// out (forward), or dout (backward: an input, which may be expanded).
+void check_outputs(Problem& p, const Tensor& q, const Tensor& out, const Tensor* lse, const std::string& op,
+                   bool backward) {
+  const std::string name = op + (backward ? ": dout" : ": out");
+  p.out_at = check_rows(out, q, p.sched.queries, p.hq, p.dv, name,
                         p.mla ? "[queries, H, R] (q's dtype)" : "[queries, Hq, Dv] (q's dtype)");
-  core::expect_distinct_elements(out, op + ": out");
+  if (!backward) core::expect_distinct_elements(out, name);
   p.out = out.data;
   if (lse) {
     core::expect_same_device(*lse, q, op + ": lse", "q");
@@ -409,8 +412,8 @@ Problem check_common(const PagedMetadata& plan, const Tensor& q, std::int64_t pa
 
 }  // namespace
 
-Problem validate_attention(const PagedAttentionArgs& a, const Tensor* workspace) {
-  const std::string op = "paged_attention";
+Problem validate_attention(const PagedAttentionArgs& a, const Tensor* workspace, const std::string& op,
+                           bool backward) {
   core::expect_float(a.q, op + ": q");
   if (a.q.rank != 3)
     fail(ErrorKind::shape, op + ": q: expected rank 3 [queries, Hq, D], got shape " + a.q.shape_str());
@@ -448,13 +451,12 @@ Problem validate_attention(const PagedAttentionArgs& a, const Tensor* workspace)
   p.v_at = v_at;
   check_scale(p, a.scale, op);
   p.causal = a.causal;
-  check_outputs(p, a.q, a.out, a.lse, op);
+  check_outputs(p, a.q, a.out, a.lse, op, backward);
   check_splits(p, a.splits, workspace, a.q, op);
   return p;
 }
 
-Problem validate_mla(const PagedMlaArgs& a, const Tensor* workspace) {
-  const std::string op = "paged_mla";
+Problem validate_mla(const PagedMlaArgs& a, const Tensor* workspace, const std::string& op, bool backward) {
   core::expect_float(a.q, op + ": q");
   if (a.q.rank != 3)
     fail(ErrorKind::shape, op + ": q: expected rank 3 [queries, H, R], got shape " + a.q.shape_str());
@@ -497,9 +499,95 @@ Problem validate_mla(const PagedMlaArgs& a, const Tensor* workspace) {
   p.k2_at = kp_at;
   check_scale(p, a.scale, op);
   p.causal = a.causal;
-  check_outputs(p, a.q, a.out, a.lse, op);
+  check_outputs(p, a.q, a.out, a.lse, op, backward);
   check_splits(p, a.splits, workspace, a.q, op);
   return p;
+}
+
+namespace {
+
+// An optional gradient output shaped and typed like its operand.
+void check_grad(const Tensor* g, const Tensor& like, const Tensor& q, const std::string& name,
+                const std::string& like_name) {
+  if (!g) return;
+  core::expect_same_device(*g, q, name, "q");
+  core::expect_dtype_of(*g, like, name, like_name);
+  core::expect_same_shape(*g, like, name, like_name);
+  core::expect_last_dim_contiguous(*g, name);
+  core::expect_distinct_elements(*g, name);
+  core::expect_data(*g, name);
+}
+
+void check_dlse(BackwardProblem& b, const Tensor* dlse, const Tensor& q, const std::string& op) {
+  if (!dlse) return;
+  const std::string name = op + ": dlse";
+  core::expect_same_device(*dlse, q, name, "q");
+  core::expect_dtype(*dlse, DType::f32, name);
+  core::expect_shape(*dlse, {b.fwd.sched.queries, b.fwd.hq}, name, "([queries, heads], like lse)");
+  core::expect_data(*dlse, name);
+  b.dlse = dlse->ptr<const float>();
+  b.dlse_at = RowStrides{dlse->strides[0], dlse->strides[1]};
+}
+
+RowStrides rows_of(const Tensor* g) { return g ? RowStrides{g->strides[0], g->strides[1]} : RowStrides{}; }
+CacheStrides cache_of(const Tensor* g) {
+  return g ? CacheStrides{g->strides[0], g->strides[1], g->strides[2]} : CacheStrides{};
+}
+
+}  // namespace
+
+BackwardProblem validate_attention_backward(const PagedAttentionBackwardArgs& a) {
+  const std::string op = "paged_attention_backward";
+  PagedAttentionArgs f;
+  f.plan = a.plan;
+  f.q = a.q;
+  f.k_cache = a.k_cache;
+  f.v_cache = a.v_cache;
+  f.scale = a.scale;
+  f.causal = a.causal;
+  f.out = a.dout;
+  BackwardProblem b;
+  b.fwd = validate_attention(f, nullptr, op, true);
+  check_grad(a.dq, a.q, a.q, op + ": dq", "q");
+  check_grad(a.dk_cache, a.k_cache, a.q, op + ": dk_cache", "k_cache");
+  check_grad(a.dv_cache, a.v_cache, a.q, op + ": dv_cache", "v_cache");
+  b.dq = a.dq ? a.dq->data : nullptr;
+  b.dk = a.dk_cache ? a.dk_cache->data : nullptr;
+  b.dv = a.dv_cache ? a.dv_cache->data : nullptr;
+  b.dq_at = rows_of(a.dq);
+  b.dk_at = cache_of(a.dk_cache);
+  b.dv_at = cache_of(a.dv_cache);
+  check_dlse(b, a.dlse, a.q, op);
+  return b;
+}
+
+BackwardProblem validate_mla_backward(const PagedMlaBackwardArgs& a) {
+  const std::string op = "paged_mla_backward";
+  PagedMlaArgs f;
+  f.plan = a.plan;
+  f.q = a.q;
+  f.qp = a.qp;
+  f.latent = a.latent;
+  f.kp = a.kp;
+  f.scale = a.scale;
+  f.causal = a.causal;
+  f.out = a.dout;
+  BackwardProblem b;
+  b.fwd = validate_mla(f, nullptr, op, true);
+  check_grad(a.dq, a.q, a.q, op + ": dq", "q");
+  check_grad(a.dqp, a.qp, a.q, op + ": dqp", "qp");
+  check_grad(a.dlatent, a.latent, a.q, op + ": dlatent", "latent");
+  check_grad(a.dkp, a.kp, a.q, op + ": dkp", "kp");
+  b.dq = a.dq ? a.dq->data : nullptr;
+  b.dq2 = a.dqp ? a.dqp->data : nullptr;
+  b.dk = a.dlatent ? a.dlatent->data : nullptr;
+  b.dk2 = a.dkp ? a.dkp->data : nullptr;
+  b.dq_at = rows_of(a.dq);
+  b.dq2_at = rows_of(a.dqp);
+  b.dk_at = cache_of(a.dlatent);
+  b.dk2_at = cache_of(a.dkp);
+  check_dlse(b, a.dlse, a.q, op);
+  return b;
 }
 
 AppendProblem validate_append(const PagedAppendArgs& a) {

@@ -3,6 +3,7 @@ with jax.custom_vjp, usable under jax.jit, jax.grad and jax.vmap. Same names, ar
 results as rudnn.<op>; rudnn.<op> called with JAX arrays comes here."""
 
 from . import moe
+from . import paged
 from .attention import attention, attention_backward
 from .conv import conv, conv_bias_backward, conv_data_backward, conv_weight_backward
 from .ctc import ctc_loss, ctc_loss_backward
@@ -17,7 +18,7 @@ from .pooling import (adaptive_avg_pool, adaptive_avg_pool_backward, adaptive_ma
 __all__ = [
     "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward",
     "attention", "attention_backward",
-    "moe",
+    "moe", "paged",
     "chunk_gated_delta_rule", "gated_delta_rule", "chunk_gated_delta_rule_backward", "gated_delta_rule_backward",
     "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool", "max_pool_backward", "avg_pool_backward",
     "adaptive_avg_pool_backward", "adaptive_max_pool_backward",

@@ -7,13 +7,15 @@ ordinary graph inputs: a compiled function sees a plan rewritten with
     rudnn.torch.paged.mla(plan, q, qp, latent, kp, scale, causal=False, splits=1)
     rudnn.torch.paged.append(plan, k, v, k_cache, v_cache)      # in place, returns the caches
 
-This release has no paged backward: differentiating through these ops raises UnsupportedError
-(instead of silently returning no gradient).
+attention and mla are differentiable (torch.autograd): gradients for q, k_cache, v_cache /
+q, qp, latent, kp (through out and, with return_lse=True, through lse too) from the paged
+backward (plan.attention_backward / plan.mla_backward).
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -73,19 +75,73 @@ def _(tables, lengths, sequence_ids, positions, page_size, k, v, k_cache, v_cach
     return None
 
 
-def _no_backward(name):
-    def backward(ctx, *grads):
-        raise UnsupportedError(f"rudnn.torch.paged.{name}: the paged backward is not built yet; call it under "
-                               f"torch.no_grad() or on tensors that do not require grad")
-    return backward
+@torch.library.custom_op("rudnn::paged_attention_backward", mutates_args=())
+def _attention_backward_op(tables: Tensor, lengths: Tensor, sequence_ids: Tensor, positions: Tensor, page_size: int,
+                           q: Tensor, k_cache: Tensor, v_cache: Tensor, dout: Tensor, scale: float,
+                           causal: bool, dlse: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    plan = _plan(page_size, tables, lengths, sequence_ids, positions)
+    return _paged._attention_backward(plan, q, k_cache, v_cache, dout, scale, causal, ("dq", "dk", "dv"), None, None,
+                                      dlse)
+
+
+@_attention_backward_op.register_fake
+def _(tables, lengths, sequence_ids, positions, page_size, q, k_cache, v_cache, dout, scale, causal, dlse=None):
+    return q.new_empty(q.shape), k_cache.new_empty(k_cache.shape), v_cache.new_empty(v_cache.shape)
+
+
+@torch.library.custom_op("rudnn::paged_mla_backward", mutates_args=())
+def _mla_backward_op(tables: Tensor, lengths: Tensor, sequence_ids: Tensor, positions: Tensor, page_size: int,
+                     q: Tensor, qp: Tensor, latent: Tensor, kp: Tensor, dout: Tensor, scale: float,
+                     causal: bool, dlse: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    plan = _plan(page_size, tables, lengths, sequence_ids, positions)
+    return _paged._mla_backward(plan, q, qp, latent, kp, dout, scale, causal, ("dq", "dqp", "dlatent", "dkp"), None,
+                                None, dlse)
+
+
+@_mla_backward_op.register_fake
+def _(tables, lengths, sequence_ids, positions, page_size, q, qp, latent, kp, dout, scale, causal, dlse=None):
+    return q.new_empty(q.shape), qp.new_empty(qp.shape), latent.new_empty(latent.shape), kp.new_empty(kp.shape)
 
 
 def _setup(ctx, inputs, output):
-    pass
+    *meta, page_size = inputs[:5]
+    ctx.page_size = page_size
+    ctx.scale, ctx.causal = inputs[-3], inputs[-2]
+    ctx.save_for_backward(*meta, *inputs[5:-3], output[0])
+    ctx.set_materialize_grads(False)  # an unused out or lse brings None
 
 
-torch.library.register_autograd("rudnn::paged_attention", _no_backward("attention"), setup_context=_setup)
-torch.library.register_autograd("rudnn::paged_mla", _no_backward("mla"), setup_context=_setup)
+def _grads_in(out, dout, dlse):
+    """(dout, dlse) for the backward op: dout dense in its last axis (zeros when only lse is used)."""
+    if dout is None:
+        dout = torch.zeros_like(out)
+    elif dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    return dout, dlse
+
+
+def _attention_grad(ctx, dout, dlse):
+    tables, lengths, seq, pos, q, k, v, out = ctx.saved_tensors
+    if dout is None and dlse is None:
+        return (None,) * 11
+    dout, dlse = _grads_in(out, dout, dlse)
+    dq, dk, dv = _attention_backward_op(tables, lengths, seq, pos, ctx.page_size, q, k, v, dout, ctx.scale,
+                                        ctx.causal, dlse)
+    return (None,) * 5 + (dq, dk, dv) + (None,) * 3
+
+
+def _mla_grad(ctx, dout, dlse):
+    tables, lengths, seq, pos, q, qp, latent, kp, out = ctx.saved_tensors
+    if dout is None and dlse is None:
+        return (None,) * 12
+    dout, dlse = _grads_in(out, dout, dlse)
+    grads = _mla_backward_op(tables, lengths, seq, pos, ctx.page_size, q, qp, latent, kp, dout, ctx.scale, ctx.causal,
+                             dlse)
+    return (None,) * 5 + tuple(grads) + (None,) * 3
+
+
+torch.library.register_autograd("rudnn::paged_attention", _attention_grad, setup_context=_setup)
+torch.library.register_autograd("rudnn::paged_mla", _mla_grad, setup_context=_setup)
 
 
 def _meta_tensors(op, plan):
