@@ -97,7 +97,7 @@ def test_conv_forward(device, layout, dtype, case):
     assert y.dtype == dtype and y.device == xl.device
     if layout == "channels_last" and y.shape[1] > 1:
         assert y.stride(1) == 1, f"channels_last input should give a channels_last result, got {y.stride()}"
-    assert rudnn.conv_last_algorithm() == ("cpu" if device == "cpu" else "direct")
+    assert rudnn.conv_last_algorithm() in (("cpu",) if device == "cpu" else ("direct", "direct_packed"))
     assert_close_to_oracle(_from_layout(y, layout).cpu(), same, oracle, "y")
 
 
@@ -175,3 +175,20 @@ def test_cuda_gradients_deterministic():
     dws = [rudnn.conv_weight_backward(dy, x, w.shape, **kw) for _ in range(3)]
     dbs = [rudnn.conv_bias_backward(dy) for _ in range(3)]
     assert all(torch.equal(dws[0], d) for d in dws) and all(torch.equal(dbs[0], d) for d in dbs)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_packed_forward(dtype):
+    """x and w dense along the input channels with whole 16-byte packs: the packed forward."""
+    x, w = rand((2, 16, 7, 6), dtype), rand((8, 16, 3, 3), dtype, seed=1, scale=0.5)
+    b = rand((8,), dtype, seed=2)
+    for layout in ("NHWC", "channels_last"):
+        xl, wl = _to_layout(x, layout).cuda(), _to_layout(w, layout).cuda()
+        y = rudnn.conv(xl, wl, b.cuda(), padding=1, layout=_lay(layout))
+        assert rudnn.conv_last_algorithm() == "direct_packed"
+        same = _same_dtype(lambda *t: F.conv2d(*t, padding=1), dtype, x, w, b)
+        assert_close_to_oracle(_from_layout(y, layout).cpu(), same, F.conv2d(x.double(), w.double(), b.double(),
+                                                                             padding=1), "y")
+    rudnn.conv(x.cuda(), w.cuda(), b.cuda(), padding=1)
+    assert rudnn.conv_last_algorithm() == "direct"

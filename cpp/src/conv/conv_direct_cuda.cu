@@ -216,21 +216,23 @@ bool channels_densest(const Strides& s, i64 channels) { return channels > 1 && s
 
 }  // namespace
 
-void forward_cuda(const Problem& p, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,
-                  Stream stream) {
+const char* forward_cuda(const Problem& p, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,
+                         Stream stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  dispatch(x.dtype, [&](auto tag) {
+  return dispatch(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const i64 total = p.outputs();
     const bool cl = channels_densest(p.y, p.g.out_channels);
     const T* b = bias ? bias->ptr<T>() : nullptr;
-    if (forward_packed_path<T>(p, x.data, w.data))
+    const bool packed = forward_packed_path<T>(p, x.data, w.data);
+    if (packed)
       conv_forward_kernel<T, kPackLanes<T>><<<grid_for_threads(total), kThreads, 0, s>>>(p, cl, x.ptr<T>(), w.ptr<T>(),
                                                                                          b, y.ptr<T>(), total);
     else
       conv_forward_kernel<T, 1><<<grid_for_threads(total), kThreads, 0, s>>>(p, cl, x.ptr<T>(), w.ptr<T>(), b,
                                                                               y.ptr<T>(), total);
     RUDNN_CUDA_CHECK_LAUNCH("conv_forward_kernel");
+    return packed ? "direct_packed" : "direct";
   });
 }
 

@@ -220,7 +220,8 @@ void weight_backward_cpu(const Problem& p, const Tensor& dy, const Tensor& x, co
 void bias_backward_cpu(const Problem& p, const Tensor& dy, const Tensor& db);
 
 // CUDA direct backend (conv_direct_cuda.cu). The caller has made the tensors' device current.
-void forward_cuda(const Problem& p, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,
+// forward_cuda returns the algorithm it ran: "direct" or "direct_packed" (16-byte channel packs).
+const char* forward_cuda(const Problem& p, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,
                   Stream stream);
 void data_backward_cuda(const Problem& p, const Tensor& dy, const Tensor& w, const Tensor& dx, Stream stream);
 void weight_backward_cuda(const Problem& p, const Tensor& dy, const Tensor& x, const Tensor& dw, Stream stream);
