@@ -155,6 +155,18 @@ def test_strided_views_without_copies():
     w = rand((4, 3, 3, 3), torch.float32, seed=1)
     y = rudnn.conv(x, w, None, 1, 1)
     assert_close_to_oracle(y, F.conv2d(x, w, None, 1, 1), F.conv2d(x.double(), w.double(), None, 1, 1), "y")
+    # a strided bias, a channels_last weight beside a plain x, and a strided (transposed) dy
+    b = rand((8,), torch.float32, seed=2)[::2]
+    wc = w.movedim(1, -1).contiguous().movedim(-1, 1)
+    y = rudnn.conv(x, wc, b, 1, 1)
+    assert_close_to_oracle(y, F.conv2d(x, w, b, 1, 1), F.conv2d(x.double(), w.double(), b.double(), 1, 1), "y")
+    dy = rand((2, 4, 6, 9), torch.float32, seed=3).transpose(2, 3)
+    dx = rudnn.conv_data_backward(dy, wc, x.shape, padding=1)
+    xs = x.double().requires_grad_()
+    F.conv2d(xs, w.double(), None, 1, 1).backward(dy.double())
+    xf = x.clone().requires_grad_()
+    F.conv2d(xf, w, None, 1, 1).backward(dy)
+    assert_close_to_oracle(dx, xf.grad, xs.grad, "dx")
 
 
 def test_empty_batch():
