@@ -23,7 +23,7 @@ def test_conv_kernels_match_the_cpu_backend():
     exe = build_emulator("conv_emu.cpp", _kernels_source())
     result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     lines = result.stdout.strip().splitlines()
-    assert result.returncode == 0 and len(lines) == 9 and all(line.endswith(" ok") for line in lines), \
+    assert result.returncode == 0 and len(lines) == 10 and all(line.endswith(" ok") for line in lines), \
         result.stdout + result.stderr
     for path in ("packed", "scalar"):  # the cases are chosen to run both forward paths
         assert any(f"path={path}" in line for line in lines), f"no case ran the {path} forward"

@@ -168,6 +168,9 @@ int main() {
        {2, 1, 1}, 1, false},
       {"conv1d_nhwc_bf16_packed_depthwise_like", DType::bf16, cl, {2, 9, 16}, {4, 3, 8}, {2}, {1}, {1}, {1}, 2,
        true},
+      // 800 terms per weight gradient element: each thread sums a run of 4 across rows and images.
+      {"conv2d_nchw_f32_long_runs", DType::f32, cf, {2, 2, 20, 20}, {2, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, 1,
+       true},
       {"conv2d_nchw_f16_stride_gt_kernel", DType::f16, cf, {1, 2, 7, 7}, {2, 2, 2, 2}, {3, 3}, {0, 0}, {0, 0},
        {1, 1}, 1, false},
   };

@@ -1,9 +1,10 @@
 // CUDA direct backend of the convolution family: the per-element computations of
 // problem.hpp that the CPU backend runs, one thread per written element for the forward (one
 // output element) and the data gradient (one input element: a gather, one writer per element),
-// one block per written element for the weight and bias gradients (each thread sums a fixed,
-// strided share of the element's terms; a shared-memory tree then adds the shares in a fixed
-// order: no atomics, bitwise deterministic run to run).
+// one block per written element for the weight and bias gradients (each thread sums a fixed share
+// of the element's terms: a contiguous run for the weights, a strided one for the bias; a
+// shared-memory tree then adds the shares in a fixed order: no atomics, bitwise deterministic run
+// to run).
 //
 // Threads walk the written activation in its memory order (channels fastest when they are its
 // densest axis) so that a warp's stores are coalesced. A forward whose x and w are dense along
@@ -174,8 +175,10 @@ __global__ void __launch_bounds__(kThreads) conv_weight_backward_kernel(Problem 
   const Loader<T> load_dy{dy}, load_x{x};
   for (i64 index = blockIdx.x; index < p.weights(); index += gridDim.x) {
     const WeightTerms terms = weight_terms(p, index);
-    float acc = 0.0f;
-    for (i64 l = threadIdx.x; l < terms.count; l += kThreads) acc += weight_term(p, terms, l, load_dy, load_x);
+    // Each thread sums a contiguous run of the terms (stepping, no division per term).
+    const i64 run = (terms.count + kThreads - 1) / kThreads, begin = threadIdx.x * run;
+    const float acc = weight_terms_sum(p, terms, begin, begin + run < terms.count ? begin + run : terms.count,
+                                       load_dy, load_x);
     const float sum = block_sum(acc, scratch);
     if (threadIdx.x == 0) {
       const i64 ci = terms.c - terms.co / p.g.cout_g * p.g.cin_g;
