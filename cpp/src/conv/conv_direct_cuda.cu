@@ -1,10 +1,9 @@
 // CUDA direct backend of the convolution family: the per-element computations of
 // problem.hpp that the CPU backend runs, one thread per written element for the forward (one
 // output element) and the data gradient (one input element: a gather, one writer per element),
-// one block per written element for the weight and bias gradients (each thread sums a fixed share
-// of the element's terms: a contiguous run for the weights, a strided one for the bias; a
-// shared-memory tree then adds the shares in a fixed order: no atomics, bitwise deterministic run
-// to run).
+// one block per written element for the weight and bias gradients (each thread sums a contiguous
+// run of the element's terms, stepping its offsets; a shared-memory tree then adds the runs in a
+// fixed order: no atomics, bitwise deterministic run to run).
 //
 // Threads walk the written activation in its memory order (channels fastest when they are its
 // densest axis) so that a warp's stores are coalesced. A forward whose x and w are dense along
@@ -193,8 +192,8 @@ __global__ void __launch_bounds__(kThreads) conv_bias_backward_kernel(Problem p,
   const Loader<T> load_dy{dy};
   const i64 count = p.g.batch * p.g.out_plane();
   for (i64 co = blockIdx.x; co < p.g.out_channels; co += gridDim.x) {
-    float acc = 0.0f;
-    for (i64 l = threadIdx.x; l < count; l += kThreads) acc += bias_term(p, co, l, load_dy);
+    const i64 run = (count + kThreads - 1) / kThreads, begin = threadIdx.x * run;
+    const float acc = bias_terms_sum(p, co, begin, begin + run < count ? begin + run : count, load_dy);
     const float sum = block_sum(acc, scratch);
     if (threadIdx.x == 0) db[co * p.bias_stride] = core::from_float<T>(sum);
   }

@@ -220,19 +220,36 @@ RUDNN_HD float weight_terms_sum(const Problem& p, const WeightTerms& t, i64 begi
   return acc;
 }
 
-// The terms of db[co]: dy[n, co, o] over (n, o), o2 fastest.
+// The sum, in order, of the terms [begin, end) of db[co]: dy[n, co, o] over (n, o), o2 fastest,
+// stepping the offset as weight_terms_sum does.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class LoadDy>
-RUDNN_HD float bias_term(const Problem& p, i64 co, i64 linear, const LoadDy& load_dy) {
+RUDNN_HD float bias_terms_sum(const Problem& p, i64 co, i64 begin, i64 end, const LoadDy& load_dy) {
+  if (begin >= end) return 0.0f;
   const Geometry& g = p.g;
-  i64 o[kAxes];
+  i64 o[kAxes], rest = begin;
   for (int a = kAxes - 1; a >= 0; --a) {
-    o[a] = linear % g.out[a];
-    linear /= g.out[a];
+    o[a] = rest % g.out[a];
+    rest /= g.out[a];
   }
-  return load_dy(p.y.offset(linear, co, o));
+  i64 at = rest * p.y.n + co * p.y.c + o[0] * p.y.sp[0] + o[1] * p.y.sp[1] + o[2] * p.y.sp[2];
+  float acc = 0.0f;
+  for (i64 l = begin; l < end; ++l) {
+    acc += load_dy(at);
+    int a = kAxes - 1;
+    for (; a >= 0; --a) {
+      if (++o[a] < g.out[a]) {
+        at += p.y.sp[a];
+        break;
+      }
+      o[a] = 0;
+      at -= (g.out[a] - 1) * p.y.sp[a];
+    }
+    if (a < 0) at += p.y.n;
+  }
+  return acc;
 }
 
 enum class Op { forward, data_backward, weight_backward, bias_backward };
