@@ -27,5 +27,6 @@ void add_pooling_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_ctc_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_interpolate_targets(nanobind::dict& cpu, nanobind::dict& cuda);  // checks through rudnn.interpolate too
 void add_conv_targets(nanobind::dict& cpu, nanobind::dict& cuda);         // checks through rudnn.conv too
+void add_grid_sample_targets(nanobind::dict& cpu, nanobind::dict& cuda);  // checks through rudnn.grid_sample too
 
 }  // namespace rudnn::jax_ffi

@@ -43,4 +43,6 @@ NB_MODULE(_C, m) {
   rudnn::bindings::register_ctc(m);
   rudnn::bindings::register_interpolate(m);
   rudnn::bindings::register_conv(m);
+  rudnn::bindings::register_grid_sample(m);
+  rudnn::bindings::register_paged(m);
 }

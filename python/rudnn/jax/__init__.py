@@ -8,6 +8,7 @@ from .conv import conv, conv_bias_backward, conv_data_backward, conv_weight_back
 from .ctc import ctc_loss, ctc_loss_backward
 from .gated_delta import (chunk_gated_delta_rule, chunk_gated_delta_rule_backward, gated_delta_rule,
                           gated_delta_rule_backward)
+from .grid_sample import grid_sample, grid_sample_backward
 from .interpolate import interpolate, interpolate_backward
 from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
 from .pooling import (adaptive_avg_pool, adaptive_avg_pool_backward, adaptive_max_pool, adaptive_max_pool_backward,
@@ -23,4 +24,5 @@ __all__ = [
     "ctc_loss", "ctc_loss_backward",
     "interpolate", "interpolate_backward",
     "conv", "conv_data_backward", "conv_weight_backward", "conv_bias_backward",
+    "grid_sample", "grid_sample_backward",
 ]

@@ -1,0 +1,211 @@
+// CUDA backend of grid_sample, running the tap math of problem.hpp that the CPU backend runs.
+//
+// forward:   one thread per (n, grid point, group of channels): the taps and weights are computed
+//            once per thread for its channels. Threads walk y in memory order: for channels-last x
+//            the channel groups (of 4) fastest, so a warp's loads and stores are adjacent channels;
+//            for channels-first x the points fastest (groups of 16 channels), so stores coalesce.
+// backward:  one thread per (n, grid point) over all channels in order: dgrid (one writer per point,
+//            deterministic) and, by default, dx by float32 atomicAdd into the workspace.
+//            deterministic: one thread per (n, c) plane walks the grid points in order and adds
+//            into its own plane of the workspace (one writer per element, no atomics; the CPU's
+//            order). Then one pass rounds the workspace into dx.
+// The workspace is float32, dense, channels innermost for channels-last x (coalesced across the
+// plane owners, which are adjacent channels).
+//
+// Instantiations: dtype x {forward, backward per point, dx per plane, dx store}; the mode, the
+// padding and the rank are run-time values.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/convert.cuh"
+#include "core/cuda_check.hpp"
+#include "core/device.hpp"
+#include "core/dispatch.hpp"
+#include "grid_sample/problem.hpp"
+
+namespace rudnn::gs {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 8;  // grid-stride loops over a grid of 8 blocks (2048 threads) per SM
+
+__device__ __forceinline__ i64 min_c(i64 a, i64 b) { return a < b ? a : b; }
+
+// How the forward's threads split the work: `groups` channel groups of `chunk` per point.
+struct Walk {
+  i64 groups, chunk;
+  bool channels_last;
+};
+
+__device__ __forceinline__ void walk_at(i64 t, const Problem& p, const Walk& w, i64& n, i64& g, i64& o) {
+  const i64 plane = p.out_plane();
+  if (w.channels_last) {
+    g = t % w.groups;
+    t /= w.groups;
+    o = t % plane;
+    n = t / plane;
+  } else {
+    o = t % plane;
+    t /= plane;
+    g = t % w.groups;
+    n = t / w.groups;
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    grid_sample_forward_kernel(const Problem p, const Walk w, const T* __restrict__ x, const T* __restrict__ grid,
+                               T* __restrict__ y, i64 total) {
+  const auto load_x = [x](i64 off) { return core::to_float(x[off]); };
+  const auto load_grid = [grid](i64 off) { return core::to_float(grid[off]); };
+  for (i64 t = i64(blockIdx.x) * kThreads + threadIdx.x; t < total; t += i64(gridDim.x) * kThreads) {
+    i64 n, g, o, pos[kAxes];
+    walk_at(t, p, w, n, g, o);
+    plane_position(p, o, pos);
+    const PointTaps taps = point_taps(p, n, pos, false, load_grid);
+    const i64 end = min_c(p.channels, (g + 1) * w.chunk);
+    for (i64 c = g * w.chunk; c < end; ++c) y[p.y.offset(n, c, pos)] = core::from_float<T>(sample(p, taps, n, c, load_x));
+  }
+}
+
+// One thread per (n, grid point): dgrid (when given) and the atomic dx (when ws is given).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    grid_sample_backward_point_kernel(const Problem p, const T* __restrict__ dy, const T* __restrict__ x,
+                                      const T* __restrict__ grid, T* __restrict__ dgrid, float* __restrict__ ws,
+                                      i64 total) {
+  const auto load_x = [x](i64 off) { return core::to_float(x[off]); };
+  const auto load_grid = [grid](i64 off) { return core::to_float(grid[off]); };
+  const i64 plane = p.out_plane();
+  for (i64 t = i64(blockIdx.x) * kThreads + threadIdx.x; t < total; t += i64(gridDim.x) * kThreads) {
+    const i64 n = t / plane;
+    i64 pos[kAxes];
+    plane_position(p, t % plane, pos);
+    const PointTaps taps = point_taps(p, n, pos, dgrid != nullptr, load_grid);
+    float g[kAxes] = {0.0f, 0.0f, 0.0f};
+    for (i64 c = 0; c < p.channels; ++c) {
+      const float d = core::to_float(dy[p.y.offset(n, c, pos)]);
+      if (dgrid) grid_grad(p, taps, n, c, d, load_x, g);
+      if (ws)
+        scatter(p, taps, d, [&](i64 id, i64 ih, i64 iw, float v) {
+          const i64 at[kAxes] = {id, ih, iw};
+          atomicAdd(ws + p.ws.offset(n, c, at), v);
+        });
+    }
+    if (dgrid) {
+      const i64 base = p.dgrid.offset(n, pos);
+      for (int k = 0; k < p.dims; ++k) dgrid[base + k * p.dgrid.k] = core::from_float<T>(grid_grad_component(p, taps, g, k));
+    }
+  }
+}
+
+// Deterministic dx: one thread per (n, c) plane (c fastest), the grid points in order.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    grid_sample_dx_plane_kernel(const Problem p, const T* __restrict__ dy, const T* __restrict__ grid,
+                                float* __restrict__ ws, i64 total) {
+  const auto load_grid = [grid](i64 off) { return core::to_float(grid[off]); };
+  const i64 plane = p.out_plane();
+  for (i64 t = i64(blockIdx.x) * kThreads + threadIdx.x; t < total; t += i64(gridDim.x) * kThreads) {
+    const i64 c = t % p.channels, n = t / p.channels;
+    for (i64 o = 0; o < plane; ++o) {
+      i64 pos[kAxes];
+      plane_position(p, o, pos);
+      const PointTaps taps = point_taps(p, n, pos, false, load_grid);
+      const float d = core::to_float(dy[p.y.offset(n, c, pos)]);
+      scatter(p, taps, d, [&](i64 id, i64 ih, i64 iw, float v) {
+        const i64 at[kAxes] = {id, ih, iw};
+        ws[p.ws.offset(n, c, at)] += v;
+      });
+    }
+  }
+}
+
+// dx = the workspace rounded to T, walked in the workspace's (dense) order.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    grid_sample_dx_store_kernel(const Problem p, const float* __restrict__ ws, T* __restrict__ dx, i64 total) {
+  for (i64 t = i64(blockIdx.x) * kThreads + threadIdx.x; t < total; t += i64(gridDim.x) * kThreads) {
+    i64 r = t, c = 0, pos[kAxes];
+    if (p.channels_last) {
+      c = r % p.channels;
+      r /= p.channels;
+    }
+    pos[2] = r % p.in[2];
+    r /= p.in[2];
+    pos[1] = r % p.in[1];
+    r /= p.in[1];
+    pos[0] = r % p.in[0];
+    r /= p.in[0];
+    if (!p.channels_last) {
+      c = r % p.channels;
+      r /= p.channels;
+    }
+    dx[p.dx.offset(r, c, pos)] = core::from_float<T>(ws[p.ws.offset(r, c, pos)]);
+  }
+}
+
+// The forward's split: groups of 4 channels for channels-last x, of 16 otherwise.
+Walk walk_for(const Problem& p) {
+  const i64 chunk = std::max<i64>(1, std::min<i64>(p.channels, p.channels_last ? 4 : 16));
+  return Walk{(p.channels + chunk - 1) / chunk, chunk, p.channels_last};
+}
+
+// (tests/emulation/grid_sample_emu.cpp runs everything above this line on the CPU.)
+int blocks_for(i64 threads) {
+  const int sms = core::device_props(core::current_device()).sm_count;
+  return int(std::max<i64>(1, std::min<i64>((threads + kThreads - 1) / kThreads, i64(sms) * kBlocksPerSm)));
+}
+
+template <class F>
+void dispatch(DType dtype, F&& f) {
+  core::dispatch_float<__half, __nv_bfloat16>(dtype, std::forward<F>(f));
+}
+
+}  // namespace
+
+void forward_cuda(const Problem& p, const Tensor& x, const Tensor& grid, const Tensor& y, Stream stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  const Walk w = walk_for(p);
+  const i64 total = p.batch * w.groups * p.out_plane();
+  dispatch(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    grid_sample_forward_kernel<T><<<blocks_for(total), kThreads, 0, s>>>(p, w, x.ptr<T>(), grid.ptr<T>(), y.ptr<T>(),
+                                                                         total);
+    RUDNN_CUDA_CHECK_LAUNCH("grid_sample_forward_kernel");
+  });
+}
+
+void backward_cuda(const Problem& p, const Tensor& dy, const Tensor& x, const Tensor& grid, const Tensor* dx,
+                   const Tensor* dgrid, const Tensor* workspace, bool deterministic, Stream stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  float* ws = dx ? workspace->ptr<float>() : nullptr;
+  const i64 ws_count = p.batch * p.channels * p.in_plane();
+  if (ws) RUDNN_CUDA_CHECK(cudaMemsetAsync(ws, 0, std::size_t(ws_count) * sizeof(float), s));
+  dispatch(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const i64 points = p.batch * p.out_plane();
+    T* dgrid_ptr = dgrid ? dgrid->ptr<T>() : nullptr;
+    float* atomic_ws = deterministic ? nullptr : ws;
+    if (points > 0 && (dgrid_ptr || atomic_ws)) {
+      grid_sample_backward_point_kernel<T><<<blocks_for(points), kThreads, 0, s>>>(
+          p, dy.ptr<T>(), x.ptr<T>(), grid.ptr<T>(), dgrid_ptr, atomic_ws, points);
+      RUDNN_CUDA_CHECK_LAUNCH("grid_sample_backward_point_kernel");
+    }
+    if (!ws) return;
+    const i64 planes = p.batch * p.channels;
+    if (deterministic && points > 0) {
+      grid_sample_dx_plane_kernel<T><<<blocks_for(planes), kThreads, 0, s>>>(p, dy.ptr<T>(), grid.ptr<T>(), ws, planes);
+      RUDNN_CUDA_CHECK_LAUNCH("grid_sample_dx_plane_kernel");
+    }
+    grid_sample_dx_store_kernel<T><<<blocks_for(ws_count), kThreads, 0, s>>>(p, ws, dx->ptr<T>(), ws_count);
+    RUDNN_CUDA_CHECK_LAUNCH("grid_sample_dx_store_kernel");
+  });
+}
+
+}  // namespace rudnn::gs
