@@ -303,12 +303,34 @@ def fuzz_conv(examples):
             y_shape = tf(x64, w64, b64, stride, padding, dilation, groups).shape
         except Exception:  # noqa: BLE001 (torch refuses it too: any out= shape will do)
             y_shape = shape
-        out = None
-        if data.draw(st.integers(0, 2)) == 0:  # out= in a third of the cases (else most calls are refused)
-            out = data.draw(out_for([x, w], y_shape, x.dtype if x.dtype.is_floating_point else torch.float32))
-        call = lambda: rudnn.conv(x, w, b, stride, padding, dilation, groups, out=out)
-        oracle = lambda: tf(x64, w64, b64, stride, padding, dilation, groups)
-        check_call("conv", "conv", call, oracle, [x, w, b], out)
+        op = data.draw(st.sampled_from(["conv"] * 3 + ["conv_data_backward", "conv_weight_backward",
+                                                         "conv_bias_backward"]))
+        opts = (stride, padding, dilation, groups)
+        if op == "conv":
+            out = None
+            if data.draw(st.integers(0, 2)) == 0:  # out= in a third of the cases (else most calls are refused)
+                out = data.draw(out_for([x, w], y_shape, x.dtype if x.dtype.is_floating_point else torch.float32))
+            call = lambda: rudnn.conv(x, w, b, *opts, out=out)
+            oracle = lambda: tf(x64, w64, b64, *opts)
+            check_call("conv", op, call, oracle, [x, w, b], out)
+            return
+        dy = data.draw(arrays(y_shape if data.draw(st.integers(0, 5)) else shape))
+
+        def grad(wrt):
+            xs, ws = x64.clone().requires_grad_(wrt == "x"), w64.clone().requires_grad_(wrt == "w")
+            y = tf(xs, ws, None, *opts)
+            return torch.autograd.grad(y, xs if wrt == "x" else ws, dy.double())[0]
+
+        if op == "conv_data_backward":
+            call = lambda: rudnn.conv_data_backward(dy, w, x.shape, *opts)
+            oracle = lambda: grad("x")
+        elif op == "conv_weight_backward":
+            call = lambda: rudnn.conv_weight_backward(dy, x, w.shape, *opts)
+            oracle = lambda: grad("w")
+        else:
+            call = lambda: rudnn.conv_bias_backward(dy)
+            oracle = lambda: dy.double().sum([0] + list(range(2, dy.dim())))
+        check_call("conv", op, call, oracle, [x, w, dy])
 
     case()
 
