@@ -17,7 +17,6 @@
 // The C++ core's validation and CPU backend (the reference here), compiled into the emulator.
 #include "conv/cpu.cpp"
 #include "conv/validate.cpp"
-#include "core/aliasing.cpp"
 
 #include "emu_keywords.hpp"
 
