@@ -97,7 +97,7 @@ def test_conv_forward(device, layout, dtype, case):
     assert y.dtype == dtype and y.device == xl.device
     if layout == "channels_last" and y.shape[1] > 1:
         assert y.stride(1) == 1, f"channels_last input should give a channels_last result, got {y.stride()}"
-    assert rudnn.conv_last_algorithm() == ("cpu" if device == "cpu" else "direct")
+    assert rudnn.conv_last_algorithm() in (("cpu",) if device == "cpu" else ("direct", "direct_packed"))
     assert_close_to_oracle(_from_layout(y, layout).cpu(), same, oracle, "y")
 
 
@@ -155,6 +155,18 @@ def test_strided_views_without_copies():
     w = rand((4, 3, 3, 3), torch.float32, seed=1)
     y = rudnn.conv(x, w, None, 1, 1)
     assert_close_to_oracle(y, F.conv2d(x, w, None, 1, 1), F.conv2d(x.double(), w.double(), None, 1, 1), "y")
+    # a strided bias, a channels_last weight beside a plain x, and a strided (transposed) dy
+    b = rand((8,), torch.float32, seed=2)[::2]
+    wc = w.movedim(1, -1).contiguous().movedim(-1, 1)
+    y = rudnn.conv(x, wc, b, 1, 1)
+    assert_close_to_oracle(y, F.conv2d(x, w, b, 1, 1), F.conv2d(x.double(), w.double(), b.double(), 1, 1), "y")
+    dy = rand((2, 4, 6, 9), torch.float32, seed=3).transpose(2, 3)
+    dx = rudnn.conv_data_backward(dy, wc, x.shape, padding=1)
+    xs = x.double().requires_grad_()
+    F.conv2d(xs, w.double(), None, 1, 1).backward(dy.double())
+    xf = x.clone().requires_grad_()
+    F.conv2d(xf, w, None, 1, 1).backward(dy)
+    assert_close_to_oracle(dx, xf.grad, xs.grad, "dx")
 
 
 def test_empty_batch():
@@ -175,3 +187,20 @@ def test_cuda_gradients_deterministic():
     dws = [rudnn.conv_weight_backward(dy, x, w.shape, **kw) for _ in range(3)]
     dbs = [rudnn.conv_bias_backward(dy) for _ in range(3)]
     assert all(torch.equal(dws[0], d) for d in dws) and all(torch.equal(dbs[0], d) for d in dbs)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_packed_forward(dtype):
+    """x and w dense along the input channels with whole 16-byte packs: the packed forward."""
+    x, w = rand((2, 16, 7, 6), dtype), rand((8, 16, 3, 3), dtype, seed=1, scale=0.5)
+    b = rand((8,), dtype, seed=2)
+    for layout in ("NHWC", "channels_last"):
+        xl, wl = _to_layout(x, layout).cuda(), _to_layout(w, layout).cuda()
+        y = rudnn.conv(xl, wl, b.cuda(), padding=1, layout=_lay(layout))
+        assert rudnn.conv_last_algorithm() == "direct_packed"
+        same = _same_dtype(lambda *t: F.conv2d(*t, padding=1), dtype, x, w, b)
+        assert_close_to_oracle(_from_layout(y, layout).cpu(), same, F.conv2d(x.double(), w.double(), b.double(),
+                                                                             padding=1), "y")
+    rudnn.conv(x.cuda(), w.cuda(), b.cuda(), padding=1)
+    assert rudnn.conv_last_algorithm() == "direct"

@@ -113,3 +113,15 @@ def test_out_and_frameworks_leave_inputs_untouched():
     _raises(rudnn.DTypeError, r"conv: y: expected the dtype of x", rudnn.conv, X, W, out=torch.zeros((1, 8, 4, 4),
             dtype=torch.float16))
     _raises(rudnn.FrameworkError, r"conv: w: expected a torch.Tensor", rudnn.conv, X, np.zeros((8, 4, 3, 3), "float32"))
+
+
+def test_outputs_apart_from_inputs():
+    x = torch.zeros((1, 4, 6, 6))
+    w = torch.zeros((4, 4, 1, 1))
+    _raises(rudnn.ArgumentError, r"conv: y: shares memory with conv: x \(rudnn does not compute in place",
+            rudnn.conv, x, w, out=x)
+    _raises(rudnn.ShapeError, r"conv: y: expected an output whose elements do not share memory",
+            rudnn.conv, x, w, out=torch.zeros((1, 4, 1, 6)).expand(1, 4, 6, 6))
+    dy = torch.zeros((1, 4, 6, 6))
+    _raises(rudnn.ArgumentError, r"conv_bias_backward: db: shares memory with conv_bias_backward: dy",
+            rudnn._C.conv_bias_backward, dy, dy[0, 0, 0, :4], 2, 0, 0)

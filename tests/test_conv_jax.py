@@ -95,3 +95,18 @@ def test_errors_at_trace_time():
         rj.conv(jnp.zeros((1, 4, 6, 6)), jnp.zeros((3, 1, 3, 3)), groups=3)
     with pytest.raises(rudnn.UnsupportedError, match="implicit_gemm"):
         rj.conv(jnp.zeros((1, 4, 6, 6)), jnp.zeros((2, 4, 3, 3)), strategy="implicit_gemm")
+
+
+def test_vmap():
+    x, w = rand((3, 2, 4, 6, 6), torch.float32), rand((5, 4, 3, 3), torch.float32, seed=1)
+    y = jax.vmap(lambda t: rj.conv(t, J(w), padding=1))(J(x))  # each element a batch of 2
+    ref = torch.stack([F.conv2d(x[i], w, padding=1) for i in range(3)])
+    assert_close_to_oracle(T(y), ref, torch.stack([F.conv2d(x[i].double(), w.double(), padding=1) for i in range(3)]),
+                           "y")
+    g = jax.vmap(jax.grad(lambda t: jnp.sum(rj.conv(t, J(w), padding=1) ** 2)))(J(x))
+    grads = []
+    for dtype in (torch.float32, torch.float64):
+        xs = x.detach().to(dtype).requires_grad_()
+        F.conv2d(xs.flatten(0, 1), w.to(dtype), padding=1).square().sum().backward()
+        grads.append(xs.grad)
+    assert_close_to_oracle(T(g), *grads, "dx")

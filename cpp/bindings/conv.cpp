@@ -111,7 +111,7 @@ void register_conv(nb::module_& m) {
       nb::arg("dy"), nb::arg("db"), nb::arg("dims"), nb::arg("layout"), nb::arg("stream"));
 
   m.def("conv_last_algorithm", [] { return std::string(conv_last_algorithm()); },
-        "The algorithm of this thread's last conv call: 'cpu', 'direct' or 'none'.");
+        "The algorithm of this thread's last conv call: 'cpu', 'direct', 'direct_packed' or 'none'.");
 }
 
 }  // namespace rudnn::bindings

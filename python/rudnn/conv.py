@@ -16,7 +16,9 @@ tensors through their strides, so no layout ever makes a copy.
 Strategies: "direct" (any groups incl. depthwise, dtype, size, stride, dilation), "auto" and
 "autotune" (both run direct in this build), "implicit_gemm" (CUTLASS implicit GEMM: not in this
 build yet, an UnsupportedError). ``conv_last_algorithm()`` says what the last call of this thread
-ran ("cpu" or "direct"). Sums are float32 in a fixed order, the weight and bias gradients too
+ran: "cpu", "direct", or "direct_packed" (the CUDA forward reading x and w in 16-byte packs of
+input channels, taken when both are dense along them: NHWC or channels_last, Cin / groups a
+multiple of 8 (f16/bf16) or 4 (f32)). Sums are float32 in a fixed order, the weight and bias gradients too
 (no atomics: bitwise deterministic run to run); outputs take x's dtype.
 """
 
@@ -216,7 +218,7 @@ def conv_bias_backward(dy, layout="NCHW", *, stream=None):
 
 
 def conv_last_algorithm() -> str:
-    """What the last conv call of this thread ran: "cpu", "direct" or "none"."""
+    """What the last conv call of this thread ran: "cpu", "direct", "direct_packed" or "none"."""
     return _C.conv_last_algorithm()
 
 

@@ -6,7 +6,8 @@
 // tests/test_conv.py checks against torch). The inputs are multiples of 1/64 in [-2, 2) and the
 // sums short, so every float32 sum is exact whatever its order: the block reductions of the
 // weight and bias gradients must match the CPU's sequential sums bit for bit too. Prints one
-// line per case; exits 1 on a mismatch.
+// line per case (with the forward path the CUDA backend would pick: packed or scalar); exits 1
+// on a mismatch.
 #include "emu_runtime.hpp"
 
 #include "core/dispatch.hpp"
@@ -116,12 +117,18 @@ bool run_case(const Case& c) {
   const Problem bp = validate_bias_backward(ConvBiasBackwardArgs{o.dims, o.layout, dy.t, db_cpu.t});
   bias_backward_cpu(bp, dy.t, db_cpu.t);
 
+  bool packed = false;
   device_types(c.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* bias = c.bias ? b.t.ptr<T>() : nullptr;
+    const bool cl = channels_densest(fp.y, fp.g.out_channels);
+    packed = emu_k::forward_packed_path<T>(fp, x.t.data, w.t.data);
     emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
-      emu_k::conv_forward_kernel<T>(fp, channels_densest(fp.y, fp.g.out_channels), x.t.ptr<T>(), w.t.ptr<T>(), bias,
-                                    y_emu.t.ptr<T>(), fp.outputs());
+      if (packed)
+        emu_k::conv_forward_kernel<T, emu_k::kPackLanes<T>>(fp, cl, x.t.ptr<T>(), w.t.ptr<T>(), bias, y_emu.t.ptr<T>(),
+                                                           fp.outputs());
+      else
+        emu_k::conv_forward_kernel<T, 1>(fp, cl, x.t.ptr<T>(), w.t.ptr<T>(), bias, y_emu.t.ptr<T>(), fp.outputs());
     });
     emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
       emu_k::conv_data_backward_kernel<T>(dp, channels_densest(dp.x, dp.g.in_channels), dy.t.ptr<T>(), w.t.ptr<T>(),
@@ -137,8 +144,8 @@ bool run_case(const Case& c) {
   const bool fwd = same_bytes(y_cpu.t, y_emu.t), data = same_bytes(dx_cpu.t, dx_emu.t);
   const bool weight = same_bytes(dw_cpu.t, dw_emu.t), bias = same_bytes(db_cpu.t, db_emu.t);
   const bool ok = fwd && data && weight && bias;
-  std::printf("%s forward=%d data=%d weight=%d bias=%d %s\n", c.name, fwd, data, weight, bias,
-              ok ? "ok" : "MISMATCH");
+  std::printf("%s path=%s forward=%d data=%d weight=%d bias=%d %s\n", c.name, packed ? "packed" : "scalar", fwd,
+              data, weight, bias, ok ? "ok" : "MISMATCH");
   return ok;
 }
 
@@ -155,6 +162,15 @@ int main() {
       {"conv1d_nchw_bf16_same_even", DType::bf16, cf, {2, 4, 11}, {4, 2, 4}, {1}, {1}, {2}, {1}, 2, true},
       {"conv3d_nchw_f32_stride", DType::f32, cf, {1, 2, 5, 4, 6}, {3, 2, 2, 3, 2}, {2, 1, 3}, {1, 0, 1}, {0, 1, 1},
        {1, 1, 2}, 1, true},
+      {"conv2d_nhwc_f16_packed_groups", DType::f16, cl, {2, 5, 6, 16}, {6, 3, 2, 8}, {1, 2}, {1, 0}, {1, 1},
+       {1, 2}, 2, true},
+      {"conv3d_nhwc_f32_packed", DType::f32, cl, {1, 3, 4, 5, 8}, {3, 2, 2, 3, 8}, {1, 1, 2}, {1, 0, 1}, {0, 1, 1},
+       {2, 1, 1}, 1, false},
+      {"conv1d_nhwc_bf16_packed_depthwise_like", DType::bf16, cl, {2, 9, 16}, {4, 3, 8}, {2}, {1}, {1}, {1}, 2,
+       true},
+      // 800 terms per weight gradient element: each thread sums a run of 4 across rows and images.
+      {"conv2d_nchw_f32_long_runs", DType::f32, cf, {2, 2, 20, 20}, {2, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, 1,
+       true},
       {"conv2d_nchw_f16_stride_gt_kernel", DType::f16, cf, {1, 2, 7, 7}, {2, 2, 2, 2}, {3, 3}, {0, 0}, {0, 0},
        {1, 1}, 1, false},
   };

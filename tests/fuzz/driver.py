@@ -20,6 +20,7 @@ import collections
 import math
 import sys
 import traceback
+import warnings
 
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -275,8 +276,67 @@ def fuzz_moe(examples):
     case()
 
 
+def fuzz_conv(examples):
+    warnings.filterwarnings("ignore", "Using padding='same'")  # torch's note on its own even kernels
+
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        shape = data.draw(shapes(min_rank=3, max_rank=4, max_side=6))
+        x = data.draw(arrays(shape))
+        dims = len(shape) - 2
+        groups = data.draw(st.sampled_from([1] * 6 + [2, 2, 3, 0, -1, True, 2.0]))
+        g = groups if type(groups) is int and groups > 0 else 1
+        cin = shape[1]
+        cin_g = data.draw(st.sampled_from([max(cin // g, 1)] * 4 + [cin + 1, 1]))
+        cout = data.draw(st.sampled_from([1, 2, 4, 6, 3]))
+        k = data.draw(st.sampled_from([1, 2, 3, 3, 5]))
+        w = data.draw(arrays((cout, cin_g) + (k,) * dims))
+        b = data.draw(st.one_of(st.none(), arrays((cout,))))
+        stride = data.draw(st.sampled_from([1] * 4 + [2, 2, 0, (1, 2), "1"]))
+        padding = data.draw(st.sampled_from([0, 1, 2, "same", "valid"] * 2 + [-1, "full", (1, 0)]))
+        dilation = data.draw(st.sampled_from([1] * 4 + [2, 2, 0]))
+        tf = F.conv1d if dims == 1 else F.conv2d
+        x64, w64, b64 = x.double(), w.double(), None if b is None else b.double()
+        try:
+            y_shape = tf(x64, w64, b64, stride, padding, dilation, groups).shape
+        except Exception:  # noqa: BLE001 (torch refuses it too: any out= shape will do)
+            y_shape = shape
+        op = data.draw(st.sampled_from(["conv"] * 3 + ["conv_data_backward", "conv_weight_backward",
+                                                         "conv_bias_backward"]))
+        opts = (stride, padding, dilation, groups)
+        if op == "conv":
+            out = None
+            if data.draw(st.integers(0, 2)) == 0:  # out= in a third of the cases (else most calls are refused)
+                out = data.draw(out_for([x, w], y_shape, x.dtype if x.dtype.is_floating_point else torch.float32))
+            call = lambda: rudnn.conv(x, w, b, *opts, out=out)
+            oracle = lambda: tf(x64, w64, b64, *opts)
+            check_call("conv", op, call, oracle, [x, w, b], out)
+            return
+        dy = data.draw(arrays(y_shape if data.draw(st.integers(0, 5)) else shape))
+
+        def grad(wrt):
+            xs, ws = x64.clone().requires_grad_(wrt == "x"), w64.clone().requires_grad_(wrt == "w")
+            y = tf(xs, ws, None, *opts)
+            return torch.autograd.grad(y, xs if wrt == "x" else ws, dy.double())[0]
+
+        if op == "conv_data_backward":
+            call = lambda: rudnn.conv_data_backward(dy, w, x.shape, *opts)
+            oracle = lambda: grad("x")
+        elif op == "conv_weight_backward":
+            call = lambda: rudnn.conv_weight_backward(dy, x, w.shape, *opts)
+            oracle = lambda: grad("w")
+        else:
+            call = lambda: rudnn.conv_bias_backward(dy)
+            oracle = lambda: dy.double().sum([0] + list(range(2, dy.dim())))
+        check_call("conv", op, call, oracle, [x, w, dy])
+
+    case()
+
+
 FAMILIES = {"norm": fuzz_norm, "pooling": fuzz_pooling, "interpolate": fuzz_interpolate,
-            "attention": fuzz_attention, "moe": fuzz_moe}
+            "attention": fuzz_attention, "moe": fuzz_moe, "conv": fuzz_conv}
 
 
 def main(argv=None):

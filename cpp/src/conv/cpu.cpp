@@ -73,8 +73,7 @@ void weight_backward_cpu(const Problem& p, const Tensor& dy, const Tensor& x, co
     T* out = dw.ptr<T>();
     for (i64 index = 0; index < p.weights(); ++index) {
       const WeightTerms t = weight_terms(p, index);
-      float acc = 0.0f;
-      for (i64 l = 0; l < t.count; ++l) acc += weight_term(p, t, l, load_dy, load_x);
+      const float acc = weight_terms_sum(p, t, 0, t.count, load_dy, load_x);
       const i64 ci = t.c - t.co / p.g.cout_g * p.g.cin_g;
       out[p.w.offset(t.co, ci, t.k)] = from_float<T>(acc);
     }
@@ -87,11 +86,8 @@ void bias_backward_cpu(const Problem& p, const Tensor& dy, const Tensor& db) {
     const auto load_dy = loader<T>(dy);
     T* out = db.ptr<T>();
     const i64 count = p.g.batch * p.g.out_plane();
-    for (i64 co = 0; co < p.g.out_channels; ++co) {
-      float acc = 0.0f;
-      for (i64 l = 0; l < count; ++l) acc += bias_term(p, co, l, load_dy);
-      out[co * p.bias_stride] = from_float<T>(acc);
-    }
+    for (i64 co = 0; co < p.g.out_channels; ++co)
+      out[co * p.bias_stride] = from_float<T>(bias_terms_sum(p, co, 0, count, load_dy));
   });
 }
 

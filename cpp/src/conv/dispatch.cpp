@@ -1,5 +1,7 @@
 // Public entry points of the convolution family: validate once, pick the strategy (direct is
 // the only one of this build), then run the backend of the tensors' device.
+#include <type_traits>
+
 #include "conv/problem.hpp"
 #include "core/backend.hpp"
 
@@ -12,6 +14,7 @@ thread_local const char* last_algorithm = "none";
 // The bytes of workspace a validated call needs: none for the direct kernels.
 std::size_t workspace_need(const conv::Problem&) { return 0; }
 
+// cuda() returns the algorithm it ran, or nothing for "direct".
 template <class Cpu, class Cuda>
 void run(const Device& device, const char* op, const conv::Problem& p, const Tensor* workspace, const Tensor& ref,
          Cpu&& cpu, Cuda&& cuda) {
@@ -24,7 +27,8 @@ void run(const Device& device, const char* op, const conv::Problem& p, const Ten
       },
       [&] {
         last_algorithm = "direct";
-        cuda();
+        if constexpr (std::is_same_v<decltype(cuda()), const char*>) last_algorithm = cuda();
+        else cuda();
       });
 }
 
@@ -49,7 +53,9 @@ std::size_t conv_weight_backward_workspace_bytes(const ConvWeightBackwardArgs& a
 void conv_forward(const ConvForwardArgs& args, const Tensor* workspace, Stream stream) {
   const conv::Problem p = conv::validate_forward(args);
   run(args.x.device, "conv", p, workspace, args.x, [&] { if (p.outputs()) conv::forward_cpu(p, args.x, args.w, args.bias, args.y); },
-      [&] { if (p.outputs()) conv::forward_cuda(p, args.x, args.w, args.bias, args.y, stream); });
+      [&]() -> const char* {
+        return p.outputs() ? conv::forward_cuda(p, args.x, args.w, args.bias, args.y, stream) : "direct";
+      });
 }
 
 // Every element of dx is written (zeros where no output reads it), even when dy is empty.

@@ -141,7 +141,7 @@ RUDNN_HD float data_backward_element(const Problem& p, i64 n, i64 c, const i64 (
 
 // The terms of one weight gradient element dw[co, ci, k]: the products dy[n, co, o] *
 // x[n, c, o * stride - pad + k * dilation] over the box of (n, o) whose input position is inside
-// the input, enumerated by a linear index t in [0, count) (n, then o0, o1, o2; o2 fastest).
+// the input, numbered in [0, count) (n, then o0, o1, o2; o2 fastest).
 struct WeightTerms {
   i64 co = 0, c = 0;
   i64 k[kAxes] = {0, 0, 0};
@@ -173,35 +173,83 @@ RUDNN_HD WeightTerms weight_terms(const Problem& p, i64 index) {
   return t;
 }
 
+// The sum, in order, of the terms [begin, end) of a weight gradient element: the first term's
+// position is decoded once, the others follow by stepping the offsets of dy and x (no division).
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class LoadDy, class LoadX>
-RUDNN_HD float weight_term(const Problem& p, const WeightTerms& t, i64 linear, const LoadDy& load_dy,
-                           const LoadX& load_x) {
+RUDNN_HD float weight_terms_sum(const Problem& p, const WeightTerms& t, i64 begin, i64 end, const LoadDy& load_dy,
+                                const LoadX& load_x) {
+  if (begin >= end) return 0.0f;
   const Geometry& g = p.g;
-  i64 o[kAxes], pos[kAxes];
+  i64 o[kAxes], dy_step[kAxes], x_step[kAxes];
+  i64 rest = begin;
   for (int a = kAxes - 1; a >= 0; --a) {
-    o[a] = t.lo[a] + linear % t.size[a];
-    linear /= t.size[a];
-    pos[a] = o[a] * g.stride[a] - g.pad[a] + t.k[a] * g.dilation[a];
+    o[a] = rest % t.size[a];
+    rest /= t.size[a];
   }
-  return load_dy(p.y.offset(linear, t.co, o)) * load_x(p.x.offset(linear, t.c, pos));
+  i64 dy_at = rest * p.y.n + t.co * p.y.c, x_at = rest * p.x.n + t.c * p.x.c;
+  for (int a = 0; a < kAxes; ++a) {
+    const i64 out = t.lo[a] + o[a];
+    dy_at += out * p.y.sp[a];
+    x_at += (out * g.stride[a] - g.pad[a] + t.k[a] * g.dilation[a]) * p.x.sp[a];
+    dy_step[a] = p.y.sp[a];
+    x_step[a] = g.stride[a] * p.x.sp[a];
+  }
+  float acc = 0.0f;
+  for (i64 l = begin; l < end; ++l) {
+    acc += load_dy(dy_at) * load_x(x_at);
+    // The next term: o2 + 1, carrying into o1, o0 and the batch.
+    int a = kAxes - 1;
+    for (; a >= 0; --a) {
+      if (++o[a] < t.size[a]) {
+        dy_at += dy_step[a];
+        x_at += x_step[a];
+        break;
+      }
+      o[a] = 0;
+      dy_at -= (t.size[a] - 1) * dy_step[a];
+      x_at -= (t.size[a] - 1) * x_step[a];
+    }
+    if (a < 0) {
+      dy_at += p.y.n;
+      x_at += p.x.n;
+    }
+  }
+  return acc;
 }
 
-// The terms of db[co]: dy[n, co, o] over (n, o), o2 fastest.
+// The sum, in order, of the terms [begin, end) of db[co]: dy[n, co, o] over (n, o), o2 fastest,
+// stepping the offset as weight_terms_sum does.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class LoadDy>
-RUDNN_HD float bias_term(const Problem& p, i64 co, i64 linear, const LoadDy& load_dy) {
+RUDNN_HD float bias_terms_sum(const Problem& p, i64 co, i64 begin, i64 end, const LoadDy& load_dy) {
+  if (begin >= end) return 0.0f;
   const Geometry& g = p.g;
-  i64 o[kAxes];
+  i64 o[kAxes], rest = begin;
   for (int a = kAxes - 1; a >= 0; --a) {
-    o[a] = linear % g.out[a];
-    linear /= g.out[a];
+    o[a] = rest % g.out[a];
+    rest /= g.out[a];
   }
-  return load_dy(p.y.offset(linear, co, o));
+  i64 at = rest * p.y.n + co * p.y.c + o[0] * p.y.sp[0] + o[1] * p.y.sp[1] + o[2] * p.y.sp[2];
+  float acc = 0.0f;
+  for (i64 l = begin; l < end; ++l) {
+    acc += load_dy(at);
+    int a = kAxes - 1;
+    for (; a >= 0; --a) {
+      if (++o[a] < g.out[a]) {
+        at += p.y.sp[a];
+        break;
+      }
+      o[a] = 0;
+      at -= (g.out[a] - 1) * p.y.sp[a];
+    }
+    if (a < 0) at += p.y.n;
+  }
+  return acc;
 }
 
 enum class Op { forward, data_backward, weight_backward, bias_backward };
@@ -220,7 +268,8 @@ void weight_backward_cpu(const Problem& p, const Tensor& dy, const Tensor& x, co
 void bias_backward_cpu(const Problem& p, const Tensor& dy, const Tensor& db);
 
 // CUDA direct backend (conv_direct_cuda.cu). The caller has made the tensors' device current.
-void forward_cuda(const Problem& p, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,
+// forward_cuda returns the algorithm it ran: "direct" or "direct_packed" (16-byte channel packs).
+const char* forward_cuda(const Problem& p, const Tensor& x, const Tensor& w, const Tensor* bias, const Tensor& y,
                   Stream stream);
 void data_backward_cuda(const Problem& p, const Tensor& dy, const Tensor& w, const Tensor& dx, Stream stream);
 void weight_backward_cuda(const Problem& p, const Tensor& dy, const Tensor& x, const Tensor& dw, Stream stream);
