@@ -118,8 +118,11 @@ bool run_case(const Case& c) {
     using T = typename decltype(tag)::type;
     const emu_k::Walk w = emu_k::walk_for(pf);
     const i64 total = pf.batch * w.groups * pf.out_plane();
-    emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
-      emu_k::grid_sample_forward_kernel<T>(pf, w, x.t.ptr<T>(), grid.t.ptr<T>(), y_emu.t.ptr<T>(), total);
+    with_taps(pf.mode, [&](auto taps) {
+      constexpr int K = decltype(taps)::value;
+      emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
+        emu_k::grid_sample_forward_kernel<T, K>(pf, w, x.t.ptr<T>(), grid.t.ptr<T>(), y_emu.t.ptr<T>(), total);
+      });
     });
   });
   const bool y_ok = same_bytes(y_cpu.t, y_emu.t);
@@ -145,15 +148,18 @@ bool run_case(const Case& c) {
     on_dtype(c.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
       const i64 points = p.batch * p.out_plane(), planes = p.batch * p.channels, count = i64(ws.size());
-      emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
-        emu_k::grid_sample_backward_point_kernel<T>(p, dy.t.ptr<T>(), x.t.ptr<T>(), grid.t.ptr<T>(),
-                                                    dgrid_emu.t.ptr<T>(), deterministic ? nullptr : ws.data(),
-                                                    points);
-      });
-      if (deterministic)
+      with_taps(p.mode, [&](auto taps) {
+        constexpr int K = decltype(taps)::value;
         emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
-          emu_k::grid_sample_dx_plane_kernel<T>(p, dy.t.ptr<T>(), grid.t.ptr<T>(), ws.data(), planes);
+          emu_k::grid_sample_backward_point_kernel<T, K>(p, dy.t.ptr<T>(), x.t.ptr<T>(), grid.t.ptr<T>(),
+                                                         dgrid_emu.t.ptr<T>(), deterministic ? nullptr : ws.data(),
+                                                         points);
         });
+        if (deterministic)
+          emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
+            emu_k::grid_sample_dx_plane_kernel<T, K>(p, dy.t.ptr<T>(), grid.t.ptr<T>(), ws.data(), planes);
+          });
+      });
       emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
         emu_k::grid_sample_dx_store_kernel<T>(p, ws.data(), dx_emu.t.ptr<T>(), count);
       });

@@ -12,8 +12,9 @@
 // The workspace is float32, dense, channels innermost for channels-last x (coalesced across the
 // plane owners, which are adjacent channels).
 //
-// Instantiations: dtype x {forward, backward per point, dx per plane, dx store}; the mode, the
-// padding and the rank are run-time values.
+// Instantiations: dtype x taps per axis (the mode: 1, 2, 4) x {forward, backward per point, dx per
+// plane}, and dtype x the dx store; the padding and the rank are run-time values. The tap count
+// is a template parameter so that a point's taps stay in registers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -57,7 +58,7 @@ __device__ __forceinline__ void walk_at(i64 t, const Problem& p, const Walk& w, 
   }
 }
 
-template <class T>
+template <class T, int K>
 __global__ void __launch_bounds__(kThreads)
     grid_sample_forward_kernel(const Problem p, const Walk w, const T* __restrict__ x, const T* __restrict__ grid,
                                T* __restrict__ y, i64 total) {
@@ -67,14 +68,14 @@ __global__ void __launch_bounds__(kThreads)
     i64 n, g, o, pos[kAxes];
     walk_at(t, p, w, n, g, o);
     plane_position(p, o, pos);
-    const PointTaps taps = point_taps(p, n, pos, false, load_grid);
+    const PointTaps<K> taps = point_taps<K>(p, n, pos, false, load_grid);
     const i64 end = min_c(p.channels, (g + 1) * w.chunk);
     for (i64 c = g * w.chunk; c < end; ++c) y[p.y.offset(n, c, pos)] = core::from_float<T>(sample(p, taps, n, c, load_x));
   }
 }
 
 // One thread per (n, grid point): dgrid (when given) and the atomic dx (when ws is given).
-template <class T>
+template <class T, int K>
 __global__ void __launch_bounds__(kThreads)
     grid_sample_backward_point_kernel(const Problem p, const T* __restrict__ dy, const T* __restrict__ x,
                                       const T* __restrict__ grid, T* __restrict__ dgrid, float* __restrict__ ws,
@@ -86,26 +87,26 @@ __global__ void __launch_bounds__(kThreads)
     const i64 n = t / plane;
     i64 pos[kAxes];
     plane_position(p, t % plane, pos);
-    const PointTaps taps = point_taps(p, n, pos, dgrid != nullptr, load_grid);
+    const PointTaps<K> taps = point_taps<K>(p, n, pos, dgrid != nullptr, load_grid);
     float g[kAxes] = {0.0f, 0.0f, 0.0f};
     for (i64 c = 0; c < p.channels; ++c) {
       const float d = core::to_float(dy[p.y.offset(n, c, pos)]);
       if (dgrid) grid_grad(p, taps, n, c, d, load_x, g);
       if (ws)
-        scatter(p, taps, d, [&](i64 id, i64 ih, i64 iw, float v) {
+        scatter(taps, d, [&](i64 id, i64 ih, i64 iw, float v) {
           const i64 at[kAxes] = {id, ih, iw};
           atomicAdd(ws + p.ws.offset(n, c, at), v);
         });
     }
     if (dgrid) {
       const i64 base = p.dgrid.offset(n, pos);
-      for (int k = 0; k < p.dims; ++k) dgrid[base + k * p.dgrid.k] = core::from_float<T>(grid_grad_component(p, taps, g, k));
+      store_grid_grad(p, taps, g, [&](int k, float v) { dgrid[base + k * p.dgrid.k] = core::from_float<T>(v); });
     }
   }
 }
 
 // Deterministic dx: one thread per (n, c) plane (c fastest), the grid points in order.
-template <class T>
+template <class T, int K>
 __global__ void __launch_bounds__(kThreads)
     grid_sample_dx_plane_kernel(const Problem p, const T* __restrict__ dy, const T* __restrict__ grid,
                                 float* __restrict__ ws, i64 total) {
@@ -116,9 +117,9 @@ __global__ void __launch_bounds__(kThreads)
     for (i64 o = 0; o < plane; ++o) {
       i64 pos[kAxes];
       plane_position(p, o, pos);
-      const PointTaps taps = point_taps(p, n, pos, false, load_grid);
+      const PointTaps<K> taps = point_taps<K>(p, n, pos, false, load_grid);
       const float d = core::to_float(dy[p.y.offset(n, c, pos)]);
-      scatter(p, taps, d, [&](i64 id, i64 ih, i64 iw, float v) {
+      scatter(taps, d, [&](i64 id, i64 ih, i64 iw, float v) {
         const i64 at[kAxes] = {id, ih, iw};
         ws[p.ws.offset(n, c, at)] += v;
       });
@@ -175,9 +176,12 @@ void forward_cuda(const Problem& p, const Tensor& x, const Tensor& grid, const T
   const i64 total = p.batch * w.groups * p.out_plane();
   dispatch(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    grid_sample_forward_kernel<T><<<blocks_for(total), kThreads, 0, s>>>(p, w, x.ptr<T>(), grid.ptr<T>(), y.ptr<T>(),
-                                                                         total);
-    RUDNN_CUDA_CHECK_LAUNCH("grid_sample_forward_kernel");
+    with_taps(p.mode, [&](auto taps) {
+      constexpr int K = decltype(taps)::value;
+      grid_sample_forward_kernel<T, K><<<blocks_for(total), kThreads, 0, s>>>(p, w, x.ptr<T>(), grid.ptr<T>(),
+                                                                              y.ptr<T>(), total);
+      RUDNN_CUDA_CHECK_LAUNCH("grid_sample_forward_kernel");
+    });
   });
 }
 
@@ -192,17 +196,21 @@ void backward_cuda(const Problem& p, const Tensor& dy, const Tensor& x, const Te
     const i64 points = p.batch * p.out_plane();
     T* dgrid_ptr = dgrid ? dgrid->ptr<T>() : nullptr;
     float* atomic_ws = deterministic ? nullptr : ws;
-    if (points > 0 && (dgrid_ptr || atomic_ws)) {
-      grid_sample_backward_point_kernel<T><<<blocks_for(points), kThreads, 0, s>>>(
-          p, dy.ptr<T>(), x.ptr<T>(), grid.ptr<T>(), dgrid_ptr, atomic_ws, points);
-      RUDNN_CUDA_CHECK_LAUNCH("grid_sample_backward_point_kernel");
-    }
-    if (!ws) return;
     const i64 planes = p.batch * p.channels;
-    if (deterministic && points > 0) {
-      grid_sample_dx_plane_kernel<T><<<blocks_for(planes), kThreads, 0, s>>>(p, dy.ptr<T>(), grid.ptr<T>(), ws, planes);
-      RUDNN_CUDA_CHECK_LAUNCH("grid_sample_dx_plane_kernel");
-    }
+    with_taps(p.mode, [&](auto taps) {
+      constexpr int K = decltype(taps)::value;
+      if (points > 0 && (dgrid_ptr || atomic_ws)) {
+        grid_sample_backward_point_kernel<T, K><<<blocks_for(points), kThreads, 0, s>>>(
+            p, dy.ptr<T>(), x.ptr<T>(), grid.ptr<T>(), dgrid_ptr, atomic_ws, points);
+        RUDNN_CUDA_CHECK_LAUNCH("grid_sample_backward_point_kernel");
+      }
+      if (ws && deterministic && points > 0) {
+        grid_sample_dx_plane_kernel<T, K><<<blocks_for(planes), kThreads, 0, s>>>(p, dy.ptr<T>(), grid.ptr<T>(), ws,
+                                                                                  planes);
+        RUDNN_CUDA_CHECK_LAUNCH("grid_sample_dx_plane_kernel");
+      }
+    });
+    if (!ws) return;
     grid_sample_dx_store_kernel<T><<<blocks_for(ws_count), kThreads, 0, s>>>(p, ws, dx->ptr<T>(), ws_count);
     RUDNN_CUDA_CHECK_LAUNCH("grid_sample_dx_store_kernel");
   });
