@@ -120,3 +120,22 @@ def test_errors_are_builtin_types():
         rudnn.grid_sample(_x(), _g((1, 3, 4, 3)))
     with pytest.raises(TypeError):
         rudnn.grid_sample(_x(), _g(dtype=torch.float16))
+
+
+@pytest.mark.cuda
+def test_cuda_workspace_checks():
+    # The float32 workspace of CUDA's dx (rudnn allocates it; C++ callers pass their own).
+    x, grid = _x(device="cuda"), _g(device="cuda")
+    dy, dx = torch.randn(1, 2, 3, 4, device="cuda"), torch.empty(1, 2, 6, 6, device="cuda")
+    need = rudnn._C.grid_sample_backward_workspace_bytes(dy, x, grid, True, 0, 0, False, 0)
+    assert need == 2 * 36 * 4
+    assert rudnn._C.grid_sample_backward_workspace_bytes(dy, x, grid, False, 0, 0, False, 0) == 0
+    with pytest.raises(rudnn.ArgumentError) as info:
+        rudnn._C.grid_sample_backward(dy, x, grid, dx, None, torch.empty(need - 1, dtype=torch.uint8, device="cuda"),
+                                      0, 0, False, 0, False, 0)
+    assert str(info.value) == f"grid_sample_backward: workspace: expected at least {need} bytes, got {need - 1}"
+    ws = torch.empty(need + 1, dtype=torch.uint8, device="cuda")[1:]
+    with pytest.raises(rudnn.ArgumentError) as info:
+        rudnn._C.grid_sample_backward(dy, x, grid, dx, None, ws, 0, 0, False, 0, False, 0)
+    assert str(info.value) == "grid_sample_backward: workspace: expected an address aligned to 4 bytes (it holds " \
+                              "float32 sums)"

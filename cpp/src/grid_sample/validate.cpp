@@ -1,6 +1,7 @@
 // Every check of grid_sample and grid_sample_backward, run once before either backend, in
 // torch's order of concerns (check_grid_sampler_common / _2d / _3d): the input, the grid against
 // it, the mode and padding, then the outputs. Sizes are checked for int64 overflow.
+#include <cstdint>
 #include <string>
 
 #include "core/backend.hpp"
@@ -167,6 +168,8 @@ Problem validate_backward(const GridSampleBackwardArgs& a, bool check_outputs) {
   const bool cuda = a.x.device.is_cuda();
   const i64 ws = workspace_elements(p, a.dx != nullptr, cuda);
   if (cuda) core::expect_workspace(a.workspace, a.x, "x", std::size_t(ws) * sizeof(float), op);
+  if (cuda && ws > 0 && reinterpret_cast<std::uintptr_t>(a.workspace->data) % alignof(float) != 0)
+    fail(ErrorKind::value, op + ": workspace: expected an address aligned to 4 bytes (it holds float32 sums)");
   if (a.dx) {
     p.dx = strides_of(*a.dx, p.dims, a.options.layout);
     // The workspace: dense float32, channels innermost when x's are (the plane owners of the
