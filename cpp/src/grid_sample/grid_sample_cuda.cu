@@ -9,8 +9,8 @@
 //            deterministic: one thread per (n, c) plane walks the grid points in order and adds
 //            into its own plane of the workspace (one writer per element, no atomics; the CPU's
 //            order). Then one pass rounds the workspace into dx.
-// The workspace is float32, dense, channels innermost for channels-last x (coalesced across the
-// plane owners, which are adjacent channels).
+// The workspace is float32, dense, channels innermost (coalesced across the plane owners, which
+// are adjacent channels); the store walks dx in its own memory order.
 //
 // Instantiations: dtype x taps per axis (the mode: 1, 2, 4) x {forward, backward per point, dx per
 // plane}, and dtype x the dx store; the padding and the rank are run-time values. The tap count
@@ -127,7 +127,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dx = the workspace rounded to T, walked in the workspace's (dense) order.
+// dx = the workspace rounded to T, walked in dx's memory order (channels fastest for
+// channels-last x, else w fastest).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     grid_sample_dx_store_kernel(const Problem p, const float* __restrict__ ws, T* __restrict__ dx, i64 total) {

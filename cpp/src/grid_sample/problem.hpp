@@ -46,7 +46,7 @@ struct Problem {
   Strides x;             // the sampled input
   Strides y;             // forward: y; backward: dy
   Strides dx;            // backward: dx
-  Strides ws;            // backward on CUDA: the float32 workspace dx accumulates in
+  Strides ws;            // backward on CUDA: the float32 workspace dx accumulates in, (n, d, h, w, c) dense
   GridStrides grid, dgrid;
   bool channels_last = false;  // x's channels are its densest axis (CUDA threads walk c fastest)
   RUDNN_HD i64 in_plane() const { return in[0] * in[1] * in[2]; }

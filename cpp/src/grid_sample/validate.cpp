@@ -172,13 +172,12 @@ Problem validate_backward(const GridSampleBackwardArgs& a, bool check_outputs) {
     fail(ErrorKind::value, op + ": workspace: expected an address aligned to 4 bytes (it holds float32 sums)");
   if (a.dx) {
     p.dx = strides_of(*a.dx, p.dims, a.options.layout);
-    // The workspace: dense float32, channels innermost when x's are (the plane owners of the
-    // deterministic path then walk it coalesced), else (n, c, d, h, w).
-    const i64 unit = p.channels_last ? p.channels : 1;
-    p.ws.c = p.channels_last ? 1 : p.in_plane();
-    p.ws.sp[2] = unit;
-    p.ws.sp[1] = unit * p.in[2];
-    p.ws.sp[0] = unit * p.in[2] * p.in[1];
+    // The workspace: dense float32 (n, d, h, w, c), channels innermost whatever x's layout: the
+    // plane owners of the deterministic path (adjacent channels) then read and write it coalesced.
+    p.ws.c = 1;
+    p.ws.sp[2] = p.channels;
+    p.ws.sp[1] = p.channels * p.in[2];
+    p.ws.sp[0] = p.channels * p.in[2] * p.in[1];
     p.ws.n = p.channels * p.in_plane();
   }
   return p;
