@@ -29,13 +29,13 @@ void for_each_point(const Problem& p, F&& f) {
 
 template <class T, int K>
 void forward_typed(const Problem& p, const T* x, const T* grid, T* y) {
-  const auto load_x = [x](i64 off) { return to_float(x[off]); };
+  const auto load_x = [x](i64 off) { return Lanes<1>{{to_float(x[off])}}; };
   const auto load_grid = [grid](i64 off) { return to_float(grid[off]); };
   for (i64 n = 0; n < p.batch; ++n)
     for_each_point(p, [&](const i64 (&pos)[kAxes]) {
       const PointTaps<K> t = point_taps<K>(p, n, pos, false, load_grid);
       for (i64 c = 0; c < p.channels; ++c)
-        y[p.y.offset(n, c, pos)] = from_float<T>(sample(p, t, n, c, load_x));
+        y[p.y.offset(n, c, pos)] = from_float<T>(sample<K, 1>(p, t, n, c, load_x).v[0]);
     });
 }
 

@@ -2,8 +2,11 @@
 //
 // forward:   one thread per (n, grid point, group of channels): the taps and weights are computed
 //            once per thread for its channels. Threads walk y in memory order: for channels-last x
-//            the channel groups (of 4) fastest, so a warp's loads and stores are adjacent channels;
-//            for channels-first x the points fastest (groups of 16 channels), so stores coalesce.
+//            the channel groups fastest, so a warp's loads and stores are adjacent channels; for
+//            channels-first x the points fastest (groups of 16 channels), so stores coalesce.
+//            Channels-last problems whose channel count and strides allow it take the vector path:
+//            each thread owns 16 bytes of adjacent channels (4 f32, 8 f16/bf16), moved as one
+//            16-byte access per tap; otherwise groups of 4 channels, one element at a time.
 // backward:  one thread per (n, grid point) over all channels in order: dgrid (one writer per point,
 //            deterministic) and, by default, dx by float32 atomicAdd into the workspace.
 //            deterministic: one thread per (n, c) plane walks the grid points in order and adds
@@ -12,8 +15,8 @@
 // The workspace is float32, dense, channels innermost (coalesced across the plane owners, which
 // are adjacent channels); the store walks dx in its own memory order.
 //
-// Instantiations: dtype x taps per axis (the mode: 1, 2, 4) x {forward, backward per point, dx per
-// plane}, and dtype x the dx store; the padding and the rank are run-time values. The tap count
+// Instantiations: dtype x taps per axis (the mode: 1, 2, 4) x {forward scalar, forward vector,
+// backward per point, dx per plane}, and dtype x the dx store; the padding and the rank are run-time values. The tap count
 // is a template parameter so that a point's taps stay in registers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -21,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/convert.cuh"
 #include "core/cuda_check.hpp"
@@ -58,19 +62,54 @@ __device__ __forceinline__ void walk_at(i64 t, const Problem& p, const Walk& w, 
   }
 }
 
-template <class T, int K>
+// L elements of T read or written as one access (16 bytes at most per instruction).
+template <class T, int L>
+struct alignas(sizeof(T) * L < 16 ? sizeof(T) * L : 16) Pack {
+  T v[L];
+};
+
+template <class T>
+inline constexpr int kVecLanes = 16 / int(sizeof(T));
+
+template <class T, int L>
+__device__ __forceinline__ Lanes<L> load_lanes(const T* data, i64 offset) {
+  const Pack<T, L> pack = *reinterpret_cast<const Pack<T, L>*>(data + offset);
+  Lanes<L> out;
+#pragma unroll
+  for (int l = 0; l < L; ++l) out.v[l] = core::to_float(pack.v[l]);
+  return out;
+}
+
+template <class T, int L>
+__device__ __forceinline__ void store_lanes(T* data, i64 offset, const Lanes<L>& values) {
+  Pack<T, L> pack;
+#pragma unroll
+  for (int l = 0; l < L; ++l) pack.v[l] = core::from_float<T>(values.v[l]);
+  *reinterpret_cast<Pack<T, L>*>(data + offset) = pack;
+}
+
+// One thread per (n, grid point, channel group). L > 1 (the vector path): the group is L adjacent
+// channels moved as 16-byte packs; L = 1: up to w.chunk channels one at a time.
+template <class T, int K, int L>
 __global__ void __launch_bounds__(kThreads)
     grid_sample_forward_kernel(const Problem p, const Walk w, const T* __restrict__ x, const T* __restrict__ grid,
                                T* __restrict__ y, i64 total) {
-  const auto load_x = [x](i64 off) { return core::to_float(x[off]); };
   const auto load_grid = [grid](i64 off) { return core::to_float(grid[off]); };
   for (i64 t = i64(blockIdx.x) * kThreads + threadIdx.x; t < total; t += i64(gridDim.x) * kThreads) {
     i64 n, g, o, pos[kAxes];
     walk_at(t, p, w, n, g, o);
     plane_position(p, o, pos);
     const PointTaps<K> taps = point_taps<K>(p, n, pos, false, load_grid);
-    const i64 end = min_c(p.channels, (g + 1) * w.chunk);
-    for (i64 c = g * w.chunk; c < end; ++c) y[p.y.offset(n, c, pos)] = core::from_float<T>(sample(p, taps, n, c, load_x));
+    if constexpr (L > 1) {
+      const i64 c = g * L;
+      const auto load_x = [x](i64 off) { return load_lanes<T, L>(x, off); };
+      store_lanes<T, L>(y, p.y.offset(n, c, pos), sample<K, L>(p, taps, n, c, load_x));
+    } else {
+      const auto load_x = [x](i64 off) { return Lanes<1>{{core::to_float(x[off])}}; };
+      const i64 end = min_c(p.channels, (g + 1) * w.chunk);
+      for (i64 c = g * w.chunk; c < end; ++c)
+        y[p.y.offset(n, c, pos)] = core::from_float<T>(sample<K, 1>(p, taps, n, c, load_x).v[0]);
+    }
   }
 }
 
@@ -152,9 +191,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The forward's split: groups of 4 channels for channels-last x, of 16 otherwise.
-Walk walk_for(const Problem& p) {
-  const i64 chunk = std::max<i64>(1, std::min<i64>(p.channels, p.channels_last ? 4 : 16));
+// Whether a tensor's channel groups of L can be read as packs: dense channels, every other
+// stride a multiple of L, the data aligned to the pack.
+template <class T, int L>
+bool packable(const void* data, const Strides& s) {
+  if (reinterpret_cast<std::uintptr_t>(data) % alignof(Pack<T, L>) != 0) return false;
+  return s.c == 1 && s.n % L == 0 && s.sp[0] % L == 0 && s.sp[1] % L == 0 && s.sp[2] % L == 0;
+}
+
+// The forward's vector path: channels-last x and y whose channel count and strides allow packs.
+template <class T>
+bool vector_path(const Problem& p, const void* x, const void* y) {
+  constexpr int L = kVecLanes<T>;
+  return p.channels_last && p.channels % L == 0 && packable<T, L>(x, p.x) && packable<T, L>(y, p.y);
+}
+
+// The forward's split: groups of `lanes` channels on the vector path, else of 4 channels for
+// channels-last x and of 16 otherwise.
+Walk walk_for(const Problem& p, int lanes) {
+  const i64 chunk = lanes > 1 ? lanes : std::max<i64>(1, std::min<i64>(p.channels, p.channels_last ? 4 : 16));
   return Walk{(p.channels + chunk - 1) / chunk, chunk, p.channels_last};
 }
 
@@ -173,15 +228,20 @@ void dispatch(DType dtype, F&& f) {
 
 void forward_cuda(const Problem& p, const Tensor& x, const Tensor& grid, const Tensor& y, Stream stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  const Walk w = walk_for(p);
-  const i64 total = p.batch * w.groups * p.out_plane();
   dispatch(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     with_taps(p.mode, [&](auto taps) {
       constexpr int K = decltype(taps)::value;
-      grid_sample_forward_kernel<T, K><<<blocks_for(total), kThreads, 0, s>>>(p, w, x.ptr<T>(), grid.ptr<T>(),
-                                                                              y.ptr<T>(), total);
-      RUDNN_CUDA_CHECK_LAUNCH("grid_sample_forward_kernel");
+      auto launch = [&](auto lanes) {
+        constexpr int L = decltype(lanes)::value;
+        const Walk w = walk_for(p, L);
+        const i64 total = p.batch * w.groups * p.out_plane();
+        grid_sample_forward_kernel<T, K, L><<<blocks_for(total), kThreads, 0, s>>>(p, w, x.ptr<T>(), grid.ptr<T>(),
+                                                                                   y.ptr<T>(), total);
+        RUDNN_CUDA_CHECK_LAUNCH("grid_sample_forward_kernel");
+      };
+      if (vector_path<T>(p, x.data, y.data)) launch(std::integral_constant<int, kVecLanes<T>>{});
+      else launch(std::integral_constant<int, 1>{});
     });
   });
 }

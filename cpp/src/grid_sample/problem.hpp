@@ -24,6 +24,7 @@
 namespace rudnn::gs {
 
 using i64 = std::int64_t;
+using pooling::Lanes;
 using pooling::Strides;
 constexpr int kAxes = 3;
 constexpr int kMaxTaps = 4;  // taps per axis (bicubic)
@@ -267,33 +268,42 @@ RUDNN_HD PointTaps<K> point_taps(const Problem& p, i64 n, const i64 (&pos)[kAxes
 
 RUDNN_HD i64 spatial_offset(const Strides& s, i64 d, i64 h, i64 w) { return d * s.sp[0] + h * s.sp[1] + w * s.sp[2]; }
 
-// The sampled value of channel c at a point. load_x(offset) reads x as float; offsets are full
-// element offsets. bilinear / nearest: the corners in torch's order (w fastest), each weight the
-// product of the axes' in (w, h, d) order; bicubic: torch's nested 1-D interpolations, rows first.
+// The sampled values of channels c .. c + L - 1 at a point. load_x(offset) reads L adjacent
+// channels of x as floats (L > 1 only for CUDA's vector path); offsets are full element offsets.
+// bilinear / nearest: the corners in torch's order (w fastest), each weight the product of the
+// axes' in (w, h, d) order; bicubic: torch's nested 1-D interpolations, rows first.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <int K, class LoadX>
-RUDNN_HD float sample(const Problem& p, const PointTaps<K>& t, i64 n, i64 c, const LoadX& load_x) {
+template <int K, int L, class LoadX>
+RUDNN_HD Lanes<L> sample(const Problem& p, const PointTaps<K>& t, i64 n, i64 c, const LoadX& load_x) {
   const i64 base = n * p.x.n + c * p.x.c;
   const AxisTaps<K>&td = t.ax[0], &th = t.ax[1], &tw = t.ax[2];
-  float acc = 0.0f;
+  Lanes<L> acc;
+  for (int l = 0; l < L; ++l) acc.v[l] = 0.0f;
   if constexpr (K == 4) {
     for (int j = 0; j < 4; ++j) {
-      float row = 0.0f;
+      Lanes<L> row;
+      for (int l = 0; l < L; ++l) row.v[l] = 0.0f;
       for (int i = 0; i < 4; ++i) {
-        const float v = th.idx[j] >= 0 && tw.idx[i] >= 0 ? load_x(base + spatial_offset(p.x, 0, th.idx[j], tw.idx[i])) : 0.0f;
-        row += v * tw.w[i];
+        Lanes<L> v;
+        if (th.idx[j] >= 0 && tw.idx[i] >= 0) {
+          v = load_x(base + spatial_offset(p.x, 0, th.idx[j], tw.idx[i]));
+        } else {
+          for (int l = 0; l < L; ++l) v.v[l] = 0.0f;
+        }
+        for (int l = 0; l < L; ++l) row.v[l] += v.v[l] * tw.w[i];
       }
-      acc += row * th.w[j];
+      for (int l = 0; l < L; ++l) acc.v[l] += row.v[l] * th.w[j];
     }
   } else {
     for (int kd = 0; kd < K; ++kd)
       for (int kh = 0; kh < K; ++kh)
         for (int kw = 0; kw < K; ++kw) {
           if (td.idx[kd] < 0 || th.idx[kh] < 0 || tw.idx[kw] < 0) continue;
-          const float v = load_x(base + spatial_offset(p.x, td.idx[kd], th.idx[kh], tw.idx[kw]));
-          acc += v * (tw.w[kw] * th.w[kh] * td.w[kd]);
+          const Lanes<L> v = load_x(base + spatial_offset(p.x, td.idx[kd], th.idx[kh], tw.idx[kw]));
+          const float w = tw.w[kw] * th.w[kh] * td.w[kd];
+          for (int l = 0; l < L; ++l) acc.v[l] += v.v[l] * w;
         }
   }
   return acc;
