@@ -41,7 +41,7 @@ archs=()
 [ -n "${RUDNN_CUDA_ARCHS:-}" ] && archs=(-Ccmake.define.RUDNN_CUDA_ARCHS="$RUDNN_CUDA_ARCHS")
 if [ ${#cuda_flag[@]} -eq 0 ]; then
   echo "install: building rudnn with CUDA for ${RUDNN_CUDA_ARCHS:-80;90a} on $(nproc) cores:" \
-       "about 28 min cold on 2 cores, 2-3 min when ccache holds the objects"
+       "about 15-20 min cold on 2 cores, 2-3 min when ccache holds the objects"
 else
   echo "install: building rudnn (CPU backend): about 1 min on 2 cores"
 fi

@@ -39,9 +39,9 @@ def _x(shape=(4, 8), dtype=torch.float32, device="cpu"):
         (lambda d: rudnn.layer_norm(_x((8, 4), device=d).t()), rudnn.ShapeError,
          "layer_norm: x: the last axis must be contiguous (stride 1), got stride 4"),
         (lambda d: rudnn.softmax(_x(device=d), out=_x((4, 8), torch.float16, device=d)), rudnn.DTypeError,
-         "softmax: y: expected the dtype of x (float32), got float16"),
+         "softmax: out: expected the dtype of x (float32), got float16"),
         (lambda d: rudnn.softmax(_x(device=d), out=_x((4, 7), device=d)), rudnn.ShapeError,
-         "softmax: y: expected the shape of x [4, 8], got [4, 7]"),
+         "softmax: out: expected the shape of x [4, 8], got [4, 7]"),
         (lambda d: rudnn.layer_norm(_x(device=d), np.ones(8, np.float32)), rudnn.FrameworkError,
          "layer_norm: weight: expected a torch.Tensor like x (one framework per call), got numpy.ndarray"),
         (lambda d: rudnn.softmax([[1.0, 2.0]]), rudnn.FrameworkError,
@@ -51,8 +51,8 @@ def _x(shape=(4, 8), dtype=torch.float32, device="cpu"):
          "layer_norm_backward: rstd: expected shape [4] (x.shape[:-1]), got [5]"),
         (lambda d: rudnn.layer_norm_backward(_x(device=d), _x(device=d), None, torch.zeros(4, device=d),
                                              torch.zeros(4, dtype=torch.float64, device=d)), rudnn.DTypeError,
-         "layer_norm_backward: rstd: expected one of the dtypes rudnn takes (float32, float16, bfloat16, int32, int64, "
-         "uint32, uint8, bool), got float64"),
+         "layer_norm_backward: rstd: float64 arrays are not taken by rudnn (its data arrays are float32, float16, "
+         "bfloat16; its index arrays int32, int64, uint32, uint8 or bool), got float64"),
         (lambda d: rudnn.rms_norm_backward(_x((4, 9), device=d), _x(device=d), None, torch.zeros(4, device=d)),
          rudnn.ShapeError, "rms_norm_backward: dy: expected the shape of x [4, 8], got [4, 9]"),
         (lambda d: rudnn.softmax_backward(_x(device=d), _x(dtype=torch.bfloat16, device=d)), rudnn.DTypeError,

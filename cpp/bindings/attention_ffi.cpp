@@ -226,9 +226,9 @@ void validate_backward(const Spec& dout, const Spec& q, const Spec& k, const Spe
   a.out = abstract_view(out, op + ": out");
   a.lse = abstract_view(lse, op + ": lse");
   a.options = abstract_options(mask, bias, cu_q, cu_k, scale, causal, wl, wr, softcap, op, slots);
-  a.dq = a.q;
-  a.dk = a.k;
-  a.dv = a.v;
+  a.dq = abstract_like(a.q);
+  a.dk = abstract_like(a.k);
+  a.dv = abstract_like(a.v);
   rudnn::attention::validate_backward(a);
 }
 

@@ -12,6 +12,8 @@ void register_gated_delta(nanobind::module_& m);
 void register_pooling(nanobind::module_& m);
 void register_ctc(nanobind::module_& m);
 void register_interpolate(nanobind::module_& m);
+void register_conv(nanobind::module_& m);
 void register_grid_sample(nanobind::module_& m);
+void register_paged(nanobind::module_& m);
 
 }  // namespace rudnn::bindings

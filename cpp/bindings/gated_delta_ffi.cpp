@@ -212,8 +212,10 @@ void validate_backward(std::int32_t algo, const Spec& dout, const Spec& q, const
   Tensor dfinal_t;
   if (dfinal) a.dfinal_state = &(dfinal_t = abstract(*dfinal, op + ": dfinal_state"));
   // The gradient outputs are allocated like their inputs.
-  a.dq = in.q, a.dk = in.k, a.dv = in.v, a.dbeta = in.beta, a.dlog_decay = in.g;
-  if (in.has_initial) a.dinitial_state = &in.initial;
+  a.dq = abstract_like(in.q), a.dk = abstract_like(in.k), a.dv = abstract_like(in.v);
+  a.dbeta = abstract_like(in.beta), a.dlog_decay = abstract_like(in.g);
+  Tensor dinitial_t;
+  if (in.has_initial) a.dinitial_state = &(dinitial_t = abstract_like(in.initial));
   rudnn::gated_delta::validate_backward(a, /*read_offsets=*/false);
 }
 

@@ -14,6 +14,7 @@ nanobind::dict ffi_targets() {
   rudnn::jax_ffi::add_pooling_targets(cpu, cuda);
   rudnn::jax_ffi::add_ctc_targets(cpu, cuda);
   rudnn::jax_ffi::add_interpolate_targets(cpu, cuda);
+  rudnn::jax_ffi::add_conv_targets(cpu, cuda);
   rudnn::jax_ffi::add_grid_sample_targets(cpu, cuda);
   all["cpu"] = cpu;
   all["CUDA"] = cuda;

@@ -26,6 +26,7 @@ void add_pooling_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 // CTC: cpu handlers only (libruDNN reads targets and lengths on the host); no jax_validate_*.
 void add_ctc_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_interpolate_targets(nanobind::dict& cpu, nanobind::dict& cuda);  // checks through rudnn.interpolate too
+void add_conv_targets(nanobind::dict& cpu, nanobind::dict& cuda);         // checks through rudnn.conv too
 void add_grid_sample_targets(nanobind::dict& cpu, nanobind::dict& cuda);  // checks through rudnn.grid_sample too
 
 }  // namespace rudnn::jax_ffi

@@ -42,5 +42,7 @@ NB_MODULE(_C, m) {
   rudnn::bindings::register_pooling(m);
   rudnn::bindings::register_ctc(m);
   rudnn::bindings::register_interpolate(m);
+  rudnn::bindings::register_conv(m);
   rudnn::bindings::register_grid_sample(m);
+  rudnn::bindings::register_paged(m);
 }

@@ -376,7 +376,7 @@ void validate_selected_router(const Spec& logits, const Spec& indices, const std
   a.indices = i;
   a.grad_weights = abstract(*grad, "moe.selected_router_backward: grad_weights");
   a.scale = float(scale);
-  a.dlogits = l;
+  a.dlogits = abstract_like(l);
   moe::validate_selected_router_backward(a);
 }
 
@@ -388,8 +388,8 @@ void validate_experts(const Spec& x, const Spec& gate, const Spec& up, const Spe
   a.down = abstract(down, "SwiGluExperts.forward_dispatched: down");
   const std::int64_t experts = a.gate.rank == 3 ? a.gate.shape[0] + 1 : 1;
   a.offsets = Tensor::contiguous(placeholder_data(), DType::i32, a.x.device, &experts, 1);
-  a.y = a.x;
-  moe::validate_experts_forward(a);
+  a.y = abstract_like(a.x);
+  moe::validate_experts_forward(a, /*read_offsets=*/false);
 }
 
 }  // namespace

@@ -180,14 +180,14 @@ void validate_norm_forward(const std::string& kind, const Spec& x_spec, const st
   a.kind = kind_from_name(kind);
   const std::string op = a.kind == rudnn::NormKind::layer ? "layer_norm" : "rms_norm";
   a.x = abstract(x_spec, op + ": x");
-  a.y = a.x;
+  a.y = abstract_like(a.x);
   a.eps = float(eps);
-  Tensor weight, bias, residual, mean, rstd;
+  Tensor weight, bias, residual, residual_out, mean, rstd;
   if (weight_spec) a.weight = &(weight = abstract(*weight_spec, op + ": weight"));
   if (bias_spec) a.bias = &(bias = abstract(*bias_spec, op + ": bias"));
   if (residual_spec) {
     a.residual = &(residual = abstract(*residual_spec, op + ": residual"));
-    a.residual_out = &a.x;
+    a.residual_out = &(residual_out = abstract_like(a.x));
   }
   if (stats && a.x.rank >= 1) {
     rstd = stats_like(a.x);
@@ -208,7 +208,7 @@ void validate_norm_backward(const std::string& kind, const Spec& dy_spec, const 
   const std::string op = a.kind == rudnn::NormKind::layer ? "layer_norm_backward" : "rms_norm_backward";
   a.dy = abstract(dy_spec, op + ": dy");
   a.x = abstract(x_spec, op + ": x");
-  a.dx = a.x;
+  a.dx = abstract_like(a.x);
   a.rstd = abstract(rstd_spec, op + ": rstd");
   Tensor weight, mean, dweight_t, dbias_t;
   if (weight_spec) a.weight = &(weight = abstract(*weight_spec, op + ": weight"));
@@ -223,13 +223,13 @@ void validate_norm_backward(const std::string& kind, const Spec& dy_spec, const 
 
 void validate_softmax_forward(const Spec& x_spec) {
   const Tensor x = abstract(x_spec, "softmax: x");
-  rudnn::norm::validate_softmax_forward(x, x);
+  rudnn::norm::validate_softmax_forward(x, abstract_like(x));
 }
 
 void validate_softmax_backward(const Spec& dy_spec, const Spec& y_spec) {
   const Tensor dy = abstract(dy_spec, "softmax_backward: dy");
   const Tensor y = abstract(y_spec, "softmax_backward: y");
-  rudnn::norm::validate_softmax_backward(dy, y, y);
+  rudnn::norm::validate_softmax_backward(dy, y, abstract_like(y));
 }
 
 }  // namespace

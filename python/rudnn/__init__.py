@@ -4,7 +4,9 @@ from .errors import (ArgumentError, CudaError, DeviceError, DTypeError, Error, F
                      UnsupportedError)
 from . import _C
 from . import moe
+from . import paged
 from .attention import attention, attention_backward, attention_last_algorithm
+from .conv import conv, conv_bias_backward, conv_data_backward, conv_last_algorithm, conv_weight_backward
 from .ctc import ctc_loss, ctc_loss_backward
 from .grid_sample import grid_sample, grid_sample_backward
 from .interpolate import interpolate, interpolate_backward
@@ -31,12 +33,13 @@ __all__ = [
     "CudaError",
     "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward",
     "attention", "attention_backward", "attention_last_algorithm",
-    "moe",
+    "moe", "paged",
     "chunk_gated_delta_rule", "gated_delta_rule", "chunk_gated_delta_rule_backward", "gated_delta_rule_backward",
     "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool", "max_pool_backward", "avg_pool_backward",
     "adaptive_avg_pool_backward", "adaptive_max_pool_backward",
     "ctc_loss", "ctc_loss_backward",
     "interpolate", "interpolate_backward",
+    "conv", "conv_data_backward", "conv_weight_backward", "conv_bias_backward", "conv_last_algorithm",
     "grid_sample", "grid_sample_backward",
     "has_cuda", "cmake_prefix",
 ]

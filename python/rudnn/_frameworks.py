@@ -8,8 +8,9 @@ CUDA stream, and exports arrays as DLPack capsules for that stream.
 from __future__ import annotations
 
 import sys
+import warnings
 
-from .errors import DeviceError, DTypeError, FrameworkError, UnsupportedError
+from .errors import ArgumentError, DeviceError, DTypeError, FrameworkError, UnsupportedError
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # Every dtype libruDNN's arrays can have (cpp/bindings/tensor_convert.hpp).
@@ -34,12 +35,16 @@ def is_jax(a) -> bool:
     return a is not None and _module_of(a) == "jax"
 
 
-def _stream_handle(stream) -> int:
-    """An explicit stream= argument as an integer cudaStream_t."""
+def _stream_handle(op, stream) -> int:
+    """An explicit stream= argument as an integer cudaStream_t (checked on the CPU too, where it
+    is not used, so that a call does not pass on one machine and fail on another)."""
     for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy Stream
         if hasattr(stream, attr):
             return int(getattr(stream, attr))
-    return int(stream)
+    if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0:
+        return stream
+    raise ArgumentError(f"{op}: stream: expected None, a torch.cuda.Stream, a cupy Stream or a cudaStream_t "
+                        f"handle (an int >= 0), got {stream!r}")
 
 
 class _Torch:
@@ -51,7 +56,7 @@ class _Torch:
         self.torch = torch
         self.dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                        "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
-                       "uint32": torch.uint32}
+                       "uint32": torch.uint32, "bool": torch.bool}
 
     def device(self, a):
         d = a.device
@@ -71,6 +76,28 @@ class _Torch:
 
     def current_stream(self, device):
         return self.torch.cuda.current_stream(device[1]).cuda_stream
+
+    def check_exportable(self, op, name, a, writes):
+        # DLPack carries no negative or conjugate bit: the data would be read without its sign.
+        if a.is_neg() or a.is_conj():
+            raise FrameworkError(f"{op}: {name}: a torch view with the {'negative' if a.is_neg() else 'conjugate'} "
+                                 f"bit set (as .conj().imag gives) cannot be passed through DLPack; call "
+                                 f".resolve_neg() / .resolve_conj() first")
+
+    def check_autograd(self, op, present, outputs):
+        """rudnn's eager ops record no autograd: say so where torch would have recorded it. With
+        out= this is an error, as torch refuses out= arguments that need gradients."""
+        if not self.torch.is_grad_enabled():  # torch.no_grad(), or inside a rudnn.torch custom op
+            return
+        needing = [name for name, a in present if a.requires_grad and name not in outputs]
+        if not needing:
+            return
+        if any(name in outputs for name, _ in present):
+            raise ArgumentError(f"{op}: out: an out= array records no gradient, and {needing[0]} requires grad; "
+                                f"drop out= or run under torch.no_grad()")
+        warnings.warn(f"{op}: {needing[0]} requires grad, but rudnn's eager ops record no autograd graph: use the "
+                      f"rudnn.torch op of the same name for gradients, or run under torch.no_grad()",
+                      stacklevel=4)
 
     def capsule(self, a, stream, current):
         a = a.detach()  # torch refuses to export tensors that require grad
@@ -113,6 +140,9 @@ class _CuPy:
         with self.cupy.cuda.Device(device[1]):
             return self.cupy.cuda.get_current_stream().ptr
 
+    def check_exportable(self, op, name, a, writes):
+        pass
+
     def capsule(self, a, stream, current):
         if stream == current:
             return a.__dlpack__(stream=-1)
@@ -147,6 +177,11 @@ class _NumPy:
     def current_stream(self, device):
         return 0
 
+    def check_exportable(self, op, name, a, writes):
+        if writes and not a.flags.writeable:
+            raise ArgumentError(f"{op}: {name}: expected a writable array, got a read-only numpy.ndarray "
+                                f"(np.broadcast_to and friends return read-only views)")
+
     def capsule(self, a, stream, current):
         # nanobind reads NumPy arrays directly (buffer protocol), read-only ones included.
         if str(a.dtype) == "bfloat16":
@@ -171,11 +206,17 @@ class Call:
     """The arrays of one op call: one framework, one device, one stream.
 
     `arrays` maps argument names to arrays (None for absent optional ones); the
-    first non-None entry decides the framework and the device.
+    first non-None entry decides the framework and the device. `required` names the arrays
+    that may not be None (default: the first); `outputs` those the op writes (caller-given
+    out= arrays), which must be writable.
     """
 
-    def __init__(self, op: str, arrays: dict, stream=None):
+    def __init__(self, op: str, arrays: dict, stream=None, required=None, outputs=("out",)):
         self.op = op
+        for name in required or list(arrays)[:1]:  # by default the first array is required
+            if arrays[name] is None:
+                raise FrameworkError(f"{op}: {name}: expected a torch.Tensor, cupy.ndarray, numpy.ndarray or "
+                                     f"jax.Array, got None")
         present = [(k, v) for k, v in arrays.items() if v is not None]
         first_name, first = present[0]
         fw = _module_of(first)
@@ -198,11 +239,16 @@ class Call:
         for name, a in present:  # each op's own checks then say which of these it takes
             dtype = self.fw.dtype_name(a)
             if dtype not in DTYPES:
-                raise DTypeError(f"{op}: {name}: expected one of the dtypes rudnn takes ({', '.join(DTYPES)}), "
+                raise DTypeError(f"{op}: {name}: {dtype} arrays are not taken by rudnn (its data arrays are "
+                                 f"{', '.join(FLOAT_DTYPES)}; its index arrays int32, int64, uint32, uint8 or bool), "
                                  f"got {dtype}")
+            self.fw.check_exportable(op, name, a, writes=name in outputs)
+        if fw == "torch":
+            self.fw.check_autograd(op, present, outputs)
+        handle = None if stream is None else _stream_handle(op, stream)
         if self.device[0] == "cuda":
             self.current = self.fw.current_stream(self.device)
-            self.stream = _stream_handle(stream) if stream is not None else self.current
+            self.stream = handle if handle is not None else self.current
         elif self.device[0] == "cpu":
             self.current = self.stream = 0
         else:

@@ -12,6 +12,8 @@ import numpy as np
 
 from . import _C
 from . import _frameworks as fw
+from ._args import flag, float32_number
+from ._args import number as _number  # noqa: F401 (imported from here by older family modules)
 from .errors import ArgumentError
 
 STRATEGIES = {"auto": 0, "flash": 1, "fallback": 2, "autotune": 3}
@@ -52,36 +54,15 @@ def _window(op, window):
     return tuple(sides)
 
 
-def flag(op, name, value):
-    """A yes/no option: True or False (NumPy's too), never a truthy string or number."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise ArgumentError(f"{op}: {name}: expected True or False, got {value!r}")
-
-
-def _number(op, name, value, expected):
-    """float(value) of a real number (a Python or NumPy scalar, a 0-d array); strings, bools
-    and anything float() cannot convert raise an ArgumentError naming the argument."""
-    if not isinstance(value, (str, bytes, bool)):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            pass
-    raise ArgumentError(f"{op}: {name}: expected {expected}, got {value!r}")
-
-
 def _softcap(op, softcap):
-    if softcap is None:
-        return 0.0
-    expected = "a finite value > 0 (or None)"
-    value = _number(op, "softcap", softcap, expected)
-    if not value > 0:  # 0 would silently mean "off" in the C++ API; NaN fails here too
-        raise ArgumentError(f"{op}: softcap: expected {expected}, got {softcap!r}")
-    return value
+    # 0 would silently mean "off" in the C++ API, so a softcap float32 flushes to 0 is refused too.
+    return 0.0 if softcap is None else float32_number(op, "softcap", softcap, "a finite value > 0 (or None)",
+                                                      positive=True)
 
 
 def _scale(op, scale):
-    return None if scale is None else _number(op, "scale", scale, "a finite value > 0 (or None for 1/sqrt(D))")
+    # its sign and zero are libruDNN's to refuse; here only what float32 cannot hold
+    return None if scale is None else float32_number(op, "scale", scale, "a finite value > 0 (or None for 1/sqrt(D))")
 
 
 def options(op, *, mask, bias, scale, causal, window, softcap, cu_seqlens_q, cu_seqlens_k, strategy):
@@ -137,7 +118,7 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
     op = "attention"
     return_lse = flag(op, "return_lse", return_lse)
     call = fw.Call(op, {"q": q, "k": k, "v": v, "mask": mask, "bias": bias, "cu_seqlens_q": cu_seqlens_q,
-                        "cu_seqlens_k": cu_seqlens_k, "out": out}, stream)
+                        "cu_seqlens_k": cu_seqlens_k, "out": out}, stream, required=("q", "k", "v"))
     opts = options(op, mask=mask, bias=bias, scale=scale, causal=causal, window=window, softcap=softcap,
                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, strategy=strategy)
     out_shape, lse_shape = _shapes(q, v, cu_seqlens_q is not None)
@@ -171,7 +152,8 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=N
     op = "attention_backward"
     deterministic = flag(op, "deterministic", deterministic)
     call = fw.Call(op, {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse, "mask": mask, "bias": bias,
-                        "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "dlse": dlse}, stream)
+                        "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "dlse": dlse}, stream,
+                   required=("dout", "q", "k", "v", "out", "lse"), outputs=())
     opts = options(op, mask=mask, bias=bias, scale=scale, causal=causal, window=window, softcap=softcap,
                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, strategy=strategy)
     dq = call.empty(tuple(q.shape), call.dtype_name(q))

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _C
 from . import _frameworks as fw
-from .attention import flag
+from ._args import flag
 from .errors import ArgumentError, DTypeError
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}

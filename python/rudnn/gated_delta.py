@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from . import _C
 from . import _frameworks as fw
+from ._args import float32_number, integer
 from .errors import ArgumentError
 
 _CHUNKED, _RECURRENT = 0, 1
@@ -68,8 +69,14 @@ def _sizes(q, v, cu_seqlens):
     return (B, Hv, T, V), (N, Hv, K, V)
 
 
+def _numbers(op, scale, chunk_size):
+    return (float32_number(op, "scale", scale, "a finite value"),
+            integer(op, "chunk_size", chunk_size, expected="an integer in [1, 2^31 - 1]"))
+
+
 def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_size, cu_seqlens, stream, kernel=0,
              out=None):
+    scale, chunk_size = _numbers(op, scale, chunk_size)
     call = fw.Call(op, {"q": q, "k": k, "v": v, "beta": beta, "log_decay": log_decay,
                         "initial_state": initial_state, "cu_seqlens": cu_seqlens, "out": out}, stream)
     out_shape, state_shape = _sizes(q, v, cu_seqlens)
@@ -79,7 +86,7 @@ def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_siz
 
     def args():  # a DLPack capsule is consumed by the call it is passed to: export anew
         return (algo, call.arg(q), call.arg(k), call.arg(v), call.arg(beta), call.arg(log_decay),
-                call.arg(initial_state), call.arg(cu_seqlens), float(scale), int(chunk_size), call.arg(out),
+                call.arg(initial_state), call.arg(cu_seqlens), scale, chunk_size, call.arg(out),
                 call.arg(final_state), int(kernel))
 
     nbytes = _C.gated_delta_forward_workspace_bytes(*args()) if call.device[0] == "cuda" else 0
@@ -124,6 +131,7 @@ def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_
 
 def _backward(op, algo, dout, q, k, v, beta, log_decay, initial_state, dfinal_state, scale, chunk_size, cu_seqlens,
               stream):
+    scale, chunk_size = _numbers(op, scale, chunk_size)
     call = fw.Call(op, {"dout": dout, "q": q, "k": k, "v": v, "beta": beta, "log_decay": log_decay,
                         "initial_state": initial_state, "dfinal_state": dfinal_state, "cu_seqlens": cu_seqlens},
                    stream)
@@ -137,7 +145,7 @@ def _backward(op, algo, dout, q, k, v, beta, log_decay, initial_state, dfinal_st
 
     def args():  # a DLPack capsule is consumed by the call it is passed to: export anew
         return (algo, call.arg(q), call.arg(k), call.arg(v), call.arg(beta), call.arg(log_decay),
-                call.arg(initial_state), call.arg(cu_seqlens), float(scale), int(chunk_size), call.arg(dout),
+                call.arg(initial_state), call.arg(cu_seqlens), scale, chunk_size, call.arg(dout),
                 call.arg(dfinal_state), call.arg(dq), call.arg(dk), call.arg(dv), call.arg(dbeta),
                 call.arg(dlog_decay), call.arg(dinitial))
 

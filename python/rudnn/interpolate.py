@@ -20,7 +20,8 @@ from typing import NamedTuple
 
 from . import _C
 from . import _frameworks as fw
-from .attention import _number, flag
+from ._args import flag
+from ._args import number as _number
 from .errors import ArgumentError
 from .pooling import _integer, _is_sequence, _shape, _spec, allocate, channels_last_result, layout_code
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from . import _C
 from . import _frameworks as fw
+from ._args import flag, float32_number, integer
 from .errors import ArgumentError, UnsupportedError
 
 _EXPERTS_STRATEGIES = {"auto": 0, "tensor_core": 1, "scalar": 2}
@@ -229,6 +230,14 @@ class SwiGluExperts:
         return d.combine(self.forward_dispatched(d, strategy, stream=stream), stream=stream)
 
 
+def _route_outputs(call, logits, T, k, E):
+    """(indices, weights) [T, k]; empty for a top_k outside [1, E], which libruDNN then refuses
+    (checked before anything of T x top_k is allocated)."""
+    k = k if 1 <= k <= E else 0
+    dtype = call.dtype_name(logits) if call.dtype_name(logits) in fw.FLOAT_DTYPES else "float32"
+    return call.empty((T, k), "uint32"), call.empty((T, k), dtype)
+
+
 def route(logits, top_k, renormalize=True, *, stream=None):
     """Softmax top-k routing of logits [T, E] (f32/f16/bf16): a RoutingPlan.
 
@@ -236,17 +245,16 @@ def route(logits, top_k, renormalize=True, *, stream=None):
     renormalization of the selected weights, weights in the logits dtype. A row with a NaN or
     +inf logit, or only -inf logits, gets NaN weights.
     """
+    op = "moe.route"
+    k, renormalize = integer(op, "top_k", top_k), flag(op, "renormalize", renormalize)
     if fw.is_jax(logits):
-        indices, weights = _rj().route(logits, top_k, renormalize)
+        indices, weights = _rj().route(logits, k, renormalize)
         return RoutingPlan(indices, weights, int(logits.shape[1]), scoring="softmax", renormalize=renormalize,
                            scale=1.0)
-    call = fw.Call("moe.route", {"logits": logits}, stream)
+    call = fw.Call(op, {"logits": logits}, stream)
     T, E = _rows_cols(logits)
-    k = int(top_k)
-    indices = call.empty((T, max(k, 0)), "uint32")
-    weights = call.empty((T, max(k, 0)), call.dtype_name(logits) if call.dtype_name(logits) in fw.FLOAT_DTYPES
-                         else "float32")
-    _C.moe_route(call.arg(logits), k, bool(renormalize), call.arg(indices), call.arg(weights), call.stream)
+    indices, weights = _route_outputs(call, logits, T, k, E)
+    _C.moe_route(call.arg(logits), k, renormalize, call.arg(indices), call.arg(weights), call.stream)
     return RoutingPlan(indices, weights, E, scoring="softmax", renormalize=renormalize, scale=1.0)
 
 
@@ -256,21 +264,22 @@ def route_sigmoid_grouped(logits, bias=None, *, top_k, groups, selected_groups, 
     selection only; the best `selected_groups` of `groups` expert groups (scored by the sum of
     their two best corrected scores, or their best) are kept and top_k is taken among their
     experts. Weights are s (renormalized if asked) times `scale`, in the logits dtype."""
+    op = "moe.route_sigmoid_grouped"
+    top_k, groups = integer(op, "top_k", top_k), integer(op, "groups", groups)
+    selected_groups = integer(op, "selected_groups", selected_groups)
+    group_top_two, renormalize = flag(op, "group_top_two", group_top_two), flag(op, "renormalize", renormalize)
+    scale = float32_number(op, "scale", scale, "a finite value > 0")
     if fw.is_jax(logits):
         indices, weights = _rj().route_sigmoid_grouped(logits, bias, top_k=top_k, groups=groups,
                                                        selected_groups=selected_groups, group_top_two=group_top_two,
                                                        renormalize=renormalize, scale=scale)
         return RoutingPlan(indices, weights, int(logits.shape[1]), scoring="sigmoid", renormalize=renormalize,
                            scale=scale)
-    call = fw.Call("moe.route_sigmoid_grouped", {"logits": logits, "bias": bias}, stream)
+    call = fw.Call(op, {"logits": logits, "bias": bias}, stream)
     T, E = _rows_cols(logits)
-    k = int(top_k)
-    indices = call.empty((T, max(k, 0)), "uint32")
-    weights = call.empty((T, max(k, 0)), call.dtype_name(logits) if call.dtype_name(logits) in fw.FLOAT_DTYPES
-                         else "float32")
-    _C.moe_route_sigmoid_grouped(call.arg(logits), call.arg(bias), k, int(groups), int(selected_groups),
-                                 bool(group_top_two), bool(renormalize), float(scale), call.arg(indices),
-                                 call.arg(weights), call.stream)
+    indices, weights = _route_outputs(call, logits, T, top_k, E)
+    _C.moe_route_sigmoid_grouped(call.arg(logits), call.arg(bias), top_k, groups, selected_groups, group_top_two,
+                                 renormalize, scale, call.arg(indices), call.arg(weights), call.stream)
     return RoutingPlan(indices, weights, E, scoring="sigmoid", renormalize=renormalize, scale=scale)
 
 
@@ -278,13 +287,15 @@ def selected_router_weights(logits, indices, scoring="softmax", renormalize=True
     """float32 [T, k] weights of the experts `indices` [T, k] (uint32/int32/int64) chosen for
     logits [T, E]: softmax (over all E) or sigmoid scores, optionally renormalized over the k
     slots, times `scale`. A row with an index outside [0, E) is NaN."""
+    renormalize = flag("moe.selected_router_weights", "renormalize", renormalize)
+    scale = float32_number("moe.selected_router_weights", "scale", scale, "a finite value > 0")
     if fw.is_jax(logits):
         return _rj().selected_router_weights(logits, indices, scoring, renormalize, scale)
     code = _choice(_SCORINGS, scoring, "moe.selected_router_weights", "scoring")
     call = fw.Call("moe.selected_router_weights", {"logits": logits, "indices": indices}, stream)
     shape = tuple(int(s) for s in indices.shape) if len(indices.shape) == 2 else (0, 0)
     weights = call.empty(shape, "float32")
-    _C.moe_selected_router_weights(call.arg(logits), call.arg(indices), code, bool(renormalize), float(scale),
+    _C.moe_selected_router_weights(call.arg(logits), call.arg(indices), code, renormalize, scale,
                                    call.arg(weights), call.stream)
     return weights
 
@@ -293,6 +304,8 @@ def selected_router_backward(logits, indices, grad_weights, scoring="softmax", r
                              stream=None):
     """d loss / d logits [T, E] in the logits dtype, given d loss / d weights [T, k] of
     `selected_router_weights` (the selection itself gets no gradient)."""
+    renormalize = flag("moe.selected_router_backward", "renormalize", renormalize)
+    scale = float32_number("moe.selected_router_backward", "scale", scale, "a finite value > 0")
     if fw.is_jax(logits):
         return _rj().selected_router_backward(logits, indices, grad_weights, scoring, renormalize, scale)
     code = _choice(_SCORINGS, scoring, "moe.selected_router_backward", "scoring")
@@ -301,7 +314,7 @@ def selected_router_backward(logits, indices, grad_weights, scoring="softmax", r
     dtype = call.dtype_name(logits) if call.dtype_name(logits) in fw.FLOAT_DTYPES else "float32"
     dlogits = call.empty(tuple(int(s) for s in logits.shape), dtype)
     _C.moe_selected_router_backward(call.arg(logits), call.arg(indices), call.arg(grad_weights), code,
-                                    bool(renormalize), float(scale), call.arg(dlogits), call.stream)
+                                    renormalize, scale, call.arg(dlogits), call.stream)
     return dlogits
 
 
@@ -355,6 +368,13 @@ def _combine_backward(y, dout, row_of_slot, weights, code, stream):
     return dy, dweights
 
 
+def _row_outputs(call):
+    """The allocator of the per-row expert outputs. Host offsets are checked to partition the rows
+    (ArgumentError otherwise); device offsets are not read on the host, so there the outputs
+    start zeroed: a row that no expert segment covers comes out 0, never unwritten memory."""
+    return call.zeros if call.device[0] == "cuda" else call.empty
+
+
 def _run_experts(call, gate, up, down, x, offsets, y, gate_pre, up_pre, code):
     def args():
         return (call.arg(x), call.arg(offsets), call.arg(gate), call.arg(up), call.arg(down), call.arg(y),
@@ -370,11 +390,12 @@ def _experts_forward(op, gate, up, down, x, offsets, code, training, stream):
     _no_jax(op, x)
     call = fw.Call(op, {"x": x, "offsets": offsets, "gate": gate, "up": up, "down": down}, stream)
     dtype = call.dtype_name(x) if call.dtype_name(x) in fw.FLOAT_DTYPES else "float32"
-    y = call.empty(tuple(x.shape), dtype)
+    rows = _row_outputs(call)
+    y = rows(tuple(x.shape), dtype)
     gate_pre = up_pre = None
     if training:
         inter = (int(x.shape[0]), int(gate.shape[1]))
-        gate_pre, up_pre = call.empty(inter, dtype), call.empty(inter, dtype)
+        gate_pre, up_pre = rows(inter, dtype), rows(inter, dtype)
     _run_experts(call, gate, up, down, x, offsets, y, gate_pre, up_pre, code)
     return (y, gate_pre, up_pre) if training else y
 
@@ -382,7 +403,7 @@ def _experts_forward(op, gate, up, down, x, offsets, code, training, stream):
 def _experts_backward(gate, up, down, dy, x, offsets, gate_pre, up_pre, code, stream):
     _no_jax("MoeTrainingCache.backward", dy)
     call = fw.Call("MoeTrainingCache.backward", {"dy": dy, "x": x, "gate": gate}, stream)
-    dx = call.empty(tuple(x.shape), call.dtype_name(x))
+    dx = _row_outputs(call)(tuple(x.shape), call.dtype_name(x))
     dgate = call.empty(tuple(gate.shape), "float32")
     dup = call.empty(tuple(up.shape), "float32")
     ddown = call.empty(tuple(down.shape), "float32")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import _C
 from . import _frameworks as fw
+from ._args import flag, float32_number
 
 _LAYER, _RMS = 0, 1
 
@@ -19,6 +20,8 @@ def _jax():
 
 
 def _forward(op, kind, x, weight, bias, residual, eps, return_stats, out, stream):
+    eps = float32_number(op, "eps", eps, "a finite value > 0")  # libruDNN refuses <= 0 by its own words
+    return_stats = flag(op, "return_stats", return_stats)
     call = fw.Call(op, {"x": x, "weight": weight, "bias": bias, "residual": residual, "out": out}, stream)
     shape = tuple(x.shape)
     dtype = call.dtype_name(x)
@@ -26,7 +29,7 @@ def _forward(op, kind, x, weight, bias, residual, eps, return_stats, out, stream
     h = call.empty(shape, dtype) if residual is not None else None
     mean = call.empty(shape[:-1], "float32") if return_stats and kind == _LAYER else None
     rstd = call.empty(shape[:-1], "float32") if return_stats else None
-    _C.norm_forward(kind, call.arg(x), call.arg(weight), call.arg(bias), call.arg(residual), float(eps),
+    _C.norm_forward(kind, call.arg(x), call.arg(weight), call.arg(bias), call.arg(residual), eps,
                     call.arg(y), call.arg(h), call.arg(mean), call.arg(rstd), call.stream)
     results = (y,) + ((h,) if h is not None else ()) + tuple(s for s in (mean, rstd) if s is not None)
     return results[0] if len(results) == 1 else results
@@ -37,7 +40,8 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, residual=None, return_sta
 
     weight, bias: [H], float32 or x's dtype (optional). With `residual`, h = x + residual
     is normalized and returned too: (y, h). `return_stats=True` appends float32 mean and
-    rstd of shape x.shape[:-1]. `out=` receives y (torch, CuPy, NumPy).
+    rstd of shape x.shape[:-1]. `out=` receives y (torch, CuPy, NumPy); it may be x itself
+    (in place) when there is no residual, and must not otherwise share memory with an argument.
     """
     if fw.is_jax(x):
         return _jax().layer_norm(x, weight, bias, eps, residual=residual, return_stats=return_stats, out=out,
@@ -49,7 +53,8 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None, return_stats=False, out
     """RMSNorm over the last axis: h / sqrt(mean(h^2) + eps) * weight.
 
     With `residual`, h = x + residual is normalized and returned too: (y, h).
-    `return_stats=True` appends the float32 rstd of shape x.shape[:-1].
+    `return_stats=True` appends the float32 rstd of shape x.shape[:-1]. `out=` as in layer_norm
+    (x itself without a residual, else memory shared with no argument).
     """
     if fw.is_jax(x):
         return _jax().rms_norm(x, weight, eps, residual=residual, return_stats=return_stats, out=out, stream=stream)
@@ -57,7 +62,8 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None, return_stats=False, out
 
 
 def softmax(x, *, out=None, stream=None):
-    """Softmax over the last axis, computed in float32. A row of only -inf gives NaN."""
+    """Softmax over the last axis, computed in float32. A row of only -inf gives NaN.
+    `out=` may be x itself (in place), and must not otherwise share memory with x."""
     if fw.is_jax(x):
         return _jax().softmax(x, out=out, stream=stream)
     call = fw.Call("softmax", {"x": x, "out": out}, stream)

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _C
 from . import _frameworks as fw
-from .attention import flag
+from ._args import flag
 from .errors import ArgumentError, ShapeError
 
 _LAYOUTS = {"NCHW": 0, "NHWC": 1}

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "attention/cpu_rows.hpp"
 #include "attention/problem.hpp"
 #include "core/dispatch.hpp"
 #include "core/half.hpp"
@@ -16,7 +17,9 @@ namespace {
 using host::from_float;
 using host::to_float;
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using cpu::dot;
+using cpu::kNegInf;
+using cpu::load_row;
 
 float load_float(const void* data, DType dtype, std::int64_t offset) {
   switch (dtype) {
@@ -26,19 +29,6 @@ float load_float(const void* data, DType dtype, std::int64_t offset) {
     case DType::boolean: return static_cast<const std::uint8_t*>(data)[offset] ? 1.0f : 0.0f;
     default: return 0.0f;
   }
-}
-
-template <class T>
-void load_row(const T* src, std::int64_t n, std::vector<float>& dst) {
-  dst.resize(n);
-  for (std::int64_t d = 0; d < n; ++d) dst[d] = to_float(src[d]);
-}
-
-template <class T>
-double dot(const std::vector<float>& a, const T* b, std::int64_t n) {
-  double s = 0.0;
-  for (std::int64_t d = 0; d < n; ++d) s += double(a[d]) * double(to_float(b[d]));
-  return s;
 }
 
 // The logits of one query row: scores[j] (-inf where hidden) and, with softcap,
@@ -81,7 +71,7 @@ void forward_cpu(const AttentionForwardArgs& a, const Problem& p) {
     T* O = a.out.ptr<T>();
     float* L = a.lse ? a.lse->ptr<float>() : nullptr;
     std::vector<float> q, scores, tanh_s;
-    std::vector<double> acc(p.dv);
+    std::vector<double> acc;
     for (std::int64_t b = 0; b < p.batch; ++b) {
       std::int64_t q0, len_q, k0, len_k;
       p.sequence(b, q0, len_q, k0, len_k);
@@ -90,25 +80,9 @@ void forward_cpu(const AttentionForwardArgs& a, const Problem& p) {
         for (std::int64_t i = 0; i < len_q; ++i) {
           load_row(Q + p.q.at(b, h, q0 + i), p.d, q);
           row_scores(p, K, b, h, i, k0, len_q, len_k, q, scores, tanh_s);
-          float m = kNegInf;
-          for (float s : scores) m = std::fmax(m, s);
-          T* o = O + p.out.at(b, h, q0 + i);
-          if (m == kNegInf) {  // no visible key: out 0, lse -inf
-            for (std::int64_t d = 0; d < p.dv; ++d) o[d] = from_float<T>(0.0f);
-            if (L) L[p.lse.at(b, h, q0 + i)] = kNegInf;
-            continue;
-          }
-          double sum = 0.0;
-          std::fill(acc.begin(), acc.end(), 0.0);
-          for (std::int64_t j = 0; j < len_k; ++j) {
-            if (scores[j] == kNegInf) continue;
-            const double e = std::exp(double(scores[j]) - double(m));
-            sum += e;
-            const T* vj = V + p.v.at(b, hk, k0 + j);
-            for (std::int64_t d = 0; d < p.dv; ++d) acc[d] += e * double(to_float(vj[d]));
-          }
-          for (std::int64_t d = 0; d < p.dv; ++d) o[d] = from_float<T>(float(acc[d] / sum));
-          if (L) L[p.lse.at(b, h, q0 + i)] = float(double(m) + std::log(sum));
+          const float lse = cpu::softmax_weighted_sum(
+              scores, [&](std::int64_t j) { return V + p.v.at(b, hk, k0 + j); }, p.dv, O + p.out.at(b, h, q0 + i), acc);
+          if (L) L[p.lse.at(b, h, q0 + i)] = lse;
         }
       }
     }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "attention/problem.hpp"
+#include "core/aliasing.hpp"
 #include "core/check.hpp"
 
 namespace rudnn::attention {
@@ -208,12 +209,13 @@ Problem validate_forward(const AttentionForwardArgs& a) {
     check_like(a.out, a.q, p.dtype, {p.sq, p.hq, p.dv}, op + ": out", "q's dtype");
   else
     check_like(a.out, a.q, p.dtype, {p.batch, p.hq, p.sq, p.dv}, op + ": out", "q's dtype");
-  core::expect_distinct_elements(a.out, op + ": out");
+  if (a.lse) p.lse = check_lse(*a.lse, a.q, p, op + ": lse");
+  const AttentionOptions& o = a.options;
+  core::expect_outputs_apart({{a.out, op + ": out"}, {a.lse, op + ": lse"}},
+                             {{a.q, op + ": q"}, {a.k, op + ": k"}, {a.v, op + ": v"}, {o.mask, op + ": mask"},
+                              {o.bias, op + ": bias"}, {o.cu_seqlens_q, op + ": cu_seqlens_q"},
+                              {o.cu_seqlens_k, op + ": cu_seqlens_k"}});
   p.out = row_strides(a.out, p.varlen);
-  if (a.lse) {
-    p.lse = check_lse(*a.lse, a.q, p, op + ": lse");
-    core::expect_distinct_elements(*a.lse, op + ": lse");
-  }
   return p;
 }
 
@@ -239,9 +241,12 @@ BackwardProblem validate_backward(const AttentionBackwardArgs& a) {
   like(a.dq, a.q, "dq");
   like(a.dk, a.k, "dk");
   like(a.dv, a.v, "dv");
-  core::expect_distinct_elements(a.dq, op + ": dq");
-  core::expect_distinct_elements(a.dk, op + ": dk");
-  core::expect_distinct_elements(a.dv, op + ": dv");
+  const AttentionOptions& o = a.options;
+  core::expect_outputs_apart({{a.dq, op + ": dq"}, {a.dk, op + ": dk"}, {a.dv, op + ": dv"}},
+                             {{a.dout, op + ": dout"}, {a.q, op + ": q"}, {a.k, op + ": k"}, {a.v, op + ": v"},
+                              {a.out, op + ": out"}, {a.lse, op + ": lse"}, {a.dlse, op + ": dlse"},
+                              {o.mask, op + ": mask"}, {o.bias, op + ": bias"},
+                              {o.cu_seqlens_q, op + ": cu_seqlens_q"}, {o.cu_seqlens_k, op + ": cu_seqlens_k"}});
   p.out = row_strides(a.out, vl);
   bp.dout = row_strides(a.dout, vl);
   bp.dq = row_strides(a.dq, vl);

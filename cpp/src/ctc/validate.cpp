@@ -4,6 +4,7 @@
 #include <climits>
 #include <string>
 
+#include "core/aliasing.hpp"
 #include "core/backend.hpp"
 #include "core/check.hpp"
 #include "core/checked_math.hpp"
@@ -190,6 +191,10 @@ Problem validate_forward(const CtcLossArgs& args, bool check_outputs) {
   core::expect_data(args.loss, op + ": loss");
   p.loss_n = args.loss.rank ? args.loss.strides[0] : 0;
   core::expect_workspace(args.workspace, args.log_probs, "log_probs", p.ws.total, op);
+  core::expect_outputs_apart({{args.loss, op + ": loss"}, {args.workspace, op + ": workspace"}},
+                             {{args.log_probs, op + ": log_probs"}, {args.targets, op + ": targets"},
+                              {args.input_lengths, op + ": input_lengths"},
+                              {args.target_lengths, op + ": target_lengths"}});
   return p;
 }
 
@@ -208,11 +213,14 @@ Problem validate_backward(const CtcLossBackwardArgs& args, bool check_outputs) {
   core::expect_same_device(g, args.log_probs, op + ": dlog_probs", "log_probs");
   core::expect_same_shape(g, args.log_probs, op + ": dlog_probs", "log_probs");
   core::expect_last_dim_contiguous(g, op + ": dlog_probs");
-  core::expect_distinct_elements(g, op + ": dlog_probs");
   core::expect_data(g, op + ": dlog_probs");
   p.grad_t = g.strides[0];
   p.grad_n = g.strides[1];
   core::expect_workspace(args.workspace, args.log_probs, "log_probs", p.ws.total, op);
+  core::expect_outputs_apart({{g, op + ": dlog_probs"}, {args.workspace, op + ": workspace"}},
+                             {{args.dloss, op + ": dloss"}, {args.log_probs, op + ": log_probs"},
+                              {args.targets, op + ": targets"}, {args.input_lengths, op + ": input_lengths"},
+                              {args.target_lengths, op + ": target_lengths"}});
   return p;
 }
 

@@ -1,9 +1,11 @@
 // Every check of the gated delta rule family, run once before either backend.
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
 
+#include "core/aliasing.hpp"
 #include "core/check.hpp"
 #include "gated_delta/problem.hpp"
 #if RUDNN_WITH_CUDA
@@ -135,9 +137,12 @@ Problem check_inputs(const std::string& op, GatedDeltaAlgo algo, const Tensor& q
 #if RUDNN_WITH_CUDA
     if (q.device.is_cuda()) limit = core::device_props(q.device.index).max_smem_per_block_optin;
 #endif
-    const std::int64_t need = chunk_workspace_bytes(chunk_size);
+    // 4 * (c^2 + c) fits int64 below c = 2^30; a larger c needs more than any shared memory.
+    const bool fits = chunk_size < (std::int64_t(1) << 30);
+    const std::int64_t need = fits ? chunk_workspace_bytes(chunk_size) : INT64_MAX;
     if (need > limit)
-      fail(ErrorKind::value, op + ": chunk_size: " + std::to_string(chunk_size) + " needs " + std::to_string(need) +
+      fail(ErrorKind::value, op + ": chunk_size: " + std::to_string(chunk_size) + " needs " +
+                                 (fits ? std::to_string(need) : std::string("more than 2^62")) +
                                  " bytes of triangular workspace (4 * (c^2 + c)), more than the " +
                                  std::to_string(limit) + " bytes of shared memory per block of " + q.device.str());
   }
@@ -172,6 +177,11 @@ Problem validate_forward(const GatedDeltaForwardArgs& a, bool read_offsets) {
     core::expect_same_device(*a.workspace, a.q, op + ": workspace", "q");
     core::expect_dtype(*a.workspace, DType::u8, op + ": workspace");
   }
+  core::expect_outputs_apart({{a.out, op + ": out"}, {a.final_state, op + ": final_state"},
+                              {a.workspace, op + ": workspace"}},
+                             {{a.q, op + ": q"}, {a.k, op + ": k"}, {a.v, op + ": v"}, {a.beta, op + ": beta"},
+                              {a.log_decay, op + ": log_decay"}, {a.initial_state, op + ": initial_state"},
+                              {a.cu_seqlens, op + ": cu_seqlens"}});
   p.out = seq_strides(a.out);
   p.final_state = state_strides(a.final_state);
   return p;
@@ -207,6 +217,13 @@ Problem validate_backward(const GatedDeltaBackwardArgs& a, bool read_offsets) {
     core::expect_same_device(*a.workspace, a.q, op + ": workspace", "q");
     core::expect_dtype(*a.workspace, DType::u8, op + ": workspace");
   }
+  core::expect_outputs_apart({{a.dq, op + ": dq"}, {a.dk, op + ": dk"}, {a.dv, op + ": dv"}, {a.dbeta, op + ": dbeta"},
+                              {a.dlog_decay, op + ": dlog_decay"}, {a.dinitial_state, op + ": dinitial_state"},
+                              {a.workspace, op + ": workspace"}},
+                             {{a.q, op + ": q"}, {a.k, op + ": k"}, {a.v, op + ": v"}, {a.beta, op + ": beta"},
+                              {a.log_decay, op + ": log_decay"}, {a.initial_state, op + ": initial_state"},
+                              {a.cu_seqlens, op + ": cu_seqlens"}, {a.dout, op + ": dout"},
+                              {a.dfinal_state, op + ": dfinal_state"}});
   p.out = p.dout = seq_strides(a.dout);
   p.dq = seq_strides(a.dq);
   p.dk = seq_strides(a.dk);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "core/aliasing.hpp"
 #include "core/check.hpp"
 #include "interpolate/problem.hpp"
 
@@ -228,9 +229,10 @@ void check_resampled(const Tensor& t, const Tensor& x, const Problem& p, PoolLay
   }
 }
 
-void check_output(const Tensor& t, const std::string& name) {
-  core::expect_distinct_elements(t, name);
+// An output: its data present, its elements distinct, apart from the input.
+void check_output(const Tensor& t, const std::string& name, const Tensor& input, const std::string& input_name) {
   core::expect_data(t, name);
+  core::expect_outputs_apart({{t, name}}, {{input, input_name}});
 }
 
 }  // namespace
@@ -252,7 +254,7 @@ Problem validate_forward(const InterpolateArgs& a, bool check_outputs) {
   p.src = strides_of(a.x, dims, a.options.layout);
   if (check_outputs) {
     check_resampled(a.y, a.x, p, a.options.layout, op + ": y", "x");
-    check_output(a.y, op + ": y");
+    check_output(a.y, op + ": y", a.x, op + ": x");
     p.dst = strides_of(a.y, dims, a.options.layout);
     p.channels_last = p.channels > 1 && p.dst.c == 1;
   }
@@ -266,7 +268,7 @@ Problem validate_backward(const InterpolateBackwardArgs& a) {
   Problem p = problem_for(a.options, a.dx, op, "x_shape");
   set_shortcuts(p, true);
   check_resampled(a.dy, a.dx, p, a.options.layout, op + ": dy", "x_shape");
-  check_output(a.dx, op + ": dx");
+  check_output(a.dx, op + ": dx", a.dy, op + ": dy");
   const int dims = a.dx.rank - 2;
   p.src = strides_of(a.dy, dims, a.options.layout);
   p.dst = strides_of(a.dx, dims, a.options.layout);

@@ -63,8 +63,9 @@ DispatchPlanProblem validate_dispatch_plan(const MoeDispatchPlanArgs& a);
 GatherProblem validate_gather_rows(const Tensor& x, const Tensor& token_of_row, const Tensor& out);
 CombineProblem validate_combine(const MoeCombineArgs& a);
 CombineProblem validate_combine_backward(const MoeCombineBackwardArgs& a);
-ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a);
-ExpertsProblem validate_experts_backward(const MoeExpertsBackwardArgs& a);
+// read_offsets: check host offsets' values (off for the JAX trace-time check, which has no data).
+ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a, bool read_offsets = true);
+ExpertsProblem validate_experts_backward(const MoeExpertsBackwardArgs& a, bool read_offsets = true);
 SelectedRouterProblem validate_selected_router(const MoeSelectedRouterArgs& a);
 SelectedRouterProblem validate_selected_router_backward(const MoeSelectedRouterBackwardArgs& a);
 

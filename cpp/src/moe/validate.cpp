@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/aliasing.hpp"
 #include "core/check.hpp"
 #include "moe/problem.hpp"
 
@@ -127,6 +128,8 @@ RouteProblem validate_route(const MoeRouteArgs& a) {
   check_experts_limit(a.logits.shape[1], op);
   check_top_k(a.top_k, a.logits.shape[1], "E", op);
   check_route_outputs(a.logits, a.expert_indices, a.weights, a.top_k, op);
+  core::expect_outputs_apart({{a.expert_indices, op + ": expert_indices"}, {a.weights, op + ": weights"}},
+                             {{a.logits, op + ": logits"}});
   RouteProblem p;
   p.tokens = a.logits.shape[0];
   p.experts = int(a.logits.shape[1]);
@@ -164,6 +167,8 @@ RouteProblem validate_route_sigmoid_grouped(const MoeRouteSigmoidGroupedArgs& a)
   check_top_k(a.top_k, per_group * a.selected_groups, "the experts in the kept groups", op);
   check_scale(a.scale, op);
   check_route_outputs(a.logits, a.expert_indices, a.weights, a.top_k, op);
+  core::expect_outputs_apart({{a.expert_indices, op + ": expert_indices"}, {a.weights, op + ": weights"}},
+                             {{a.logits, op + ": logits"}, {a.bias, op + ": bias"}});
   RouteProblem p;
   p.tokens = a.logits.shape[0];
   p.experts = int(E);
@@ -187,6 +192,14 @@ DispatchPlanProblem validate_dispatch_plan(const MoeDispatchPlanArgs& a) {
   const std::int64_t T = idx.shape[0], k = idx.shape[1];
   if (T * k >= (std::int64_t(1) << 31))
     fail(ErrorKind::unsupported, op + ": at most 2^31 - 1 (token, slot) pairs are supported, got " + str(T * k));
+  // Host ids are checked here (SPEC section 4: no token is dropped); device ids are not read on
+  // the host, and a slot whose id is out of range gets no row there (token_of_row -1).
+  if (!idx.device.is_cuda())
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t j = 0; j < k; ++j)
+        if (const std::int64_t e = read_index(idx, t * row_stride(idx) + j); e < 0 || e >= a.num_experts)
+          fail(ErrorKind::value, op + ": expert_indices[" + str(t) + ", " + str(j) + "]: expected an expert id in [0, " +
+                                     str(a.num_experts) + "), got " + str(e));
   check_output(a.offsets, idx, "expert_indices", DType::i32, "[" + str(a.num_experts + 1) + "]", "[E + 1]",
                op + ": offsets");
   check_output(a.token_of_row, idx, "expert_indices", DType::i32, "[" + str(T * k) + "]", "[T * k]",
@@ -196,6 +209,9 @@ DispatchPlanProblem validate_dispatch_plan(const MoeDispatchPlanArgs& a) {
     core::expect_same_device(*a.workspace, idx, op + ": workspace", "expert_indices");
     core::expect_dtype(*a.workspace, DType::u8, op + ": workspace");
   }
+  core::expect_outputs_apart({{a.offsets, op + ": offsets"}, {a.token_of_row, op + ": token_of_row"},
+                              {a.row_of_slot, op + ": row_of_slot"}, {a.workspace, op + ": workspace"}},
+                             {{idx, op + ": expert_indices"}});
   DispatchPlanProblem p;
   p.tokens = T;
   p.top_k = int(k);
@@ -218,6 +234,7 @@ GatherProblem validate_gather_rows(const Tensor& x, const Tensor& token_of_row, 
   expect_like_dtype(out, x.dtype, op + ": out", "x");
   expect_matrix(out, op + ": out");
   expect_shape(out, shape_of(N, H), "[N, H]", op + ": out");
+  core::expect_outputs_apart({{out, op + ": out"}}, {{x, op + ": x"}, {token_of_row, op + ": token_of_row"}});
   GatherProblem p;
   p.tokens = x.shape[0];
   p.rows = N;
@@ -239,6 +256,14 @@ CombineProblem check_combine_common(const Tensor& y, const Tensor& row_of_slot, 
   if (row_of_slot.rank != 2)
     fail(ErrorKind::shape, op + ": row_of_slot: expected 2 axes, got shape " + row_of_slot.shape_str());
   expect_dense(row_of_slot, op + ": row_of_slot");
+  if (!row_of_slot.device.is_cuda()) {  // host rows must name rows of y (device ones are not read here)
+    const std::int32_t* r = row_of_slot.ptr<std::int32_t>();
+    const std::int64_t slots = row_of_slot.shape[0] * row_of_slot.shape[1], k = row_of_slot.shape[1];
+    for (std::int64_t i = 0; i < slots; ++i)
+      if (r[i] < 0 || r[i] >= y.shape[0])
+        fail(ErrorKind::value, op + ": row_of_slot[" + str(i / k) + ", " + str(i % k) + "]: expected a row of y in [0, " +
+                                   str(y.shape[0]) + "), got " + str(r[i]));
+  }
   CombineProblem p;
   p.tokens = row_of_slot.shape[0];
   p.top_k = int(row_of_slot.shape[1]);
@@ -265,6 +290,8 @@ CombineProblem validate_combine(const MoeCombineArgs& a) {
   expect_like_dtype(a.out, a.y.dtype, op + ": out", "y");
   expect_matrix(a.out, op + ": out");
   expect_shape(a.out, shape_of(p.tokens, p.hidden), "[T, H]", op + ": out");
+  core::expect_outputs_apart({{a.out, op + ": out"}},
+                             {{a.y, op + ": y"}, {a.row_of_slot, op + ": row_of_slot"}, {a.weights, op + ": weights"}});
   p.out_stride = row_stride(a.out);
   return p;
 }
@@ -278,6 +305,9 @@ CombineProblem validate_combine_backward(const MoeCombineBackwardArgs& a) {
   expect_matrix(a.dy, op + ": dy");
   expect_shape(a.dy, shape_of(p.rows, p.hidden), "[N, H] like y", op + ": dy");
   check_output(a.dweights, a.y, "y", DType::f32, shape_of(p.tokens, p.top_k), "[T, k]", op + ": dweights");
+  core::expect_outputs_apart({{a.dy, op + ": dy"}, {a.dweights, op + ": dweights"}},
+                             {{a.y, op + ": y"}, {a.dout, op + ": dout"}, {a.row_of_slot, op + ": row_of_slot"},
+                              {a.weights, op + ": weights"}});
   p.dout_stride = row_stride(a.dout);
   p.dy_stride = row_stride(a.dy);
   return p;
@@ -285,9 +315,26 @@ CombineProblem validate_combine_backward(const MoeCombineBackwardArgs& a) {
 
 namespace {
 
+// Host offsets partition the N rows of x: offsets[0] = 0, non-decreasing, offsets[E] = N.
+// (Device offsets are not read on the host; their kernels clamp them, and rows that no
+// segment covers come out zero: see SwiGluExperts in python/rudnn/moe.py.)
+void check_host_offsets(const Tensor& offsets, std::int64_t rows, const std::string& op) {
+  const std::int32_t* o = offsets.ptr<std::int32_t>();
+  const std::int64_t E = offsets.shape[0] - 1;
+  const std::string name = op + ": offsets[";
+  if (o[0] != 0) fail(ErrorKind::value, name + "0]: expected 0 (the first row), got " + str(o[0]));
+  for (std::int64_t e = 1; e <= E; ++e)
+    if (o[e] < o[e - 1])
+      fail(ErrorKind::value, name + str(e) + "]: expected >= offsets[" + str(e - 1) + "] = " + str(o[e - 1]) +
+                                 " (offsets do not decrease), got " + str(o[e]));
+  if (o[E] != rows)
+    fail(ErrorKind::value, name + str(E) + "]: expected " + str(rows) + " (every row of x belongs to an expert), got " +
+                               str(o[E]));
+}
+
 // x [N, H], offsets [E+1], gate/up [E, I, H], down [E, H, I].
 ExpertsProblem check_experts_common(const Tensor& x, const Tensor& offsets, const Tensor& gate, const Tensor& up,
-                                    const Tensor& down, const std::string& op) {
+                                    const Tensor& down, const std::string& op, bool read_offsets) {
   core::expect_float(x, op + ": x");
   expect_matrix(x, op + ": x");
   core::expect_float(gate, op + ": gate");
@@ -312,6 +359,7 @@ ExpertsProblem check_experts_common(const Tensor& x, const Tensor& offsets, cons
   core::expect_dtype(offsets, DType::i32, op + ": offsets");
   expect_shape(offsets, "[" + str(E + 1) + "]", "[E + 1]", op + ": offsets");
   expect_dense(offsets, op + ": offsets");
+  if (read_offsets && !offsets.device.is_cuda()) check_host_offsets(offsets, x.shape[0], op);
   ExpertsProblem p;
   p.rows = x.shape[0];
   p.experts = int(E);
@@ -333,9 +381,9 @@ void check_experts_workspace(const Tensor* w, const Tensor& x, const std::string
 
 }  // namespace
 
-ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a) {
+ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a, bool read_offsets) {
   const std::string op = a.gate_pre ? "SwiGluExperts.forward_dispatched_training" : "SwiGluExperts.forward_dispatched";
-  ExpertsProblem p = check_experts_common(a.x, a.offsets, a.gate, a.up, a.down, op);
+  ExpertsProblem p = check_experts_common(a.x, a.offsets, a.gate, a.up, a.down, op, read_offsets);
   core::expect_same_device(a.y, a.x, op + ": y", "x");
   expect_like_dtype(a.y, a.x.dtype, op + ": y", "x");
   expect_matrix(a.y, op + ": y");
@@ -345,13 +393,17 @@ ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a) {
   if (a.up_pre) check_pre(*a.up_pre, a.x, p, op + ": up_pre");
   check_experts_workspace(a.workspace, a.x, op);
   p.y_stride = row_stride(a.y);
+  core::expect_outputs_apart({{a.y, op + ": y"}, {a.gate_pre, op + ": gate_pre"}, {a.up_pre, op + ": up_pre"},
+                              {a.workspace, op + ": workspace"}},
+                             {{a.x, op + ": x"}, {a.offsets, op + ": offsets"}, {a.gate, op + ": gate"},
+                              {a.up, op + ": up"}, {a.down, op + ": down"}});
   p.strategy = a.strategy;
   return p;
 }
 
-ExpertsProblem validate_experts_backward(const MoeExpertsBackwardArgs& a) {
+ExpertsProblem validate_experts_backward(const MoeExpertsBackwardArgs& a, bool read_offsets) {
   const std::string op = "MoeTrainingCache.backward";
-  ExpertsProblem p = check_experts_common(a.x, a.offsets, a.gate, a.up, a.down, op);
+  ExpertsProblem p = check_experts_common(a.x, a.offsets, a.gate, a.up, a.down, op, read_offsets);
   check_input_matrix(a.dy, a.x, "x", a.x.dtype, "x", a.x.shape_str(), "[N, H] like x", op + ": dy");
   check_pre(a.gate_pre, a.x, p, op + ": gate_pre");
   check_pre(a.up_pre, a.x, p, op + ": up_pre");
@@ -364,6 +416,11 @@ ExpertsProblem validate_experts_backward(const MoeExpertsBackwardArgs& a) {
   check_output(a.ddown, a.x, "x", DType::f32, a.down.shape_str(), "[E, H, I] like down", op + ": ddown");
   check_experts_workspace(a.workspace, a.x, op);
   p.y_stride = row_stride(a.dx);
+  core::expect_outputs_apart({{a.dx, op + ": dx"}, {a.dgate, op + ": dgate"}, {a.dup, op + ": dup"},
+                              {a.ddown, op + ": ddown"}, {a.workspace, op + ": workspace"}},
+                             {{a.dy, op + ": dy"}, {a.x, op + ": x"}, {a.offsets, op + ": offsets"},
+                              {a.gate, op + ": gate"}, {a.up, op + ": up"}, {a.down, op + ": down"},
+                              {a.gate_pre, op + ": gate_pre"}, {a.up_pre, op + ": up_pre"}});
   p.dy_stride = row_stride(a.dy);
   p.strategy = a.strategy;
   return p;
@@ -400,6 +457,8 @@ SelectedRouterProblem validate_selected_router(const MoeSelectedRouterArgs& a) {
   SelectedRouterProblem p = check_selected_common(a.logits, a.indices, a.scale, op);
   check_output(a.weights, a.logits, "logits", DType::f32, shape_of(p.tokens, p.top_k), "[T, k] like indices",
                op + ": weights");
+  core::expect_outputs_apart({{a.weights, op + ": weights"}},
+                             {{a.logits, op + ": logits"}, {a.indices, op + ": indices"}});
   return p;
 }
 
@@ -414,6 +473,9 @@ SelectedRouterProblem validate_selected_router_backward(const MoeSelectedRouterB
   expect_like_dtype(a.dlogits, a.logits.dtype, op + ": dlogits", "logits");
   expect_matrix(a.dlogits, op + ": dlogits");
   expect_shape(a.dlogits, a.logits.shape_str(), "[T, E] like logits", op + ": dlogits");
+  core::expect_outputs_apart({{a.dlogits, op + ": dlogits"}},
+                             {{a.logits, op + ": logits"}, {a.indices, op + ": indices"},
+                              {a.grad_weights, op + ": grad_weights"}});
   p.grad_stride = row_stride(a.grad_weights);
   p.dlogits_stride = row_stride(a.dlogits);
   return p;

@@ -1,6 +1,7 @@
 // Every check of the norm/softmax family, run once before either backend.
 #include <string>
 
+#include "core/aliasing.hpp"
 #include "core/check.hpp"
 #include "norm/problem.hpp"
 
@@ -94,9 +95,13 @@ ForwardProblem validate_forward(const NormForwardArgs& a) {
     fail(ErrorKind::value, op + ": residual and residual_out must be given together");
   if (a.residual_out) check_like(*a.residual_out, a.x, op + ": residual_out", "x");
   core::expect_positive_finite(a.eps, op + ": eps");
-  check_like(a.y, a.x, op + ": y", "x");
+  check_like(a.y, a.x, op + ": out", "x");
   if (a.mean) check_stat(*a.mean, a.x, op + ": mean");
   if (a.rstd) check_stat(*a.rstd, a.x, op + ": rstd");
+  core::expect_outputs_apart({{a.y, op + ": out"}, {a.residual_out, op + ": residual_out"}, {a.mean, op + ": mean"},
+                              {a.rstd, op + ": rstd"}},
+                             {{a.x, op + ": x", a.residual ? core::InPlace::refused : core::InPlace::allowed},
+                              {a.weight, op + ": weight"}, {a.bias, op + ": bias"}, {a.residual, op + ": residual"}});
 
   ForwardProblem p;
   p.rows = row_count(a.x);
@@ -134,6 +139,10 @@ BackwardProblem validate_backward(const NormBackwardArgs& a) {
     core::expect_same_device(*a.workspace, a.x, op + ": workspace", "x");
     core::expect_dtype(*a.workspace, DType::u8, op + ": workspace");
   }
+  core::expect_outputs_apart({{a.dx, op + ": dx"}, {a.dweight, op + ": dweight"}, {a.dbias, op + ": dbias"},
+                              {a.workspace, op + ": workspace"}},
+                             {{a.x, op + ": x"}, {a.dy, op + ": dy"}, {a.weight, op + ": weight"},
+                              {a.mean, op + ": mean"}, {a.rstd, op + ": rstd"}});
 
   BackwardProblem p;
   p.rows = row_count(a.x);
@@ -150,7 +159,8 @@ BackwardProblem validate_backward(const NormBackwardArgs& a) {
 
 SoftmaxProblem validate_softmax_forward(const Tensor& x, const Tensor& y) {
   check_rows_input(x, "softmax: x");
-  check_like(y, x, "softmax: y", "x");
+  check_like(y, x, "softmax: out", "x");
+  core::expect_outputs_apart({{y, "softmax: out"}}, {{x, "softmax: x", core::InPlace::allowed}});
   SoftmaxProblem p;
   p.rows = row_count(x);
   p.hidden = x.shape[x.rank - 1];
@@ -163,6 +173,7 @@ SoftmaxProblem validate_softmax_backward(const Tensor& dy, const Tensor& y, cons
   check_rows_input(y, "softmax_backward: y");
   check_like(dy, y, "softmax_backward: dy", "y");
   check_like(dx, y, "softmax_backward: dx", "y");
+  core::expect_outputs_apart({{dx, "softmax_backward: dx"}}, {{dy, "softmax_backward: dy"}, {y, "softmax_backward: y"}});
   SoftmaxProblem p;
   p.rows = row_count(y);
   p.hidden = y.shape[y.rank - 1];

@@ -3,6 +3,7 @@
 #include <climits>
 #include <string>
 
+#include "core/aliasing.hpp"
 #include "core/check.hpp"
 #include "core/checked_math.hpp"
 #include "pooling/problem.hpp"
@@ -164,11 +165,6 @@ void check_index_dtype(const Tensor& t, const Geometry& g, const std::string& na
                                std::to_string(g.in_plane()) + " elements; use int64");
 }
 
-void check_output(const Tensor& t, const std::string& name) {
-  core::expect_distinct_elements(t, name);
-  core::expect_data(t, name);
-}
-
 // The strides and index type of an (optional) indices tensor; whether there is one.
 bool read_indices(const Tensor* indices, int dims, PoolLayout layout, Strides& strides, bool& i32) {
   if (!indices) return false;
@@ -191,12 +187,13 @@ ForwardProblem forward_problem(const Geometry& g, int dims, PoolLayout layout, c
 void check_forward_outputs(const Geometry& g, int dims, PoolLayout layout, const Tensor& x, const Tensor& y,
                            const Tensor* indices, const std::string& op) {
   check_pooled(y, x, g, dims, layout, x.dtype, op + ": y", "the pooled shape of x");
-  check_output(y, op + ": y");
+  core::expect_data(y, op + ": y");
   if (indices) {
     check_index_dtype(*indices, g, op + ": indices");
     check_pooled(*indices, x, g, dims, layout, indices->dtype, op + ": indices", "the shape of y");
-    check_output(*indices, op + ": indices");
+    core::expect_data(*indices, op + ": indices");
   }
+  core::expect_outputs_apart({{y, op + ": y"}, {indices, op + ": indices"}}, {{x, op + ": x"}});
 }
 
 Geometry fixed_geometry(const PoolWindow& w, PoolLayout layout, const Tensor& x, bool max, const std::string& op,
@@ -255,12 +252,14 @@ BackwardProblem backward_problem(const Geometry& g, int dims, PoolLayout layout,
   return p;
 }
 
-// dx of a backward pass: dy's dtype and device, x's shape (x: null when dx stands for x_shape).
-void check_dx(const Tensor& dx, const Tensor* x, const Tensor& dy, const std::string& op) {
+// dx of a backward pass: dy's dtype and device, x's shape (x: null when dx stands for x_shape),
+// apart from the inputs.
+void check_dx(const Tensor& dx, const Tensor* x, const Tensor& dy, const Tensor* indices, const std::string& op) {
   core::expect_same_device(dx, dy, op + ": dx", "dy");
   core::expect_dtype_of(dx, dy, op + ": dx", "dy");
   if (x) core::expect_same_shape(dx, *x, op + ": dx", "x");
-  check_output(dx, op + ": dx");
+  core::expect_data(dx, op + ": dx");
+  core::expect_outputs_apart({{dx, op + ": dx"}}, {{dy, op + ": dy"}, {x, op + ": x"}, {indices, op + ": indices"}});
 }
 
 void check_indices_like(const Tensor& indices, const Tensor& dy, const Geometry& g, const std::string& op) {
@@ -311,7 +310,7 @@ BackwardProblem validate_max_pool_backward(const MaxPoolBackwardArgs& a) {
   const Geometry g = fixed_geometry(a.window, a.layout, a.x, true, op, "x");
   check_pooled(a.dy, a.x, g, dims, a.layout, a.x.dtype, op + ": dy", "the output of max_pool for x");
   check_indices_like(a.indices, a.dy, g, op);
-  check_dx(a.dx, &a.x, a.dy, op);
+  check_dx(a.dx, &a.x, a.dy, &a.indices, op);
   return backward_problem(g, dims, a.layout, a.dy, a.dx, &a.indices);
 }
 
@@ -324,7 +323,7 @@ BackwardProblem validate_avg_pool_backward(const AvgPoolBackwardArgs& a) {
   Geometry g = fixed_geometry(a.window, a.layout, a.dx, false, op, "x_shape");
   read_divisor(a.divisor, op, g);
   check_pooled(a.dy, a.dx, g, dims, a.layout, a.dx.dtype, op + ": dy", "the output of avg_pool for x_shape");
-  check_dx(a.dx, nullptr, a.dy, op);
+  check_dx(a.dx, nullptr, a.dy, nullptr, op);
   return backward_problem(g, dims, a.layout, a.dy, a.dx, nullptr);
 }
 
@@ -350,7 +349,7 @@ BackwardProblem validate_adaptive_pool_backward(const AdaptivePoolBackwardArgs& 
   check_pooled(a.dy, input, g, a.dims, a.layout, input.dtype, op + ": dy",
                "the batch and channels of " + input_name + ", any output size");
   if (max) check_indices_like(*a.indices, a.dy, g, op);
-  check_dx(a.dx, a.x, a.dy, op);
+  check_dx(a.dx, a.x, a.dy, a.indices, op);
   return backward_problem(g, a.dims, a.layout, a.dy, a.dx, a.indices);
 }
 

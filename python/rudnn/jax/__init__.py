@@ -4,6 +4,7 @@ results as rudnn.<op>; rudnn.<op> called with JAX arrays comes here."""
 
 from . import moe
 from .attention import attention, attention_backward
+from .conv import conv, conv_bias_backward, conv_data_backward, conv_weight_backward
 from .ctc import ctc_loss, ctc_loss_backward
 from .gated_delta import (chunk_gated_delta_rule, chunk_gated_delta_rule_backward, gated_delta_rule,
                           gated_delta_rule_backward)
@@ -22,5 +23,6 @@ __all__ = [
     "adaptive_avg_pool_backward", "adaptive_max_pool_backward",
     "ctc_loss", "ctc_loss_backward",
     "interpolate", "interpolate_backward",
+    "conv", "conv_data_backward", "conv_weight_backward", "conv_bias_backward",
     "grid_sample", "grid_sample_backward",
 ]

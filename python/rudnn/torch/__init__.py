@@ -3,7 +3,9 @@ torch.compile, autograd through the rudnn backward kernels. ``rudnn.torch.<op>``
 same arguments as ``rudnn.<op>``; with ``out=`` the call runs eagerly without autograd."""
 
 from . import moe
+from . import paged
 from .attention import attention, attention_backward
+from .conv import conv, conv_bias_backward, conv_data_backward, conv_weight_backward
 from .ctc import ctc_loss, ctc_loss_backward
 from .gated_delta import (chunk_gated_delta_rule, chunk_gated_delta_rule_backward, gated_delta_rule,
                           gated_delta_rule_backward)
@@ -16,11 +18,12 @@ from .pooling import (adaptive_avg_pool, adaptive_avg_pool_backward, adaptive_ma
 __all__ = [
     "layer_norm", "rms_norm", "softmax", "layer_norm_backward", "rms_norm_backward", "softmax_backward",
     "attention", "attention_backward",
-    "moe",
+    "moe", "paged",
     "chunk_gated_delta_rule", "gated_delta_rule", "chunk_gated_delta_rule_backward", "gated_delta_rule_backward",
     "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool", "max_pool_backward", "avg_pool_backward",
     "adaptive_avg_pool_backward", "adaptive_max_pool_backward",
     "ctc_loss", "ctc_loss_backward",
     "interpolate", "interpolate_backward",
+    "conv", "conv_data_backward", "conv_weight_backward", "conv_bias_backward",
     "grid_sample", "grid_sample_backward",
 ]

@@ -1,0 +1,162 @@
+// Bindings of the paged family (rudnn._C.paged_*). The plan's metadata arrives as four
+// int32 arrays plus the page size (python/rudnn/paged.py's DevicePlan).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "families.hpp"
+#include "rudnn/paged.hpp"
+#include "tensor_convert.hpp"
+
+namespace rudnn::bindings {
+
+namespace {
+
+using Info = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::string>;
+
+Info info_tuple(const PagedScheduleInfo& i) {
+  return {i.num_seqs, i.queries, i.max_pages, i.max_length, i.duplicate_row, i.duplicate_of, i.duplicate_message};
+}
+
+PagedScheduleArgs schedule(std::int64_t page_size, std::int64_t pages, const In& tables, const OptIn& table_sizes,
+                           const In& lengths, const In& sequence_ids, const In& positions,
+                           std::optional<Tensor>& keep_sizes) {
+  PagedScheduleArgs a;
+  a.page_size = page_size;
+  a.pages = pages;
+  a.tables = to_tensor(tables, "tables");
+  a.table_sizes = opt_tensor(table_sizes, "table_sizes", keep_sizes);
+  a.lengths = to_tensor(lengths, "lengths");
+  a.sequence_ids = to_tensor(sequence_ids, "sequence_ids");
+  a.positions = to_tensor(positions, "positions");
+  return a;
+}
+
+PagedMetadata metadata(std::int64_t page_size, const In& tables, const In& lengths, const In& sequence_ids,
+                       const In& positions) {
+  PagedMetadata m;
+  m.page_size = page_size;
+  m.tables = to_tensor(tables, "plan.tables");
+  m.lengths = to_tensor(lengths, "plan.lengths");
+  m.sequence_ids = to_tensor(sequence_ids, "plan.sequence_ids");
+  m.positions = to_tensor(positions, "plan.positions");
+  return m;
+}
+
+#define RUDNN_PAGED_PLAN_ARGS \
+  nb::arg("page_size"), nb::arg("tables"), nb::arg("lengths"), nb::arg("sequence_ids"), nb::arg("positions")
+
+}  // namespace
+
+void register_paged(nb::module_& m) {
+  m.def(
+      "paged_schedule_info",
+      [](std::int64_t page_size, std::int64_t pages, const In& tables, const OptIn& table_sizes, const In& lengths,
+         const In& sequence_ids, const In& positions) {
+        std::optional<Tensor> keep;
+        const PagedScheduleArgs a =
+            schedule(page_size, pages, tables, table_sizes, lengths, sequence_ids, positions, keep);
+        return info_tuple(paged_validate_schedule(a));
+      },
+      nb::arg("page_size"), nb::arg("pages"), nb::arg("tables"), nb::arg("table_sizes").none(), nb::arg("lengths"),
+      nb::arg("sequence_ids"), nb::arg("positions"),
+      "Validates a host schedule; (num_seqs, queries, max_pages, max_length, duplicate_row, duplicate_of, message).");
+
+  m.def(
+      "paged_pack_schedule",
+      [](std::int64_t page_size, std::int64_t pages, const In& tables, const OptIn& table_sizes, const In& lengths,
+         const In& sequence_ids, const In& positions, const Out& out_tables, const Out& out_lengths,
+         const Out& out_sequence_ids, const Out& out_positions) {
+        std::optional<Tensor> keep;
+        const PagedScheduleArgs a =
+            schedule(page_size, pages, tables, table_sizes, lengths, sequence_ids, positions, keep);
+        PagedMetadata out;
+        out.page_size = page_size;
+        out.tables = to_tensor(out_tables, "out_tables");
+        out.lengths = to_tensor(out_lengths, "out_lengths");
+        out.sequence_ids = to_tensor(out_sequence_ids, "out_sequence_ids");
+        out.positions = to_tensor(out_positions, "out_positions");
+        return info_tuple(paged_pack_schedule(a, out));
+      },
+      nb::arg("page_size"), nb::arg("pages"), nb::arg("tables"), nb::arg("table_sizes").none(), nb::arg("lengths"),
+      nb::arg("sequence_ids"), nb::arg("positions"), nb::arg("out_tables"), nb::arg("out_lengths"),
+      nb::arg("out_sequence_ids"), nb::arg("out_positions"));
+
+  m.def("paged_split_workspace_bytes", &paged_split_workspace_bytes, nb::arg("queries"), nb::arg("heads"),
+        nb::arg("value_dim"), nb::arg("splits"));
+
+  m.def(
+      "paged_attention",
+      [](std::int64_t page_size, const In& tables, const In& lengths, const In& sequence_ids, const In& positions,
+         const In& q, const In& k_cache, const In& v_cache, double scale, bool causal, const Out& out,
+         const OptOut& lse, int splits, const OptOut& workspace, std::uintptr_t stream) {
+        PagedAttentionArgs a;
+        a.plan = metadata(page_size, tables, lengths, sequence_ids, positions);
+        a.q = to_tensor(q, "q");
+        a.k_cache = to_tensor(k_cache, "k_cache");
+        a.v_cache = to_tensor(v_cache, "v_cache");
+        a.scale = scale;
+        a.causal = causal;
+        a.out = to_tensor(out, "out");
+        std::optional<Tensor> keep_lse, keep_ws;
+        a.lse = opt_tensor(lse, "lse", keep_lse);
+        a.splits = splits;
+        const Tensor* ws = opt_tensor(workspace, "workspace", keep_ws);
+        nb::gil_scoped_release release;
+        paged_attention(a, ws, as_stream(stream));
+      },
+      RUDNN_PAGED_PLAN_ARGS, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scale"),
+      nb::arg("causal"), nb::arg("out"), nb::arg("lse").none(), nb::arg("splits"), nb::arg("workspace").none(),
+      nb::arg("stream"));
+
+  m.def(
+      "paged_mla",
+      [](std::int64_t page_size, const In& tables, const In& lengths, const In& sequence_ids, const In& positions,
+         const In& q, const In& qp, const In& latent, const In& kp, double scale, bool causal, const Out& out,
+         const OptOut& lse, int splits, const OptOut& workspace, std::uintptr_t stream) {
+        PagedMlaArgs a;
+        a.plan = metadata(page_size, tables, lengths, sequence_ids, positions);
+        a.q = to_tensor(q, "q");
+        a.qp = to_tensor(qp, "qp");
+        a.latent = to_tensor(latent, "latent");
+        a.kp = to_tensor(kp, "kp");
+        a.scale = scale;
+        a.causal = causal;
+        a.out = to_tensor(out, "out");
+        std::optional<Tensor> keep_lse, keep_ws;
+        a.lse = opt_tensor(lse, "lse", keep_lse);
+        a.splits = splits;
+        const Tensor* ws = opt_tensor(workspace, "workspace", keep_ws);
+        nb::gil_scoped_release release;
+        paged_mla(a, ws, as_stream(stream));
+      },
+      RUDNN_PAGED_PLAN_ARGS, nb::arg("q"), nb::arg("qp"), nb::arg("latent"), nb::arg("kp"), nb::arg("scale"),
+      nb::arg("causal"), nb::arg("out"), nb::arg("lse").none(), nb::arg("splits"), nb::arg("workspace").none(),
+      nb::arg("stream"));
+
+  m.def(
+      "paged_append",
+      [](std::int64_t page_size, const In& tables, const In& lengths, const In& sequence_ids, const In& positions,
+         const In& k, const In& v, const Out& k_cache, const Out& v_cache, std::uintptr_t stream) {
+        PagedAppendArgs a;
+        a.plan = metadata(page_size, tables, lengths, sequence_ids, positions);
+        a.k = to_tensor(k, "k");
+        a.v = to_tensor(v, "v");
+        a.k_cache = to_tensor(k_cache, "k_cache");
+        a.v_cache = to_tensor(v_cache, "v_cache");
+        nb::gil_scoped_release release;
+        paged_append(a, as_stream(stream));
+      },
+      RUDNN_PAGED_PLAN_ARGS, nb::arg("k"), nb::arg("v"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("stream"));
+
+  m.def("paged_last_algorithm", [] { return std::string(paged_last_algorithm()); },
+        "The backend the last paged call on this thread ran (cpu, ...).");
+}
+
+}  // namespace rudnn::bindings

@@ -1,0 +1,126 @@
+// Paged KV-cache attention and MLA over physical pages (SPEC section 3), forward and append.
+//
+// A schedule maps sequences to pages. Sequence s (0 <= s < num_seqs) has KV length lengths[s];
+// its KV position t lives in physical page tables[s][t / page_size], slot t % page_size. Packed
+// query row r (0 <= r < queries) belongs to sequence sequence_ids[r] at absolute zero-based
+// position positions[r] < lengths[sequence_ids[r]]. A page may appear in several tables (a
+// shared prefix). Entries of tables[s] past ceil(lengths[s] / page_size) are ignored.
+//
+//   attention: q [queries, Hq, D], k_cache [pages, page_size, Hkv, D],
+//              v_cache [pages, page_size, Hkv, Dv] -> out [queries, Hq, Dv]
+//              score(r, h, t) = scale * q[r, h] . k[t, h / (Hq / Hkv)]
+//   mla:       q [queries, H, R] (absorbed), qp [queries, H, P] (rotary),
+//              latent [pages, page_size, 1, R], kp [pages, page_size, 1, P] -> out [queries, H, R]
+//              score(r, h, t) = scale * (q[r, h] . latent[t] + qp[r, h] . kp[t]); value = latent[t]
+//   out[r, h] = sum_t softmax_t(score(r, h, t)) value[t] over the visible t of r's sequence:
+//              every t < lengths[s], or with causal every t <= positions[r].
+//   lse[r, h] (optional, float32 [queries, Hq]) = log sum_t exp(score(r, h, t)); a row without a
+//              visible key (no such row exists in a valid schedule) gives out 0 and lse -inf.
+//
+// Split-KV: with splits = S in 2..32 the visible history of each row is cut into S equal chunks
+// whose float32 partial results (out, lse) go to a caller-allocated workspace
+// (paged_split_workspace_bytes, at most 64 MiB) and are merged by their log-sum-exp. splits = 1
+// (the default) computes each row in one pass. The results agree to rounding.
+//
+// Append: row r of k [queries, Hkv, D] / v [queries, Hkv, Dv] is written to the slot of
+// position positions[r] of sequence sequence_ids[r] in k_cache / v_cache. Two rows that name the
+// same physical slot are an error raised before anything is written.
+//
+// Metadata: the host schedule (PagedScheduleArgs) is validated once on the host
+// (paged_validate_schedule) and packed into int32 arrays (paged_pack_schedule) that the caller
+// copies to the device of q: that is PagedMetadata, which every op takes. On the CPU the ops check
+// the metadata values again (cheap there), so corrupted metadata is an error, never a read
+// outside a cache.
+//
+// libruDNN never allocates device memory: outputs, metadata and workspaces come from the caller.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "rudnn/error.hpp"
+#include "rudnn/tensor.hpp"
+
+namespace rudnn {
+
+// The schedule as the caller gives it: host (CPU) tensors of an integer dtype
+// (int32, int64, uint32 or uint8).
+struct PagedScheduleArgs {
+  std::int64_t page_size = 0;            // >= 1
+  std::int64_t pages = 0;                // physical pages in the caches, >= 0
+  Tensor tables;                         // [num_seqs, max_pages]
+  const Tensor* table_sizes = nullptr;   // [num_seqs]: entries of each row that exist (ragged
+                                         // per-sequence lists padded to a rectangle); default max_pages
+  Tensor lengths;                        // [num_seqs], >= 0
+  Tensor sequence_ids;                   // [queries]
+  Tensor positions;                      // [queries]
+};
+
+struct PagedScheduleInfo {
+  std::int64_t num_seqs = 0, queries = 0;
+  std::int64_t max_pages = 0;            // the most pages any sequence uses: ceil(length / page_size)
+  std::int64_t max_length = 0;
+  // The first two query rows that name the same physical slot (-1 when none): append refuses
+  // such a schedule, attention does not care.
+  std::int64_t duplicate_row = -1, duplicate_of = -1;
+  std::string duplicate_message;         // "rows 1 and 4 both write page 3 slot 0 (...)", or empty
+};
+
+// Every check of the schedule; throws rudnn::Error naming the argument and the row
+// ("tables[3][7] = 912 >= pages = 900"). `op` prefixes the messages.
+PagedScheduleInfo paged_validate_schedule(const PagedScheduleArgs& args, const std::string& op = "HostPlan");
+
+// The metadata every paged op takes: int32 arrays on q's device (any strides).
+struct PagedMetadata {
+  std::int64_t page_size = 0;
+  Tensor tables;        // int32 [num_seqs, width], width >= every sequence's page count
+  Tensor lengths;       // int32 [num_seqs]
+  Tensor sequence_ids;  // int32 [queries]
+  Tensor positions;     // int32 [queries]
+};
+
+// Validates `args` and writes the packed int32 form into host tensors of `out` (tables of width
+// >= info.max_pages; entries past each sequence's pages and rows past num_seqs become 0, lengths
+// past num_seqs 0, so a larger reserved buffer holds a valid schedule too).
+PagedScheduleInfo paged_pack_schedule(const PagedScheduleArgs& args, const PagedMetadata& out);
+
+struct PagedAttentionArgs {
+  PagedMetadata plan;
+  Tensor q, k_cache, v_cache;   // f32/f16/bf16, one dtype; last axis contiguous
+  double scale = 0.0;           // finite, > 0
+  bool causal = false;
+  Tensor out;                   // [queries, Hq, Dv], q's dtype
+  const Tensor* lse = nullptr;  // float32 [queries, Hq]; optional output
+  int splits = 1;               // 1, or 2..32 with a workspace
+};
+
+struct PagedMlaArgs {
+  PagedMetadata plan;
+  Tensor q, qp, latent, kp;     // q [queries, H, R], qp [queries, H, P], latent [pages, ps, 1, R], kp [pages, ps, 1, P]
+  double scale = 0.0;
+  bool causal = false;
+  Tensor out;                   // [queries, H, R], q's dtype
+  const Tensor* lse = nullptr;  // float32 [queries, H]
+  int splits = 1;
+};
+
+// Bytes of the split-KV workspace for `queries` rows of `heads` heads of `value_dim` values and
+// `splits` in 2..32 (ArgumentError outside that range or above the 64 MiB cap).
+std::size_t paged_split_workspace_bytes(std::int64_t queries, std::int64_t heads, std::int64_t value_dim, int splits);
+
+void paged_attention(const PagedAttentionArgs& args, const Tensor* workspace = nullptr, Stream stream = nullptr);
+void paged_mla(const PagedMlaArgs& args, const Tensor* workspace = nullptr, Stream stream = nullptr);
+
+struct PagedAppendArgs {
+  PagedMetadata plan;
+  Tensor k, v;                  // [queries, Hkv, D], [queries, Hkv, Dv] (MLA: latent rows and kp rows, Hkv = 1)
+  Tensor k_cache, v_cache;      // written in place
+};
+
+void paged_append(const PagedAppendArgs& args, Stream stream = nullptr);
+
+// The backend the last paged call on this thread ran ("cpu", ...).
+const char* paged_last_algorithm();
+
+}  // namespace rudnn

@@ -1,0 +1,164 @@
+// Host emulator of the conv CUDA direct kernels (tests/test_conv_emulation.py builds and runs it).
+// The kernels' own source (cpp/src/conv/conv_direct_cuda.cu up to its launch code, extracted by
+// the test into kernels.inc) runs on the CPU through emu_runtime.hpp, a std::thread per CUDA
+// thread, on a grid of 3 blocks so that the grid-stride loops wrap. Each case runs the forward,
+// data, weight and bias gradient kernels and compares them bitwise with the CPU backend (which
+// tests/test_conv.py checks against torch). The inputs are multiples of 1/64 in [-2, 2) and the
+// sums short, so every float32 sum is exact whatever its order: the block reductions of the
+// weight and bias gradients must match the CPU's sequential sums bit for bit too. Prints one
+// line per case; exits 1 on a mismatch.
+#include "emu_runtime.hpp"
+
+#include "core/dispatch.hpp"
+#include "core/half.hpp"
+#include "conv/problem.hpp"
+
+// The C++ core's validation and CPU backend (the reference here), compiled into the emulator.
+#include "conv/cpu.cpp"
+#include "conv/validate.cpp"
+
+#include "emu_keywords.hpp"
+
+#include "core/convert.cuh"
+
+// namespace rudnn::conv { namespace emu_k { ...the kernels of conv_direct_cuda.cu... } }
+#include "kernels.inc"
+
+namespace {
+
+using namespace rudnn;
+using namespace rudnn::conv;
+
+constexpr unsigned kEmuBlocks = 3;
+
+struct Array {
+  Tensor t;
+  std::vector<std::uint64_t> storage;
+};
+
+Array make(DType dtype, const std::vector<i64>& shape, std::uint32_t seed, bool fill = true) {
+  Array a;
+  i64 n = 1;
+  for (i64 d : shape) n *= d;
+  a.storage.assign(std::size_t(n) + 2, 0);
+  a.t = Tensor::contiguous(a.storage.data(), dtype, Device{}, shape.data(), int(shape.size()));
+  std::uint32_t state = seed * 2654435761u + 1;
+  for (i64 i = 0; fill && i < n; ++i) {
+    state = state * 1664525u + 1013904223u;
+    const float v = float(int(state >> 24) - 128) / 64.0f;
+    switch (dtype) {
+      case DType::f32: a.t.ptr<float>()[i] = v; break;
+      case DType::f16: a.t.ptr<host::f16>()[i] = host::from_float<host::f16>(v); break;
+      case DType::bf16: a.t.ptr<host::bf16>()[i] = host::from_float<host::bf16>(v); break;
+      default: break;
+    }
+  }
+  return a;
+}
+
+std::vector<i64> dims_of(const ConvShape& s) { return std::vector<i64>(s.dims, s.dims + s.rank); }
+std::vector<i64> dims_of(const Tensor& t) { return std::vector<i64>(t.shape, t.shape + t.rank); }
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const std::size_t bytes = std::size_t(a.numel()) * dtype_size(a.dtype);
+  return bytes == std::size_t(b.numel()) * dtype_size(b.dtype) && std::memcmp(a.data, b.data, bytes) == 0;
+}
+
+template <class F>
+decltype(auto) device_types(DType dtype, F&& f) {
+  return core::dispatch_float<__half, __nv_bfloat16>(dtype, std::forward<F>(f));
+}
+
+bool channels_densest(const Strides& s, i64 channels) { return channels > 1 && s.c == 1; }
+
+struct Case {
+  const char* name;
+  DType dtype;
+  ConvLayout layout;
+  std::vector<i64> x, w;  // in the layout's order
+  std::vector<i64> stride, pad_before, pad_after, dilation;
+  i64 groups;
+  bool bias;
+};
+
+bool run_case(const Case& c) {
+  ConvOptions o;
+  o.dims = int(c.stride.size());
+  for (int i = 0; i < o.dims; ++i) {
+    o.stride[i] = c.stride[i];
+    o.padding_before[i] = c.pad_before[i];
+    o.padding_after[i] = c.pad_after[i];
+    o.dilation[i] = c.dilation[i];
+  }
+  o.groups = c.groups;
+  o.layout = c.layout;
+  Array x = make(c.dtype, c.x, 1), w = make(c.dtype, c.w, 2), b = make(c.dtype, {c.w[0]}, 3);
+
+  ConvForwardArgs fa;
+  fa.options = o;
+  fa.x = x.t;
+  fa.w = w.t;
+  fa.bias = c.bias ? &b.t : nullptr;
+  const std::vector<i64> y_shape = dims_of(output_shape(validate_forward(fa, false).g, o.dims, o.layout));
+  Array y_cpu = make(c.dtype, y_shape, 0, false), y_emu = make(c.dtype, y_shape, 0, false);
+  fa.y = y_cpu.t;
+  const Problem fp = validate_forward(fa);
+  forward_cpu(fp, x.t, w.t, fa.bias, y_cpu.t);
+
+  Array dy = make(c.dtype, y_shape, 4);
+  Array dx_cpu = make(c.dtype, c.x, 0, false), dx_emu = make(c.dtype, c.x, 0, false);
+  Array dw_cpu = make(c.dtype, c.w, 0, false), dw_emu = make(c.dtype, c.w, 0, false);
+  Array db_cpu = make(c.dtype, {c.w[0]}, 0, false), db_emu = make(c.dtype, {c.w[0]}, 0, false);
+  const Problem dp = validate_data_backward(ConvDataBackwardArgs{o, dy.t, w.t, dx_cpu.t});
+  data_backward_cpu(dp, dy.t, w.t, dx_cpu.t);
+  const Problem wp = validate_weight_backward(ConvWeightBackwardArgs{o, dy.t, x.t, dw_cpu.t});
+  weight_backward_cpu(wp, dy.t, x.t, dw_cpu.t);
+  const Problem bp = validate_bias_backward(ConvBiasBackwardArgs{o.dims, o.layout, dy.t, db_cpu.t});
+  bias_backward_cpu(bp, dy.t, db_cpu.t);
+
+  device_types(c.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* bias = c.bias ? b.t.ptr<T>() : nullptr;
+    emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
+      emu_k::conv_forward_kernel<T>(fp, channels_densest(fp.y, fp.g.out_channels), x.t.ptr<T>(), w.t.ptr<T>(), bias,
+                                    y_emu.t.ptr<T>(), fp.outputs());
+    });
+    emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
+      emu_k::conv_data_backward_kernel<T>(dp, channels_densest(dp.x, dp.g.in_channels), dy.t.ptr<T>(), w.t.ptr<T>(),
+                                          dx_emu.t.ptr<T>(), dp.inputs());
+    });
+    emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
+      emu_k::conv_weight_backward_kernel<T>(wp, dy.t.ptr<T>(), x.t.ptr<T>(), dw_emu.t.ptr<T>());
+    });
+    emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
+      emu_k::conv_bias_backward_kernel<T>(bp, dy.t.ptr<T>(), db_emu.t.ptr<T>());
+    });
+  });
+  const bool fwd = same_bytes(y_cpu.t, y_emu.t), data = same_bytes(dx_cpu.t, dx_emu.t);
+  const bool weight = same_bytes(dw_cpu.t, dw_emu.t), bias = same_bytes(db_cpu.t, db_emu.t);
+  const bool ok = fwd && data && weight && bias;
+  std::printf("%s forward=%d data=%d weight=%d bias=%d %s\n", c.name, fwd, data, weight, bias,
+              ok ? "ok" : "MISMATCH");
+  return ok;
+}
+
+}  // namespace
+
+int main() {
+  const auto cf = ConvLayout::channels_first, cl = ConvLayout::channels_last;
+  std::vector<Case> cases = {
+      {"conv2d_nchw_f32", DType::f32, cf, {2, 3, 7, 6}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, 1, true},
+      {"conv2d_nhwc_bf16_groups", DType::bf16, cl, {1, 8, 7, 4}, {6, 3, 2, 2}, {2, 1}, {1, 0}, {1, 1}, {1, 2}, 2,
+       true},
+      {"conv2d_nhwc_f16_depthwise", DType::f16, cl, {2, 6, 5, 5}, {5, 3, 3, 1}, {2, 2}, {1, 1}, {1, 1}, {1, 1}, 5,
+       false},
+      {"conv1d_nchw_bf16_same_even", DType::bf16, cf, {2, 4, 11}, {4, 2, 4}, {1}, {1}, {2}, {1}, 2, true},
+      {"conv3d_nchw_f32_stride", DType::f32, cf, {1, 2, 5, 4, 6}, {3, 2, 2, 3, 2}, {2, 1, 3}, {1, 0, 1}, {0, 1, 1},
+       {1, 1, 2}, 1, true},
+      {"conv2d_nchw_f16_stride_gt_kernel", DType::f16, cf, {1, 2, 7, 7}, {2, 2, 2, 2}, {3, 3}, {0, 0}, {0, 0},
+       {1, 1}, 1, false},
+  };
+  bool ok = true;
+  for (const Case& c : cases) ok = run_case(c) && ok;
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,90 @@
+"""Issue 27, items 4 and 5: MoE metadata that used to give uninitialised rows or NaN tokens.
+Host metadata (offsets, expert ids, row_of_slot) is checked and refused with an ArgumentError
+that names the bad element; on CUDA, where offsets are not read on the host, rows that no
+expert segment covers come out zero."""
+
+import pytest
+import torch
+
+import rudnn
+import rudnn.torch as rt
+from rudnn import moe
+
+E, I, H = 2, 3, 4
+
+
+def _weights(device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(s, generator=g).to(device) for s in ((E, I, H), (E, I, H), (E, H, I))]
+
+
+def _x(rows=4, device="cpu"):
+    return torch.randn(rows, H, generator=torch.Generator().manual_seed(1)).to(device)
+
+
+OP = "SwiGluExperts.forward_dispatched_training"  # rudnn.torch runs the training forward
+
+
+@pytest.mark.parametrize("offsets, message", [
+    ([0, 2, 3], f"{OP}: offsets[2]: expected 4 (every row of x belongs to an expert), got 3"),
+    ([0, 3, 2], f"{OP}: offsets[2]: expected >= offsets[1] = 3 (offsets do not decrease), got 2"),
+    ([1, 2, 4], f"{OP}: offsets[0]: expected 0 (the first row), got 1"),
+    ([-1, 2, 4], f"{OP}: offsets[0]: expected 0 (the first row), got -1"),
+    ([0, 2, 5], f"{OP}: offsets[2]: expected 4 (every row of x belongs to an expert), got 5"),
+])
+def test_host_offsets_that_do_not_partition_the_rows(offsets, message):
+    gate, up, down = _weights()
+    x = _x()
+    with pytest.raises(rudnn.ArgumentError) as info:
+        rt.moe.swiglu_experts(x, torch.tensor(offsets, dtype=torch.int32), gate, up, down)
+    assert str(info.value) == message
+
+
+def test_training_backward_checks_offsets_too():
+    gate, up, down = _weights()
+    x = _x()
+    good = torch.tensor([0, 2, 4], dtype=torch.int32)
+    gate.requires_grad_()
+    y = rt.moe.swiglu_experts(x, good, gate, up, down)
+    y.sum().backward()  # good offsets: fine
+    with pytest.raises(rudnn.ArgumentError, match=r"MoeTrainingCache.backward: offsets\[1\]: expected >= offsets\[0\]"):
+        moe._experts_backward(gate.detach(), up, down, torch.ones_like(x), x,
+                              torch.tensor([0, -1, 4], dtype=torch.int32), torch.zeros(4, I), torch.zeros(4, I), 0,
+                              None)
+
+
+@pytest.mark.cuda
+def test_device_offsets_leave_no_row_unwritten():
+    gate, up, down = _weights("cuda")
+    x = _x(device="cuda")
+    # poison the allocator's memory so that an unwritten row would show
+    torch.full((1 << 20,), 1234.5, device="cuda")
+    y = rt.moe.swiglu_experts(x, torch.tensor([0, 2, 3], dtype=torch.int32, device="cuda"), gate, up, down)
+    assert torch.equal(y[3].cpu(), torch.zeros(H))
+    ref = rt.moe.swiglu_experts(x[:3].cpu(), torch.tensor([0, 2, 3], dtype=torch.int32), *(w.cpu() for w in
+                                                                                          (gate, up, down)))
+    torch.testing.assert_close(y[:3].cpu(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [2, -1, 7])
+def test_dispatch_refuses_expert_ids_out_of_range(bad):
+    x = torch.randn(3, H)
+    ids = torch.tensor([[0, 1], [1, bad], [0, 1]], dtype=torch.int32)
+    with pytest.raises(rudnn.ArgumentError) as info:
+        rt.moe.dispatch(x, ids, E)
+    assert str(info.value) == f"moe.dispatch: expert_indices[1, 1]: expected an expert id in [0, {E}), got {bad}"
+
+
+def test_combine_refuses_rows_outside_y():
+    y = torch.randn(6, H)
+    w = torch.rand(3, 2)
+    rows = torch.tensor([[0, 1], [2, 6], [4, 5]], dtype=torch.int32)
+    with pytest.raises(rudnn.ArgumentError) as info:
+        rt.moe.combine(y, rows, w)
+    assert str(info.value) == "moe.combine: row_of_slot[1, 1]: expected a row of y in [0, 6), got 6"
+    # y with too few rows for the slots: the first row it lacks is named
+    with pytest.raises(rudnn.ArgumentError, match=r"moe.combine: row_of_slot\[1, 1\]: expected a row of y in \[0, 5\), got 5"):
+        rt.moe.combine(y[:5], rows.clamp(max=5), w)
+    rows[1, 1] = -1
+    with pytest.raises(rudnn.ArgumentError, match=r"moe.combine_backward: row_of_slot\[1, 1\]: .* got -1"):
+        moe._combine_backward(y, torch.randn(3, H), rows, w, 0, None)
