@@ -122,7 +122,9 @@ def build_emulator(source, kernels_inc, needs_cutlass=False, defines=()):
     flags += [f"-I{cutlass_inc}"] if cutlass_inc else []
     flags += [f"-D{d}" for d in defines]
     objects = []
-    for src in (os.path.join(ROOT, "tests", "emulation", source), os.path.join(ROOT, "cpp", "src", "core", "tensor.cpp")):
+    # the core's tensor helpers and the validation steps' aliasing checks (out of line in core/)
+    core_sources = [os.path.join(ROOT, "cpp", "src", "core", f) for f in ("tensor.cpp", "aliasing.cpp")]
+    for src in [os.path.join(ROOT, "tests", "emulation", source)] + core_sources:
         obj = os.path.join(build_dir, os.path.splitext(os.path.basename(src))[0] + ".o")
         launcher, depfile, env = ccache_env(obj)
         result = subprocess.run(launcher + [cxx, *flags, *depfile, "-c", src, "-o", obj], capture_output=True,
