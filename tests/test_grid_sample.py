@@ -186,3 +186,51 @@ def test_numpy_input(mode):
     assert isinstance(dx, np.ndarray) and isinstance(dgrid, np.ndarray)
     np.testing.assert_allclose(dx, tdx.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dgrid, tdgrid.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_huge_grid_values(device, mode, align_corners):
+    # Coordinates far past any integer range: reflection folds them with fmod, border clips them,
+    # zeros reads nothing; bitwise what torch's shared (CUDA and 5-D CPU) code gives. A 4-D x is
+    # compared with torch's 5-D kernel on a depth-1 view (z = 0 maps to its one plane with weight
+    # 1): torch's vectorized 4-D CPU kernel reflects by truncated division instead, which loses
+    # the fold at these magnitudes.
+    x = rand((1, 3, 5, 6), torch.float32)
+    big = torch.tensor([1e30, -1e30, 3e9, -7.3e6, 2.5e4, float("inf"), -float("inf")])
+    gx, gy = torch.meshgrid(torch.cat([big, torch.tensor([0.3, -0.8])]), torch.tensor([0.2, 4e12, -1e20]),
+                            indexing="xy")
+    grid = torch.stack([gx, gy], -1)[None]
+    for pad in PADDINGS:
+        if pad == "reflection":
+            grid = grid.clamp(-1e30, 1e30)  # inf (and what unnormalizes to it) cannot be folded: fmod(inf) is NaN
+        kw = dict(mode=mode, padding_mode=pad, align_corners=align_corners)
+        y = rudnn.grid_sample(x.to(device), grid.to(device), **kw).cpu()
+        grid3 = torch.cat([grid, torch.zeros(grid.shape[:-1] + (1,))], -1)[:, None]
+        ref = F.grid_sample(x[:, :, None], grid3, **kw)[:, :, 0]
+        assert torch.equal(y, ref), pad
+        x5 = rand((1, 2, 3, 5, 6), torch.float32)
+        y5 = rudnn.grid_sample(x5.to(device), grid3.expand(1, 2, *grid3.shape[2:]).contiguous().to(device), **kw)
+        assert torch.equal(y5.cpu(), F.grid_sample(x5, grid3.expand(1, 2, *grid3.shape[2:]), **kw)), pad
+
+
+def test_nan_grid_values_read_nothing():
+    # Documented: under bilinear and nearest a NaN coordinate samples nothing (0) whatever the
+    # padding (torch's CPU and CUDA kernels disagree there); bicubic's weights are NaN, and so is
+    # its value (as in torch). The other points are unaffected.
+    x = rand((1, 2, 5, 6), torch.float32)
+    grid = torch.tensor([[[[float("nan"), 0.3], [0.2, -0.4]]]])
+    for mode in MODES:
+        for pad in PADDINGS:
+            y = rudnn.grid_sample(x, grid, mode=mode, padding_mode=pad)
+            if mode == "bicubic":
+                assert torch.isnan(y[..., 0]).all()
+            else:
+                assert torch.equal(y[..., 0], torch.zeros(1, 2, 1)), (mode, pad)
+            ref = F.grid_sample(x, grid[:, :, 1:], mode=mode, padding_mode=pad, align_corners=False)
+            torch.testing.assert_close(y[..., 1:], ref, rtol=1e-6, atol=1e-6)
+            dx, dgrid = rudnn.grid_sample_backward(torch.ones_like(y), x, grid, mode=mode, padding_mode=pad)
+            assert torch.isfinite(dgrid[:, :, 1]).all()
+            if mode != "bicubic":
+                assert torch.isfinite(dx).all()

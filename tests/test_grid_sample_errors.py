@@ -7,6 +7,9 @@ import rudnn
 from util import DEVICES
 
 
+SUFFIX = " (rudnn does not compute in place: give an output that overlaps no argument)"
+
+
 def _x(shape=(1, 2, 6, 6), dtype=torch.float32, device="cpu"):
     return torch.randn(shape, device=device).to(dtype)
 
@@ -120,3 +123,43 @@ def test_errors_are_builtin_types():
         rudnn.grid_sample(_x(), _g((1, 3, 4, 3)))
     with pytest.raises(TypeError):
         rudnn.grid_sample(_x(), _g(dtype=torch.float16))
+
+
+@pytest.mark.cuda
+def test_cuda_workspace_checks():
+    # The float32 workspace of CUDA's dx (rudnn allocates it; C++ callers pass their own).
+    x, grid = _x(device="cuda"), _g(device="cuda")
+    dy, dx = torch.randn(1, 2, 3, 4, device="cuda"), torch.empty(1, 2, 6, 6, device="cuda")
+    need = rudnn._C.grid_sample_backward_workspace_bytes(dy, x, grid, True, 0, 0, False, 0)
+    assert need == 2 * 36 * 4
+    assert rudnn._C.grid_sample_backward_workspace_bytes(dy, x, grid, False, 0, 0, False, 0) == 0
+    with pytest.raises(rudnn.ArgumentError) as info:
+        rudnn._C.grid_sample_backward(dy, x, grid, dx, None, torch.empty(need - 1, dtype=torch.uint8, device="cuda"),
+                                      0, 0, False, 0, False, 0)
+    assert str(info.value) == f"grid_sample_backward: workspace: expected at least {need} bytes, got {need - 1}"
+    ws = torch.empty(need + 1, dtype=torch.uint8, device="cuda")[1:]
+    with pytest.raises(rudnn.ArgumentError) as info:
+        rudnn._C.grid_sample_backward(dy, x, grid, dx, None, ws, 0, 0, False, 0, False, 0)
+    assert str(info.value) == "grid_sample_backward: workspace: expected an address aligned to 4 bytes (it holds " \
+                              "float32 sums)"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_outputs_apart_from_inputs(device):
+    # The family-wide aliasing rule (core/aliasing.hpp): no output overlaps an input.
+    x, grid = _x(device=device), _g(device=device)
+    big = torch.zeros(1, 2, 6, 6, device=device)
+    before = big.clone()
+    with pytest.raises(rudnn.ArgumentError) as info:
+        rudnn.grid_sample(big, grid, out=big[:, :, :3, :4])
+    assert str(info.value) == "grid_sample: y: shares memory with grid_sample: x" + SUFFIX
+    assert torch.equal(big, before)
+    grid_big = torch.zeros(1, 3, 4, 2, device=device)
+    with pytest.raises(rudnn.ArgumentError) as info:
+        rudnn.grid_sample(x, grid_big, out=grid_big.view(1, 2, 3, 4))
+    assert str(info.value) == "grid_sample: y: shares memory with grid_sample: grid" + SUFFIX
+    dy = torch.randn(1, 2, 3, 4, device=device)
+    with pytest.raises(rudnn.ArgumentError) as info:  # the C++ API: dgrid written over x
+        rudnn._C.grid_sample_backward(dy, big, grid, None, big.view(-1)[:24].view(1, 3, 4, 2), None, 0, 0, False, 0,
+                                      False, 0)
+    assert str(info.value) == "grid_sample_backward: dgrid: shares memory with grid_sample_backward: x" + SUFFIX

@@ -2,7 +2,7 @@
 // runs it). The kernels' own source (cpp/src/grid_sample/grid_sample_cuda.cu up to its launch
 // code, extracted by the test into kernels.inc) runs on the CPU through emu_runtime.hpp, a
 // std::thread per CUDA thread, on a small grid so that the grid-stride loops wrap. Each case runs
-// the forward, the backward per point (dgrid with the atomic dx), the deterministic per-plane dx
+// the forward (on the path the CUDA backend picks: vector or scalar), the backward per point (dgrid with the atomic dx), the deterministic per-plane dx
 // and the store, and compares them with the CPU backend (which tests/test_grid_sample.py checks
 // against torch): y, dgrid and the deterministic dx bitwise, the atomic dx within a few ulps of
 // its dtype (its additions run in the threads' order). Prints one line per case; exits 1 on a
@@ -114,12 +114,22 @@ bool run_case(const Case& c) {
   forward_cpu(validate_forward(fa), x.t, grid.t, y_cpu.t);
   fa.y = y_emu.t;
   const Problem pf = validate_forward(fa);
+  bool vector = false;
   on_dtype(c.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const emu_k::Walk w = emu_k::walk_for(pf);
-    const i64 total = pf.batch * w.groups * pf.out_plane();
-    emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
-      emu_k::grid_sample_forward_kernel<T>(pf, w, x.t.ptr<T>(), grid.t.ptr<T>(), y_emu.t.ptr<T>(), total);
+    vector = emu_k::vector_path<T>(pf, x.t.data, y_emu.t.data);
+    with_taps(pf.mode, [&](auto taps) {
+      constexpr int K = decltype(taps)::value;
+      auto launch = [&](auto lanes) {
+        constexpr int L = decltype(lanes)::value;
+        const emu_k::Walk w = emu_k::walk_for(pf, L);
+        const i64 total = pf.batch * w.groups * pf.out_plane();
+        emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
+          emu_k::grid_sample_forward_kernel<T, K, L>(pf, w, x.t.ptr<T>(), grid.t.ptr<T>(), y_emu.t.ptr<T>(), total);
+        });
+      };
+      if (vector) launch(std::integral_constant<int, emu_k::kVecLanes<T>>{});
+      else launch(std::integral_constant<int, 1>{});
     });
   });
   const bool y_ok = same_bytes(y_cpu.t, y_emu.t);
@@ -145,15 +155,18 @@ bool run_case(const Case& c) {
     on_dtype(c.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
       const i64 points = p.batch * p.out_plane(), planes = p.batch * p.channels, count = i64(ws.size());
-      emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
-        emu_k::grid_sample_backward_point_kernel<T>(p, dy.t.ptr<T>(), x.t.ptr<T>(), grid.t.ptr<T>(),
-                                                    dgrid_emu.t.ptr<T>(), deterministic ? nullptr : ws.data(),
-                                                    points);
-      });
-      if (deterministic)
+      with_taps(p.mode, [&](auto taps) {
+        constexpr int K = decltype(taps)::value;
         emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
-          emu_k::grid_sample_dx_plane_kernel<T>(p, dy.t.ptr<T>(), grid.t.ptr<T>(), ws.data(), planes);
+          emu_k::grid_sample_backward_point_kernel<T, K>(p, dy.t.ptr<T>(), x.t.ptr<T>(), grid.t.ptr<T>(),
+                                                         dgrid_emu.t.ptr<T>(), deterministic ? nullptr : ws.data(),
+                                                         points);
         });
+        if (deterministic)
+          emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
+            emu_k::grid_sample_dx_plane_kernel<T, K>(p, dy.t.ptr<T>(), grid.t.ptr<T>(), ws.data(), planes);
+          });
+      });
       emu_launch(EmuDim3{kEmuBlocks, 1, 1}, emu_k::kThreads, 1, 0, [&] {
         emu_k::grid_sample_dx_store_kernel<T>(p, ws.data(), dx_emu.t.ptr<T>(), count);
       });
@@ -163,8 +176,8 @@ bool run_case(const Case& c) {
     else atomic_ok = close(dx_emu.t, dx_cpu.t);
   }
   const bool ok = y_ok && dgrid_ok && atomic_ok && det_ok;
-  std::printf("%s y=%d dgrid=%d dx_atomic=%d dx_deterministic=%d %s\n", c.name, y_ok, dgrid_ok, atomic_ok, det_ok,
-              ok ? "ok" : "MISMATCH");
+  std::printf("%s forward=%s y=%d dgrid=%d dx_atomic=%d dx_deterministic=%d %s\n", c.name,
+              vector ? "vector" : "scalar", y_ok, dgrid_ok, atomic_ok, det_ok, ok ? "ok" : "MISMATCH");
   return ok;
 }
 
@@ -183,6 +196,9 @@ int main() {
       {"trilinear3d_reflection_nchw_f32", DType::f32, cf, {2, 3, 4, 5, 3}, {2, 3, 2, 5, 3}, M::bilinear, P::reflection, false},
       {"trilinear3d_zeros_nhwc_f16_c8", DType::f16, cl, {1, 3, 4, 5, 8}, {1, 2, 3, 4, 3}, M::bilinear, P::zeros, true},
       {"nearest3d_border_nhwc_f32_c3", DType::f32, cl, {1, 4, 3, 5, 3}, {1, 3, 2, 4, 3}, M::nearest, P::border, false},
+      {"bilinear2d_zeros_nhwc_f32_c8", DType::f32, cl, {2, 5, 7, 8}, {2, 4, 6, 2}, M::bilinear, P::zeros, false},
+      {"bicubic2d_border_nhwc_bf16_c16", DType::bf16, cl, {1, 6, 5, 16}, {1, 5, 4, 2}, M::bicubic, P::border, true},
+      {"nearest2d_reflection_nhwc_f16_c8", DType::f16, cl, {2, 4, 6, 8}, {2, 3, 5, 2}, M::nearest, P::reflection, true},
   };
   bool ok = true;
   for (const Case& c : cases) ok = run_case(c) && ok;

@@ -17,7 +17,9 @@
 // around the point, nearest takes the one at round-half-to-even (nearbyint), bicubic (4-D only)
 // runs Keys' cubic (A = -0.75) over 4 x 4 taps, padding applied to each tap's position. zeros
 // padding reads 0 outside the input. (torch's vectorized 4-D float32 CPU kernel rounds its
-// unnormalization differently, by an ulp at most.)
+// unnormalization differently, by an ulp at most, and folds coordinates beyond ~1e7 less exactly.)
+// Huge grid values are safe (index conversions are bounded); a NaN coordinate samples nothing
+// under bilinear and nearest (0, whatever the padding), and gives NaN under bicubic, as in torch.
 //
 // Backward: dgrid is the gradient of each grid point summed over the channels in order (one
 // writer per point); nearest's dgrid is zero, as in torch. dx on the CPU sums each sample's

@@ -27,19 +27,19 @@ void for_each_point(const Problem& p, F&& f) {
   }
 }
 
-template <class T>
+template <class T, int K>
 void forward_typed(const Problem& p, const T* x, const T* grid, T* y) {
-  const auto load_x = [x](i64 off) { return to_float(x[off]); };
+  const auto load_x = [x](i64 off) { return Lanes<1>{{to_float(x[off])}}; };
   const auto load_grid = [grid](i64 off) { return to_float(grid[off]); };
   for (i64 n = 0; n < p.batch; ++n)
     for_each_point(p, [&](const i64 (&pos)[kAxes]) {
-      const PointTaps t = point_taps(p, n, pos, false, load_grid);
+      const PointTaps<K> t = point_taps<K>(p, n, pos, false, load_grid);
       for (i64 c = 0; c < p.channels; ++c)
-        y[p.y.offset(n, c, pos)] = from_float<T>(sample(p, t, n, c, load_x));
+        y[p.y.offset(n, c, pos)] = from_float<T>(sample<K, 1>(p, t, n, c, load_x).v[0]);
     });
 }
 
-template <class T>
+template <class T, int K>
 void dx_typed(const Problem& p, const T* dy, const T* grid, T* dx) {
   const auto load_grid = [grid](i64 off) { return to_float(grid[off]); };
   std::vector<float> acc(std::size_t(p.in_plane()));
@@ -47,9 +47,9 @@ void dx_typed(const Problem& p, const T* dy, const T* grid, T* dx) {
     for (i64 c = 0; c < p.channels; ++c) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for_each_point(p, [&](const i64 (&pos)[kAxes]) {
-        const PointTaps t = point_taps(p, n, pos, false, load_grid);
+        const PointTaps<K> t = point_taps<K>(p, n, pos, false, load_grid);
         const float g = to_float(dy[p.y.offset(n, c, pos)]);
-        scatter(p, t, g, [&](i64 d, i64 h, i64 w, float v) { acc[std::size_t((d * p.in[1] + h) * p.in[2] + w)] += v; });
+        scatter(t, g, [&](i64 d, i64 h, i64 w, float v) { acc[std::size_t((d * p.in[1] + h) * p.in[2] + w)] += v; });
       });
       for (i64 d = 0; d < p.in[0]; ++d)
         for (i64 h = 0; h < p.in[1]; ++h)
@@ -60,17 +60,17 @@ void dx_typed(const Problem& p, const T* dy, const T* grid, T* dx) {
     }
 }
 
-template <class T>
+template <class T, int K>
 void dgrid_typed(const Problem& p, const T* dy, const T* x, const T* grid, T* dgrid) {
   const auto load_x = [x](i64 off) { return to_float(x[off]); };
   const auto load_grid = [grid](i64 off) { return to_float(grid[off]); };
   for (i64 n = 0; n < p.batch; ++n)
     for_each_point(p, [&](const i64 (&pos)[kAxes]) {
-      const PointTaps t = point_taps(p, n, pos, true, load_grid);
+      const PointTaps<K> t = point_taps<K>(p, n, pos, true, load_grid);
       float g[kAxes] = {0.0f, 0.0f, 0.0f};
       for (i64 c = 0; c < p.channels; ++c) grid_grad(p, t, n, c, to_float(dy[p.y.offset(n, c, pos)]), load_x, g);
       const i64 base = p.dgrid.offset(n, pos);
-      for (int k = 0; k < p.dims; ++k) dgrid[base + k * p.dgrid.k] = from_float<T>(grid_grad_component(p, t, g, k));
+      store_grid_grad(p, t, g, [&](int k, float v) { dgrid[base + k * p.dgrid.k] = from_float<T>(v); });
     });
 }
 
@@ -84,7 +84,7 @@ void dispatch(DType dtype, F&& f) {
 void forward_cpu(const Problem& p, const Tensor& x, const Tensor& grid, const Tensor& y) {
   dispatch(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    forward_typed<T>(p, x.ptr<T>(), grid.ptr<T>(), y.ptr<T>());
+    with_taps(p.mode, [&](auto taps) { forward_typed<T, decltype(taps)::value>(p, x.ptr<T>(), grid.ptr<T>(), y.ptr<T>()); });
   });
 }
 
@@ -92,8 +92,11 @@ void backward_cpu(const Problem& p, const Tensor& dy, const Tensor& x, const Ten
                   const Tensor* dgrid) {
   dispatch(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (dx) dx_typed<T>(p, dy.ptr<T>(), grid.ptr<T>(), dx->ptr<T>());
-    if (dgrid) dgrid_typed<T>(p, dy.ptr<T>(), x.ptr<T>(), grid.ptr<T>(), dgrid->ptr<T>());
+    with_taps(p.mode, [&](auto taps) {
+      constexpr int K = decltype(taps)::value;
+      if (dx) dx_typed<T, K>(p, dy.ptr<T>(), grid.ptr<T>(), dx->ptr<T>());
+      if (dgrid) dgrid_typed<T, K>(p, dy.ptr<T>(), x.ptr<T>(), grid.ptr<T>(), dgrid->ptr<T>());
+    });
   });
 }
 

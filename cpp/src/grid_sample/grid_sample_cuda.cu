@@ -2,24 +2,29 @@
 //
 // forward:   one thread per (n, grid point, group of channels): the taps and weights are computed
 //            once per thread for its channels. Threads walk y in memory order: for channels-last x
-//            the channel groups (of 4) fastest, so a warp's loads and stores are adjacent channels;
-//            for channels-first x the points fastest (groups of 16 channels), so stores coalesce.
+//            the channel groups fastest, so a warp's loads and stores are adjacent channels; for
+//            channels-first x the points fastest (groups of 16 channels), so stores coalesce.
+//            Channels-last problems whose channel count and strides allow it take the vector path:
+//            each thread owns 16 bytes of adjacent channels (4 f32, 8 f16/bf16), moved as one
+//            16-byte access per tap; otherwise groups of 4 channels, one element at a time.
 // backward:  one thread per (n, grid point) over all channels in order: dgrid (one writer per point,
 //            deterministic) and, by default, dx by float32 atomicAdd into the workspace.
 //            deterministic: one thread per (n, c) plane walks the grid points in order and adds
 //            into its own plane of the workspace (one writer per element, no atomics; the CPU's
 //            order). Then one pass rounds the workspace into dx.
-// The workspace is float32, dense, channels innermost for channels-last x (coalesced across the
-// plane owners, which are adjacent channels).
+// The workspace is float32, dense, channels innermost (coalesced across the plane owners, which
+// are adjacent channels); the store walks dx in its own memory order.
 //
-// Instantiations: dtype x {forward, backward per point, dx per plane, dx store}; the mode, the
-// padding and the rank are run-time values.
+// Instantiations: dtype x taps per axis (the mode: 1, 2, 4) x {forward scalar, forward vector,
+// backward per point, dx per plane}, and dtype x the dx store; the padding and the rank are run-time values. The tap count
+// is a template parameter so that a point's taps stay in registers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/convert.cuh"
 #include "core/cuda_check.hpp"
@@ -57,24 +62,59 @@ __device__ __forceinline__ void walk_at(i64 t, const Problem& p, const Walk& w, 
   }
 }
 
+// L elements of T read or written as one access (16 bytes at most per instruction).
+template <class T, int L>
+struct alignas(sizeof(T) * L < 16 ? sizeof(T) * L : 16) Pack {
+  T v[L];
+};
+
 template <class T>
+inline constexpr int kVecLanes = 16 / int(sizeof(T));
+
+template <class T, int L>
+__device__ __forceinline__ Lanes<L> load_lanes(const T* data, i64 offset) {
+  const Pack<T, L> pack = *reinterpret_cast<const Pack<T, L>*>(data + offset);
+  Lanes<L> out;
+#pragma unroll
+  for (int l = 0; l < L; ++l) out.v[l] = core::to_float(pack.v[l]);
+  return out;
+}
+
+template <class T, int L>
+__device__ __forceinline__ void store_lanes(T* data, i64 offset, const Lanes<L>& values) {
+  Pack<T, L> pack;
+#pragma unroll
+  for (int l = 0; l < L; ++l) pack.v[l] = core::from_float<T>(values.v[l]);
+  *reinterpret_cast<Pack<T, L>*>(data + offset) = pack;
+}
+
+// One thread per (n, grid point, channel group). L > 1 (the vector path): the group is L adjacent
+// channels moved as 16-byte packs; L = 1: up to w.chunk channels one at a time.
+template <class T, int K, int L>
 __global__ void __launch_bounds__(kThreads)
     grid_sample_forward_kernel(const Problem p, const Walk w, const T* __restrict__ x, const T* __restrict__ grid,
                                T* __restrict__ y, i64 total) {
-  const auto load_x = [x](i64 off) { return core::to_float(x[off]); };
   const auto load_grid = [grid](i64 off) { return core::to_float(grid[off]); };
   for (i64 t = i64(blockIdx.x) * kThreads + threadIdx.x; t < total; t += i64(gridDim.x) * kThreads) {
     i64 n, g, o, pos[kAxes];
     walk_at(t, p, w, n, g, o);
     plane_position(p, o, pos);
-    const PointTaps taps = point_taps(p, n, pos, false, load_grid);
-    const i64 end = min_c(p.channels, (g + 1) * w.chunk);
-    for (i64 c = g * w.chunk; c < end; ++c) y[p.y.offset(n, c, pos)] = core::from_float<T>(sample(p, taps, n, c, load_x));
+    const PointTaps<K> taps = point_taps<K>(p, n, pos, false, load_grid);
+    if constexpr (L > 1) {
+      const i64 c = g * L;
+      const auto load_x = [x](i64 off) { return load_lanes<T, L>(x, off); };
+      store_lanes<T, L>(y, p.y.offset(n, c, pos), sample<K, L>(p, taps, n, c, load_x));
+    } else {
+      const auto load_x = [x](i64 off) { return Lanes<1>{{core::to_float(x[off])}}; };
+      const i64 end = min_c(p.channels, (g + 1) * w.chunk);
+      for (i64 c = g * w.chunk; c < end; ++c)
+        y[p.y.offset(n, c, pos)] = core::from_float<T>(sample<K, 1>(p, taps, n, c, load_x).v[0]);
+    }
   }
 }
 
 // One thread per (n, grid point): dgrid (when given) and the atomic dx (when ws is given).
-template <class T>
+template <class T, int K>
 __global__ void __launch_bounds__(kThreads)
     grid_sample_backward_point_kernel(const Problem p, const T* __restrict__ dy, const T* __restrict__ x,
                                       const T* __restrict__ grid, T* __restrict__ dgrid, float* __restrict__ ws,
@@ -86,26 +126,26 @@ __global__ void __launch_bounds__(kThreads)
     const i64 n = t / plane;
     i64 pos[kAxes];
     plane_position(p, t % plane, pos);
-    const PointTaps taps = point_taps(p, n, pos, dgrid != nullptr, load_grid);
+    const PointTaps<K> taps = point_taps<K>(p, n, pos, dgrid != nullptr, load_grid);
     float g[kAxes] = {0.0f, 0.0f, 0.0f};
     for (i64 c = 0; c < p.channels; ++c) {
       const float d = core::to_float(dy[p.y.offset(n, c, pos)]);
       if (dgrid) grid_grad(p, taps, n, c, d, load_x, g);
       if (ws)
-        scatter(p, taps, d, [&](i64 id, i64 ih, i64 iw, float v) {
+        scatter(taps, d, [&](i64 id, i64 ih, i64 iw, float v) {
           const i64 at[kAxes] = {id, ih, iw};
           atomicAdd(ws + p.ws.offset(n, c, at), v);
         });
     }
     if (dgrid) {
       const i64 base = p.dgrid.offset(n, pos);
-      for (int k = 0; k < p.dims; ++k) dgrid[base + k * p.dgrid.k] = core::from_float<T>(grid_grad_component(p, taps, g, k));
+      store_grid_grad(p, taps, g, [&](int k, float v) { dgrid[base + k * p.dgrid.k] = core::from_float<T>(v); });
     }
   }
 }
 
 // Deterministic dx: one thread per (n, c) plane (c fastest), the grid points in order.
-template <class T>
+template <class T, int K>
 __global__ void __launch_bounds__(kThreads)
     grid_sample_dx_plane_kernel(const Problem p, const T* __restrict__ dy, const T* __restrict__ grid,
                                 float* __restrict__ ws, i64 total) {
@@ -116,9 +156,9 @@ __global__ void __launch_bounds__(kThreads)
     for (i64 o = 0; o < plane; ++o) {
       i64 pos[kAxes];
       plane_position(p, o, pos);
-      const PointTaps taps = point_taps(p, n, pos, false, load_grid);
+      const PointTaps<K> taps = point_taps<K>(p, n, pos, false, load_grid);
       const float d = core::to_float(dy[p.y.offset(n, c, pos)]);
-      scatter(p, taps, d, [&](i64 id, i64 ih, i64 iw, float v) {
+      scatter(taps, d, [&](i64 id, i64 ih, i64 iw, float v) {
         const i64 at[kAxes] = {id, ih, iw};
         ws[p.ws.offset(n, c, at)] += v;
       });
@@ -126,7 +166,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dx = the workspace rounded to T, walked in the workspace's (dense) order.
+// dx = the workspace rounded to T, walked in dx's memory order (channels fastest for
+// channels-last x, else w fastest).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     grid_sample_dx_store_kernel(const Problem p, const float* __restrict__ ws, T* __restrict__ dx, i64 total) {
@@ -150,9 +191,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The forward's split: groups of 4 channels for channels-last x, of 16 otherwise.
-Walk walk_for(const Problem& p) {
-  const i64 chunk = std::max<i64>(1, std::min<i64>(p.channels, p.channels_last ? 4 : 16));
+// Whether a tensor's channel groups of L can be read as packs: dense channels, every other
+// stride a multiple of L, the data aligned to the pack.
+template <class T, int L>
+bool packable(const void* data, const Strides& s) {
+  if (reinterpret_cast<std::uintptr_t>(data) % alignof(Pack<T, L>) != 0) return false;
+  return s.c == 1 && s.n % L == 0 && s.sp[0] % L == 0 && s.sp[1] % L == 0 && s.sp[2] % L == 0;
+}
+
+// The forward's vector path: channels-last x and y whose channel count and strides allow packs.
+template <class T>
+bool vector_path(const Problem& p, const void* x, const void* y) {
+  constexpr int L = kVecLanes<T>;
+  return p.channels_last && p.channels % L == 0 && packable<T, L>(x, p.x) && packable<T, L>(y, p.y);
+}
+
+// The forward's split: groups of `lanes` channels on the vector path, else of 4 channels for
+// channels-last x and of 16 otherwise.
+Walk walk_for(const Problem& p, int lanes) {
+  const i64 chunk = lanes > 1 ? lanes : std::max<i64>(1, std::min<i64>(p.channels, p.channels_last ? 4 : 16));
   return Walk{(p.channels + chunk - 1) / chunk, chunk, p.channels_last};
 }
 
@@ -171,13 +228,21 @@ void dispatch(DType dtype, F&& f) {
 
 void forward_cuda(const Problem& p, const Tensor& x, const Tensor& grid, const Tensor& y, Stream stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  const Walk w = walk_for(p);
-  const i64 total = p.batch * w.groups * p.out_plane();
   dispatch(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    grid_sample_forward_kernel<T><<<blocks_for(total), kThreads, 0, s>>>(p, w, x.ptr<T>(), grid.ptr<T>(), y.ptr<T>(),
-                                                                         total);
-    RUDNN_CUDA_CHECK_LAUNCH("grid_sample_forward_kernel");
+    with_taps(p.mode, [&](auto taps) {
+      constexpr int K = decltype(taps)::value;
+      auto launch = [&](auto lanes) {
+        constexpr int L = decltype(lanes)::value;
+        const Walk w = walk_for(p, L);
+        const i64 total = p.batch * w.groups * p.out_plane();
+        grid_sample_forward_kernel<T, K, L><<<blocks_for(total), kThreads, 0, s>>>(p, w, x.ptr<T>(), grid.ptr<T>(),
+                                                                                   y.ptr<T>(), total);
+        RUDNN_CUDA_CHECK_LAUNCH("grid_sample_forward_kernel");
+      };
+      if (vector_path<T>(p, x.data, y.data)) launch(std::integral_constant<int, kVecLanes<T>>{});
+      else launch(std::integral_constant<int, 1>{});
+    });
   });
 }
 
@@ -192,17 +257,21 @@ void backward_cuda(const Problem& p, const Tensor& dy, const Tensor& x, const Te
     const i64 points = p.batch * p.out_plane();
     T* dgrid_ptr = dgrid ? dgrid->ptr<T>() : nullptr;
     float* atomic_ws = deterministic ? nullptr : ws;
-    if (points > 0 && (dgrid_ptr || atomic_ws)) {
-      grid_sample_backward_point_kernel<T><<<blocks_for(points), kThreads, 0, s>>>(
-          p, dy.ptr<T>(), x.ptr<T>(), grid.ptr<T>(), dgrid_ptr, atomic_ws, points);
-      RUDNN_CUDA_CHECK_LAUNCH("grid_sample_backward_point_kernel");
-    }
-    if (!ws) return;
     const i64 planes = p.batch * p.channels;
-    if (deterministic && points > 0) {
-      grid_sample_dx_plane_kernel<T><<<blocks_for(planes), kThreads, 0, s>>>(p, dy.ptr<T>(), grid.ptr<T>(), ws, planes);
-      RUDNN_CUDA_CHECK_LAUNCH("grid_sample_dx_plane_kernel");
-    }
+    with_taps(p.mode, [&](auto taps) {
+      constexpr int K = decltype(taps)::value;
+      if (points > 0 && (dgrid_ptr || atomic_ws)) {
+        grid_sample_backward_point_kernel<T, K><<<blocks_for(points), kThreads, 0, s>>>(
+            p, dy.ptr<T>(), x.ptr<T>(), grid.ptr<T>(), dgrid_ptr, atomic_ws, points);
+        RUDNN_CUDA_CHECK_LAUNCH("grid_sample_backward_point_kernel");
+      }
+      if (ws && deterministic && points > 0) {
+        grid_sample_dx_plane_kernel<T, K><<<blocks_for(planes), kThreads, 0, s>>>(p, dy.ptr<T>(), grid.ptr<T>(), ws,
+                                                                                  planes);
+        RUDNN_CUDA_CHECK_LAUNCH("grid_sample_dx_plane_kernel");
+      }
+    });
+    if (!ws) return;
     grid_sample_dx_store_kernel<T><<<blocks_for(ws_count), kThreads, 0, s>>>(p, ws, dx->ptr<T>(), ws_count);
     RUDNN_CUDA_CHECK_LAUNCH("grid_sample_dx_store_kernel");
   });

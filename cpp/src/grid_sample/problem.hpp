@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "pooling/problem.hpp"  // Strides, RUDNN_HD
 #include "rudnn/grid_sample.hpp"
@@ -23,9 +24,10 @@
 namespace rudnn::gs {
 
 using i64 = std::int64_t;
+using pooling::Lanes;
 using pooling::Strides;
 constexpr int kAxes = 3;
-constexpr int kMaxTaps = 4;
+constexpr int kMaxTaps = 4;  // taps per axis (bicubic)
 
 // Element strides of a grid (or dgrid): batch, the three output axes (canonical), the component axis.
 struct GridStrides {
@@ -45,7 +47,7 @@ struct Problem {
   Strides x;             // the sampled input
   Strides y;             // forward: y; backward: dy
   Strides dx;            // backward: dx
-  Strides ws;            // backward on CUDA: the float32 workspace dx accumulates in
+  Strides ws;            // backward on CUDA: the float32 workspace dx accumulates in, (n, d, h, w, c) dense
   GridStrides grid, dgrid;
   bool channels_last = false;  // x's channels are its densest axis (CUDA threads walk c fastest)
   RUDNN_HD i64 in_plane() const { return in[0] * in[1] * in[2]; }
@@ -171,99 +173,139 @@ RUDNN_HD void cubic_weight_grads(float t, float (&g)[kMaxTaps]) {
 }
 
 // ---- the taps of one grid point ----------------------------------------------------------------
+//
+// K taps per axis, a compile-time constant of the mode (nearest 1, bilinear 2, bicubic 4), so
+// that the CUDA kernels keep a point's taps in registers. A unit axis has one tap at 0 (weight
+// 1) and K - 1 outside.
 
+template <int K>
 struct AxisTaps {
-  int count = 1;
-  i64 idx[kMaxTaps] = {0, -1, -1, -1};  // input positions, -1 outside
-  float w[kMaxTaps] = {1.0f, 0.0f, 0.0f, 0.0f};
-  float dw[kMaxTaps] = {0.0f, 0.0f, 0.0f, 0.0f};  // bilinear: d w / d coordinate; bicubic: cubic_weight_grads
-  float mult = 0.0f;  // d coordinate / d grid value
+  i64 idx[K];   // input positions, -1 outside
+  float w[K];
+  float dw[K];  // bilinear: d w / d coordinate; bicubic: cubic_weight_grads
+  float mult;   // d coordinate / d grid value
 };
 
+template <int K>
+RUDNN_HD AxisTaps<K> unit_axis() {
+  AxisTaps<K> t;
+  for (int k = 0; k < K; ++k) {
+    t.idx[k] = k == 0 ? 0 : -1;
+    t.w[k] = k == 0 ? 1.0f : 0.0f;
+    t.dw[k] = 0.0f;
+  }
+  t.mult = 0.0f;
+  return t;
+}
+
+template <int K>
+constexpr GridSampleMode mode_of() {
+  return K == 1 ? GridSampleMode::nearest : K == 2 ? GridSampleMode::bilinear : GridSampleMode::bicubic;
+}
+
+// Calls f(std::integral_constant<int, K>) for the mode's K.
+template <class F>
+inline void with_taps(GridSampleMode m, F&& f) {
+  if (m == GridSampleMode::nearest) f(std::integral_constant<int, 1>{});
+  else if (m == GridSampleMode::bilinear) f(std::integral_constant<int, 2>{});
+  else f(std::integral_constant<int, 4>{});
+}
+
 // The taps along axis a of grid value g; `grads` also fills dw.
-RUDNN_HD AxisTaps axis_taps(const Problem& p, int a, float g, bool grads) {
+template <int K>
+RUDNN_HD AxisTaps<K> axis_taps(const Problem& p, int a, float g, bool grads) {
   const i64 size = p.in[a];
-  AxisTaps t;
-  float unnorm;
-  if (p.mode == GridSampleMode::bicubic) {  // padding applies to each tap's position
+  AxisTaps<K> t = unit_axis<K>();
+  if constexpr (K == 4) {  // bicubic: padding applies to each tap's position
     const float coord = unnormalize(g, size, p.align_corners, t.mult);
     const float base = floorf(coord);
     const float frac = coord - base;
     cubic_weights(frac, t.w);
     if (grads) cubic_weight_grads(frac, t.dw);
-    t.count = 4;
     for (int k = 0; k < 4; ++k) {
       float unused;
       const float pos = pad_coordinate(p, base - 1 + float(k), size, unused);
       t.idx[k] = inside(truncate_index(pos, size), size);
     }
-    return t;
+  } else {
+    float unnorm, pad_grad;
+    const float coord = pad_coordinate(p, unnormalize(g, size, p.align_corners, unnorm), size, pad_grad);
+    t.mult = unnorm * pad_grad;
+    if constexpr (K == 1) {
+      t.idx[0] = inside(nearest_index(coord, size), size);
+    } else {
+      const i64 i0 = floor_index(coord, size);
+      t.idx[0] = inside(i0, size);
+      t.idx[1] = inside(i0 + 1, size);
+      t.w[0] = float(i0 + 1) - coord;
+      t.w[1] = coord - float(i0);
+      t.dw[0] = -1.0f;
+      t.dw[1] = 1.0f;
+    }
   }
-  float pad_grad;
-  const float coord = pad_coordinate(p, unnormalize(g, size, p.align_corners, unnorm), size, pad_grad);
-  t.mult = unnorm * pad_grad;
-  if (p.mode == GridSampleMode::nearest) {
-    t.idx[0] = inside(nearest_index(coord, size), size);
-    return t;
-  }
-  const i64 i0 = floor_index(coord, size);
-  t.count = 2;
-  t.idx[0] = inside(i0, size);
-  t.idx[1] = inside(i0 + 1, size);
-  t.w[0] = float(i0 + 1) - coord;
-  t.w[1] = coord - float(i0);
-  t.dw[0] = -1.0f;
-  t.dw[1] = 1.0f;
   return t;
 }
 
+template <int K>
 struct PointTaps {
-  AxisTaps ax[kAxes];  // unit axes keep the default (one tap at 0, weight 1)
+  AxisTaps<K> ax[kAxes];
 };
 
 // The taps of grid point (n, pos); load_grid(offset) reads one grid value as float.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <class LoadGrid>
-RUDNN_HD PointTaps point_taps(const Problem& p, i64 n, const i64 (&pos)[kAxes], bool grads, const LoadGrid& load_grid) {
-  PointTaps t;
+template <int K, class LoadGrid>
+RUDNN_HD PointTaps<K> point_taps(const Problem& p, i64 n, const i64 (&pos)[kAxes], bool grads,
+                                 const LoadGrid& load_grid) {
+  PointTaps<K> t;
   const i64 base = p.grid.offset(n, pos);
-  for (int a = p.first_axis(); a < kAxes; ++a) t.ax[a] = axis_taps(p, a, load_grid(base + (kAxes - 1 - a) * p.grid.k), grads);
+  t.ax[0] = p.dims == 3 ? axis_taps<K>(p, 0, load_grid(base + 2 * p.grid.k), grads) : unit_axis<K>();
+  t.ax[1] = axis_taps<K>(p, 1, load_grid(base + p.grid.k), grads);
+  t.ax[2] = axis_taps<K>(p, 2, load_grid(base), grads);
   return t;
 }
 
 RUDNN_HD i64 spatial_offset(const Strides& s, i64 d, i64 h, i64 w) { return d * s.sp[0] + h * s.sp[1] + w * s.sp[2]; }
 
-// The sampled value of channel c at a point. load_x(offset) reads x as float; offsets are full
-// element offsets. bilinear / nearest: the corners in torch's order (w fastest), each weight the
-// product of the axes' in (w, h, d) order; bicubic: torch's nested 1-D interpolations, rows first.
+// The sampled values of channels c .. c + L - 1 at a point. load_x(offset) reads L adjacent
+// channels of x as floats (L > 1 only for CUDA's vector path); offsets are full element offsets.
+// bilinear / nearest: the corners in torch's order (w fastest), each weight the product of the
+// axes' in (w, h, d) order; bicubic: torch's nested 1-D interpolations, rows first.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <class LoadX>
-RUDNN_HD float sample(const Problem& p, const PointTaps& t, i64 n, i64 c, const LoadX& load_x) {
+template <int K, int L, class LoadX>
+RUDNN_HD Lanes<L> sample(const Problem& p, const PointTaps<K>& t, i64 n, i64 c, const LoadX& load_x) {
   const i64 base = n * p.x.n + c * p.x.c;
-  const AxisTaps &td = t.ax[0], &th = t.ax[1], &tw = t.ax[2];
-  float acc = 0.0f;
-  if (p.mode == GridSampleMode::bicubic) {
+  const AxisTaps<K>&td = t.ax[0], &th = t.ax[1], &tw = t.ax[2];
+  Lanes<L> acc;
+  for (int l = 0; l < L; ++l) acc.v[l] = 0.0f;
+  if constexpr (K == 4) {
     for (int j = 0; j < 4; ++j) {
-      float row = 0.0f;
+      Lanes<L> row;
+      for (int l = 0; l < L; ++l) row.v[l] = 0.0f;
       for (int i = 0; i < 4; ++i) {
-        const float v = th.idx[j] >= 0 && tw.idx[i] >= 0 ? load_x(base + spatial_offset(p.x, 0, th.idx[j], tw.idx[i])) : 0.0f;
-        row += v * tw.w[i];
+        Lanes<L> v;
+        if (th.idx[j] >= 0 && tw.idx[i] >= 0) {
+          v = load_x(base + spatial_offset(p.x, 0, th.idx[j], tw.idx[i]));
+        } else {
+          for (int l = 0; l < L; ++l) v.v[l] = 0.0f;
+        }
+        for (int l = 0; l < L; ++l) row.v[l] += v.v[l] * tw.w[i];
       }
-      acc += row * th.w[j];
+      for (int l = 0; l < L; ++l) acc.v[l] += row.v[l] * th.w[j];
     }
-    return acc;
+  } else {
+    for (int kd = 0; kd < K; ++kd)
+      for (int kh = 0; kh < K; ++kh)
+        for (int kw = 0; kw < K; ++kw) {
+          if (td.idx[kd] < 0 || th.idx[kh] < 0 || tw.idx[kw] < 0) continue;
+          const Lanes<L> v = load_x(base + spatial_offset(p.x, td.idx[kd], th.idx[kh], tw.idx[kw]));
+          const float w = tw.w[kw] * th.w[kh] * td.w[kd];
+          for (int l = 0; l < L; ++l) acc.v[l] += v.v[l] * w;
+        }
   }
-  for (int kd = 0; kd < td.count; ++kd)
-    for (int kh = 0; kh < th.count; ++kh)
-      for (int kw = 0; kw < tw.count; ++kw) {
-        if (td.idx[kd] < 0 || th.idx[kh] < 0 || tw.idx[kw] < 0) continue;
-        const float v = load_x(base + spatial_offset(p.x, td.idx[kd], th.idx[kh], tw.idx[kw]));
-        acc += v * (tw.w[kw] * th.w[kh] * td.w[kd]);
-      }
   return acc;
 }
 
@@ -272,59 +314,70 @@ RUDNN_HD float sample(const Problem& p, const PointTaps& t, i64 n, i64 c, const 
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <class Add>
-RUDNN_HD void scatter(const Problem& p, const PointTaps& t, float dy, const Add& add) {
-  const AxisTaps &td = t.ax[0], &th = t.ax[1], &tw = t.ax[2];
-  if (p.mode == GridSampleMode::bicubic) {
+template <int K, class Add>
+RUDNN_HD void scatter(const PointTaps<K>& t, float dy, const Add& add) {
+  const AxisTaps<K>&td = t.ax[0], &th = t.ax[1], &tw = t.ax[2];
+  if constexpr (K == 4) {
     for (int i = 0; i < 4; ++i)
       for (int j = 0; j < 4; ++j)
         if (th.idx[j] >= 0 && tw.idx[i] >= 0) add(i64(0), th.idx[j], tw.idx[i], dy * tw.w[i] * th.w[j]);
-    return;
+  } else {
+    for (int kd = 0; kd < K; ++kd)
+      for (int kh = 0; kh < K; ++kh)
+        for (int kw = 0; kw < K; ++kw) {
+          if (td.idx[kd] < 0 || th.idx[kh] < 0 || tw.idx[kw] < 0) continue;
+          add(td.idx[kd], th.idx[kh], tw.idx[kw], (tw.w[kw] * th.w[kh] * td.w[kd]) * dy);
+        }
   }
-  for (int kd = 0; kd < td.count; ++kd)
-    for (int kh = 0; kh < th.count; ++kh)
-      for (int kw = 0; kw < tw.count; ++kw) {
-        if (td.idx[kd] < 0 || th.idx[kh] < 0 || tw.idx[kw] < 0) continue;
-        add(td.idx[kd], th.idx[kh], tw.idx[kw], (tw.w[kw] * th.w[kh] * td.w[kd]) * dy);
-      }
 }
 
 // Adds channel c's contribution to the point's coordinate gradients g[a] (before the
-// d coordinate / d grid factor), as torch accumulates them.
+// d coordinate / d grid factor), as torch accumulates them. nearest's gradient is zero.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <class LoadX>
-RUDNN_HD void grid_grad(const Problem& p, const PointTaps& t, i64 n, i64 c, float dy, const LoadX& load_x,
+template <int K, class LoadX>
+RUDNN_HD void grid_grad(const Problem& p, const PointTaps<K>& t, i64 n, i64 c, float dy, const LoadX& load_x,
                         float (&g)[kAxes]) {
-  if (p.mode == GridSampleMode::nearest) return;
-  const i64 base = n * p.x.n + c * p.x.c;
-  const AxisTaps &td = t.ax[0], &th = t.ax[1], &tw = t.ax[2];
-  if (p.mode == GridSampleMode::bicubic) {
-    for (int i = 0; i < 4; ++i)
-      for (int j = 0; j < 4; ++j) {
-        const float v = th.idx[j] >= 0 && tw.idx[i] >= 0 ? load_x(base + spatial_offset(p.x, 0, th.idx[j], tw.idx[i])) : 0.0f;
-        g[2] -= v * tw.dw[i] * th.w[j] * dy;
-        g[1] -= v * th.dw[j] * tw.w[i] * dy;
-      }
+  if constexpr (K == 1) {
     return;
+  } else {
+    const i64 base = n * p.x.n + c * p.x.c;
+    const AxisTaps<K>&td = t.ax[0], &th = t.ax[1], &tw = t.ax[2];
+    if constexpr (K == 4) {
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) {
+          const float v =
+              th.idx[j] >= 0 && tw.idx[i] >= 0 ? load_x(base + spatial_offset(p.x, 0, th.idx[j], tw.idx[i])) : 0.0f;
+          g[2] -= v * tw.dw[i] * th.w[j] * dy;
+          g[1] -= v * th.dw[j] * tw.w[i] * dy;
+        }
+    } else {
+      const bool three = p.dims == 3;
+      for (int kd = 0; kd < K; ++kd)
+        for (int kh = 0; kh < K; ++kh)
+          for (int kw = 0; kw < K; ++kw) {
+            if (td.idx[kd] < 0 || th.idx[kh] < 0 || tw.idx[kw] < 0) continue;
+            const float v = load_x(base + spatial_offset(p.x, td.idx[kd], th.idx[kh], tw.idx[kw]));
+            g[2] += tw.dw[kw] * (v * th.w[kh] * td.w[kd] * dy);
+            g[1] += th.dw[kh] * (v * tw.w[kw] * td.w[kd] * dy);
+            if (three) g[0] += td.dw[kd] * (v * tw.w[kw] * th.w[kh] * dy);
+          }
+    }
   }
-  const bool three = p.dims == 3;
-  for (int kd = 0; kd < td.count; ++kd)
-    for (int kh = 0; kh < th.count; ++kh)
-      for (int kw = 0; kw < tw.count; ++kw) {
-        if (td.idx[kd] < 0 || th.idx[kh] < 0 || tw.idx[kw] < 0) continue;
-        const float v = load_x(base + spatial_offset(p.x, td.idx[kd], th.idx[kh], tw.idx[kw]));
-        g[2] += tw.dw[kw] * (v * th.w[kh] * td.w[kd] * dy);
-        g[1] += th.dw[kh] * (v * tw.w[kw] * td.w[kd] * dy);
-        if (three) g[0] += td.dw[kd] * (v * tw.w[kw] * th.w[kh] * dy);
-      }
 }
 
-// The point's grid gradient components from the accumulated g (component k: axis 2 - k).
-RUDNN_HD float grid_grad_component(const Problem& p, const PointTaps& t, const float (&g)[kAxes], int k) {
-  const int a = kAxes - 1 - k;
-  return t.ax[a].mult * g[a];
+// Stores a point's grid gradient from its accumulated g: store(k, value) for component k (axis
+// 2 - k), each the coordinate gradient times d coordinate / d grid. (Constant indices only, so
+// that the CUDA kernels keep g and the taps in registers.)
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <int K, class Store>
+RUDNN_HD void store_grid_grad(const Problem& p, const PointTaps<K>& t, const float (&g)[kAxes], const Store& store) {
+  store(0, t.ax[2].mult * g[2]);
+  store(1, t.ax[1].mult * g[1]);
+  if (p.dims == 3) store(2, t.ax[0].mult * g[0]);
 }
 
 // Output position of flat index o of the output plane (w fastest).

@@ -1,8 +1,10 @@
 // Every check of grid_sample and grid_sample_backward, run once before either backend, in
 // torch's order of concerns (check_grid_sampler_common / _2d / _3d): the input, the grid against
 // it, the mode and padding, then the outputs. Sizes are checked for int64 overflow.
+#include <cstdint>
 #include <string>
 
+#include "core/aliasing.hpp"
 #include "core/backend.hpp"
 #include "core/check.hpp"
 #include "grid_sample/problem.hpp"
@@ -119,10 +121,6 @@ GridSampleShape shape_of(const Tensor& t) {
   return s;
 }
 
-void check_output(const Tensor& t, const std::string& name) {
-  core::expect_distinct_elements(t, name);
-  core::expect_data(t, name);
-}
 
 }  // namespace
 
@@ -143,7 +141,8 @@ Problem validate_forward(const GridSampleArgs& a, bool check_outputs) {
   Problem p = problem_for(a.options, a.x, a.grid, op);
   if (check_outputs) {
     check_like(a.y, a.x, output_shape(a.x, p, a.options.layout), op + ": y", "x sampled at the grid");
-    check_output(a.y, op + ": y");
+    core::expect_data(a.y, op + ": y");
+    core::expect_outputs_apart({{a.y, op + ": y"}}, {{a.x, op + ": x"}, {a.grid, op + ": grid"}});
     p.y = strides_of(a.y, p.dims, a.options.layout);
   }
   return p;
@@ -157,25 +156,29 @@ Problem validate_backward(const GridSampleBackwardArgs& a, bool check_outputs) {
   if (!check_outputs) return p;
   if (a.dx) {
     check_like(*a.dx, a.x, shape_of(a.x), op + ": dx", "x's shape");
-    check_output(*a.dx, op + ": dx");
+    core::expect_data(*a.dx, op + ": dx");
   }
   if (a.dgrid) {
     check_like(*a.dgrid, a.x, shape_of(a.grid), op + ": dgrid", "grid's shape");
-    check_output(*a.dgrid, op + ": dgrid");
+    core::expect_data(*a.dgrid, op + ": dgrid");
     p.dgrid = grid_strides_of(*a.dgrid, p.dims);
   }
   const bool cuda = a.x.device.is_cuda();
   const i64 ws = workspace_elements(p, a.dx != nullptr, cuda);
   if (cuda) core::expect_workspace(a.workspace, a.x, "x", std::size_t(ws) * sizeof(float), op);
+  if (cuda && ws > 0 && reinterpret_cast<std::uintptr_t>(a.workspace->data) % alignof(float) != 0)
+    fail(ErrorKind::value, op + ": workspace: expected an address aligned to 4 bytes (it holds float32 sums)");
+  const Tensor* workspace = cuda && ws > 0 ? a.workspace : nullptr;  // the CPU never touches one
+  core::expect_outputs_apart({{a.dx, op + ": dx"}, {a.dgrid, op + ": dgrid"}, {workspace, op + ": workspace"}},
+                             {{a.dy, op + ": dy"}, {a.x, op + ": x"}, {a.grid, op + ": grid"}});
   if (a.dx) {
     p.dx = strides_of(*a.dx, p.dims, a.options.layout);
-    // The workspace: dense float32, channels innermost when x's are (the plane owners of the
-    // deterministic path then walk it coalesced), else (n, c, d, h, w).
-    const i64 unit = p.channels_last ? p.channels : 1;
-    p.ws.c = p.channels_last ? 1 : p.in_plane();
-    p.ws.sp[2] = unit;
-    p.ws.sp[1] = unit * p.in[2];
-    p.ws.sp[0] = unit * p.in[2] * p.in[1];
+    // The workspace: dense float32 (n, d, h, w, c), channels innermost whatever x's layout: the
+    // plane owners of the deterministic path (adjacent channels) then read and write it coalesced.
+    p.ws.c = 1;
+    p.ws.sp[2] = p.channels;
+    p.ws.sp[1] = p.channels * p.in[2];
+    p.ws.sp[0] = p.channels * p.in[2] * p.in[1];
     p.ws.n = p.channels * p.in_plane();
   }
   return p;
