@@ -264,3 +264,18 @@ def test_workspaces_are_allocated_through_the_callback_without_a_second_export()
     assert rudnn._C._workspace_alloc_check(call.workspace_alloc, 96) == (96, 0)
     assert rudnn._C._workspace_alloc_check(call.workspace_alloc, 0) == ()
     assert rudnn._C._workspace_alloc_check(None, 96) == ()
+
+
+def test_paged_outputs_apart_from_the_caches():
+    from rudnn.paged import DevicePlan, HostPlan
+    q = torch.randn(2, 2, 8)
+    k_cache, v_cache = torch.randn(3, 4, 1, 8), torch.randn(3, 4, 1, 8)
+    plan = DevicePlan.upload(HostPlan(4, 3, [[0, 1], [2]], [6, 3], [0, 1], [5, 2]), q)
+    ok = plan.attention(q, k_cache, v_cache)
+    assert ok.shape == (2, 2, 8)
+    # out= a view of the value cache: refused, the cache untouched
+    _expect(lambda: plan.attention(q, k_cache, v_cache, out=v_cache.view(-1)[:32].view(2, 2, 8)),
+            rudnn.ArgumentError, "shares memory with paged_attention: v_cache", q, k_cache, v_cache)
+    # appending rows that are a view of the cache they go into
+    _expect(lambda: plan.append(k_cache[0, :2].clone(), v_cache[1, :2], k_cache, v_cache), rudnn.ArgumentError,
+            "v_cache: shares memory with paged_append: v", k_cache)

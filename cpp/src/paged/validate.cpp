@@ -6,6 +6,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/aliasing.hpp"
 #include "core/check.hpp"
 #include "core/checked_math.hpp"
 #include "paged/problem.hpp"
@@ -198,14 +199,12 @@ void check_outputs(Problem& p, const Tensor& q, const Tensor& out, const Tensor*
   const std::string name = op + (backward ? ": dout" : ": out");
   p.out_at = check_rows(out, q, p.sched.queries, p.hq, p.dv, name,
                         p.mla ? "[queries, H, R] (q's dtype)" : "[queries, Hq, Dv] (q's dtype)");
-  if (!backward) core::expect_distinct_elements(out, name);
   p.out = out.data;
   if (lse) {
     core::expect_same_device(*lse, q, op + ": lse", "q");
     core::expect_dtype(*lse, DType::f32, op + ": lse");
     core::expect_shape(*lse, {p.sched.queries, p.hq}, op + ": lse", "([queries, heads])");
     core::expect_data(*lse, op + ": lse");
-    core::expect_distinct_elements(*lse, op + ": lse");
     p.lse = lse->ptr<float>();
     p.lse_at = RowStrides{lse->strides[0], lse->strides[1]};
   }
@@ -453,6 +452,9 @@ Problem validate_attention(const PagedAttentionArgs& a, const Tensor* workspace,
   p.causal = a.causal;
   check_outputs(p, a.q, a.out, a.lse, op, backward);
   check_splits(p, a.splits, workspace, a.q, op);
+  if (!backward)
+    core::expect_outputs_apart({{a.out, op + ": out"}, {a.lse, op + ": lse"}, {workspace, op + ": workspace"}},
+                               {{a.q, op + ": q"}, {a.k_cache, op + ": k_cache"}, {a.v_cache, op + ": v_cache"}});
   return p;
 }
 
@@ -501,6 +503,10 @@ Problem validate_mla(const PagedMlaArgs& a, const Tensor* workspace, const std::
   p.causal = a.causal;
   check_outputs(p, a.q, a.out, a.lse, op, backward);
   check_splits(p, a.splits, workspace, a.q, op);
+  if (!backward)
+    core::expect_outputs_apart({{a.out, op + ": out"}, {a.lse, op + ": lse"}, {workspace, op + ": workspace"}},
+                               {{a.q, op + ": q"}, {a.qp, op + ": qp"}, {a.latent, op + ": latent"},
+                                {a.kp, op + ": kp"}});
   return p;
 }
 
@@ -514,7 +520,6 @@ void check_grad(const Tensor* g, const Tensor& like, const Tensor& q, const std:
   core::expect_dtype_of(*g, like, name, like_name);
   core::expect_same_shape(*g, like, name, like_name);
   core::expect_last_dim_contiguous(*g, name);
-  core::expect_distinct_elements(*g, name);
   core::expect_data(*g, name);
 }
 
@@ -551,6 +556,9 @@ BackwardProblem validate_attention_backward(const PagedAttentionBackwardArgs& a)
   check_grad(a.dq, a.q, a.q, op + ": dq", "q");
   check_grad(a.dk_cache, a.k_cache, a.q, op + ": dk_cache", "k_cache");
   check_grad(a.dv_cache, a.v_cache, a.q, op + ": dv_cache", "v_cache");
+  core::expect_outputs_apart({{a.dq, op + ": dq"}, {a.dk_cache, op + ": dk_cache"}, {a.dv_cache, op + ": dv_cache"}},
+                             {{a.q, op + ": q"}, {a.k_cache, op + ": k_cache"}, {a.v_cache, op + ": v_cache"},
+                              {a.dout, op + ": dout"}, {a.dlse, op + ": dlse"}});
   b.dq = a.dq ? a.dq->data : nullptr;
   b.dk = a.dk_cache ? a.dk_cache->data : nullptr;
   b.dv = a.dv_cache ? a.dv_cache->data : nullptr;
@@ -578,6 +586,10 @@ BackwardProblem validate_mla_backward(const PagedMlaBackwardArgs& a) {
   check_grad(a.dqp, a.qp, a.q, op + ": dqp", "qp");
   check_grad(a.dlatent, a.latent, a.q, op + ": dlatent", "latent");
   check_grad(a.dkp, a.kp, a.q, op + ": dkp", "kp");
+  core::expect_outputs_apart({{a.dq, op + ": dq"}, {a.dqp, op + ": dqp"}, {a.dlatent, op + ": dlatent"},
+                              {a.dkp, op + ": dkp"}},
+                             {{a.q, op + ": q"}, {a.qp, op + ": qp"}, {a.latent, op + ": latent"}, {a.kp, op + ": kp"},
+                              {a.dout, op + ": dout"}, {a.dlse, op + ": dlse"}});
   b.dq = a.dq ? a.dq->data : nullptr;
   b.dq2 = a.dqp ? a.dqp->data : nullptr;
   b.dk = a.dlatent ? a.dlatent->data : nullptr;
@@ -610,10 +622,10 @@ AppendProblem validate_append(const PagedAppendArgs& a) {
   p.dtype = a.k.dtype;
   p.k_at = check_rows(a.k, a.k, p.sched.queries, hkv, d, op + ": k", "[queries, Hkv, D] (like k_cache)", "k");
   p.v_at = check_rows(a.v, a.k, p.sched.queries, hkv, dv, op + ": v", "[queries, Hkv, Dv] (like v_cache)", "k");
-  core::expect_distinct_elements(a.k_cache, op + ": k_cache");
-  core::expect_distinct_elements(a.v_cache, op + ": v_cache");
   if (a.k_cache.data == a.v_cache.data && a.k_cache.numel() > 0)
     fail(ErrorKind::value, op + ": v_cache: expected a cache apart from k_cache (the same memory was given twice)");
+  core::expect_outputs_apart({{a.k_cache, op + ": k_cache"}, {a.v_cache, op + ": v_cache"}},
+                             {{a.k, op + ": k"}, {a.v, op + ": v"}});
   if (!a.k.device.is_cuda()) {
     std::int64_t row = -1, of = -1;
     std::string message;
