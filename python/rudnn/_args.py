@@ -42,6 +42,15 @@ def integer(op, name, value, *, low=None, high=INT32_MAX, expected=None):
     return v
 
 
+def int64(op, name, value, expected):
+    """int(value) of an integer that libruDNN takes as int64 (sizes, strides, paddings), with its
+    own message past that range."""
+    v = integer(op, name, value, low=None, high=None, expected=expected)
+    if not -(2**63) <= v <= 2**63 - 1:
+        raise ArgumentError(f"{op}: {name}: {v} is out of the int64 range")
+    return v
+
+
 def number(op, name, value, expected):
     """float(value) of a real number (a Python or NumPy scalar, a 0-d array)."""
     if not isinstance(value, (str, bytes, bool, np.bool_)) and value is not None:

@@ -13,7 +13,6 @@ import numpy as np
 from . import _C
 from . import _frameworks as fw
 from ._args import flag, float32_number
-from ._args import number as _number  # noqa: F401 (imported from here by older family modules)
 from .errors import ArgumentError
 
 STRATEGIES = {"auto": 0, "flash": 1, "fallback": 2, "autotune": 3}

@@ -28,8 +28,9 @@ from typing import NamedTuple
 
 from . import _C
 from . import _frameworks as fw
+from ._args import int64 as _integer
 from .errors import ArgumentError, ShapeError
-from .pooling import _integer, _is_sequence, _spec, allocate, channels_last_result
+from .pooling import _is_sequence, _spec, allocate, channels_last_result
 
 _LAYOUTS = {"NCHW": (0, None), "NHWC": (1, None),
             "NCW": (0, 1), "NCL": (0, 1), "NWC": (1, 1), "NLC": (1, 1), "NCDHW": (0, 3), "NDHWC": (1, 3)}

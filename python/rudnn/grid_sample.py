@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from . import _C
 from . import _frameworks as fw
-from .attention import flag
+from ._args import flag
 from .errors import ArgumentError
 from .pooling import _spec, allocate, channels_last_result, layout_code
 

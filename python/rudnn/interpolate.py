@@ -21,9 +21,10 @@ from typing import NamedTuple
 from . import _C
 from . import _frameworks as fw
 from ._args import flag
+from ._args import int64 as _integer
 from ._args import number as _number
 from .errors import ArgumentError
-from .pooling import _integer, _is_sequence, _shape, _spec, allocate, channels_last_result, layout_code
+from .pooling import _is_sequence, _shape, _spec, allocate, channels_last_result, layout_code
 
 MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "bicubic", "area")  # the C++ codes' order
 

@@ -32,7 +32,8 @@ import numpy as np
 
 from . import _C
 from . import _frameworks as fw
-from .attention import _number, flag
+from ._args import flag
+from ._args import number as _number
 from .errors import ArgumentError, DeviceError, DTypeError, ShapeError, UnsupportedError
 
 __all__ = ["HostPlan", "DevicePlan", "SplitWorkspace"]

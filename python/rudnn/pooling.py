@@ -16,7 +16,6 @@ forward's, passed by keyword.
 
 from __future__ import annotations
 
-import operator
 from typing import NamedTuple
 
 import numpy as np
@@ -24,11 +23,11 @@ import numpy as np
 from . import _C
 from . import _frameworks as fw
 from ._args import flag
+from ._args import int64 as _integer
 from .errors import ArgumentError, ShapeError
 
 _LAYOUTS = {"NCHW": 0, "NHWC": 1}
 _ADAPTIVE_AVG, _ADAPTIVE_MAX = 0, 1
-_INT64 = (-(2**63), 2**63 - 1)
 
 
 class Window(NamedTuple):
@@ -61,18 +60,6 @@ def _jax():
     from . import jax as rudnn_jax
 
     return rudnn_jax
-
-
-def _integer(op, name, v, what):
-    try:
-        if isinstance(v, (bool, np.bool_)):
-            raise TypeError
-        i = operator.index(v)
-    except TypeError:
-        raise ArgumentError(f"{op}: {name}: expected {what}, got {v!r}") from None
-    if not _INT64[0] <= i <= _INT64[1]:
-        raise ArgumentError(f"{op}: {name}: {i} is out of the int64 range")
-    return i
 
 
 def _is_sequence(v):

@@ -21,7 +21,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _C
-from ..attention import flag as _flag
+from .._args import flag as _flag
 from ..attention import options as _options
 from ..errors import UnsupportedError
 from . import _ffi

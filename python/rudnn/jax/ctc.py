@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import ctc as _ctc
-from ..attention import flag as _flag
+from .._args import flag as _flag
 from . import _ffi
 
 __all__ = ["ctc_loss", "ctc_loss_backward"]

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import pooling as _pool
-from ..attention import flag
+from .._args import flag
 from ..errors import DTypeError, ShapeError
 from . import _ffi
 

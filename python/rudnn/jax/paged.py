@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import paged as _paged
-from ..attention import _number
-from ..attention import flag as _flag
+from .._args import number as _number
+from .._args import flag as _flag
 from ..errors import ArgumentError, UnsupportedError
 from . import _ffi
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import pooling as _pool
-from ..attention import flag as _flag
+from .._args import flag as _flag
 from . import _ffi
 
 __all__ = ["max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool", "max_pool_backward",

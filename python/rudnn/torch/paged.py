@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from .. import paged as _paged
-from ..attention import flag as _flag
-from ..attention import _number
+from .._args import flag as _flag
+from .._args import number as _number
 from ..errors import ArgumentError, UnsupportedError
 
 __all__ = ["attention", "mla", "append"]
