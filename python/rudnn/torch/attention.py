@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..attention import attention as _attention_eager
 from ..attention import attention_backward as _attention_backward_eager
-from ..attention import flag as _flag
+from .._args import flag as _flag
 from ..attention import _shapes  # (out shape, lse shape); placeholders for wrong ranks
 from ..attention import options as _options
 from ..errors import UnsupportedError

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .. import pooling as _pool
-from ..attention import flag
+from .._args import flag
 
 # The module: the package attribute rudnn.grid_sample is the function of the same name.
 _gs = importlib.import_module("..grid_sample", __package__)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .. import pooling as _pool
-from ..attention import flag as _flag
+from .._args import flag as _flag
 
 _MAX, _AVG = _pool._ADAPTIVE_MAX, _pool._ADAPTIVE_AVG
 
