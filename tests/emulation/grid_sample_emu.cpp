@@ -23,6 +23,7 @@
 #include "emu_keywords.hpp"
 
 #include "core/convert.cuh"
+#include "pooling/lanes.cuh"
 
 // CUDA's float atomicAdd for the emulated threads.
 inline float atomicAdd(float* address, float value) { return std::atomic_ref<float>(*address).fetch_add(value); }

@@ -18,6 +18,7 @@
 #include "emu_keywords.hpp"
 
 #include "core/convert.cuh"
+#include "pooling/lanes.cuh"
 
 // namespace rudnn::interp { namespace emu_k { ...the kernels of interpolate_cuda.cu... } }
 #include "kernels.inc"

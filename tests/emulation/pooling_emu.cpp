@@ -19,6 +19,7 @@
 #include "emu_keywords.hpp"
 
 #include "core/convert.cuh"
+#include "pooling/lanes.cuh"
 
 // namespace rudnn::pooling { namespace emu_k { ...the kernels of pooling_cuda.cu... } }
 #include "kernels.inc"
@@ -91,7 +92,7 @@ void emu_backward(const BackwardProblem& p, const Tensor& dy, const IndexArray& 
 bool run_forward_kernel(const ForwardProblem& p, const Tensor& x, const Tensor& y, const Tensor* indices) {
   return device_types(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    constexpr int L = emu_k::kVecLanes<T>;
+    constexpr int L = kVecLanes<T>;
     const IndexArray idx{indices ? indices->data : nullptr, p.indices_i32};
     const bool vector = emu_k::forward_vector_path<T>(p, x.data, y.data, idx);
     if (p.g.max) vector ? emu_forward<T, true, L>(p, x, y, idx) : emu_forward<T, true, 1>(p, x, y, idx);
@@ -103,7 +104,7 @@ bool run_forward_kernel(const ForwardProblem& p, const Tensor& x, const Tensor& 
 bool run_backward_kernel(const BackwardProblem& p, const Tensor& dy, const Tensor* indices, const Tensor& dx) {
   return device_types(dx.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    constexpr int L = emu_k::kVecLanes<T>;
+    constexpr int L = kVecLanes<T>;
     const IndexArray idx{indices ? indices->data : nullptr, p.indices_i32};
     const bool vector = emu_k::backward_vector_path<T>(p, dy.data, dx.data, idx);
     if (p.g.max) vector ? emu_backward<T, true, L>(p, dy, idx, dx) : emu_backward<T, true, 1>(p, dy, idx, dx);

@@ -21,6 +21,7 @@
 #include "core/cuda_check.hpp"
 #include "core/device.hpp"
 #include "core/dispatch.hpp"
+#include "pooling/lanes.cuh"
 #include "interpolate/problem.hpp"
 
 namespace rudnn::interp {
@@ -30,14 +31,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;  // grid-stride loops over a grid of 8 blocks (2048 threads) per SM
 
-// L elements of T read or written as one access (16 bytes at most per instruction).
-template <class T, int L>
-struct alignas(sizeof(T) * L < 16 ? sizeof(T) * L : 16) Pack {
-  T v[L];
-};
-
-template <class T>
-inline constexpr int kVecLanes = 16 / int(sizeof(T));
+// The 16-byte channel packs (pooling/lanes.cuh).
+using pooling::kVecLanes;
+using pooling::load_lanes;
+using pooling::Pack;
+using pooling::store_lanes;
 
 // The sizes of the grid a kernel walks: (batch, channel groups of L, *size), in memory order.
 struct Grid {
@@ -67,23 +65,6 @@ __device__ __forceinline__ Element element_at(i64 t, const Grid& g) {
   }
   e.n = t;
   return e;
-}
-
-template <class T, int L>
-__device__ __forceinline__ Lanes<L> load_lanes(const T* data, i64 offset) {
-  const Pack<T, L> pack = *reinterpret_cast<const Pack<T, L>*>(data + offset);
-  Lanes<L> out;
-#pragma unroll
-  for (int l = 0; l < L; ++l) out.v[l] = core::to_float(pack.v[l]);
-  return out;
-}
-
-template <class T, int L>
-__device__ __forceinline__ void store_lanes(T* data, i64 offset, const Lanes<L>& values) {
-  Pack<T, L> pack;
-#pragma unroll
-  for (int l = 0; l < L; ++l) pack.v[l] = core::from_float<T>(values.v[l]);
-  *reinterpret_cast<Pack<T, L>*>(data + offset) = pack;
 }
 
 // One thread per output element (L channels of it).
