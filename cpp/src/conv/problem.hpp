@@ -8,15 +8,8 @@
 
 #include <cstdint>
 
+#include "pooling/problem.hpp"  // Strides, RUDNN_HD
 #include "rudnn/conv.hpp"
-
-#if !defined(RUDNN_HD)
-#if defined(__CUDACC__)
-#define RUDNN_HD __host__ __device__ __forceinline__
-#else
-#define RUDNN_HD inline
-#endif
-#endif
 
 namespace rudnn::conv {
 
@@ -24,14 +17,10 @@ using i64 = std::int64_t;
 constexpr int kAxes = kMaxConvDims;
 
 // Element strides of an activation (x, y, dy, dx) in the canonical order (n, c, d, h, w), or of
-// a weight in the order (out channel, in channel, kd, kh, kw), whatever the layout.
-struct Strides {
-  i64 n = 0, c = 0;
-  i64 sp[kAxes] = {0, 0, 0};
-  RUDNN_HD i64 offset(i64 n_, i64 c_, const i64 (&pos)[kAxes]) const {
-    return n_ * n + c_ * c + pos[0] * sp[0] + pos[1] * sp[1] + pos[2] * sp[2];
-  }
-};
+// a weight in the order (out channel, in channel, kd, kh, kw), whatever the layout: the spatial
+// families' one strides struct (pooling/problem.hpp).
+static_assert(kAxes == pooling::kAxes, "conv and pooling share their three spatial axes");
+using pooling::Strides;
 
 struct Geometry {
   i64 batch = 1, in_channels = 1, out_channels = 1, groups = 1;
