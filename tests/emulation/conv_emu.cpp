@@ -25,6 +25,8 @@
 // namespace rudnn::conv { namespace emu_k { ...the kernels of conv_direct_cuda.cu... } }
 #include "kernels.inc"
 
+#include "emu_arrays.hpp"
+
 namespace {
 
 using namespace rudnn;
@@ -32,38 +34,12 @@ using namespace rudnn::conv;
 
 constexpr unsigned kEmuBlocks = 3;
 
-struct Array {
-  Tensor t;
-  std::vector<std::uint64_t> storage;
-};
+using emu::Array;
+using emu::dims_of;
+using emu::make;
+using emu::same_bytes;
 
-Array make(DType dtype, const std::vector<i64>& shape, std::uint32_t seed, bool fill = true) {
-  Array a;
-  i64 n = 1;
-  for (i64 d : shape) n *= d;
-  a.storage.assign(std::size_t(n) + 2, 0);
-  a.t = Tensor::contiguous(a.storage.data(), dtype, Device{}, shape.data(), int(shape.size()));
-  std::uint32_t state = seed * 2654435761u + 1;
-  for (i64 i = 0; fill && i < n; ++i) {
-    state = state * 1664525u + 1013904223u;
-    const float v = float(int(state >> 24) - 128) / 64.0f;
-    switch (dtype) {
-      case DType::f32: a.t.ptr<float>()[i] = v; break;
-      case DType::f16: a.t.ptr<host::f16>()[i] = host::from_float<host::f16>(v); break;
-      case DType::bf16: a.t.ptr<host::bf16>()[i] = host::from_float<host::bf16>(v); break;
-      default: break;
-    }
-  }
-  return a;
-}
 
-std::vector<i64> dims_of(const ConvShape& s) { return std::vector<i64>(s.dims, s.dims + s.rank); }
-std::vector<i64> dims_of(const Tensor& t) { return std::vector<i64>(t.shape, t.shape + t.rank); }
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  const std::size_t bytes = std::size_t(a.numel()) * dtype_size(a.dtype);
-  return bytes == std::size_t(b.numel()) * dtype_size(b.dtype) && std::memcmp(a.data, b.data, bytes) == 0;
-}
 
 template <class F>
 decltype(auto) device_types(DType dtype, F&& f) {

@@ -1,4 +1,4 @@
-// Host arrays of the spatial-family emulators (pooling, interpolate, ...): dense tensors filled
+// Host arrays of the spatial-family emulators (pooling, interpolate, conv, grid_sample): dense tensors filled
 // with multiples of 1/64 in [-2, 2) (exact in bf16, with ties for max pooling's first-maximum
 // rule), and the bitwise comparison the emulators judge the kernels by. Include after
 // core/convert.cuh (host f16/bf16).
@@ -17,8 +17,10 @@ struct Array {
   std::vector<std::uint64_t> storage;  // 8 bytes per element: room for every dtype, 16-byte aligned
 };
 
-// A dense array of `shape` (in the order its layout gives), filled unless `fill` is false.
-inline Array make(DType dtype, const std::vector<std::int64_t>& shape, std::uint32_t seed, bool fill = true) {
+// A dense array of `shape` (in the order its layout gives), filled unless `fill` is false, its
+// values times `scale`.
+inline Array make(DType dtype, const std::vector<std::int64_t>& shape, std::uint32_t seed, bool fill = true,
+                  float scale = 1.0f) {
   Array a;
   std::int64_t n = 1;
   for (std::int64_t d : shape) n *= d;
@@ -27,7 +29,7 @@ inline Array make(DType dtype, const std::vector<std::int64_t>& shape, std::uint
   std::uint32_t state = seed * 2654435761u + 1;
   for (std::int64_t i = 0; fill && i < n; ++i) {
     state = state * 1664525u + 1013904223u;
-    const float v = float(int(state >> 24) - 128) / 64.0f;
+    const float v = float(int(state >> 24) - 128) / 64.0f * scale;
     switch (dtype) {
       case DType::f32: a.t.ptr<float>()[i] = v; break;
       case DType::f16: a.t.ptr<host::f16>()[i] = host::from_float<host::f16>(v); break;
