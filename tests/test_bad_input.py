@@ -36,7 +36,8 @@ def _expect(call, exc, message, *kept):
 @pytest.mark.parametrize("device", DEVICES)
 def test_attention_out_is_an_input(device):
     q, k, v = _qkv(device)
-    _expect(lambda: rudnn.attention(q, k, v, out=v), rudnn.ArgumentError, "attention: out: shares memory with attention: v",
+    _expect(lambda: rudnn.attention(q, k, v, out=v), rudnn.ArgumentError,
+            "attention: out: shares memory with attention: v",
             q, k, v)
 
 
@@ -156,7 +157,8 @@ def _gd():
     (lambda: rudnn.attention(*_qkv("cpu"), softcap=1e-300),
      "attention: softcap: expected a finite value > 0 (or None) that float32 can hold (|value| >= "),
     (lambda: rudnn.rms_norm(_rows("cpu"), eps=1e-300), "rms_norm: eps: expected a finite value > 0 that float32"),
-    (lambda: rudnn.gated_delta_rule(*_gd(), scale=1e39), "gated_delta_rule: scale: expected a finite value that float32"),
+    (lambda: rudnn.gated_delta_rule(*_gd(), scale=1e39),
+     "gated_delta_rule: scale: expected a finite value that float32"),
     # item 9: integers past int32 (a nanobind dump before)
     (lambda: rudnn.chunk_gated_delta_rule(*_gd(), scale=0.5, chunk_size=2**40),
      "chunk_gated_delta_rule: chunk_size: expected an integer in [1, 2^31 - 1], got 1099511627776"),
@@ -279,3 +281,24 @@ def test_paged_outputs_apart_from_the_caches():
     # appending rows that are a view of the cache they go into
     _expect(lambda: plan.append(k_cache[0, :2].clone(), v_cache[1, :2], k_cache, v_cache), rudnn.ArgumentError,
             "v_cache: shares memory with paged_append: v", k_cache)
+
+
+def test_every_public_function_has_a_docstring():
+    # issue 27 usability: ten public functions had none (rudnn.torch.*_backward and others)
+    import importlib
+    import inspect
+    families = ["moe", "paged", "norm", "attention", "conv", "grid_sample", "pooling", "interpolate", "ctc",
+                "gated_delta"]
+    modules = ["rudnn", "rudnn.moe", "rudnn.paged", "rudnn.torch", "rudnn.jax"]
+    modules += [f"rudnn.{api}.{f}" for api in ("torch", "jax") for f in families]
+    missing = []
+    for name in modules:
+        m = importlib.import_module(name)
+        for attr in getattr(m, "__all__", [a for a in dir(m) if not a.startswith("_")]):
+            o = getattr(m, attr)
+            members = [(attr, o)] if inspect.isfunction(o) or inspect.isclass(o) else []
+            if inspect.isclass(o):
+                members += [(f"{attr}.{k}", v) for k, v in vars(o).items()
+                            if not k.startswith("_") and inspect.isfunction(v)]
+            missing += [f"{name}.{n}" for n, f in members if not (f.__doc__ or "").strip()]
+    assert not missing, sorted(set(missing))

@@ -109,7 +109,8 @@ def _storage_bytes(t):
 
 def check_call(family, op, call, oracle, inputs, out=None):
     """Runs call(); checks the properties; records the outcome under `family`."""
-    kept = [(t, _storage_bytes(t)) for t in inputs if isinstance(t, torch.Tensor) and (out is None or not _shares(t, out))]
+    kept = [(t, _storage_bytes(t)) for t in inputs
+            if isinstance(t, torch.Tensor) and (out is None or not _shares(t, out))]
     try:
         result = call()
     except rudnn.Error as e:
@@ -168,7 +169,8 @@ def fuzz_norm(examples):
             oracle = lambda: torch.softmax(x64, -1)
         elif op == "rms_norm":
             call = lambda: rudnn.rms_norm(x, w, eps, out=out)
-            oracle = lambda: x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * (1 if w is None else w.double())
+            oracle = lambda: (x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+                              * (1 if w is None else w.double()))
         else:
             call = lambda: rudnn.layer_norm(x, w, None, eps, out=out)
             oracle = lambda: F.layer_norm(x64, (H,), None if w is None else w.double(), None, eps)

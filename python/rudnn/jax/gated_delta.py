@@ -159,6 +159,7 @@ def chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_stat
 @_ffi.raises_rudnn_errors
 def gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None, dfinal_state=None, *, scale,
                               cu_seqlens=None, stream=None):
+    """rudnn.gated_delta_rule_backward for JAX arrays (jit-able; its arguments and results)."""
     del stream
     return _backward("gated_delta_rule_backward", _RECURRENT, dout, q, k, v, beta, log_decay, initial_state,
                      dfinal_state, scale, 64, cu_seqlens)

@@ -118,6 +118,8 @@ def selected_router_weights(logits, indices, scoring="softmax", renormalize=True
 
 @_ffi.raises_rudnn_errors
 def selected_router_backward(logits, indices, grad_weights, scoring="softmax", renormalize=True, scale=1.0):
+    """rudnn.moe.selected_router_backward for JAX arrays (jit-able): d loss / d logits [T, E]
+    in the logits dtype, given d loss / d weights [T, k] of selected_router_weights."""
     op = "moe.selected_router_backward"
     code = _choice(_SCORINGS, scoring, op, "scoring")
     logits, indices, grad_weights = _ready(op, logits=logits, indices=indices, grad_weights=grad_weights)
@@ -299,6 +301,8 @@ def moe_layer(x, logits, gate, up, down, *, top_k, renormalize=True, strategy="a
 @_ffi.raises_rudnn_errors
 def moe_layer_sigmoid_grouped(x, logits, gate, up, down, bias=None, *, top_k, groups, selected_groups,
                               group_top_two=True, renormalize=True, scale=1.0, strategy="auto"):
+    """route_sigmoid_grouped (DeepSeek-V3 routing) -> dispatch -> SwiGLU experts -> combine;
+    differentiable in x, logits (through the selected experts' weights), gate, up and down."""
     indices, _ = route_sigmoid_grouped(logits, bias, top_k=top_k, groups=groups, selected_groups=selected_groups,
                                        group_top_two=group_top_two, renormalize=renormalize, scale=scale)
     return _layer(x, logits, gate, up, down, indices, "sigmoid", renormalize, scale, strategy)

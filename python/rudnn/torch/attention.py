@@ -112,6 +112,8 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
 def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=None, causal=False, window=None,
                        softcap=None, cu_seqlens_q=None, cu_seqlens_k=None, deterministic=False, strategy="auto",
                        dlse=None, stream=None):
+    """rudnn.attention_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _attention_backward_eager(dout, q, k, v, out, lse, mask=mask, bias=bias, scale=scale,
                                          causal=causal, window=window, softcap=softcap,

@@ -116,6 +116,8 @@ def conv(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, layout="NCH
 
 def conv_data_backward(dy, w, x_shape, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", strategy="auto", *,
                        stream=None):
+    """rudnn.conv_data_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _conv.conv_data_backward(dy, w, x_shape, stride, padding, dilation, groups, layout, strategy,
                                         stream=stream)
@@ -128,6 +130,8 @@ def conv_data_backward(dy, w, x_shape, stride=1, padding=0, dilation=1, groups=1
 
 def conv_weight_backward(dy, x, w_shape, stride=1, padding=0, dilation=1, groups=1, layout="NCHW", strategy="auto",
                          *, stream=None):
+    """rudnn.conv_weight_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _conv.conv_weight_backward(dy, x, w_shape, stride, padding, dilation, groups, layout, strategy,
                                           stream=stream)
@@ -139,6 +143,8 @@ def conv_weight_backward(dy, x, w_shape, stride=1, padding=0, dilation=1, groups
 
 
 def conv_bias_backward(dy, layout="NCHW", *, stream=None):
+    """rudnn.conv_bias_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _conv.conv_bias_backward(dy, layout, stream=stream)
     op = "rudnn.torch.conv_bias_backward"

@@ -81,6 +81,8 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reducti
 
 def ctc_loss_backward(dloss, log_probs, targets, input_lengths, target_lengths, *, blank=0, reduction="mean",
                       zero_infinity=False, stream=None):
+    """rudnn.ctc_loss_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _ctc.ctc_loss_backward(dloss, log_probs, targets, input_lengths, target_lengths, blank=blank,
                                       reduction=reduction, zero_infinity=zero_infinity, stream=stream)

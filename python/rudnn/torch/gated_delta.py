@@ -105,6 +105,8 @@ def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_
 
 def chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None, dfinal_state=None, *, scale,
                                     chunk_size=64, cu_seqlens=None, stream=None):
+    """rudnn.chunk_gated_delta_rule_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _gd.chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state, dfinal_state,
                                                    scale=scale, chunk_size=chunk_size, cu_seqlens=cu_seqlens,
@@ -117,6 +119,8 @@ def chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_stat
 
 def gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None, dfinal_state=None, *, scale,
                               cu_seqlens=None, stream=None):
+    """rudnn.gated_delta_rule_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _gd.gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state, dfinal_state, scale=scale,
                                              cu_seqlens=cu_seqlens, stream=stream)

@@ -66,8 +66,9 @@ def route_sigmoid_grouped(logits, bias=None, *, top_k, groups, selected_groups, 
     """DeepSeek-V3 grouped sigmoid routing: (expert_indices, weights); no gradient."""
     op = "moe.route_sigmoid_grouped"
     return _route_sigmoid_grouped(logits, bias, integer(op, "top_k", top_k), integer(op, "groups", groups),
-                                  integer(op, "selected_groups", selected_groups), flag(op, "group_top_two", group_top_two),
-                                  flag(op, "renormalize", renormalize), float32_number(op, "scale", scale, "a finite value > 0"))
+                                  integer(op, "selected_groups", selected_groups),
+                                  flag(op, "group_top_two", group_top_two), flag(op, "renormalize", renormalize),
+                                  float32_number(op, "scale", scale, "a finite value > 0"))
 
 
 # ---- differentiable router weights --------------------------------------------------------------
@@ -119,6 +120,8 @@ def selected_router_weights(logits, indices, scoring="softmax", renormalize=True
 
 
 def selected_router_backward(logits, indices, grad_weights, scoring="softmax", renormalize=True, scale=1.0):
+    """rudnn.moe.selected_router_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     code = _moe._choice(_SCORING, scoring, "moe.selected_router_backward", "scoring")
     op = "moe.selected_router_backward"
     return _selected_router_backward(logits, indices, grad_weights, code, flag(op, "renormalize", renormalize),

@@ -107,7 +107,8 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, residual=None, return_sta
     if out is not None or stream is not None:
         return _norm.layer_norm(x, weight, bias, eps, residual=residual, return_stats=return_stats, out=out,
                                 stream=stream)
-    y, h, mean, rstd = _norm_forward(x, weight, bias, residual, float32_number("layer_norm", "eps", eps, "a finite value > 0"), _LAYER)
+    eps = float32_number("layer_norm", "eps", eps, "a finite value > 0")
+    y, h, mean, rstd = _norm_forward(x, weight, bias, residual, eps, _LAYER)
     return _norm_result(_LAYER, y, h, mean, rstd, residual, flag("layer_norm", "return_stats", return_stats))
 
 
@@ -115,11 +116,14 @@ def rms_norm(x, weight=None, eps=1e-6, *, residual=None, return_stats=False, out
     """rudnn.rms_norm as a differentiable, torch.compile-able custom op."""
     if out is not None or stream is not None:
         return _norm.rms_norm(x, weight, eps, residual=residual, return_stats=return_stats, out=out, stream=stream)
-    y, h, mean, rstd = _norm_forward(x, weight, None, residual, float32_number("rms_norm", "eps", eps, "a finite value > 0"), _RMS)
+    eps = float32_number("rms_norm", "eps", eps, "a finite value > 0")
+    y, h, mean, rstd = _norm_forward(x, weight, None, residual, eps, _RMS)
     return _norm_result(_RMS, y, h, mean, rstd, residual, flag("rms_norm", "return_stats", return_stats))
 
 
 def layer_norm_backward(dy, x, weight, mean, rstd, *, stream=None):
+    """rudnn.layer_norm_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _norm.layer_norm_backward(dy, x, weight, mean, rstd, stream=stream)
     dx, dweight, dbias = _norm_backward(dy, x, weight, mean, rstd, _LAYER)
@@ -127,6 +131,8 @@ def layer_norm_backward(dy, x, weight, mean, rstd, *, stream=None):
 
 
 def rms_norm_backward(dy, x, weight, rstd, *, stream=None):
+    """rudnn.rms_norm_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _norm.rms_norm_backward(dy, x, weight, rstd, stream=stream)
     dx, dweight, _ = _norm_backward(dy, x, weight, None, rstd, _RMS)
@@ -176,6 +182,8 @@ def softmax(x, *, out=None, stream=None):
 
 
 def softmax_backward(dy, y, *, stream=None):
+    """rudnn.softmax_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _norm.softmax_backward(dy, y, stream=stream)
     return _softmax_backward(dy, y)

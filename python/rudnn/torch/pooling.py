@@ -224,6 +224,8 @@ def adaptive_max_pool(x, output_size, return_indices=False, *, layout="NCHW", ou
 
 def max_pool_backward(dy, x, indices, *, kernel, stride=None, padding=0, dilation=1, ceil_mode=False,
                       return_indices=None, layout="NCHW", stream=None):
+    """rudnn.max_pool_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _pool.max_pool_backward(dy, x, indices, kernel=kernel, stride=stride, padding=padding,
                                        dilation=dilation, ceil_mode=ceil_mode, layout=layout, stream=stream)
@@ -234,6 +236,8 @@ def max_pool_backward(dy, x, indices, *, kernel, stride=None, padding=0, dilatio
 
 def avg_pool_backward(dy, x_shape, *, kernel, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                       divisor_override=None, layout="NCHW", stream=None):
+    """rudnn.avg_pool_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _pool.avg_pool_backward(dy, x_shape, kernel=kernel, stride=stride, padding=padding,
                                        ceil_mode=ceil_mode, count_include_pad=count_include_pad,
@@ -245,6 +249,8 @@ def avg_pool_backward(dy, x_shape, *, kernel, stride=None, padding=0, ceil_mode=
 
 
 def adaptive_avg_pool_backward(dy, x_shape, *, output_size=None, layout="NCHW", stream=None):
+    """rudnn.adaptive_avg_pool_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _pool.adaptive_avg_pool_backward(dy, x_shape, output_size=output_size, layout=layout, stream=stream)
     op = "rudnn.torch.adaptive_avg_pool_backward"
@@ -255,6 +261,8 @@ def adaptive_avg_pool_backward(dy, x_shape, *, output_size=None, layout="NCHW", 
 
 def adaptive_max_pool_backward(dy, x, indices, *, output_size=None, return_indices=None, layout="NCHW",
                                stream=None):
+    """rudnn.adaptive_max_pool_backward as a torch custom op: torch.compile-able, the same arguments and
+    results (no double backward)."""
     if stream is not None:
         return _pool.adaptive_max_pool_backward(dy, x, indices, output_size=output_size, layout=layout,
                                                 stream=stream)
