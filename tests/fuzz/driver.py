@@ -337,8 +337,60 @@ def fuzz_conv(examples):
     case()
 
 
+def fuzz_grid_sample(examples):
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        rank = data.draw(st.sampled_from([4, 4, 5]))
+        N, C = data.draw(st.integers(0, 2)), data.draw(st.integers(1, 3))
+        spatial = tuple(data.draw(st.integers(1, 5)) for _ in range(rank - 2))
+        x = data.draw(arrays((N, C) + spatial))
+        out_sp = tuple(data.draw(st.integers(1, 4)) for _ in range(rank - 2))
+        gshape = (N,) + out_sp + (data.draw(st.sampled_from([rank - 2] * 5 + [rank - 1])),)
+        grid = data.draw(arrays(gshape, dtypes=[x.dtype] * 4 + DTYPES))
+        mode = data.draw(st.sampled_from(["bilinear", "nearest", "bicubic"] * 2 + ["linear", 1]))
+        padding_mode = data.draw(st.sampled_from(["zeros", "border", "reflection"] * 2 + ["wrap"]))
+        align = data.draw(st.sampled_from([False, True] * 3 + ["no"]))
+        call = lambda: rudnn.grid_sample(x, grid, mode, padding_mode, align)
+        oracle = lambda: F.grid_sample(x.double(), grid.double(), mode, padding_mode, align)
+        check_call("grid_sample", "grid_sample", call, oracle, [x, grid])
+
+    case()
+
+
+def fuzz_ctc(examples):
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        T, N, C = data.draw(st.integers(1, 8)), data.draw(st.integers(1, 3)), data.draw(st.integers(2, 5))
+        log_probs = data.draw(arrays((T, N, C))).float().log_softmax(-1).to(
+            data.draw(st.sampled_from(FLOATS * 2 + [torch.float64])))
+        S = data.draw(st.integers(0, 4))
+        blank = data.draw(st.sampled_from([0] * 4 + [C - 1, C, -1]))
+        g = torch.Generator().manual_seed(data.draw(st.integers(0, 999)))
+        labels = [c for c in range(C) if c != blank] or [0]
+        targets = torch.tensor(labels)[torch.randint(len(labels), (N, S), generator=g)]
+        if data.draw(st.integers(0, 9)) == 0:
+            targets = targets.float()
+        input_lengths = torch.randint(0, T + 1, (N,), generator=g)
+        target_lengths = torch.randint(0, S + 1, (N,), generator=g)
+        if data.draw(st.integers(0, 9)) == 0:
+            target_lengths[0] = S + 1  # longer than the padded targets
+        reduction = data.draw(st.sampled_from(["mean", "sum", "none"] * 2 + ["avg"]))
+        zero_inf = data.draw(st.sampled_from([False, True] * 3 + [0]))
+        call = lambda: rudnn.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_inf)
+        oracle = lambda: F.ctc_loss(log_probs.double(), targets, input_lengths, target_lengths, blank, reduction,
+                                    zero_inf)
+        check_call("ctc", "ctc_loss", call, oracle, [log_probs, targets, input_lengths, target_lengths])
+
+    case()
+
+
 FAMILIES = {"norm": fuzz_norm, "pooling": fuzz_pooling, "interpolate": fuzz_interpolate,
-            "attention": fuzz_attention, "moe": fuzz_moe, "conv": fuzz_conv}
+            "attention": fuzz_attention, "moe": fuzz_moe, "conv": fuzz_conv, "grid_sample": fuzz_grid_sample,
+            "ctc": fuzz_ctc}
 
 
 def main(argv=None):
