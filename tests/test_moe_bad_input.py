@@ -88,3 +88,35 @@ def test_combine_refuses_rows_outside_y():
     rows[1, 1] = -1
     with pytest.raises(rudnn.ArgumentError, match=r"moe.combine_backward: row_of_slot\[1, 1\]: .* got -1"):
         moe._combine_backward(y, torch.randn(3, H), rows, w, 0, None)
+
+
+def test_the_torch_and_jax_moe_modules_have_the_same_functions():
+    # issue 27 usability: rudnn.torch.moe lacked the backward steps rudnn.jax.moe has
+    import rudnn.jax as rj
+    assert sorted(rt.moe.__all__) == sorted(rj.moe.__all__)
+
+
+def test_torch_backward_steps_match_autograd():
+    gate, up, down = (w.requires_grad_() for w in _weights())
+    x = _x().requires_grad_()
+    offsets = torch.tensor([0, 2, 4], dtype=torch.int32)
+    y = rt.moe.swiglu_experts(x, offsets, gate, up, down)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    y2, a, b = rt.moe.swiglu_experts_training(x.detach(), offsets, gate.detach(), up.detach(), down.detach())
+    torch.testing.assert_close(y2, y.detach(), rtol=0, atol=0)
+    dx, dgate, dup, ddown = rt.moe.swiglu_experts_backward(dy, x.detach(), offsets, gate.detach(), up.detach(),
+                                                            down.detach(), a, b)
+    for got, want in ((dx, x.grad), (dgate, gate.grad), (dup, up.grad), (ddown, down.grad)):
+        torch.testing.assert_close(got.to(want.dtype), want, rtol=1e-5, atol=1e-6)
+    rows = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    ys = torch.randn(4, H, requires_grad=True)
+    w = torch.rand(2, 2, requires_grad=True)
+    out = rt.moe.combine(ys, rows, w)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    dys, dw = rt.moe.combine_backward(ys.detach(), dout, rows, w.detach())
+    torch.testing.assert_close(dys, ys.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dw.to(w.dtype), w.grad, rtol=1e-6, atol=1e-6)
+    dxt = rt.moe.dispatch_backward(torch.ones(4, H), rows)
+    torch.testing.assert_close(dxt, torch.full((2, H), 2.0))

@@ -304,5 +304,31 @@ def moe_layer_sigmoid_grouped(x, logits, gate, up, down, bias=None, *, top_k, gr
     return _layer(x, logits, gate, up, down, indices, "sigmoid", renormalize, scale, strategy)
 
 
+# ---- the backward steps as functions, as rudnn.jax.moe has them (one API shape across the three) --
+
+def dispatch_backward(dx_dispatched, row_of_slot):
+    """Gradient of dispatch: dx[t] = sum_j dx_dispatched[row_of_slot[t, j]], [T, H]."""
+    return _dispatch_backward(dx_dispatched, row_of_slot)
+
+
+def combine_backward(y, dout, row_of_slot, weights, strategy="plane"):
+    """Gradients of combine: (dy [N, H] in y's dtype, dweights float32 [T, k])."""
+    code = _moe._choice(_moe._COMBINE_STRATEGIES, strategy, "moe.combine_backward", "strategy")
+    return _combine_backward(y, dout, row_of_slot, weights, code)
+
+
+def swiglu_experts_training(x_dispatched, offsets, gate, up, down, strategy="auto"):
+    """(y, a, b): the expert outputs and the gate/up pre-activations swiglu_experts_backward needs."""
+    code = _moe._choice(_STRATEGY, strategy, "SwiGluExperts.forward_dispatched_training", "strategy")
+    return _experts(x_dispatched, offsets, gate, up, down, code)
+
+
+def swiglu_experts_backward(dy, x_dispatched, offsets, gate, up, down, gate_pre, up_pre, strategy="auto"):
+    """(dx_dispatched, dgate, dup, ddown) of the SwiGLU experts; weight gradients float32."""
+    code = _moe._choice(_STRATEGY, strategy, "MoeTrainingCache.backward", "strategy")
+    return _experts_backward(dy, x_dispatched, offsets, gate, up, down, gate_pre, up_pre, code)
+
+
 __all__ = ["route", "route_sigmoid_grouped", "selected_router_weights", "selected_router_backward", "dispatch",
-           "combine", "swiglu_experts", "moe_layer", "moe_layer_sigmoid_grouped"]
+           "dispatch_backward", "combine", "combine_backward", "swiglu_experts", "swiglu_experts_training",
+           "swiglu_experts_backward", "moe_layer", "moe_layer_sigmoid_grouped"]
