@@ -72,7 +72,7 @@ void register_attention(nb::module_& m) {
       [forward_args](const In& q, const In& k, const In& v, const OptIn& mask, const OptIn& bias,
                      std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
                      const OptIn& cu_q, const OptIn& cu_k, int strategy, const Out& out, const OptOut& lse,
-                     const OptOut& workspace, const nb::object& workspace_alloc, std::uintptr_t stream) {
+                     const OptOut& workspace, std::uintptr_t stream, const nb::object& workspace_alloc) {
         std::optional<Tensor> keep[4], keep_lse, ws;
         std::optional<Out> held;
         const AttentionForwardArgs a = forward_args(q, k, v, mask, bias, scale, causal, wl, wr, softcap, cu_q, cu_k,
@@ -83,7 +83,7 @@ void register_attention(nb::module_& m) {
         attention_forward(a, w, as_stream(stream));
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), RUDNN_ATTENTION_OPTION_ARGS, nb::arg("out"), nb::arg("lse").none(),
-      nb::arg("workspace").none(), nb::arg("workspace_alloc").none() = nb::none(), nb::arg("stream"));
+      nb::arg("workspace").none(), nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
 
   auto backward_args = [](const In& dout, const In& q, const In& k, const In& v, const In& out, const In& lse,
                           const OptIn& mask, const OptIn& bias, std::optional<double> scale, bool causal,
@@ -128,7 +128,7 @@ void register_attention(nb::module_& m) {
                       const OptIn& mask, const OptIn& bias, std::optional<double> scale, bool causal, std::int64_t wl,
                       std::int64_t wr, double softcap, const OptIn& cu_q, const OptIn& cu_k, int strategy,
                       bool deterministic, const OptIn& dlse, const Out& dq, const Out& dk, const Out& dv,
-                      const OptOut& workspace, const nb::object& workspace_alloc, std::uintptr_t stream) {
+                      const OptOut& workspace, std::uintptr_t stream, const nb::object& workspace_alloc) {
         std::optional<Tensor> keep[4], keep_dlse, ws;
         std::optional<Out> held;
         const AttentionBackwardArgs a = backward_args(dout, q, k, v, out, lse, mask, bias, scale, causal, wl, wr,
@@ -141,8 +141,7 @@ void register_attention(nb::module_& m) {
       },
       nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
       RUDNN_ATTENTION_OPTION_ARGS, nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dq"), nb::arg("dk"),
-      nb::arg("dv"), nb::arg("workspace").none(), nb::arg("workspace_alloc").none() = nb::none(),
-      nb::arg("stream"));
+      nb::arg("dv"), nb::arg("workspace").none(), nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
 
   // For the tests: the workspace_alloc path of the calls above, which on the CPU never needs a
   // workspace (returns the byte count and device type of what `alloc` handed back for n bytes).

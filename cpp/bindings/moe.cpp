@@ -179,16 +179,19 @@ void register_moe(nb::module_& m) {
   m.def(
       "moe_experts_forward",
       [](const In& x, const In& offsets, const In& gate, const In& up, const In& down, const Out& y,
-         const OptOut& gate_pre, const OptOut& up_pre, int strategy, const OptOut& workspace, std::uintptr_t s) {
+         const OptOut& gate_pre, const OptOut& up_pre, int strategy, const OptOut& workspace, std::uintptr_t s,
+         const nb::object& workspace_alloc) {
         std::optional<Tensor> keep[3];
+        std::optional<Out> held;
         MoeExpertsForwardArgs a = experts_forward_args(x, offsets, gate, up, down, y, gate_pre, up_pre, strategy, keep);
-        a.workspace = opt_tensor(workspace, "workspace", keep[2]);
+        a.workspace = workspace_from(workspace, workspace_alloc, [&] { return moe_experts_forward_workspace_bytes(a); },
+                                     held, keep[2]);
         nb::gil_scoped_release release;
         moe_experts_forward(a, as_stream(s));
       },
       nb::arg("x"), nb::arg("offsets"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("y"),
       nb::arg("gate_pre").none(), nb::arg("up_pre").none(), nb::arg("strategy"), nb::arg("workspace").none(),
-      nb::arg("stream"));
+      nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
 
   m.def(
       "moe_experts_backward_workspace_bytes",
@@ -206,17 +209,20 @@ void register_moe(nb::module_& m) {
       "moe_experts_backward",
       [](const In& dy, const In& x, const In& offsets, const In& gate, const In& up, const In& down,
          const In& gate_pre, const In& up_pre, const Out& dx, const Out& dgate, const Out& dup, const Out& ddown,
-         int strategy, const OptOut& workspace, std::uintptr_t s) {
+         int strategy, const OptOut& workspace, std::uintptr_t s, const nb::object& workspace_alloc) {
         std::optional<Tensor> keep;
+        std::optional<Out> held;
         MoeExpertsBackwardArgs a =
             experts_backward_args(dy, x, offsets, gate, up, down, gate_pre, up_pre, dx, dgate, dup, ddown, strategy);
-        a.workspace = opt_tensor(workspace, "workspace", keep);
+        a.workspace = workspace_from(workspace, workspace_alloc,
+                                     [&] { return moe_experts_backward_workspace_bytes(a); }, held, keep);
         nb::gil_scoped_release release;
         moe_experts_backward(a, as_stream(s));
       },
       nb::arg("dy"), nb::arg("x"), nb::arg("offsets"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
       nb::arg("gate_pre"), nb::arg("up_pre"), nb::arg("dx"), nb::arg("dgate"), nb::arg("dup"), nb::arg("ddown"),
-      nb::arg("strategy"), nb::arg("workspace").none(), nb::arg("stream"));
+      nb::arg("strategy"), nb::arg("workspace").none(), nb::arg("stream"),
+      nb::arg("workspace_alloc").none() = nb::none());
 
   m.def(
       "moe_selected_router_weights",

@@ -71,16 +71,19 @@ void register_norm(nb::module_& m) {
   m.def(
       "norm_backward",
       [](int kind, const In& dy, const In& x, const OptIn& weight, const OptIn& mean, const In& rstd, const Out& dx,
-         const OptOut& dweight, const OptOut& dbias, const OptOut& workspace, std::uintptr_t stream) {
+         const OptOut& dweight, const OptOut& dbias, const OptOut& workspace, std::uintptr_t stream,
+         const nb::object& workspace_alloc) {
         std::optional<Tensor> keep[5];
+        std::optional<Out> held;
         NormBackwardArgs a = backward_args(kind, dy, x, weight, mean, rstd, dx, dweight, dbias, keep);
-        a.workspace = opt_tensor(workspace, "workspace", keep[4]);
+        a.workspace = workspace_from(workspace, workspace_alloc, [&] { return norm_backward_workspace_bytes(a); },
+                                     held, keep[4]);
         nb::gil_scoped_release release;
         norm_backward(a, as_stream(stream));
       },
       nb::arg("kind"), nb::arg("dy"), nb::arg("x"), nb::arg("weight").none(), nb::arg("mean").none(),
       nb::arg("rstd"), nb::arg("dx"), nb::arg("dweight").none(), nb::arg("dbias").none(),
-      nb::arg("workspace").none(), nb::arg("stream"));
+      nb::arg("workspace").none(), nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
 
   m.def(
       "softmax_forward",

@@ -376,13 +376,9 @@ def _row_outputs(call):
 
 
 def _run_experts(call, gate, up, down, x, offsets, y, gate_pre, up_pre, code):
-    def args():
-        return (call.arg(x), call.arg(offsets), call.arg(gate), call.arg(up), call.arg(down), call.arg(y),
-                call.arg(gate_pre), call.arg(up_pre), code)
-
-    nbytes = _C.moe_experts_forward_workspace_bytes(*args())
-    workspace = call.empty((nbytes,), "uint8") if nbytes else None
-    _C.moe_experts_forward(*args(), call.arg(workspace), call.stream)
+    # one export per array: the binding sizes the workspace and allocates it through the callback
+    _C.moe_experts_forward(call.arg(x), call.arg(offsets), call.arg(gate), call.arg(up), call.arg(down), call.arg(y),
+                           call.arg(gate_pre), call.arg(up_pre), code, None, call.stream, call.workspace_alloc)
 
 
 def _experts_forward(op, gate, up, down, x, offsets, code, training, stream):
@@ -408,14 +404,9 @@ def _experts_backward(gate, up, down, dy, x, offsets, gate_pre, up_pre, code, st
     dup = call.empty(tuple(up.shape), "float32")
     ddown = call.empty(tuple(down.shape), "float32")
 
-    def args():
-        return (call.arg(dy), call.arg(x), call.arg(offsets), call.arg(gate), call.arg(up), call.arg(down),
-                call.arg(gate_pre), call.arg(up_pre), call.arg(dx), call.arg(dgate), call.arg(dup), call.arg(ddown),
-                code)
-
-    nbytes = _C.moe_experts_backward_workspace_bytes(*args())
-    workspace = call.empty((nbytes,), "uint8") if nbytes else None
-    _C.moe_experts_backward(*args(), call.arg(workspace), call.stream)
+    _C.moe_experts_backward(call.arg(dy), call.arg(x), call.arg(offsets), call.arg(gate), call.arg(up), call.arg(down),
+                            call.arg(gate_pre), call.arg(up_pre), call.arg(dx), call.arg(dgate), call.arg(dup),
+                            call.arg(ddown), code, None, call.stream, call.workspace_alloc)
     return dx, dgate, dup, ddown
 
 

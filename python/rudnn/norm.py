@@ -79,13 +79,9 @@ def _backward(op, kind, dy, x, weight, mean, rstd, stream):
     dweight = call.empty(hidden, "float32") if weight is not None else None
     dbias = call.empty(hidden, "float32") if kind == _LAYER else None
 
-    def args():  # a DLPack capsule is consumed by the call it is passed to: export anew
-        return (kind, call.arg(dy), call.arg(x), call.arg(weight), call.arg(mean), call.arg(rstd), call.arg(dx),
-                call.arg(dweight), call.arg(dbias))
-
-    nbytes = _C.norm_backward_workspace_bytes(*args())
-    workspace = call.empty((nbytes,), "uint8") if nbytes else None
-    _C.norm_backward(*args(), call.arg(workspace), call.stream)
+    # one export per array: the binding sizes the workspace and allocates it through the callback
+    _C.norm_backward(kind, call.arg(dy), call.arg(x), call.arg(weight), call.arg(mean), call.arg(rstd), call.arg(dx),
+                     call.arg(dweight), call.arg(dbias), None, call.stream, call.workspace_alloc)
     return dx, dweight, dbias
 
 
