@@ -114,15 +114,18 @@ void register_moe(nb::module_& m) {
   m.def(
       "moe_dispatch_plan",
       [](const In& indices, int num_experts, const Out& offsets, const Out& token_of_row, const Out& row_of_slot,
-         const OptOut& workspace, std::uintptr_t s) {
+         const OptOut& workspace, std::uintptr_t s, const nb::object& workspace_alloc) {
         std::optional<Tensor> keep;
+        std::optional<Out> held;
         MoeDispatchPlanArgs a = plan_args(indices, num_experts, offsets, token_of_row, row_of_slot);
-        a.workspace = opt_tensor(workspace, "workspace", keep);
+        a.workspace = workspace_from(workspace, workspace_alloc, [&] { return moe_dispatch_plan_workspace_bytes(a); },
+                                     held, keep);
         nb::gil_scoped_release release;
         moe_dispatch_plan(a, as_stream(s));
       },
       nb::arg("expert_indices"), nb::arg("num_experts"), nb::arg("offsets"), nb::arg("token_of_row"),
-      nb::arg("row_of_slot"), nb::arg("workspace").none(), nb::arg("stream"));
+      nb::arg("row_of_slot"), nb::arg("workspace").none(), nb::arg("stream"),
+      nb::arg("workspace_alloc").none() = nb::none());
 
   m.def(
       "moe_gather_rows",

@@ -145,15 +145,11 @@ def _backward(op, algo, dout, q, k, v, beta, log_decay, initial_state, dfinal_st
     dlog_decay = call.empty(_shape(log_decay), "float32")
     dinitial = call.empty(_sizes(q, v, cu_seqlens)[1], "float32") if initial_state is not None else None
 
-    def args():  # a DLPack capsule is consumed by the call it is passed to: export anew
-        return (algo, call.arg(q), call.arg(k), call.arg(v), call.arg(beta), call.arg(log_decay),
-                call.arg(initial_state), call.arg(cu_seqlens), scale, chunk_size, call.arg(dout),
-                call.arg(dfinal_state), call.arg(dq), call.arg(dk), call.arg(dv), call.arg(dbeta),
-                call.arg(dlog_decay), call.arg(dinitial))
-
-    nbytes = _C.gated_delta_backward_workspace_bytes(*args())
-    workspace = call.empty((nbytes,), "uint8") if nbytes else None
-    _C.gated_delta_backward(*args(), call.arg(workspace), call.stream)
+    # one export per array: the binding sizes the workspace and allocates it through the callback
+    _C.gated_delta_backward(algo, call.arg(q), call.arg(k), call.arg(v), call.arg(beta), call.arg(log_decay),
+                            call.arg(initial_state), call.arg(cu_seqlens), scale, chunk_size, call.arg(dout),
+                            call.arg(dfinal_state), call.arg(dq), call.arg(dk), call.arg(dv), call.arg(dbeta),
+                            call.arg(dlog_decay), call.arg(dinitial), None, call.stream, call.workspace_alloc)
     return dq, dk, dv, dbeta, dlog_decay, dinitial
 
 

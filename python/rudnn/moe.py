@@ -332,12 +332,8 @@ def _dispatch_plan(call, expert_indices, num_experts):
     token_of_row = call.empty((T * k,), "int32")
     row_of_slot = call.empty((T, k), "int32")
 
-    def args():
-        return (call.arg(expert_indices), num_experts, call.arg(offsets), call.arg(token_of_row), call.arg(row_of_slot))
-
-    nbytes = _C.moe_dispatch_plan_workspace_bytes(*args())
-    workspace = call.empty((nbytes,), "uint8") if nbytes else None
-    _C.moe_dispatch_plan(*args(), call.arg(workspace), call.stream)
+    _C.moe_dispatch_plan(call.arg(expert_indices), num_experts, call.arg(offsets), call.arg(token_of_row),
+                         call.arg(row_of_slot), None, call.stream, call.workspace_alloc)
     return offsets, token_of_row, row_of_slot
 
 
