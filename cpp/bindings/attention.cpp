@@ -56,18 +56,6 @@ void register_attention(nb::module_& m) {
   };
 
   m.def(
-      "attention_forward_workspace_bytes",
-      [forward_args](const In& q, const In& k, const In& v, const OptIn& mask, const OptIn& bias,
-                     std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
-                     const OptIn& cu_q, const OptIn& cu_k, int strategy, const Out& out, const OptOut& lse) {
-        std::optional<Tensor> keep[4], keep_lse;
-        const AttentionForwardArgs a = forward_args(q, k, v, mask, bias, scale, causal, wl, wr, softcap, cu_q, cu_k,
-                                                    strategy, out, lse, keep, keep_lse);
-        return attention_forward_workspace_bytes(a);
-      },
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), RUDNN_ATTENTION_OPTION_ARGS, nb::arg("out"), nb::arg("lse").none());
-
-  m.def(
       "attention_forward",
       [forward_args](const In& q, const In& k, const In& v, const OptIn& mask, const OptIn& bias,
                      std::optional<double> scale, bool causal, std::int64_t wl, std::int64_t wr, double softcap,
@@ -105,22 +93,6 @@ void register_attention(nb::module_& m) {
     a.dv = to_tensor(dv, "dv");
     return a;
   };
-
-  m.def(
-      "attention_backward_workspace_bytes",
-      [backward_args](const In& dout, const In& q, const In& k, const In& v, const In& out, const In& lse,
-                      const OptIn& mask, const OptIn& bias, std::optional<double> scale, bool causal, std::int64_t wl,
-                      std::int64_t wr, double softcap, const OptIn& cu_q, const OptIn& cu_k, int strategy,
-                      bool deterministic, const OptIn& dlse, const Out& dq, const Out& dk, const Out& dv) {
-        std::optional<Tensor> keep[4], keep_dlse;
-        const AttentionBackwardArgs a = backward_args(dout, q, k, v, out, lse, mask, bias, scale, causal, wl, wr,
-                                                      softcap, cu_q, cu_k, strategy, deterministic, dlse, dq, dk, dv,
-                                                      keep, keep_dlse);
-        return attention_backward_workspace_bytes(a);
-      },
-      nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-      RUDNN_ATTENTION_OPTION_ARGS, nb::arg("deterministic"), nb::arg("dlse").none(), nb::arg("dq"), nb::arg("dk"),
-      nb::arg("dv"));
 
   m.def(
       "attention_backward",

@@ -70,48 +70,23 @@ GatedDeltaForwardArgs forward_args(int algo, const In& q, const In& k, const In&
 
 void register_gated_delta(nb::module_& m) {
   m.def(
-      "gated_delta_forward_workspace_bytes",
-      [](int algo, const In& q, const In& k, const In& v, const In& beta, const In& g, const OptIn& initial,
-         const OptIn& cu_seqlens, float scale, int chunk_size, const Out& out, const Out& final_state, int kernel) {
-        std::optional<Tensor> keep[3];
-        const GatedDeltaForwardArgs a = forward_args(algo, q, k, v, beta, g, initial, cu_seqlens, scale, chunk_size,
-                                                     out, final_state, kernel, keep);
-        return gated_delta_forward_workspace_bytes(a);
-      },
-      nb::arg("algo"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("beta"), nb::arg("log_decay"),
-      nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("scale"), nb::arg("chunk_size"),
-      nb::arg("out"), nb::arg("final_state"), nb::arg("kernel"));
-
-  m.def(
       "gated_delta_forward",
       [](int algo, const In& q, const In& k, const In& v, const In& beta, const In& g, const OptIn& initial,
          const OptIn& cu_seqlens, float scale, int chunk_size, const Out& out, const Out& final_state, int kernel,
-         const OptOut& workspace, std::uintptr_t stream) {
+         const OptOut& workspace, std::uintptr_t stream, const nb::object& workspace_alloc) {
         std::optional<Tensor> keep[3];
+        std::optional<Out> held;
         GatedDeltaForwardArgs a = forward_args(algo, q, k, v, beta, g, initial, cu_seqlens, scale, chunk_size, out,
                                                final_state, kernel, keep);
-        a.workspace = opt_tensor(workspace, "workspace", keep[2]);
+        a.workspace = workspace_from(workspace, workspace_alloc, [&] { return gated_delta_forward_workspace_bytes(a); },
+                                     held, keep[2]);
         nb::gil_scoped_release release;
         gated_delta_forward(a, as_stream(stream));
       },
       nb::arg("algo"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("beta"), nb::arg("log_decay"),
       nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("scale"), nb::arg("chunk_size"),
-      nb::arg("out"), nb::arg("final_state"), nb::arg("kernel"), nb::arg("workspace").none(), nb::arg("stream"));
-
-  m.def(
-      "gated_delta_backward_workspace_bytes",
-      [](int algo, const In& q, const In& k, const In& v, const In& beta, const In& g, const OptIn& initial,
-         const OptIn& cu_seqlens, float scale, int chunk_size, const In& dout, const OptIn& dfinal, const Out& dq,
-         const Out& dk, const Out& dv, const Out& dbeta, const Out& dg, const OptOut& dinitial) {
-        std::optional<Tensor> keep[5];
-        const GatedDeltaBackwardArgs a = backward_args(algo, q, k, v, beta, g, initial, cu_seqlens, scale, chunk_size,
-                                                       dout, dfinal, dq, dk, dv, dbeta, dg, dinitial, keep);
-        return gated_delta_backward_workspace_bytes(a);
-      },
-      nb::arg("algo"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("beta"), nb::arg("log_decay"),
-      nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("scale"), nb::arg("chunk_size"),
-      nb::arg("dout"), nb::arg("dfinal_state").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
-      nb::arg("dbeta"), nb::arg("dlog_decay"), nb::arg("dinitial_state").none());
+      nb::arg("out"), nb::arg("final_state"), nb::arg("kernel"), nb::arg("workspace").none(), nb::arg("stream"),
+      nb::arg("workspace_alloc").none() = nb::none());
 
   m.def(
       "gated_delta_backward",

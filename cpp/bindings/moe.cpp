@@ -104,14 +104,6 @@ void register_moe(nb::module_& m) {
       nb::arg("weights"), nb::arg("stream"));
 
   m.def(
-      "moe_dispatch_plan_workspace_bytes",
-      [](const In& indices, int num_experts, const Out& offsets, const Out& token_of_row, const Out& row_of_slot) {
-        return moe_dispatch_plan_workspace_bytes(plan_args(indices, num_experts, offsets, token_of_row, row_of_slot));
-      },
-      nb::arg("expert_indices"), nb::arg("num_experts"), nb::arg("offsets"), nb::arg("token_of_row"),
-      nb::arg("row_of_slot"));
-
-  m.def(
       "moe_dispatch_plan",
       [](const In& indices, int num_experts, const Out& offsets, const Out& token_of_row, const Out& row_of_slot,
          const OptOut& workspace, std::uintptr_t s, const nb::object& workspace_alloc) {
@@ -169,17 +161,6 @@ void register_moe(nb::module_& m) {
       nb::arg("strategy"), nb::arg("stream"));
 
   m.def(
-      "moe_experts_forward_workspace_bytes",
-      [](const In& x, const In& offsets, const In& gate, const In& up, const In& down, const Out& y,
-         const OptOut& gate_pre, const OptOut& up_pre, int strategy) {
-        std::optional<Tensor> keep[3];
-        return moe_experts_forward_workspace_bytes(
-            experts_forward_args(x, offsets, gate, up, down, y, gate_pre, up_pre, strategy, keep));
-      },
-      nb::arg("x"), nb::arg("offsets"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("y"),
-      nb::arg("gate_pre").none(), nb::arg("up_pre").none(), nb::arg("strategy"));
-
-  m.def(
       "moe_experts_forward",
       [](const In& x, const In& offsets, const In& gate, const In& up, const In& down, const Out& y,
          const OptOut& gate_pre, const OptOut& up_pre, int strategy, const OptOut& workspace, std::uintptr_t s,
@@ -195,18 +176,6 @@ void register_moe(nb::module_& m) {
       nb::arg("x"), nb::arg("offsets"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("y"),
       nb::arg("gate_pre").none(), nb::arg("up_pre").none(), nb::arg("strategy"), nb::arg("workspace").none(),
       nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
-
-  m.def(
-      "moe_experts_backward_workspace_bytes",
-      [](const In& dy, const In& x, const In& offsets, const In& gate, const In& up, const In& down,
-         const In& gate_pre, const In& up_pre, const Out& dx, const Out& dgate, const Out& dup, const Out& ddown,
-         int strategy) {
-        return moe_experts_backward_workspace_bytes(
-            experts_backward_args(dy, x, offsets, gate, up, down, gate_pre, up_pre, dx, dgate, dup, ddown, strategy));
-      },
-      nb::arg("dy"), nb::arg("x"), nb::arg("offsets"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
-      nb::arg("gate_pre"), nb::arg("up_pre"), nb::arg("dx"), nb::arg("dgate"), nb::arg("dup"), nb::arg("ddown"),
-      nb::arg("strategy"));
 
   m.def(
       "moe_experts_backward",

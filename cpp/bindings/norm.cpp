@@ -58,17 +58,6 @@ void register_norm(nb::module_& m) {
       nb::arg("stream"));
 
   m.def(
-      "norm_backward_workspace_bytes",
-      [](int kind, const In& dy, const In& x, const OptIn& weight, const OptIn& mean, const In& rstd, const Out& dx,
-         const OptOut& dweight, const OptOut& dbias) {
-        std::optional<Tensor> keep[5];
-        const NormBackwardArgs a = backward_args(kind, dy, x, weight, mean, rstd, dx, dweight, dbias, keep);
-        return norm_backward_workspace_bytes(a);
-      },
-      nb::arg("kind"), nb::arg("dy"), nb::arg("x"), nb::arg("weight").none(), nb::arg("mean").none(),
-      nb::arg("rstd"), nb::arg("dx"), nb::arg("dweight").none(), nb::arg("dbias").none());
-
-  m.def(
       "norm_backward",
       [](int kind, const In& dy, const In& x, const OptIn& weight, const OptIn& mean, const In& rstd, const Out& dx,
          const OptOut& dweight, const OptOut& dbias, const OptOut& workspace, std::uintptr_t stream,

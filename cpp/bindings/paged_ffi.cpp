@@ -33,11 +33,13 @@ PagedMetadata metadata(const Place& place, std::int64_t page_size, ffi::AnyBuffe
   return m;
 }
 
-// The split-KV workspace in host memory of the handler's own (CPU platform).
-const Tensor* split_workspace(int splits, std::int64_t queries, std::int64_t heads, std::int64_t value_dim,
-                              std::vector<std::uint64_t>& storage, Tensor& slot) {
+// The split-KV workspace for the output `out` [queries, heads, value_dim], in host memory of the
+// handler's own (CPU platform).
+const Tensor* split_workspace(int splits, const Tensor& out, std::vector<std::uint64_t>& storage, Tensor& slot) {
   if (splits == 1) return nullptr;
-  const std::size_t bytes = paged_split_workspace_bytes(queries, heads, value_dim, splits);
+  const bool rows = out.rank == 3;
+  const std::size_t bytes = paged_split_workspace_bytes(rows ? out.shape[0] : 0, rows ? out.shape[1] : 1,
+                                                        rows ? out.shape[2] : 1, splits);
   storage.assign(bytes / 8 + 2, 0);
   const std::int64_t size = std::int64_t(bytes);
   slot = Tensor::contiguous(storage.data(), DType::u8, Device{DeviceType::cpu, 0}, &size, 1);
@@ -63,9 +65,7 @@ ffi::Error attention(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer l
     a.splits = splits;
     std::vector<std::uint64_t> storage;
     Tensor ws;
-    const std::int64_t rows = a.out.rank == 3 ? a.out.shape[0] : 0, heads = a.out.rank == 3 ? a.out.shape[1] : 1,
-                       dv = a.out.rank == 3 ? a.out.shape[2] : 1;
-    paged_attention(a, split_workspace(splits, rows, heads, dv, storage, ws), place.stream);
+    paged_attention(a, split_workspace(splits, a.out, storage, ws), place.stream);
   });
 }
 
@@ -89,9 +89,7 @@ ffi::Error mla(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths
     a.splits = splits;
     std::vector<std::uint64_t> storage;
     Tensor ws;
-    const std::int64_t rows = a.out.rank == 3 ? a.out.shape[0] : 0, heads = a.out.rank == 3 ? a.out.shape[1] : 1,
-                       dv = a.out.rank == 3 ? a.out.shape[2] : 1;
-    paged_mla(a, split_workspace(splits, rows, heads, dv, storage, ws), place.stream);
+    paged_mla(a, split_workspace(splits, a.out, storage, ws), place.stream);
   });
 }
 

@@ -124,12 +124,11 @@ def attention(q, k, v, *, mask=None, bias=None, scale=None, causal=False, window
     o = out if out is not None else call.empty(out_shape, call.dtype_name(q))
     lse = call.empty(lse_shape, "float32") if return_lse else None
 
-    def args():
-        return dict(q=call.arg(q), k=call.arg(k), v=call.arg(v), mask=call.arg(mask), bias=call.arg(bias),
-                    cu_seqlens_q=call.arg(cu_seqlens_q), cu_seqlens_k=call.arg(cu_seqlens_k), out=call.arg(o),
-                    lse=call.arg(lse), **opts)
-
-    _C.attention_forward(**args(), workspace=None, workspace_alloc=call.workspace_alloc, stream=call.stream)
+    # one export per array: the binding sizes the workspace and allocates it through the callback
+    _C.attention_forward(q=call.arg(q), k=call.arg(k), v=call.arg(v), mask=call.arg(mask), bias=call.arg(bias),
+                         cu_seqlens_q=call.arg(cu_seqlens_q), cu_seqlens_k=call.arg(cu_seqlens_k), out=call.arg(o),
+                         lse=call.arg(lse), **opts, workspace=None, stream=call.stream,
+                         workspace_alloc=call.workspace_alloc)
     return (o, lse) if return_lse else o
 
 
@@ -157,14 +156,12 @@ def attention_backward(dout, q, k, v, out, lse, *, mask=None, bias=None, scale=N
     dk = call.empty(tuple(k.shape), call.dtype_name(k))
     dv = call.empty(tuple(v.shape), call.dtype_name(v))
 
-    def args():
-        return dict(dout=call.arg(dout), q=call.arg(q), k=call.arg(k), v=call.arg(v), out=call.arg(out),
-                    lse=call.arg(lse), mask=call.arg(mask), bias=call.arg(bias),
-                    cu_seqlens_q=call.arg(cu_seqlens_q), cu_seqlens_k=call.arg(cu_seqlens_k),
-                    deterministic=deterministic, dlse=call.arg(dlse), dq=call.arg(dq), dk=call.arg(dk),
-                    dv=call.arg(dv), **opts)
-
-    _C.attention_backward(**args(), workspace=None, workspace_alloc=call.workspace_alloc, stream=call.stream)
+    _C.attention_backward(dout=call.arg(dout), q=call.arg(q), k=call.arg(k), v=call.arg(v), out=call.arg(out),
+                          lse=call.arg(lse), mask=call.arg(mask), bias=call.arg(bias),
+                          cu_seqlens_q=call.arg(cu_seqlens_q), cu_seqlens_k=call.arg(cu_seqlens_k),
+                          deterministic=deterministic, dlse=call.arg(dlse), dq=call.arg(dq), dk=call.arg(dk),
+                          dv=call.arg(dv), **opts, workspace=None, stream=call.stream,
+                          workspace_alloc=call.workspace_alloc)
     return dq, dk, dv
 
 

@@ -84,14 +84,10 @@ def _forward(op, algo, q, k, v, beta, log_decay, initial_state, scale, chunk_siz
         out = call.empty(out_shape, call.dtype_name(q))
     final_state = call.empty(state_shape, "float32")
 
-    def args():  # a DLPack capsule is consumed by the call it is passed to: export anew
-        return (algo, call.arg(q), call.arg(k), call.arg(v), call.arg(beta), call.arg(log_decay),
-                call.arg(initial_state), call.arg(cu_seqlens), scale, chunk_size, call.arg(out),
-                call.arg(final_state), int(kernel))
-
-    nbytes = _C.gated_delta_forward_workspace_bytes(*args()) if call.device[0] == "cuda" else 0
-    workspace = call.empty((nbytes,), "uint8") if nbytes else None
-    _C.gated_delta_forward(*args(), call.arg(workspace), call.stream)
+    # one export per array: the binding sizes the workspace and allocates it through the callback
+    _C.gated_delta_forward(algo, call.arg(q), call.arg(k), call.arg(v), call.arg(beta), call.arg(log_decay),
+                           call.arg(initial_state), call.arg(cu_seqlens), scale, chunk_size, call.arg(out),
+                           call.arg(final_state), int(kernel), None, call.stream, call.workspace_alloc)
     return out, final_state
 
 

@@ -40,8 +40,7 @@ void expect_no_overlap(const Tensor& out, const std::string& out_name, const Ten
 // elements are proven when, with the axes of size > 1 sorted by |stride|, each |stride| exceeds
 // the span of the axes before it; a layout that fails this (stride 0, as torch's expand gives,
 // or an as_strided view whose rows interleave) is a ShapeError naming the argument, its shape and
-// its strides. (core/check.hpp's expect_distinct_elements, which sees only stride 0, is the older
-// check this replaces.)
+// its strides.
 void expect_outputs_apart(std::initializer_list<NamedTensor> outputs, std::initializer_list<NamedTensor> inputs);
 
 }  // namespace rudnn::core

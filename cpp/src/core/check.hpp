@@ -77,20 +77,6 @@ inline void expect_last_dim_contiguous(const Tensor& t, const std::string& name)
                                std::to_string(t.strides[t.rank - 1]));
 }
 
-// An output must not have elements that share memory (an expanded array: stride 0 on an axis of
-// size > 1): its writes would overwrite each other (racing on CUDA).
-inline void expect_distinct_elements(const Tensor& t, const std::string& name) {
-  bool shared = false;
-  std::string strides = "[";
-  for (int d = 0; d < t.rank; ++d) {
-    shared = shared || (t.shape[d] > 1 && t.strides[d] == 0);
-    strides += (d ? ", " : "") + std::to_string(t.strides[d]);
-  }
-  if (shared && t.numel() > 0)
-    fail(ErrorKind::shape, name + ": expected an output whose elements do not share memory (no stride 0 on an axis "
-                               "of size > 1), got shape " + t.shape_str() + " with strides " + strides + "]");
-}
-
 inline void expect_data(const Tensor& t, const std::string& name) {
   if (t.data == nullptr && t.numel() > 0) fail(ErrorKind::value, name + ": data pointer is null");
 }
