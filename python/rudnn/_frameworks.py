@@ -101,6 +101,13 @@ class _Torch:
     def current_stream(self, device):
         return self.torch.cuda.current_stream(device[1]).cuda_stream
 
+    def copy_from_host(self, dst, host, stream):
+        """Copies the NumPy array `host` into the device tensor `dst`, ordered on `stream`
+        (queued there; the pageable source is consumed before this returns)."""
+        src = self.torch.from_numpy(host)
+        with self.torch.cuda.stream(self.torch.cuda.ExternalStream(stream, device=dst.device)):
+            dst.copy_(src, non_blocking=True)
+
     def check_exportable(self, op, name, a, writes):
         # DLPack carries no negative or conjugate bit: the data would be read without its sign.
         if a.is_neg() or a.is_conj():
@@ -161,6 +168,11 @@ class _CuPy:
     def current_stream(self, device):
         with self.cupy.cuda.Device(device[1]):
             return self.cupy.cuda.get_current_stream().ptr
+
+    def copy_from_host(self, dst, host, stream):
+        """Copies the NumPy array `host` into the device array `dst`, ordered on `stream`."""
+        with self.cupy.cuda.Device(dst.device.id):
+            dst.set(host, stream=self.cupy.cuda.ExternalStream(stream))
 
     def check_exportable(self, op, name, a, writes):
         pass
@@ -287,6 +299,10 @@ class Call:
 
     def zeros(self, shape, dtype):
         return self.fw.zeros(shape, dtype, self.device)
+
+    def copy_from_host(self, dst, host):
+        """Host NumPy data into the device array dst of this call, on its stream."""
+        self.fw.copy_from_host(dst, host, self.stream)
 
     def workspace_alloc(self, nbytes):
         """A uint8 workspace of nbytes, as the capsule rudnn._C takes (the bindings call this

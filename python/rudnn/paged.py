@@ -20,7 +20,9 @@ Inference servers keep K/V in fixed-size physical pages; a schedule maps sequenc
 
 A JAX q gives a plan of JAX arrays (rudnn.jax.paged), whose calls run through XLA FFI.
 
-This release runs on the CPU (the reference backend); CUDA arrays raise UnsupportedError.
+The forward (attention, mla) and append run on the CPU (the reference backend) and on CUDA
+(cpp/src/paged/forward_cuda.cu); the backward runs on the CPU only (CUDA arrays raise
+UnsupportedError).
 """
 
 from __future__ import annotations
@@ -206,8 +208,17 @@ class DevicePlan:
             plan = into
             plan.page_size = host.page_size
         t, ln, sq, ps = plan._buffers
-        _C.paged_pack_schedule(**host._args(), out_tables=call.arg(t), out_lengths=call.arg(ln),
-                               out_sequence_ids=call.arg(sq), out_positions=call.arg(ps))
+        if call.device[0] == "cpu":
+            _C.paged_pack_schedule(**host._args(), out_tables=call.arg(t), out_lengths=call.arg(ln),
+                                   out_sequence_ids=call.arg(sq), out_positions=call.arg(ps))
+        else:
+            # Packed on the host, then copied into the device buffers on q's stream (no
+            # synchronization: a captured CUDA graph reads these buffers in place).
+            staged = [np.zeros(tuple(b.shape), np.int32) for b in plan._buffers]
+            _C.paged_pack_schedule(**host._args(), out_tables=staged[0], out_lengths=staged[1],
+                                   out_sequence_ids=staged[2], out_positions=staged[3])
+            for dst, src in zip(plan._buffers, staged):
+                call.copy_from_host(dst, src)
         plan._set_views(host.queries, host.num_seqs)
         plan.host = host
         return plan
@@ -396,6 +407,12 @@ def _append(plan, k, v, k_cache, v_cache, stream):
     call = fw.Call(op, {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream,
                    outputs=("k_cache", "v_cache"))
     meta = _meta(plan, call, op)
+    if call.device[0] != "cpu":
+        # The CPU backend finds duplicate slots in the metadata itself; on a device the host plan
+        # found them (the same check, first_duplicate), so nothing is written either.
+        host = getattr(plan, "host", None)
+        if host is not None and host._duplicate:
+            raise ArgumentError(f"{op}: {host._duplicate}; nothing was written")
     _C.paged_append(**meta, k=call.arg(k), v=call.arg(v), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache),
                     stream=call.stream)
     return k_cache, v_cache
@@ -407,11 +424,7 @@ def _shape_only(q):
 
 
 def _plan_call(op, q):
-    call = fw.Call(op, {"q": _shape_only(q)})
-    if call.device[0] != "cpu":
-        raise UnsupportedError(f"{op}: the CUDA backend of the paged family is not built yet; make the plan for "
-                               f"a CPU q (the reference backend)")
-    return call
+    return fw.Call(op, {"q": _shape_only(q)})
 
 
 class SplitWorkspace:

@@ -1,10 +1,13 @@
 // Public entry points of the paged family: validate once, then run the backend of the
-// tensors' device. This milestone has the CPU reference backend only; on CUDA tensors the
-// ops raise UnsupportedError (the validated Problem is what the CUDA kernels will take).
+// tensors' device. The forward and append have a CUDA backend (forward_cuda.cu); on CUDA
+// tensors the backward raises UnsupportedError for now.
 #include <string>
 
 #include "core/backend.hpp"
 #include "paged/problem.hpp"
+#if RUDNN_WITH_CUDA
+#include "paged/cuda_backend.hpp"
+#endif
 
 namespace rudnn {
 
@@ -13,30 +16,39 @@ namespace {
 thread_local const char* last_algorithm = "none";
 
 [[noreturn]] void no_cuda_yet(const char* op) {
-  core::fail(ErrorKind::unsupported, std::string(op) + ": the CUDA backend of the paged family is not built yet; "
+  core::fail(ErrorKind::unsupported, std::string(op) + ": the CUDA backward of the paged family is not built yet; "
                                                        "run it on CPU tensors (the reference backend)");
+}
+
+// The CUDA forward of a validated problem (only reached in a build with CUDA).
+void forward_on_cuda(const paged::Problem& p, const Tensor* workspace, Stream stream) {
+#if RUDNN_WITH_CUDA
+  last_algorithm = paged::cuda::forward_cuda(p, workspace, static_cast<cudaStream_t>(stream));
+#else
+  (void)p, (void)workspace, (void)stream;
+#endif
 }
 
 }  // namespace
 
-void paged_attention(const PagedAttentionArgs& args, const Tensor* workspace, Stream) {
+void paged_attention(const PagedAttentionArgs& args, const Tensor* workspace, Stream stream) {
   const paged::Problem p = paged::validate_attention(args, workspace);
   core::on_device(args.q.device, "paged_attention",
                   [&] {
                     paged::forward_cpu(p, workspace);
                     last_algorithm = "cpu";
                   },
-                  [&] { no_cuda_yet("paged_attention"); });
+                  [&] { forward_on_cuda(p, workspace, stream); });
 }
 
-void paged_mla(const PagedMlaArgs& args, const Tensor* workspace, Stream) {
+void paged_mla(const PagedMlaArgs& args, const Tensor* workspace, Stream stream) {
   const paged::Problem p = paged::validate_mla(args, workspace);
   core::on_device(args.q.device, "paged_mla",
                   [&] {
                     paged::forward_cpu(p, workspace);
                     last_algorithm = "cpu";
                   },
-                  [&] { no_cuda_yet("paged_mla"); });
+                  [&] { forward_on_cuda(p, workspace, stream); });
 }
 
 void paged_attention_backward(const PagedAttentionBackwardArgs& args, Stream) {
@@ -59,14 +71,20 @@ void paged_mla_backward(const PagedMlaBackwardArgs& args, Stream) {
                   [&] { no_cuda_yet("paged_mla_backward"); });
 }
 
-void paged_append(const PagedAppendArgs& args, Stream) {
+void paged_append(const PagedAppendArgs& args, Stream stream) {
   const paged::AppendProblem p = paged::validate_append(args);
   core::on_device(args.k.device, "paged_append",
                   [&] {
                     paged::append_cpu(args, p);
                     last_algorithm = "cpu";
                   },
-                  [&] { no_cuda_yet("paged_append"); });
+                  [&] {
+#if RUDNN_WITH_CUDA
+                    last_algorithm = paged::cuda::append_cuda(args, p, static_cast<cudaStream_t>(stream));
+#else
+                    (void)stream;
+#endif
+                  });
 }
 
 const char* paged_last_algorithm() { return last_algorithm; }
