@@ -302,3 +302,21 @@ def test_every_public_function_has_a_docstring():
                             if not k.startswith("_") and inspect.isfunction(v)]
             missing += [f"{name}.{n}" for n, f in members if not (f.__doc__ or "").strip()]
     assert not missing, sorted(set(missing))
+
+
+def test_ctc_and_grid_sample_backward_export_each_array_once(monkeypatch):
+    # issue 27 (host overhead): ctc (forward and backward) and the grid_sample backward exported
+    # their arrays once for a workspace size query and once for the call.
+    exported = []
+    capsule = rudnn._frameworks._Torch.capsule
+    monkeypatch.setattr(rudnn._frameworks._Torch, "capsule",
+                        lambda self, a, stream, current: exported.append(a.data_ptr()) or capsule(self, a, stream, current))
+    lp = torch.randn(6, 2, 5).log_softmax(-1)
+    targets, il, tl = torch.tensor([[1, 2], [3, 3]]), torch.tensor([6, 5]), torch.tensor([2, 2])
+    for run in (lambda: rudnn.ctc_loss(lp, targets, il, tl),
+                lambda: rudnn.ctc_loss_backward(torch.tensor(1.0), lp, targets, il, tl),
+                lambda: rudnn.grid_sample_backward(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 5),
+                                                   torch.rand(1, 3, 4, 2) * 2 - 1)):
+        exported.clear()
+        run()
+        assert exported and len(exported) == len(set(exported)), exported

@@ -15,6 +15,7 @@ def test_fuzz_suite():
                           capture_output=True, text=True, timeout=600, cwd=HERE)
     report = proc.stdout + proc.stderr
     assert proc.returncode == 0, report[-6000:]
-    for family in ("norm", "pooling", "interpolate", "attention", "moe", "conv", "grid_sample", "ctc"):
+    for family in ("norm", "pooling", "interpolate", "attention", "moe", "conv", "grid_sample", "ctc", "backward",
+                   "gated_delta", "paged", "moe_dispatch"):
         assert f"fuzz {family}: " in proc.stdout, report[-2000:]
     print(proc.stdout)

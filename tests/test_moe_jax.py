@@ -106,3 +106,23 @@ def test_eager_api_with_jax_arrays(routing):
     assert all(isinstance(a, jax.Array) for a in ours)
     for a, b in zip(ours, eager):
         np.testing.assert_array_equal(np.asarray(a), b)
+
+
+def test_route_returns_a_routing_plan_pytree():
+    """route gives the RoutingPlan of rudnn.moe, a pytree that leaves jax.jit intact; dispatch takes it."""
+    T, E, k, H = 6, 8, 2, 4
+    x, logits = (jnp.asarray(a) for a in _inputs(T, E, H, 3)[:2])
+    plan = jax.jit(lambda l: rj.moe.route(l, k))(logits)
+    assert isinstance(plan, rudnn.moe.RoutingPlan) and (plan.num_experts, plan.top_k, plan.scoring) == (E, k, "softmax")
+    eager = rudnn.moe.route(logits, k)
+    assert isinstance(eager, rudnn.moe.RoutingPlan)
+    indices, weights = plan
+    assert np.array_equal(np.asarray(indices), np.asarray(eager.expert_indices))
+    assert np.array_equal(np.asarray(weights), np.asarray(eager.weights))
+    from_plan = jax.jit(lambda x, p: rj.moe.dispatch(x, p))(x, plan)
+    for a, b in zip(from_plan, rj.moe.dispatch(x, indices, E)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    leaves, tree = jax.tree_util.tree_flatten(rj.moe.route_sigmoid_grouped(logits, top_k=k, groups=4, selected_groups=2,
+                                                                           scale=2.0))
+    rebuilt = jax.tree_util.tree_unflatten(tree, leaves)
+    assert (rebuilt.scoring, rebuilt.scale, rebuilt.num_experts, len(leaves)) == ("sigmoid", 2.0, E, 2)

@@ -80,3 +80,27 @@ def test_torch_compile_cpu():
     x, logits, gate, up, down = _layer_inputs(T, E, H, I, torch.float32, "cpu")
     f = torch.compile(lambda *a: rt.moe.moe_layer(*a, top_k=k), backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(f(x, logits, gate, up, down), rt.moe.moe_layer(x, logits, gate, up, down, top_k=k))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_route_returns_the_routing_plan_of_rudnn_moe(device):
+    """One shape of API across rudnn.moe and rudnn.torch.moe: route gives a RoutingPlan (which still
+    unpacks as (indices, weights)), and dispatch takes it in place of (indices, num_experts)."""
+    import rudnn
+
+    T, E, k, H = 6, 8, 2, 4
+    logits, x = rand((T, E), torch.float32, device, seed=3), rand((T, H), torch.float32, device, seed=4)
+    plan = rt.moe.route(logits, k)
+    assert isinstance(plan, rudnn.moe.RoutingPlan) and (plan.num_experts, plan.top_k, plan.scoring) == (E, k, "softmax")
+    eager = rudnn.moe.route(logits, k)
+    indices, weights = plan
+    assert torch.equal(indices, eager.expert_indices) and torch.equal(weights, eager.weights)
+    from_plan, from_arrays = rt.moe.dispatch(x, plan), rt.moe.dispatch(x, indices, E)
+    for a, b in zip(from_plan, from_arrays):
+        assert torch.equal(a, b)
+    grouped = rt.moe.route_sigmoid_grouped(logits, top_k=k, groups=4, selected_groups=2, scale=2.0)
+    assert (grouped.scoring, grouped.scale, grouped.num_experts) == ("sigmoid", 2.0, E)
+    with pytest.raises(rudnn.ArgumentError, match="moe.dispatch: num_experts: the plan routes to 8 experts, got num_experts=4"):
+        rt.moe.dispatch(x, plan, 4)
+    with pytest.raises(rudnn.ArgumentError, match="moe.dispatch: num_experts: required when expert_indices is an array"):
+        rt.moe.dispatch(x, indices)

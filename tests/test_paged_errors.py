@@ -355,10 +355,24 @@ def test_append_errors(change, kind, text):
 
 
 @pytest.mark.cuda
-def test_cuda_is_not_built_yet():
+def test_cuda_backward_is_not_built_yet():
     q = torch.zeros(3, 4, 8, device="cuda")
-    with raises(rudnn.UnsupportedError, "DevicePlan.upload: the CUDA backend of the paged family is not built yet"):
-        DevicePlan.upload(host(), q)
+    plan = DevicePlan.upload(host(), q)
+    kc, vc = torch.zeros(6, 4, 2, 8, device="cuda"), torch.zeros(6, 4, 2, 4, device="cuda")
+    with raises(rudnn.UnsupportedError, "paged_attention_backward: the CUDA backward of the paged family is not "
+                                        "built yet"):
+        plan.attention_backward(q, kc, vc, torch.zeros(3, 4, 4, device="cuda"))
+
+
+@pytest.mark.cuda
+def test_cuda_append_refuses_duplicate_slots_before_writing():
+    plan = DevicePlan.upload(host(positions=[5, 2, 5]), torch.zeros(1, device="cuda"))
+    k, v = torch.randn(3, 2, 8, device="cuda"), torch.randn(3, 2, 4, device="cuda")
+    kc, vc = torch.zeros(6, 4, 2, 8, device="cuda"), torch.zeros(6, 4, 2, 4, device="cuda")
+    with raises(rudnn.ArgumentError, "paged_append: rows 0 and 2 both write page 1 slot 1 (sequence 0 position 5 and "
+                                     "sequence 0 position 5); nothing was written"):
+        plan.append(k, v, kc, vc)
+    assert not kc.any() and not vc.any()
 
 
 def test_append_into_a_read_only_numpy_cache():

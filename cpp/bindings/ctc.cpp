@@ -36,54 +36,42 @@ void set_inputs(Args& a, const In& log_probs, const In& targets, const In& input
 
 void register_ctc(nb::module_& m) {
   m.def(
-      "ctc_loss_workspace_bytes",
-      [](const In& log_probs, const In& targets, const In& input_lengths, const In& target_lengths,
-         std::int64_t blank, int reduction, bool zero_infinity, bool backward) {
-        if (backward) {
-          CtcLossBackwardArgs a;
-          set_inputs(a, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity);
-          return ctc_loss_backward_workspace_bytes(a);
-        }
-        CtcLossArgs a;
-        set_inputs(a, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity);
-        return ctc_loss_workspace_bytes(a);
-      },
-      nb::arg("log_probs"), nb::arg("targets"), nb::arg("input_lengths"), nb::arg("target_lengths"),
-      nb::arg("blank"), nb::arg("reduction"), nb::arg("zero_infinity"), nb::arg("backward"));
-
-  m.def(
       "ctc_loss_forward",
       [](const In& log_probs, const In& targets, const In& input_lengths, const In& target_lengths, const Out& loss,
-         const OptOut& workspace, std::int64_t blank, int reduction, bool zero_infinity, std::uintptr_t stream) {
+         const OptOut& workspace, std::int64_t blank, int reduction, bool zero_infinity, std::uintptr_t stream,
+         const nb::object& workspace_alloc) {
         std::optional<Tensor> keep;
+        std::optional<Out> held;
         CtcLossArgs a;
         set_inputs(a, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity);
         a.loss = to_tensor(loss, "loss");
-        a.workspace = opt_tensor(workspace, "workspace", keep);
+        a.workspace = workspace_from(workspace, workspace_alloc, [&] { return ctc_loss_workspace_bytes(a); }, held, keep);
         nb::gil_scoped_release release;
         ctc_loss_forward(a, as_stream(stream));
       },
       nb::arg("log_probs"), nb::arg("targets"), nb::arg("input_lengths"), nb::arg("target_lengths"), nb::arg("loss"),
       nb::arg("workspace").none(), nb::arg("blank"), nb::arg("reduction"), nb::arg("zero_infinity"),
-      nb::arg("stream"));
+      nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
 
   m.def(
       "ctc_loss_backward",
       [](const In& dloss, const In& log_probs, const In& targets, const In& input_lengths, const In& target_lengths,
          const Out& dlog_probs, const OptOut& workspace, std::int64_t blank, int reduction, bool zero_infinity,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, const nb::object& workspace_alloc) {
         std::optional<Tensor> keep;
+        std::optional<Out> held;
         CtcLossBackwardArgs a;
         set_inputs(a, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity);
         a.dloss = to_tensor(dloss, "dloss");
         a.dlog_probs = to_tensor(dlog_probs, "dlog_probs");
-        a.workspace = opt_tensor(workspace, "workspace", keep);
+        a.workspace =
+            workspace_from(workspace, workspace_alloc, [&] { return ctc_loss_backward_workspace_bytes(a); }, held, keep);
         nb::gil_scoped_release release;
         ctc_loss_backward(a, as_stream(stream));
       },
       nb::arg("dloss"), nb::arg("log_probs"), nb::arg("targets"), nb::arg("input_lengths"), nb::arg("target_lengths"),
       nb::arg("dlog_probs"), nb::arg("workspace").none(), nb::arg("blank"), nb::arg("reduction"),
-      nb::arg("zero_infinity"), nb::arg("stream"));
+      nb::arg("zero_infinity"), nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
 }
 
 }  // namespace rudnn::bindings

@@ -19,10 +19,12 @@ using grid_sample_args::options;
 struct Backward {
   GridSampleBackwardArgs a;
   std::optional<Tensor> dx, dgrid, workspace;
+  std::optional<Out> held;  // a workspace allocated through workspace_alloc
 };
 
 void fill(Backward& b, const In& dy, const In& x, const In& grid, const OptOut& dx, const OptOut& dgrid,
-          const OptOut& workspace, int mode, int padding_mode, bool align_corners, int layout, bool deterministic) {
+          const OptOut& workspace, const nb::object& workspace_alloc, int mode, int padding_mode, bool align_corners,
+          int layout, bool deterministic) {
   b.a.options = options(mode, padding_mode, align_corners, layout);
   b.a.deterministic = deterministic;
   b.a.dy = to_tensor(dy, "dy");
@@ -30,7 +32,8 @@ void fill(Backward& b, const In& dy, const In& x, const In& grid, const OptOut& 
   b.a.grid = to_tensor(grid, "grid");
   b.a.dx = opt_tensor(dx, "dx", b.dx);
   b.a.dgrid = opt_tensor(dgrid, "dgrid", b.dgrid);
-  b.a.workspace = opt_tensor(workspace, "workspace", b.workspace);
+  b.a.workspace = workspace_from(workspace, workspace_alloc, [&] { return grid_sample_backward_workspace_bytes(b.a); },
+                                 b.held, b.workspace);
 }
 
 }  // namespace
@@ -85,15 +88,17 @@ void register_grid_sample(nb::module_& m) {
   m.def(
       "grid_sample_backward",
       [](const In& dy, const In& x, const In& grid, const OptOut& dx, const OptOut& dgrid, const OptOut& workspace,
-         int mode, int padding_mode, bool align_corners, int layout, bool deterministic, std::uintptr_t stream) {
+         int mode, int padding_mode, bool align_corners, int layout, bool deterministic, std::uintptr_t stream,
+         const nb::object& workspace_alloc) {
         Backward b;
-        fill(b, dy, x, grid, dx, dgrid, workspace, mode, padding_mode, align_corners, layout, deterministic);
+        fill(b, dy, x, grid, dx, dgrid, workspace, workspace_alloc, mode, padding_mode, align_corners, layout,
+             deterministic);
         nb::gil_scoped_release release;
         grid_sample_backward(b.a, as_stream(stream));
       },
       nb::arg("dy"), nb::arg("x"), nb::arg("grid"), nb::arg("dx").none(), nb::arg("dgrid").none(),
       nb::arg("workspace").none(), nb::arg("mode"), nb::arg("padding_mode"), nb::arg("align_corners"),
-      nb::arg("layout"), nb::arg("deterministic"), nb::arg("stream"));
+      nb::arg("layout"), nb::arg("deterministic"), nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
 }
 
 }  // namespace rudnn::bindings

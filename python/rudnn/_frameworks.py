@@ -17,8 +17,22 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 DTYPES = FLOAT_DTYPES + ("int32", "int64", "uint32", "uint8", "bool")
 
 
+_FRAMEWORK_OF_TYPE: dict = {}  # type -> framework name: the test below runs once per array type
+
+
 def _module_of(a) -> str | None:
     """The framework of array `a` without importing any framework."""
+    t = type(a)
+    try:
+        return _FRAMEWORK_OF_TYPE[t]
+    except KeyError:
+        name = _FRAMEWORK_OF_TYPE[t] = _classify(a)
+        return name
+    except TypeError:  # an unhashable type
+        return _classify(a)
+
+
+def _classify(a) -> str | None:
     mod = type(a).__module__.split(".")[0]
     if mod == "torch" and "torch" in sys.modules and isinstance(a, sys.modules["torch"].Tensor):
         return "torch"
@@ -57,13 +71,20 @@ class _Torch:
         self.dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                        "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64,
                        "uint32": torch.uint32, "bool": torch.bool}
+        self.names = {v: k for k, v in self.dtypes.items()}
+        self.devices = {}
+        # torch.Tensor.__dlpack__ is a Python method that repeats checks done here (grad, neg and
+        # conj bits) and costs ~2 µs a call; the exporter it wraps does the same export without
+        # stream handling, which is all the CPU and a same-stream export need.
+        self.to_dlpack = torch._C._to_dlpack
 
     def device(self, a):
         d = a.device
         return (d.type, d.index if d.index is not None else 0)
 
     def dtype_name(self, a):
-        return str(a.dtype).replace("torch.", "")
+        name = self.names.get(a.dtype)
+        return name if name is not None else str(a.dtype).replace("torch.", "")
 
     def empty(self, shape, dtype, device):
         return self.torch.empty(tuple(shape), dtype=self.dtypes[dtype], device=self._device(device))
@@ -72,10 +93,20 @@ class _Torch:
         return self.torch.zeros(tuple(shape), dtype=self.dtypes[dtype], device=self._device(device))
 
     def _device(self, device):
-        return "cpu" if device[0] == "cpu" else f"cuda:{device[1]}"
+        d = self.devices.get(device)  # a torch.device is cheaper to pass than a string to parse
+        if d is None:
+            d = self.devices[device] = self.torch.device("cpu" if device[0] == "cpu" else f"cuda:{device[1]}")
+        return d
 
     def current_stream(self, device):
         return self.torch.cuda.current_stream(device[1]).cuda_stream
+
+    def copy_from_host(self, dst, host, stream):
+        """Copies the NumPy array `host` into the device tensor `dst`, ordered on `stream`
+        (queued there; the pageable source is consumed before this returns)."""
+        src = self.torch.from_numpy(host)
+        with self.torch.cuda.stream(self.torch.cuda.ExternalStream(stream, device=dst.device)):
+            dst.copy_(src, non_blocking=True)
 
     def check_exportable(self, op, name, a, writes):
         # DLPack carries no negative or conjugate bit: the data would be read without its sign.
@@ -100,13 +131,11 @@ class _Torch:
                       stacklevel=4)
 
     def capsule(self, a, stream, current):
-        a = a.detach()  # torch refuses to export tensors that require grad
-        if a.device.type == "cpu":
-            return a.__dlpack__()
-        # Same stream as the producer: nothing to order. Otherwise torch makes `stream` wait.
+        # On the CPU, or on the producer's stream, there is nothing to order: export directly
+        # (check_exportable has refused neg/conj views). Otherwise torch makes `stream` wait.
         if stream == current:
-            return a.__dlpack__(stream=-1)
-        return a.__dlpack__(stream=stream if stream != 0 else 1)
+            return self.to_dlpack(a)
+        return a.detach().__dlpack__(stream=stream if stream != 0 else 1)
 
 
 class _CuPy:
@@ -139,6 +168,11 @@ class _CuPy:
     def current_stream(self, device):
         with self.cupy.cuda.Device(device[1]):
             return self.cupy.cuda.get_current_stream().ptr
+
+    def copy_from_host(self, dst, host, stream):
+        """Copies the NumPy array `host` into the device array `dst`, ordered on `stream`."""
+        with self.cupy.cuda.Device(dst.device.id):
+            dst.set(host, stream=self.cupy.cuda.ExternalStream(stream))
 
     def check_exportable(self, op, name, a, writes):
         pass
@@ -265,6 +299,10 @@ class Call:
 
     def zeros(self, shape, dtype):
         return self.fw.zeros(shape, dtype, self.device)
+
+    def copy_from_host(self, dst, host):
+        """Host NumPy data into the device array dst of this call, on its stream."""
+        self.fw.copy_from_host(dst, host, self.stream)
 
     def workspace_alloc(self, nbytes):
         """A uint8 workspace of nbytes, as the capsule rudnn._C takes (the bindings call this

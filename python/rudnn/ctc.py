@@ -95,10 +95,6 @@ class Problem:
     def options(self):
         return self.blank, self.reduction, self.zero_infinity
 
-    def workspace(self, call, log_probs, backward):
-        nbytes = _C.ctc_loss_workspace_bytes(log_probs, *self.args(), *self.options(), backward)
-        return call.empty((nbytes,), "uint8")
-
 
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False, *,
              stream=None):
@@ -111,10 +107,11 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reducti
     call = fw.Call(op, {"log_probs": log_probs}, stream)
     p = Problem(op, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
     lp = p.batched_view(log_probs)
-    workspace = p.workspace(call, call.arg(lp), False)
     batch = log_probs.shape[1] if p.batched else 1
     loss = call.empty((batch,) if p.reduction == 0 else (), call.dtype_name(log_probs))
-    _C.ctc_loss_forward(call.arg(lp), *p.args(), call.arg(loss), call.arg(workspace), *p.options(), call.stream)
+    # one export per array: the binding sizes the workspace and allocates it through the callback
+    _C.ctc_loss_forward(call.arg(lp), *p.args(), call.arg(loss), None, *p.options(), call.stream,
+                        call.workspace_alloc)
     return loss if p.batched or p.reduction != 0 else loss.reshape(())
 
 
@@ -129,12 +126,11 @@ def ctc_loss_backward(dloss, log_probs, targets, input_lengths, target_lengths, 
     call = fw.Call(op, {"log_probs": log_probs, "dloss": dloss}, stream)
     p = Problem(op, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
     lp = p.batched_view(log_probs)
-    workspace = p.workspace(call, call.arg(lp), True)
     grad = call.empty(tuple(log_probs.shape), call.dtype_name(log_probs))
     if not p.batched and p.reduction == 0 and len(dloss.shape) == 0:
         dloss = dloss.reshape((1,))
-    _C.ctc_loss_backward(call.arg(dloss), call.arg(lp), *p.args(), call.arg(p.batched_view(grad)), call.arg(workspace),
-                         *p.options(), call.stream)
+    _C.ctc_loss_backward(call.arg(dloss), call.arg(lp), *p.args(), call.arg(p.batched_view(grad)), None,
+                         *p.options(), call.stream, call.workspace_alloc)
     return grad
 
 

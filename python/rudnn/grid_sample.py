@@ -79,17 +79,12 @@ def run_grid_sample(op, x, grid, opts, layout, out=None, stream=None):
 def run_grid_sample_backward(op, dy, x, grid, opts, layout, mask=(True, True), deterministic=False, stream=None):
     call = fw.Call(op, {"dy": dy, "x": x, "grid": grid}, stream)
     dtype = call.dtype_name(x)
-    # (a DLPack capsule is consumed by one call: fresh ones for each)
-    def args():
-        return call.arg(dy), call.arg(x), call.arg(grid)
-
-    nbytes = _C.grid_sample_backward_workspace_bytes(*args(), mask[0], *opts.args(layout))
     dx = allocate(call.empty, tuple(x.shape), dtype, channels_last_result(x, len(x.shape) - 2, layout)) \
         if mask[0] else None
     dgrid = call.empty(tuple(grid.shape), dtype) if mask[1] else None
-    workspace = call.empty((nbytes,), "uint8") if nbytes else None
-    _C.grid_sample_backward(*args(), call.arg(dx), call.arg(dgrid), call.arg(workspace), *opts.args(layout),
-                            deterministic, call.stream)
+    # one export per array: the binding sizes the workspace and allocates it through the callback
+    _C.grid_sample_backward(call.arg(dy), call.arg(x), call.arg(grid), call.arg(dx), call.arg(dgrid), None,
+                            *opts.args(layout), deterministic, call.stream, call.workspace_alloc)
     return dx, dgrid
 
 

@@ -27,6 +27,18 @@ def _choice(table, value, op, name):
     return table[value]
 
 
+def _indices_and_experts(op, expert_indices, num_experts):
+    """The wrappers' dispatch takes (indices, num_experts) or a RoutingPlan."""
+    if isinstance(expert_indices, RoutingPlan):
+        if num_experts is not None and integer(op, "num_experts", num_experts) != expert_indices.num_experts:
+            raise ArgumentError(f"{op}: num_experts: the plan routes to {expert_indices.num_experts} experts, "
+                                f"got num_experts={num_experts}")
+        return expert_indices.expert_indices, expert_indices.num_experts
+    if num_experts is None:
+        raise ArgumentError(f"{op}: num_experts: required when expert_indices is an array (or pass the RoutingPlan)")
+    return expert_indices, integer(op, "num_experts", num_experts)
+
+
 def _no_jax(op, *arrays):
     """The functional core below takes torch, CuPy and NumPy arrays; JAX arrays are routed to
     rudnn.jax.moe (XLA FFI) by the public functions and methods before they get here."""
@@ -44,7 +56,10 @@ class RoutingPlan:
     """The routing of T tokens to `top_k` of `num_experts` experts.
 
     expert_indices: uint32 [T, top_k]; weights: [T, top_k] (the logits dtype, or float32
-    for a plan made by `into_training`).
+    for a plan made by `into_training`). A plan unpacks as `(expert_indices, weights)`, so
+    `indices, weights = route(...)` works with rudnn.moe, rudnn.torch.moe and rudnn.jax.moe alike;
+    with JAX arrays a plan is a pytree (it passes through jax.jit; num_experts, scoring,
+    renormalize and scale are static).
     """
 
     def __init__(self, expert_indices, weights, num_experts, *, scoring, renormalize, scale, logits=None):
@@ -56,6 +71,13 @@ class RoutingPlan:
         self.renormalize = bool(renormalize)
         self.scale = float(scale)
         self.logits = logits  # set for training plans: the logits the weights are differentiable in
+
+    def __iter__(self):
+        return iter((self.expert_indices, self.weights))
+
+    def __repr__(self):
+        return (f"RoutingPlan(tokens={self.num_tokens}, top_k={self.top_k}, num_experts={self.num_experts}, "
+                f"scoring={self.scoring!r}, training={self.is_training})")
 
     @property
     def num_tokens(self):
@@ -248,9 +270,7 @@ def route(logits, top_k, renormalize=True, *, stream=None):
     op = "moe.route"
     k, renormalize = integer(op, "top_k", top_k), flag(op, "renormalize", renormalize)
     if fw.is_jax(logits):
-        indices, weights = _rj().route(logits, k, renormalize)
-        return RoutingPlan(indices, weights, int(logits.shape[1]), scoring="softmax", renormalize=renormalize,
-                           scale=1.0)
+        return _rj().route(logits, k, renormalize)
     call = fw.Call(op, {"logits": logits}, stream)
     T, E = _rows_cols(logits)
     indices, weights = _route_outputs(call, logits, T, k, E)
@@ -270,11 +290,8 @@ def route_sigmoid_grouped(logits, bias=None, *, top_k, groups, selected_groups, 
     group_top_two, renormalize = flag(op, "group_top_two", group_top_two), flag(op, "renormalize", renormalize)
     scale = float32_number(op, "scale", scale, "a finite value > 0")
     if fw.is_jax(logits):
-        indices, weights = _rj().route_sigmoid_grouped(logits, bias, top_k=top_k, groups=groups,
-                                                       selected_groups=selected_groups, group_top_two=group_top_two,
-                                                       renormalize=renormalize, scale=scale)
-        return RoutingPlan(indices, weights, int(logits.shape[1]), scoring="sigmoid", renormalize=renormalize,
-                           scale=scale)
+        return _rj().route_sigmoid_grouped(logits, bias, top_k=top_k, groups=groups, selected_groups=selected_groups,
+                                           group_top_two=group_top_two, renormalize=renormalize, scale=scale)
     call = fw.Call(op, {"logits": logits, "bias": bias}, stream)
     T, E = _rows_cols(logits)
     indices, weights = _route_outputs(call, logits, T, top_k, E)

@@ -22,8 +22,9 @@ Inference servers keep K/V in fixed-size physical pages; a schedule maps sequenc
 
 A JAX q gives a plan of JAX arrays (rudnn.jax.paged), whose calls run through XLA FFI.
 
-The CPU backend runs everything; on CUDA the backward has kernels (backward_cuda.cu, compiled
-and emulator-checked, not yet run on a GPU), the forward and append raise UnsupportedError.
+Every op runs on the CPU (the reference backend) and on CUDA (cpp/src/paged/forward_cuda.cu for
+the forward and append, backward_cuda.cu for the backward; compiled and checked by host
+emulation, not yet run on a GPU).
 """
 
 from __future__ import annotations
@@ -209,8 +210,17 @@ class DevicePlan:
             plan = into
             plan.page_size = host.page_size
         t, ln, sq, ps = plan._buffers
-        _C.paged_pack_schedule(**host._args(), out_tables=call.arg(t), out_lengths=call.arg(ln),
-                               out_sequence_ids=call.arg(sq), out_positions=call.arg(ps))
+        if call.device[0] == "cpu":
+            _C.paged_pack_schedule(**host._args(), out_tables=call.arg(t), out_lengths=call.arg(ln),
+                                   out_sequence_ids=call.arg(sq), out_positions=call.arg(ps))
+        else:
+            # Packed on the host, then copied into the device buffers on q's stream (no
+            # synchronization: a captured CUDA graph reads these buffers in place).
+            staged = [np.zeros(tuple(b.shape), np.int32) for b in plan._buffers]
+            _C.paged_pack_schedule(**host._args(), out_tables=staged[0], out_lengths=staged[1],
+                                   out_sequence_ids=staged[2], out_positions=staged[3])
+            for dst, src in zip(plan._buffers, staged):
+                call.copy_from_host(dst, src)
         plan._set_views(host.queries, host.num_seqs)
         plan.host = host
         return plan
@@ -425,6 +435,12 @@ def _append(plan, k, v, k_cache, v_cache, stream):
     call = fw.Call(op, {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream,
                    outputs=("k_cache", "v_cache"))
     meta = _meta(plan, call, op)
+    if call.device[0] != "cpu":
+        # The CPU backend finds duplicate slots in the metadata itself; on a device the host plan
+        # found them (the same check, first_duplicate), so nothing is written either.
+        host = getattr(plan, "host", None)
+        if host is not None and host._duplicate:
+            raise ArgumentError(f"{op}: {host._duplicate}; nothing was written")
     _C.paged_append(**meta, k=call.arg(k), v=call.arg(v), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache),
                     stream=call.stream)
     return k_cache, v_cache
@@ -436,11 +452,7 @@ def _shape_only(q):
 
 
 def _plan_call(op, q):
-    call = fw.Call(op, {"q": _shape_only(q)})
-    if call.device[0] != "cpu":
-        raise UnsupportedError(f"{op}: the CUDA backend of the paged family is not built yet; make the plan for "
-                               f"a CPU q (the reference backend)")
-    return call
+    return fw.Call(op, {"q": _shape_only(q)})
 
 
 class SplitWorkspace:
@@ -487,20 +499,6 @@ def _workspace(op, workspace, call, out_shape):
 def _env_switches():
     """(history_row_cache, history_compaction) from the environment (libruDNN reads and checks it)."""
     return _C.paged_ordered_env()
-
-
-def _to_device(call, host):
-    """A copy of the host uint8 array `host` on the call's device, in its framework."""
-    if call.fw.name == "numpy":
-        return host
-    if call.fw.name == "torch":
-        import torch
-
-        return torch.from_numpy(host).to(torch.device(*call.device) if call.device[0] != "cpu" else "cpu")
-    import cupy
-
-    with cupy.cuda.Device(call.device[1]):
-        return cupy.asarray(host)
 
 
 class OrderedBackwardWorkspace:
@@ -570,9 +568,15 @@ class OrderedBackwardWorkspace:
              ("history_compaction", history_compaction)))]
         layout = _C.paged_ordered_layout(**self.host._args(), heads=self.heads, query_pruning=wanted[0],
                                          history_row_cache=wanted[1], history_compaction=wanted[2])
-        host = np.zeros((layout[-1],), np.uint8)
-        _C.paged_ordered_pack(**self.host._args(), layout=layout, out=host)
-        self.buffer = _to_device(self._call, host)
+        call = self._call
+        buffer = call.zeros((layout[-1],), "uint8")
+        if call.device[0] == "cpu":
+            _C.paged_ordered_pack(**self.host._args(), layout=layout, out=call.arg(buffer))
+        else:  # the index built on the host, copied on the workspace's stream (as DevicePlan.upload does)
+            staged = np.zeros((layout[-1],), np.uint8)
+            _C.paged_ordered_pack(**self.host._args(), layout=layout, out=staged)
+            call.copy_from_host(buffer, staged)
+        self.buffer = buffer
         self._layout = layout
         return self
 

@@ -1,6 +1,7 @@
 // Host emulator of the paged backward CUDA kernels (tests/test_paged_backward_emulation.py builds
 // and runs it). The kernels' own source (cpp/src/paged/backward_cuda.cu up to its launch code,
-// extracted by the test into kernels.inc with one edit: the dynamic shared-memory pointer) runs
+// extracted by the test into kernels.inc with one edit: the dynamic shared-memory pointer; its
+// helpers from paged/cuda_common.cuh are compiled in as they are) runs
 // on the CPU through emu_runtime.hpp, a std::thread per CUDA thread, launched in the order the
 // launch code uses (zero fill or float32 workspace, the row pass, the ordered history pass, the
 // store). Each case compares with the C++ CPU backend (tests/test_paged_backward.py and
@@ -13,6 +14,8 @@
 // Prints one line per case and mode; exits 1 on a mismatch.
 #include "emu_runtime.hpp"
 
+#include <cute/arch/copy_sm80.hpp>  // named by paged/cuda_common.cuh's staging (not run here)
+
 #include "core/dispatch.hpp"
 #include "core/half.hpp"
 #include "paged/problem.hpp"
@@ -24,8 +27,9 @@
 #include "emu_keywords.hpp"
 
 #include "core/convert.cuh"
+#include "paged/cuda_common.cuh"  // row_history, page_of, group_sum: the kernels' shared helpers
 
-// namespace rudnn::paged { namespace emu_k { ...the kernels of backward_cuda.cu... } }
+// namespace rudnn::paged::cuda { namespace emu_k { ...the kernels of backward_cuda.cu... } }
 #include "kernels.inc"
 
 #include "emu_arrays.hpp"
@@ -210,7 +214,7 @@ void make_grads(const Case& c, Operands& o, const PagedOrderedOptions* ordered, 
 // What backward_cuda's run<T> launches, through the emulator.
 template <class T>
 void emulate(const BackwardProblem& b) {
-  using namespace emu_k;
+  using namespace rudnn::paged::cuda::emu_k;
   const Problem& p = b.fwd;
   const i64 ps = p.sched.page_size;
   struct Part {

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import math
+import os
 import sys
 import traceback
 import warnings
@@ -27,6 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rudnn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the references
+from reference import gated_delta as ref_gated_delta  # noqa: E402
+from reference import paged as ref_paged  # noqa: E402
 
 F = torch.nn.functional
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
@@ -68,6 +73,11 @@ def arrays(draw, shape, dtypes=DTYPES, float_bias=True):
         flat = _values((sum(shape) + 8,), dtype, seed)
         return flat.as_strided(shape, (1,) * len(shape))
     return _values(shape, dtype, seed)
+
+
+def like(data, shape, ref):
+    """An array of `shape`, mostly in `ref`'s dtype (so that most calls get past the dtype checks)."""
+    return data.draw(arrays(shape, dtypes=[ref.dtype] * 40 + DTYPES, float_bias=False))
 
 
 @st.composite
@@ -388,9 +398,228 @@ def fuzz_ctc(examples):
     case()
 
 
+def _autograd(fn, wrt, dy):
+    """d(sum(fn(*wrt) * dy)) / d wrt, in float64: the backward oracle."""
+    xs = [t.double().detach().requires_grad_() for t in wrt]
+    with torch.enable_grad():
+        y = fn(*xs)
+        return torch.autograd.grad(y, xs, dy.double())
+
+
+def fuzz_backward(examples):
+    """The backward functions of norm, softmax, attention, pooling and interpolate against torch
+    autograd in float64 (the forward's saved tensors come from rudnn's own forward)."""
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        op = data.draw(st.sampled_from(["layer_norm_backward", "rms_norm_backward", "softmax_backward",
+                                        "attention_backward", "max_pool_backward", "avg_pool_backward",
+                                        "interpolate_backward"]))
+        if op in ("layer_norm_backward", "rms_norm_backward", "softmax_backward"):
+            shape = data.draw(shapes(min_rank=1, max_rank=3))
+            x = data.draw(arrays(shape))
+            dy = like(data, shape if data.draw(st.integers(0, 7)) else shape[:-1] + (shape[-1] + 1,), x)
+            H = shape[-1]
+            w = like(data, (H,), x) if data.draw(st.booleans()) else None
+            if op == "softmax_backward":
+                try:
+                    y = rudnn.softmax(x)
+                except rudnn.Error:
+                    y = x
+                call = lambda: rudnn.softmax_backward(dy, y)
+                oracle = lambda: _autograd(lambda a: torch.softmax(a, -1), [x], dy)[0]
+                check_call("backward", op, call, oracle, [dy, y])
+                return
+            try:
+                if op == "layer_norm_backward":
+                    _, mean, rstd = rudnn.layer_norm(x, w, None, 1e-5, return_stats=True)
+                else:
+                    (_, rstd), mean = rudnn.rms_norm(x, w, 1e-5, return_stats=True), None
+            except rudnn.Error:
+                mean = rstd = torch.zeros(shape[:-1])
+            if op == "layer_norm_backward":
+                call = lambda: rudnn.layer_norm_backward(dy, x, w, mean, rstd)[:1]
+                oracle = lambda: _autograd(lambda a: F.layer_norm(a, (H,), None if w is None else w.double(), None,
+                                                                  1e-5), [x], dy)
+            else:
+                call = lambda: rudnn.rms_norm_backward(dy, x, w, rstd)[:1]
+                oracle = lambda: _autograd(lambda a: a / torch.sqrt(a.pow(2).mean(-1, keepdim=True) + 1e-5)
+                                           * (1 if w is None else w.double()), [x], dy)
+            check_call("backward", op, call, oracle, [dy, x, w, mean, rstd])
+            return
+        if op == "attention_backward":
+            B, H, Sq, Sk, D = (data.draw(st.integers(1, 3)) for _ in range(5))
+            q = data.draw(arrays((B, H, Sq, D)))
+            k, v = like(data, (B, H, Sk, D), q), like(data, (B, H, Sk, D), q)
+            causal = data.draw(st.sampled_from([False, True]))
+            try:
+                out, lse = rudnn.attention(q, k, v, causal=causal, return_lse=True)
+            except rudnn.Error:
+                out, lse = q, torch.zeros(B, H, Sq)
+            dout = like(data, (B, H, Sq, D), q)
+            sdpa = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal)  # noqa: E731
+            call = lambda: tuple(rudnn.attention_backward(dout, q, k, v, out, lse, causal=causal))
+            oracle = lambda: _autograd(sdpa, [q, k, v], dout) if not causal or Sq == Sk else _raise()
+            check_call("backward", op, call, oracle, [dout, q, k, v, out, lse])
+            return
+        shape = data.draw(shapes(min_rank=4, max_rank=4, max_side=6))
+        x = data.draw(arrays(shape))
+        if op == "interpolate_backward":
+            size = data.draw(st.sampled_from([(3, 4), (7, 2), (1, 1)]))
+            mode = data.draw(st.sampled_from(["nearest", "bilinear", "bicubic", "area"]))
+            align = False if mode in ("bilinear", "bicubic") else None
+            out_shape = shape[:2] + size
+            dy = like(data, out_shape if data.draw(st.integers(0, 7)) else shape, x)
+            call = lambda: rudnn.interpolate_backward(dy, x.shape, size=size, mode=mode, align_corners=align)
+            oracle = lambda: _autograd(lambda a: F.interpolate(a, size, None, mode, align), [x], dy)[0]
+            check_call("backward", op, call, oracle, [dy])
+            return
+        kernel, stride, padding = data.draw(st.sampled_from([(2, 2, 0), (3, 2, 1), (3, 1, 1), (1, 1, 0)]))
+        tf = F.max_pool2d if op == "max_pool_backward" else F.avg_pool2d
+        try:
+            y_shape = tf(x.double(), kernel, stride, padding).shape
+        except Exception:  # noqa: BLE001 (torch refuses it: any dy shape will do)
+            y_shape = shape
+        dy = like(data, y_shape if data.draw(st.integers(0, 7)) else shape, x)
+        if op == "max_pool_backward":
+            try:
+                _, indices = rudnn.max_pool(x, kernel, stride, padding, return_indices=True)
+            except rudnn.Error:
+                indices = torch.zeros(y_shape, dtype=torch.int64)
+            call = lambda: rudnn.max_pool_backward(dy, x, indices, kernel=kernel, stride=stride, padding=padding)
+            inputs = [dy, x, indices]
+        else:
+            call = lambda: rudnn.avg_pool_backward(dy, x.shape, kernel=kernel, stride=stride, padding=padding)
+            inputs = [dy]
+        oracle = lambda: _autograd(lambda a: tf(a, kernel, stride, padding), [x], dy)[0]
+        check_call("backward", op, call, oracle, inputs)
+
+    case()
+
+
+def fuzz_gated_delta(examples):
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        B, T = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 6))
+        Hk, K, V = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+        Hv = Hk * data.draw(st.sampled_from([1, 1, 2])) + data.draw(st.sampled_from([0] * 8 + [1]))
+        q = data.draw(arrays((B, Hk, T, K)))
+        k = like(data, (B, Hk, T, K), q)
+        v = like(data, (B, Hv, T, V), q)
+        beta = like(data, (B, Hv, T), q)
+        if beta.dtype.is_floating_point and data.draw(st.integers(0, 7)):
+            beta = beta.float().sigmoid().to(beta.dtype)
+        log_decay = like(data, (B, Hv + (0 if data.draw(st.integers(0, 7)) else 1), T), torch.zeros(0))  # float32
+        if log_decay.dtype.is_floating_point:
+            log_decay = -log_decay.abs()  # a decay in (0, 1]
+        state = like(data, (B, Hv, K, V), torch.zeros(0)) if data.draw(st.booleans()) else None  # float32
+        scale = data.draw(st.sampled_from([0.5] * 20 + SCALARS))
+        chunk = data.draw(st.sampled_from([64] * 4 + [2, 3, 1] * 2 + [0, -1, 2**40, 4.0]))
+        op = data.draw(st.sampled_from(["chunk_gated_delta_rule", "gated_delta_rule"]))
+        if op == "chunk_gated_delta_rule":
+            call = lambda: rudnn.chunk_gated_delta_rule(q, k, v, beta, log_decay, state, scale=scale, chunk_size=chunk)
+        else:
+            call = lambda: rudnn.gated_delta_rule(q, k, v, beta, log_decay, state, scale=scale)
+        oracle = lambda: ref_gated_delta.gated_delta_rule(q, k, v, beta, log_decay, scale, state)
+        check_call("gated_delta", op, call, oracle, [q, k, v, beta, log_decay, state])
+
+    case()
+
+
+def fuzz_paged(examples):
+    """HostPlan metadata (valid, and broken in one place: a page id out of range, a length past the
+    table, a position past its length, a sequence id past the tables) and paged attention against
+    the gather-then-softmax reference."""
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        page_size, pages = data.draw(st.sampled_from([1, 2, 4])), data.draw(st.integers(1, 6))
+        S = data.draw(st.integers(1, 3))
+        lengths = [data.draw(st.integers(0, 3 * page_size)) for _ in range(S)]
+        width = max(1, max(-(-n // page_size) for n in lengths))
+        tables = [[data.draw(st.integers(0, pages - 1)) for _ in range(width)] for _ in range(S)]
+        seq_ids, positions = [], []
+        for s in range(S):
+            for _ in range(data.draw(st.integers(0, 2)) if lengths[s] else 0):
+                seq_ids.append(s)
+                positions.append(data.draw(st.integers(0, lengths[s] - 1)))
+        if not seq_ids:
+            return
+        broken = data.draw(st.sampled_from([None] * 6 + ["page", "length", "position", "sequence", "negative"]))
+        if broken == "page":
+            tables[0][0] = pages
+            lengths[0] = max(lengths[0], 1)
+        elif broken == "length":
+            lengths[-1] = width * page_size + 1
+        elif broken == "position":
+            positions[-1] = lengths[seq_ids[-1]]
+        elif broken == "sequence":
+            seq_ids[-1] = S
+        elif broken == "negative":
+            positions[0] = -1
+        Hkv = data.draw(st.integers(1, 2))
+        Hq = Hkv * data.draw(st.sampled_from([1, 2])) + data.draw(st.sampled_from([0] * 8 + [1]))
+        D, Dv = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+        q = data.draw(arrays((len(seq_ids), Hq, D)))
+        k_cache = like(data, (pages, page_size, Hkv, D), q)
+        v_cache = like(data, (pages, page_size, Hkv, Dv), q)
+        causal = data.draw(st.sampled_from([False, True]))
+        scale = data.draw(st.sampled_from([0.5] * 20 + SCALARS))
+
+        def call():
+            host = rudnn.paged.HostPlan(page_size, pages, tables, lengths, seq_ids, positions)
+            return rudnn.paged.DevicePlan.upload(host, q).attention(q, k_cache, v_cache, scale, causal)
+
+        def oracle():
+            if Hq % Hkv:
+                raise ValueError("no oracle")
+            sched = (page_size, tables, lengths, seq_ids, positions)
+            return ref_paged.attention(sched, q, k_cache, v_cache, scale=scale, causal=causal)[0]
+
+        check_call("paged", ("HostPlan", "DevicePlan.upload", "paged_attention"), call, oracle, [q, k_cache, v_cache])
+
+    case()
+
+
+def fuzz_moe_dispatch(examples):
+    """dispatch then combine of random (valid or out-of-range) expert indices: each token comes
+    back as the weighted sum of its rows."""
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        T, E, H = data.draw(st.integers(0, 5)), data.draw(st.integers(1, 5)), data.draw(st.integers(1, 4))
+        k = data.draw(st.integers(1, E))
+        g = torch.Generator().manual_seed(data.draw(st.integers(0, 999)))
+        indices = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]) if T else \
+            torch.zeros(0, k, dtype=torch.int64)
+        indices = indices.to(data.draw(st.sampled_from([torch.int32, torch.int64, torch.uint32])))
+        bad = data.draw(st.sampled_from([None] * 6 + ["high", "negative"]))
+        if bad and T:
+            indices = indices.to(torch.int64)
+            indices[0, 0] = E if bad == "high" else -1
+        x = data.draw(arrays((T, H)))
+        weights = like(data, (T, k), x)
+
+        def call():
+            plan = rudnn.moe.RoutingPlan(indices, weights, E, scoring="softmax", renormalize=True, scale=1.0)
+            d = plan.dispatch(x)
+            return d.combine(d.x)
+
+        oracle = lambda: (weights.double().sum(-1, keepdim=True) * x.double())  # every row is a copy of its token
+        check_call("moe_dispatch", "moe.", call, oracle, [indices, x, weights])  # moe.dispatch or moe.combine
+
+    case()
+
+
 FAMILIES = {"norm": fuzz_norm, "pooling": fuzz_pooling, "interpolate": fuzz_interpolate,
             "attention": fuzz_attention, "moe": fuzz_moe, "conv": fuzz_conv, "grid_sample": fuzz_grid_sample,
-            "ctc": fuzz_ctc}
+            "ctc": fuzz_ctc, "backward": fuzz_backward, "gated_delta": fuzz_gated_delta, "paged": fuzz_paged,
+            "moe_dispatch": fuzz_moe_dispatch}
 
 
 def main(argv=None):

@@ -24,9 +24,10 @@
 // function as the row pass (or reading the cache): one writer per slot, a fixed order, bitwise
 // repeatable. Inactive pages (history compaction) are zeroed by paged_bwd_fill_kernel.
 //
-// Metadata read on the device is bounded before use: a sequence id outside [0, num_seqs), a table
-// entry outside [0, pages), a reader entry outside the workspace's ranges are skipped (their
-// terms dropped), never followed outside an operand.
+// Metadata read on the device is bounded before use (cuda_common.cuh's row_history and page_of:
+// a sequence id outside [0, num_seqs), a table entry outside [0, pages) are absent), and so are
+// the ordered workspace's entries (rows outside [0, queries), cache positions outside the
+// cache): their terms are dropped, never followed outside an operand.
 //
 // Instantiations: the 3 dtypes x {rows, history, store}; attention/MLA, ordered/atomic, the dims
 // are run-time values (the rows live in shared memory, sized at launch).
@@ -42,13 +43,15 @@
 #include "core/convert.cuh"
 #include "core/cuda_check.hpp"
 #include "core/dispatch.hpp"
+#include "paged/cuda_backend.hpp"
+#include "paged/cuda_common.cuh"  // row_history, page_of, group_sum
 #include "paged/problem.hpp"
 
-namespace rudnn::paged {
+namespace rudnn::paged::cuda {
 
 namespace {
+// ---- emulated from here (tests/test_paged_backward_emulation.py) ----
 
-using i64 = std::int64_t;
 using core::from_float;
 using core::to_float;
 
@@ -62,34 +65,14 @@ struct History {
   CacheStrides dk_at, dv_at, dk2_at;
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-  // A butterfly: each step adds the same two values in every lane of a pair (addition commutes),
-  // so all lanes end with the same bits, in an order fixed by the lane numbers.
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
-}
-
-// a . b over n elements: lane-strided partial sums, then the warp sum.
+// a . b over n elements: lane-strided partial sums, then the warp's butterfly sum (each step
+// adds the same two values in both lanes of a pair, and addition commutes, so every lane ends
+// with the same bits, in an order fixed by the lane numbers).
 template <class A, class B>
 __device__ __forceinline__ float warp_dot(const A* a, const B* b, i64 n, int lane) {
   float s = 0.0f;
   for (i64 e = lane; e < n; e += 32) s += to_float(a[e]) * to_float(b[e]);
-  return warp_sum(s);
-}
-
-// The KV positions row r sees (0 when its sequence id is out of range).
-__device__ __forceinline__ i64 visible_on_device(const Problem& p, i64 r, i64& seq) {
-  seq = p.sched.sequence(r);
-  if (seq < 0 || seq >= p.sched.num_seqs) return 0;
-  const i64 n = p.visible(r, seq);
-  const i64 cap = p.sched.width * p.sched.page_size;
-  return n < cap ? n : cap;
-}
-
-// The physical page of position t of sequence seq, or -1 when the table entry is out of range.
-__device__ __forceinline__ i64 page_on_device(const Problem& p, i64 seq, i64 t) {
-  const i64 pg = p.sched.page(seq, t / p.sched.page_size);
-  return pg >= 0 && pg < p.pages ? pg : -1;
+  return group_sum(s, 32);
 }
 
 // s = scale (q . k + q2 . k2) and dP = dout . v of one (row, head) and one slot; q, q2, dout are
@@ -130,8 +113,8 @@ __global__ void __launch_bounds__(kThreads) paged_bwd_rows_kernel(BackwardProble
   const T* K = static_cast<const T*>(p.k);
   const T* K2 = static_cast<const T*>(p.k2);
   const i64 ps = p.sched.page_size;
-  i64 seq = 0;
-  const i64 n = visible_on_device(p, r, seq);
+  const RowHistory row = row_history(p, r);
+  const i64 seq = row.seq, n = row.visible;
   for (i64 h = hk * p.group + warp; h < (hk + 1) * p.group; h += kWarps) {
     float nonzero = 0.0f;
     for (i64 e = lane; e < p.d; e += 32) {
@@ -150,11 +133,11 @@ __global__ void __launch_bounds__(kThreads) paged_bwd_rows_kernel(BackwardProble
     __syncwarp();
     float* st = b.ordered ? b.order.stats + (r * p.hq + h) * 2 : nullptr;
     // Query pruning (ordered mode): a zero dout row and zero dlse give exactly zero terms.
-    const bool pruned = b.ordered && b.order.pruning && warp_sum(nonzero) == 0.0f && dlse == 0.0f;
+    const bool pruned = b.ordered && b.order.pruning && group_sum(nonzero, 32) == 0.0f && dlse == 0.0f;
     if (!pruned) {
       float m = -INFINITY, l = 0.0f, a = 0.0f;
       for (i64 t = 0; t < n; ++t) {
-        const i64 pg = page_on_device(p, seq, t);
+        const i64 pg = page_of(p.sched, p.pages, seq, t);
         if (pg < 0) continue;
         float s, dp;
         score_and_dp<T>(p, q, q2, dout, p.k_at.at(pg, t % ps, hk), p.mla ? p.k2_at.at(pg, t % ps, 0) : 0,
@@ -172,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) paged_bwd_rows_kernel(BackwardProble
         st[1] = delta;
       }
       for (i64 t = 0; t < n; ++t) {
-        const i64 pg = page_on_device(p, seq, t);
+        const i64 pg = page_of(p.sched, p.pages, seq, t);
         if (pg < 0) continue;
         const i64 slot = t % ps, k_off = p.k_at.at(pg, slot, hk), k2_off = p.mla ? p.k2_at.at(pg, slot, 0) : 0;
         float s, dp, P, dS;
@@ -246,8 +229,7 @@ __global__ void __launch_bounds__(kThreads) paged_bwd_history_kernel(BackwardPro
       const i64 r = o.entry_row[x];
       if (r < 0 || r >= p.sched.queries) continue;
       const i64 t = i64(o.entry_index[x]) * ps + slot;
-      i64 seq = 0;
-      if (t >= visible_on_device(p, r, seq)) continue;  // masked, or past the sequence's length
+      if (t >= row_history(p, r).visible) continue;  // masked, or past the sequence's length
       for (i64 h = hk * p.group; h < (hk + 1) * p.group; ++h) {
         const float* st = o.stats + (r * p.hq + h) * 2;
         if (pruned_pair(st[0])) continue;
@@ -419,7 +401,7 @@ const char* run(const BackwardProblem& b, const Tensor* workspace, cudaStream_t 
 
 }  // namespace
 
-std::size_t backward_workspace_bytes_cuda(const BackwardProblem& b) {
+std::size_t backward_workspace_bytes(const BackwardProblem& b) {
   if (b.ordered || b.fwd.dtype == DType::f32) return 0;
   Part parts[3];
   const int n = parts_of(b, parts);
@@ -428,10 +410,9 @@ std::size_t backward_workspace_bytes_cuda(const BackwardProblem& b) {
   return std::size_t(floats) * sizeof(float);
 }
 
-const char* backward_cuda(const BackwardProblem& b, const Tensor* workspace, Stream stream) {
-  const auto s = static_cast<cudaStream_t>(stream);
+const char* backward_cuda(const BackwardProblem& b, const Tensor* workspace, cudaStream_t s) {
   return core::dispatch_float<__half, __nv_bfloat16>(b.fwd.dtype,
                                                      [&](auto tag) { return run<typename decltype(tag)::type>(b, workspace, s); });
 }
 
-}  // namespace rudnn::paged
+}  // namespace rudnn::paged::cuda

@@ -1,10 +1,13 @@
 // Public entry points of the paged family: validate once, then run the backend of the
-// tensors' device. The backward has both backends (backward_cuda.cu); the forward and append
-// raise UnsupportedError on CUDA tensors until their kernels land.
+// tensors' device. Every op has a CUDA backend: the forward and append in forward_cuda.cu, the
+// backward (atomic and ordered) in backward_cuda.cu.
 #include <string>
 
 #include "core/backend.hpp"
 #include "paged/problem.hpp"
+#if RUDNN_WITH_CUDA
+#include "paged/cuda_backend.hpp"
+#endif
 
 namespace rudnn {
 
@@ -12,31 +15,35 @@ namespace {
 
 thread_local const char* last_algorithm = "none";
 
-[[noreturn]] void no_cuda_yet(const char* op) {
-  core::fail(ErrorKind::unsupported, std::string(op) + ": the CUDA backend of the paged family is not built yet; "
-                                                       "run it on CPU tensors (the reference backend)");
+// The CUDA forward of a validated problem (only reached in a build with CUDA).
+void forward_on_cuda(const paged::Problem& p, const Tensor* workspace, Stream stream) {
+#if RUDNN_WITH_CUDA
+  last_algorithm = paged::cuda::forward_cuda(p, workspace, static_cast<cudaStream_t>(stream));
+#else
+  (void)p, (void)workspace, (void)stream;
+#endif
 }
 
 }  // namespace
 
-void paged_attention(const PagedAttentionArgs& args, const Tensor* workspace, Stream) {
+void paged_attention(const PagedAttentionArgs& args, const Tensor* workspace, Stream stream) {
   const paged::Problem p = paged::validate_attention(args, workspace);
   core::on_device(args.q.device, "paged_attention",
                   [&] {
                     paged::forward_cpu(p, workspace);
                     last_algorithm = "cpu";
                   },
-                  [&] { no_cuda_yet("paged_attention"); });
+                  [&] { forward_on_cuda(p, workspace, stream); });
 }
 
-void paged_mla(const PagedMlaArgs& args, const Tensor* workspace, Stream) {
+void paged_mla(const PagedMlaArgs& args, const Tensor* workspace, Stream stream) {
   const paged::Problem p = paged::validate_mla(args, workspace);
   core::on_device(args.q.device, "paged_mla",
                   [&] {
                     paged::forward_cpu(p, workspace);
                     last_algorithm = "cpu";
                   },
-                  [&] { no_cuda_yet("paged_mla"); });
+                  [&] { forward_on_cuda(p, workspace, stream); });
 }
 
 namespace {
@@ -55,14 +62,22 @@ void run_backward(const paged::BackwardProblem& p, const Tensor& q, const Tensor
                     }
                   },
                   [&] {
-                    core::expect_workspace(workspace, q, "q", paged::backward_workspace_bytes_cuda(p), op);
-                    last_algorithm = paged::backward_cuda(p, workspace, stream);
+#if RUDNN_WITH_CUDA
+                    core::expect_workspace(workspace, q, "q", paged::cuda::backward_workspace_bytes(p), op);
+                    last_algorithm = paged::cuda::backward_cuda(p, workspace, static_cast<cudaStream_t>(stream));
+#else
+                    (void)workspace, (void)stream;
+#endif
                   });
 }
 
 std::size_t backward_bytes(const paged::BackwardProblem& p, const Device& device, const char* op) {
   std::size_t bytes = 0;
-  core::on_device(device, op, [] {}, [&] { bytes = paged::backward_workspace_bytes_cuda(p); });
+#if RUDNN_WITH_CUDA
+  core::on_device(device, op, [] {}, [&] { bytes = paged::cuda::backward_workspace_bytes(p); });
+#else
+  (void)p, (void)device, (void)op;
+#endif
   return bytes;
 }
 
@@ -86,14 +101,20 @@ void paged_mla_backward(const PagedMlaBackwardArgs& args, const Tensor* workspac
   run_backward(p, args.q, workspace, stream, "paged_mla_backward");
 }
 
-void paged_append(const PagedAppendArgs& args, Stream) {
+void paged_append(const PagedAppendArgs& args, Stream stream) {
   const paged::AppendProblem p = paged::validate_append(args);
   core::on_device(args.k.device, "paged_append",
                   [&] {
                     paged::append_cpu(args, p);
                     last_algorithm = "cpu";
                   },
-                  [&] { no_cuda_yet("paged_append"); });
+                  [&] {
+#if RUDNN_WITH_CUDA
+                    last_algorithm = paged::cuda::append_cuda(args, p, static_cast<cudaStream_t>(stream));
+#else
+                    (void)stream;
+#endif
+                  });
 }
 
 const char* paged_last_algorithm() { return last_algorithm; }

@@ -125,9 +125,7 @@ BackwardProblem validate_mla_backward(const PagedMlaBackwardArgs& a);
 void backward_cpu(const BackwardProblem& p);
 // The ordered algorithm on the CPU (the reference of the CUDA ordered kernels).
 void backward_ordered_cpu(const BackwardProblem& p);
-// The CUDA backward (backward_cuda.cu): returns the algorithm's name.
-std::size_t backward_workspace_bytes_cuda(const BackwardProblem& p);
-const char* backward_cuda(const BackwardProblem& p, const Tensor* workspace, Stream stream);
+// (The CUDA backward: paged/cuda_backend.hpp.)
 AppendProblem validate_append(const PagedAppendArgs& a);
 // The first pair of rows naming the same physical slot of a host schedule; message empty when none.
 void find_duplicate_slot(const Schedule& s, std::int64_t& row, std::int64_t& of, std::string& message);

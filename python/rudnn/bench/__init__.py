@@ -224,6 +224,24 @@ class Timer:
             return self._cuda(fn, reps or self.reps, batches or self.batches)
         return self._cpu(fn)
 
+    def host(self, fn, reps: int = 200, batches: int = 7) -> float:
+        """Milliseconds per call of `reps` back-to-back calls with one synchronization at the end
+        (median of `batches`): on tiny inputs this is the host cost of a call (argument checks,
+        DLPack exports, allocation, launch), unless the device is the slower side. Families that
+        set TIMING = "host" are timed this way (the `overhead` family)."""
+        sync = self.torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
+        for _ in range(self.warmup):
+            fn()
+        sync()
+        samples = []
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            sync()
+            samples.append((time.perf_counter() - t0) * 1e3 / reps)
+        return statistics.median(samples)
+
     def _cpu(self, fn) -> float:
         fn()
         samples = []

@@ -88,6 +88,8 @@ def run_case(index: int, spec, device: str, timer, seed: int) -> dict:
            "dtype": spec.dtype, "seed": seed, "status": "ok", "note": "", "ms": None, "peer_ms": None,
            "err": None, "peer_err": None, "bytes": 0, "flops": 0, "checks": []}
     prepared = None
+    if getattr(family(spec.family), "TIMING", "device") == "host":
+        timer = timer.host
     try:
         torch.manual_seed(seed)
         prepared = family(spec.family).prepare(spec, device)

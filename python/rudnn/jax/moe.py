@@ -1,12 +1,13 @@
 """rudnn.moe for JAX: the MoE steps as XLA FFI custom calls (cpu and CUDA), differentiable with
 custom_vjp, usable under jax.jit and jax.grad (vmap runs sequentially).
 
-The eager rudnn.moe API passes plan objects around; here, as in rudnn.torch.moe, the steps are
+The eager rudnn.moe API passes plan objects around; here, as in rudnn.torch.moe, route returns
+the same RoutingPlan (a pytree; it unpacks as (expert_indices, weights)) and the other steps are
 functions of arrays:
 
-    indices, _ = route(logits, top_k)                          # the selection (no gradient)
-    weights = selected_router_weights(logits, indices)         # differentiable in logits
-    xd, offsets, token_of_row, row_of_slot = dispatch(x, indices, E)   # differentiable in x
+    plan = route(logits, top_k)                                # a RoutingPlan (no gradient)
+    weights = selected_router_weights(logits, plan.expert_indices)     # differentiable in logits
+    xd, offsets, token_of_row, row_of_slot = dispatch(x, plan)  # differentiable in x
     yd = swiglu_experts(xd, offsets, gate, up, down)           # differentiable in all four
     out = combine(yd, row_of_slot, weights)                    # differentiable in yd, weights
 """
@@ -21,8 +22,16 @@ import numpy as np
 
 from .._args import flag, integer
 from .. import _C
-from ..moe import _COMBINE_STRATEGIES, _EXPERTS_STRATEGIES, _SCORINGS, _choice
+from ..moe import _COMBINE_STRATEGIES, _EXPERTS_STRATEGIES, _SCORINGS, RoutingPlan, _choice, _indices_and_experts
 from . import _ffi
+
+
+# A RoutingPlan of JAX arrays crosses jax.jit boundaries: its arrays are the leaves, its options static.
+jax.tree_util.register_pytree_node(
+    RoutingPlan,
+    lambda p: ((p.expert_indices, p.weights, p.logits), (p.num_experts, p.scoring, p.renormalize, p.scale)),
+    lambda aux, leaves: RoutingPlan(leaves[0], leaves[1], aux[0], scoring=aux[1], renormalize=aux[2], scale=aux[3],
+                                    logits=leaves[2]))
 
 __all__ = ["route", "route_sigmoid_grouped", "selected_router_weights", "selected_router_backward", "dispatch",
            "dispatch_backward", "combine", "combine_backward", "swiglu_experts", "swiglu_experts_training",
@@ -48,7 +57,7 @@ def route(logits, top_k, renormalize=True):
     logits = jax.lax.stop_gradient(logits)  # the selection gets no gradient
     indices, weights = jax.ffi.ffi_call("rudnn_moe_route", (_ffi.sds(shape, jnp.uint32), _ffi.sds(shape, logits.dtype)),
                                         vmap_method=_SEQ)(logits, top_k=np.int32(k), renormalize=bool(renormalize))
-    return indices, weights
+    return RoutingPlan(indices, weights, logits.shape[1], scoring="softmax", renormalize=renormalize, scale=1.0)
 
 
 @_ffi.raises_rudnn_errors
@@ -71,7 +80,7 @@ def route_sigmoid_grouped(logits, bias=None, *, top_k, groups, selected_groups, 
     indices, weights = call(logits, *_ffi.present(bias), top_k=np.int32(k), groups=np.int32(groups),
                             selected_groups=np.int32(selected_groups), group_top_two=bool(group_top_two),
                             renormalize=bool(renormalize), has_bias=bias is not None, scale=np.float32(scale))
-    return indices, weights
+    return RoutingPlan(indices, weights, logits.shape[1], scoring="sigmoid", renormalize=renormalize, scale=scale)
 
 
 # ---- differentiable router weights --------------------------------------------------------------
@@ -163,9 +172,11 @@ _dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
 
 
 @_ffi.raises_rudnn_errors
-def dispatch(x, expert_indices, num_experts):
+def dispatch(x, expert_indices, num_experts=None):
     """(x_dispatched [T*k, H], offsets [E+1], token_of_row [T*k], row_of_slot [T, k]);
-    x_dispatched is differentiable in x."""
+    x_dispatched is differentiable in x. `expert_indices` may be a RoutingPlan (route's result),
+    which brings num_experts."""
+    expert_indices, num_experts = _indices_and_experts("moe.dispatch", expert_indices, num_experts)
     x, expert_indices = _ready("moe.dispatch", x=x, expert_indices=expert_indices)
     return _dispatch(x, expert_indices, int(num_experts))
 

@@ -76,8 +76,8 @@ def _device_of(op, q):
         raise ArgumentError(f"{op}: q: expected a concrete JAX array on one device (plans are made outside jit)")
     device = next(iter(devices))
     if device.platform != "cpu":
-        raise UnsupportedError(f"{op}: the CUDA backend of the paged family is not built yet; make the plan for a "
-                               f"CPU q (the reference backend)")
+        raise UnsupportedError(f"{op}: the XLA FFI handlers of the paged family are registered for the CPU "
+                               f"only (torch and CuPy arrays run on CUDA); make the plan for a CPU q")
     return device
 
 

@@ -1,12 +1,13 @@
 """rudnn.moe as torch.library custom ops: fake (meta) implementations for torch.compile and
 autograd through the rudnn backward kernels.
 
-The eager API of rudnn.moe passes plan objects around; here the same steps are functions of
-tensors so that autograd can see them:
+The eager API of rudnn.moe passes plan objects around; here route returns the same RoutingPlan
+(it unpacks as (expert_indices, weights)) and the other steps are functions of tensors so that
+autograd can see them:
 
-    indices, _ = route(logits, top_k)                         # the selection (no gradient)
-    weights = selected_router_weights(logits, indices)        # differentiable in logits
-    xd, offsets, token_of_row, row_of_slot = dispatch(x, indices, E)   # differentiable in x
+    plan = route(logits, top_k)                               # a RoutingPlan (no gradient)
+    weights = selected_router_weights(logits, plan.expert_indices)    # differentiable in logits
+    xd, offsets, token_of_row, row_of_slot = dispatch(x, plan)  # differentiable in x
     yd = swiglu_experts(xd, offsets, gate, up, down)          # differentiable in all four
     out = combine(yd, row_of_slot, weights)                   # differentiable in yd, weights
 
@@ -57,18 +58,23 @@ def _(logits, bias, top_k, groups, selected_groups, group_top_two, renormalize, 
 
 
 def route(logits, top_k, renormalize=True):
-    """Softmax top-k routing: (expert_indices uint32 [T, k], weights [T, k]); no gradient."""
-    return _route(logits, integer("moe.route", "top_k", top_k), flag("moe.route", "renormalize", renormalize))
+    """Softmax top-k routing: a rudnn.moe.RoutingPlan (it unpacks as (expert_indices uint32 [T, k],
+    weights [T, k])); no gradient (selected_router_weights gives differentiable weights)."""
+    k, renormalize = integer("moe.route", "top_k", top_k), flag("moe.route", "renormalize", renormalize)
+    indices, weights = _route(logits, k, renormalize)
+    return _moe.RoutingPlan(indices, weights, logits.shape[1], scoring="softmax", renormalize=renormalize, scale=1.0)
 
 
 def route_sigmoid_grouped(logits, bias=None, *, top_k, groups, selected_groups, group_top_two=True, renormalize=True,
                           scale=1.0):
-    """DeepSeek-V3 grouped sigmoid routing: (expert_indices, weights); no gradient."""
+    """DeepSeek-V3 grouped sigmoid routing: a rudnn.moe.RoutingPlan (it unpacks as
+    (expert_indices, weights)); no gradient."""
     op = "moe.route_sigmoid_grouped"
-    return _route_sigmoid_grouped(logits, bias, integer(op, "top_k", top_k), integer(op, "groups", groups),
-                                  integer(op, "selected_groups", selected_groups),
-                                  flag(op, "group_top_two", group_top_two), flag(op, "renormalize", renormalize),
-                                  float32_number(op, "scale", scale, "a finite value > 0"))
+    renormalize, scale = flag(op, "renormalize", renormalize), float32_number(op, "scale", scale, "a finite value > 0")
+    indices, weights = _route_sigmoid_grouped(logits, bias, integer(op, "top_k", top_k), integer(op, "groups", groups),
+                                              integer(op, "selected_groups", selected_groups),
+                                              flag(op, "group_top_two", group_top_two), renormalize, scale)
+    return _moe.RoutingPlan(indices, weights, logits.shape[1], scoring="sigmoid", renormalize=renormalize, scale=scale)
 
 
 # ---- differentiable router weights --------------------------------------------------------------
@@ -179,10 +185,12 @@ def _gather_backward(ctx, grad):
 torch.library.register_autograd("rudnn::moe_gather_rows", _gather_backward, setup_context=_gather_setup)
 
 
-def dispatch(x, expert_indices, num_experts):
+def dispatch(x, expert_indices, num_experts=None):
     """(x_dispatched [T*k, H], offsets [E+1], token_of_row [T*k], row_of_slot [T, k]);
-    x_dispatched is differentiable in x."""
-    offsets, token_of_row, row_of_slot = _dispatch_plan(expert_indices, int(num_experts))
+    x_dispatched is differentiable in x. `expert_indices` may be a RoutingPlan (route's result),
+    which brings num_experts."""
+    expert_indices, num_experts = _moe._indices_and_experts("moe.dispatch", expert_indices, num_experts)
+    offsets, token_of_row, row_of_slot = _dispatch_plan(expert_indices, num_experts)
     return _gather_rows(x, token_of_row, row_of_slot), offsets, token_of_row, row_of_slot
 
 
