@@ -94,7 +94,8 @@ def test_backward_errors():
         plan.attention_backward(q, k, k, torch.ones(1, 2, 4))
     with pytest.raises(rudnn.DTypeError, match=r"paged_attention_backward: dout: expected the dtype of q \(float32\)"):
         plan.attention_backward(q, k, k, torch.ones(1, 2, 8, dtype=torch.float16))
-    with pytest.raises(rudnn.UnsupportedError, match="OrderedBackwardWorkspace is not built yet"):
+    with pytest.raises(rudnn.ArgumentError, match="paged_attention_backward: workspace: expected a "
+                                                  "rudnn.paged.OrderedBackwardWorkspace or None, got object"):
         plan.attention_backward(q, k, k, torch.ones(1, 2, 8), workspace=object())
     # a dout expanded over rows and heads is fine (an input); its last axis must be dense
     plan.attention_backward(q, k, k, torch.ones(1, 1, 8).expand(1, 2, 8))

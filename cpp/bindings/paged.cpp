@@ -49,6 +49,35 @@ PagedMetadata metadata(std::int64_t page_size, const In& tables, const In& lengt
   return m;
 }
 
+// An ordered workspace's layout crosses to Python as a tuple (python/rudnn/paged.py keeps it):
+// (query_pruning, history_row_cache, history_compaction, queries, heads, pages, page_size,
+//  listed, inactive, readers, cached, bytes).
+using LayoutTuple = std::tuple<bool, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                               std::int64_t, std::int64_t, std::int64_t, std::size_t>;
+
+LayoutTuple layout_tuple(const PagedOrderedLayout& l) {
+  return {l.options.query_pruning, l.options.history_row_cache, l.options.history_compaction, l.queries, l.heads,
+          l.pages, l.page_size, l.listed, l.inactive, l.readers, l.cached, l.bytes};
+}
+
+PagedOrderedLayout layout_of(const LayoutTuple& t) {
+  PagedOrderedLayout l;
+  std::tie(l.options.query_pruning, l.options.history_row_cache, l.options.history_compaction, l.queries, l.heads,
+           l.pages, l.page_size, l.listed, l.inactive, l.readers, l.cached, l.bytes) = t;
+  return l;
+}
+
+// The ordered workspace of a backward call (null when `layout` is None).
+const PagedOrderedWorkspace* ordered_of(const std::optional<LayoutTuple>& layout, const OptOut& buffer,
+                                        std::optional<PagedOrderedWorkspace>& slot) {
+  if (!layout) return nullptr;
+  if (!buffer) throw Error(ErrorKind::value, "ordered workspace: a layout without its buffer");
+  slot.emplace();
+  slot->layout = layout_of(*layout);
+  slot->buffer = to_tensor(*buffer, "workspace");
+  return &*slot;
+}
+
 #define RUDNN_PAGED_PLAN_ARGS \
   nb::arg("page_size"), nb::arg("tables"), nb::arg("lengths"), nb::arg("sequence_ids"), nb::arg("positions")
 
@@ -141,10 +170,51 @@ void register_paged(nb::module_& m) {
       nb::arg("stream"));
 
   m.def(
+      "paged_ordered_env",
+      [] {
+        bool rows = false, compact = false;
+        paged_ordered_env(rows, compact);
+        return std::make_tuple(rows, compact);
+      },
+      "(history_row_cache, history_compaction) from RUDNN_PAGED_ORDERED_CACHE_ROWS / _COMPACT_HISTORY.");
+
+  m.def(
+      "paged_ordered_layout",
+      [](std::int64_t page_size, std::int64_t pages, const In& tables, const OptIn& table_sizes, const In& lengths,
+         const In& sequence_ids, const In& positions, std::int64_t heads, bool query_pruning, bool history_row_cache,
+         bool history_compaction) {
+        std::optional<Tensor> keep;
+        const PagedScheduleArgs a =
+            schedule(page_size, pages, tables, table_sizes, lengths, sequence_ids, positions, keep);
+        PagedOrderedOptions o;
+        o.query_pruning = query_pruning;
+        o.history_row_cache = history_row_cache;
+        o.history_compaction = history_compaction;
+        return layout_tuple(paged_ordered_layout(a, heads, o));
+      },
+      nb::arg("page_size"), nb::arg("pages"), nb::arg("tables"), nb::arg("table_sizes").none(), nb::arg("lengths"),
+      nb::arg("sequence_ids"), nb::arg("positions"), nb::arg("heads"), nb::arg("query_pruning"),
+      nb::arg("history_row_cache"), nb::arg("history_compaction"));
+
+  m.def(
+      "paged_ordered_pack",
+      [](std::int64_t page_size, std::int64_t pages, const In& tables, const OptIn& table_sizes, const In& lengths,
+         const In& sequence_ids, const In& positions, const LayoutTuple& layout, const Out& out) {
+        std::optional<Tensor> keep;
+        const PagedScheduleArgs a =
+            schedule(page_size, pages, tables, table_sizes, lengths, sequence_ids, positions, keep);
+        paged_ordered_pack(a, layout_of(layout), to_tensor(out, "out"));
+      },
+      nb::arg("page_size"), nb::arg("pages"), nb::arg("tables"), nb::arg("table_sizes").none(), nb::arg("lengths"),
+      nb::arg("sequence_ids"), nb::arg("positions"), nb::arg("layout"), nb::arg("out"));
+
+  m.def(
       "paged_attention_backward",
       [](std::int64_t page_size, const In& tables, const In& lengths, const In& sequence_ids, const In& positions,
          const In& q, const In& k_cache, const In& v_cache, const In& dout, double scale, bool causal,
-         const OptOut& dq, const OptOut& dk_cache, const OptOut& dv_cache, const OptIn& dlse, std::uintptr_t stream) {
+         const OptOut& dq, const OptOut& dk_cache, const OptOut& dv_cache, const OptIn& dlse,
+         const std::optional<LayoutTuple>& ordered_layout, const OptOut& ordered_buffer, std::uintptr_t stream,
+         const nb::object& workspace_alloc) {
         PagedAttentionBackwardArgs a;
         a.plan = metadata(page_size, tables, lengths, sequence_ids, positions);
         a.q = to_tensor(q, "q");
@@ -153,24 +223,31 @@ void register_paged(nb::module_& m) {
         a.dout = to_tensor(dout, "dout");
         a.scale = scale;
         a.causal = causal;
-        std::optional<Tensor> keep[4];
+        std::optional<Tensor> keep[4], ws;
+        std::optional<PagedOrderedWorkspace> ordered;
+        std::optional<Out> held;
         a.dq = opt_tensor(dq, "dq", keep[0]);
         a.dk_cache = opt_tensor(dk_cache, "dk_cache", keep[1]);
         a.dv_cache = opt_tensor(dv_cache, "dv_cache", keep[2]);
         a.dlse = opt_tensor(dlse, "dlse", keep[3]);
+        a.ordered = ordered_of(ordered_layout, ordered_buffer, ordered);
+        const Tensor* w = workspace_from(std::nullopt, workspace_alloc,
+                                         [&] { return paged_attention_backward_workspace_bytes(a); }, held, ws);
         nb::gil_scoped_release release;
-        paged_attention_backward(a, as_stream(stream));
+        paged_attention_backward(a, w, as_stream(stream));
       },
       RUDNN_PAGED_PLAN_ARGS, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("dout"), nb::arg("scale"),
       nb::arg("causal"), nb::arg("dq").none(), nb::arg("dk_cache").none(), nb::arg("dv_cache").none(),
-      nb::arg("dlse").none(), nb::arg("stream"));
+      nb::arg("dlse").none(), nb::arg("ordered_layout").none(), nb::arg("ordered_buffer").none(), nb::arg("stream"),
+      nb::arg("workspace_alloc").none() = nb::none());
 
   m.def(
       "paged_mla_backward",
       [](std::int64_t page_size, const In& tables, const In& lengths, const In& sequence_ids, const In& positions,
          const In& q, const In& qp, const In& latent, const In& kp, const In& dout, double scale, bool causal,
          const OptOut& dq, const OptOut& dqp, const OptOut& dlatent, const OptOut& dkp, const OptIn& dlse,
-         std::uintptr_t stream) {
+         const std::optional<LayoutTuple>& ordered_layout, const OptOut& ordered_buffer, std::uintptr_t stream,
+         const nb::object& workspace_alloc) {
         PagedMlaBackwardArgs a;
         a.plan = metadata(page_size, tables, lengths, sequence_ids, positions);
         a.q = to_tensor(q, "q");
@@ -180,18 +257,24 @@ void register_paged(nb::module_& m) {
         a.dout = to_tensor(dout, "dout");
         a.scale = scale;
         a.causal = causal;
-        std::optional<Tensor> keep[5];
+        std::optional<Tensor> keep[5], ws;
+        std::optional<PagedOrderedWorkspace> ordered;
+        std::optional<Out> held;
         a.dq = opt_tensor(dq, "dq", keep[0]);
         a.dqp = opt_tensor(dqp, "dqp", keep[1]);
         a.dlatent = opt_tensor(dlatent, "dlatent", keep[2]);
         a.dkp = opt_tensor(dkp, "dkp", keep[3]);
         a.dlse = opt_tensor(dlse, "dlse", keep[4]);
+        a.ordered = ordered_of(ordered_layout, ordered_buffer, ordered);
+        const Tensor* w = workspace_from(std::nullopt, workspace_alloc,
+                                         [&] { return paged_mla_backward_workspace_bytes(a); }, held, ws);
         nb::gil_scoped_release release;
-        paged_mla_backward(a, as_stream(stream));
+        paged_mla_backward(a, w, as_stream(stream));
       },
       RUDNN_PAGED_PLAN_ARGS, nb::arg("q"), nb::arg("qp"), nb::arg("latent"), nb::arg("kp"), nb::arg("dout"),
       nb::arg("scale"), nb::arg("causal"), nb::arg("dq").none(), nb::arg("dqp").none(), nb::arg("dlatent").none(),
-      nb::arg("dkp").none(), nb::arg("dlse").none(), nb::arg("stream"));
+      nb::arg("dkp").none(), nb::arg("dlse").none(), nb::arg("ordered_layout").none(),
+      nb::arg("ordered_buffer").none(), nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
 
   m.def(
       "paged_append",

@@ -114,7 +114,7 @@ ffi::Error attention_backward(const Place& place, ffi::AnyBuffer tables, ffi::An
     a.dq = &gq;
     a.dk_cache = &gk;
     a.dv_cache = &gv;
-    paged_attention_backward(a, place.stream);
+    paged_attention_backward(a, nullptr, place.stream);
   });
 }
 
@@ -143,7 +143,7 @@ ffi::Error mla_backward(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffe
     a.dqp = &g1;
     a.dlatent = &g2;
     a.dkp = &g3;
-    paged_mla_backward(a, place.stream);
+    paged_mla_backward(a, nullptr, place.stream);
   });
 }
 

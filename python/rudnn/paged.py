@@ -17,12 +17,14 @@ Inference servers keep K/V in fixed-size physical pages; a schedule maps sequenc
   ``DevicePlan.upload(host_plan, q, into=plan)`` rewrites its arrays in place (same memory), so
   that code captured over ``plan.attention`` sees the new schedule.
 - ``plan.attention``, ``plan.mla``, ``plan.append``; ``SplitWorkspace`` for split-KV.
+- ``plan.attention_backward``, ``plan.mla_backward``; ``OrderedBackwardWorkspace`` for the ordered
+  (bitwise run-to-run deterministic) backward.
 
 A JAX q gives a plan of JAX arrays (rudnn.jax.paged), whose calls run through XLA FFI.
 
-The forward (attention, mla) and append run on the CPU (the reference backend) and on CUDA
-(cpp/src/paged/forward_cuda.cu); the backward runs on the CPU only (CUDA arrays raise
-UnsupportedError).
+Every op runs on the CPU (the reference backend) and on CUDA (cpp/src/paged/forward_cuda.cu for
+the forward and append, backward_cuda.cu for the backward; compiled and checked by host
+emulation, not yet run on a GPU).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from ._args import flag
 from ._args import number as _number
 from .errors import ArgumentError, DeviceError, DTypeError, ShapeError, UnsupportedError
 
-__all__ = ["HostPlan", "DevicePlan", "SplitWorkspace"]
+__all__ = ["HostPlan", "DevicePlan", "SplitWorkspace", "OrderedBackwardWorkspace"]
 
 
 def _int(op, name, value, low):
@@ -263,9 +265,11 @@ class DevicePlan:
         """Gradients (dq, dk_cache, dv_cache) of plan.attention for the output gradient dout
         [queries, Hq, Dv], the probabilities recomputed. need= names the gradients to compute (the
         others come back as None). Cache gradients have the caches' shapes: zero in slots no row
-        sees, the sum over every sequence reading a slot (shared pages). The CPU backend sums in a
-        fixed order (bitwise run-to-run deterministic); OrderedBackwardWorkspace is not built yet.
-        dlse (float32 [queries, Hq]), the gradient with respect to lse, adds the path through lse."""
+        sees, the sum over every sequence reading a slot (shared pages). By default the CUDA backend
+        adds the history gradients with float32 atomics (the CPU backend sums in a fixed order);
+        workspace=OrderedBackwardWorkspace(plan, q) runs the ordered algorithm on either backend
+        (bitwise run-to-run deterministic). dlse (float32 [queries, Hq]), the gradient with respect
+        to lse, adds the path through lse."""
         if fw.is_jax(q):
             from .jax import paged as jpaged
 
@@ -362,10 +366,32 @@ def _need(op, need, names):
     return {n: n in need for n in names}
 
 
-def _no_workspace(op, workspace):
+def _no_workspace_jax(op, workspace):
+    """The JAX backward takes no workspace (its CPU handler sums in a fixed order already)."""
     if workspace is not None:
-        raise UnsupportedError(f"{op}: workspace: OrderedBackwardWorkspace is not built yet (the CPU backward sums "
-                               f"in a fixed order already)")
+        raise UnsupportedError(f"{op}: workspace: the JAX backward takes no OrderedBackwardWorkspace yet (on the "
+                               f"CPU it sums in a fixed order: bitwise run-to-run deterministic already)")
+
+
+def _ordered(op, workspace, plan, call, q):
+    """(layout, buffer capsule) of an OrderedBackwardWorkspace argument, or (None, None)."""
+    if workspace is None:
+        return None, None
+    if not isinstance(workspace, OrderedBackwardWorkspace):
+        raise ArgumentError(f"{op}: workspace: expected a rudnn.paged.OrderedBackwardWorkspace or None, got "
+                            f"{type(workspace).__name__}")
+    if workspace.framework != call.fw.name or workspace.device != call.device:
+        raise DeviceError(f"{op}: workspace: expected a workspace of q's framework and device ({call.fw.name} "
+                          f"{fw._fmt(call.device)}), got {workspace.framework} {fw._fmt(workspace.device)}")
+    if workspace.stream != call.stream:
+        raise ArgumentError(f"{op}: workspace: made for stream {workspace.stream:#x}, used on stream "
+                            f"{call.stream:#x} (a workspace serves one stream)")
+    host = getattr(plan, "host", None)
+    if isinstance(plan, DevicePlan) and host is not workspace.host:
+        raise ArgumentError(f"{op}: workspace: made for another schedule (the plan was rewritten by "
+                            f"DevicePlan.upload(..., into=plan) or is another plan); make the "
+                            f"OrderedBackwardWorkspace again")
+    return workspace._layout, call.arg(workspace.buffer)
 
 
 def _attention_backward(plan, q, k_cache, v_cache, dout, scale, causal, need, workspace, stream, dlse=None):
@@ -373,7 +399,7 @@ def _attention_backward(plan, q, k_cache, v_cache, dout, scale, causal, need, wo
     call = fw.Call(op, {"q": q, "k_cache": k_cache, "v_cache": v_cache, "dout": dout, "dlse": dlse}, stream)
     meta = _meta(plan, call, op)
     want = _need(op, need, ("dq", "dk", "dv"))
-    _no_workspace(op, workspace)
+    layout, buffer = _ordered(op, workspace, plan, call, q)
     causal = flag(op, "causal", causal)
     D = q.shape[-1] if len(q.shape) else 1
     scale = 1.0 / math.sqrt(max(D, 1)) if scale is None else _number(op, "scale", scale, "a finite value > 0")
@@ -382,7 +408,8 @@ def _attention_backward(plan, q, k_cache, v_cache, dout, scale, causal, need, wo
     dv = call.empty(tuple(v_cache.shape), call.dtype_name(v_cache)) if want["dv"] else None
     _C.paged_attention_backward(**meta, q=call.arg(q), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache),
                                 dout=call.arg(dout), scale=scale, causal=causal, dq=call.arg(dq), dk_cache=call.arg(dk),
-                                dv_cache=call.arg(dv), dlse=call.arg(dlse), stream=call.stream)
+                                dv_cache=call.arg(dv), dlse=call.arg(dlse), ordered_layout=layout,
+                                ordered_buffer=buffer, stream=call.stream, workspace_alloc=call.workspace_alloc)
     return dq, dk, dv
 
 
@@ -391,14 +418,15 @@ def _mla_backward(plan, q, qp, latent, kp, dout, scale, causal, need, workspace,
     call = fw.Call(op, {"q": q, "qp": qp, "latent": latent, "kp": kp, "dout": dout, "dlse": dlse}, stream)
     meta = _meta(plan, call, op)
     want = _need(op, need, ("dq", "dqp", "dlatent", "dkp"))
-    _no_workspace(op, workspace)
+    layout, buffer = _ordered(op, workspace, plan, call, q)
     causal = flag(op, "causal", causal)
     scale = _number(op, "scale", scale, "a finite value > 0")
     grads = {n: call.empty(tuple(a.shape), call.dtype_name(a)) if want[n] else None
              for n, a in (("dq", q), ("dqp", qp), ("dlatent", latent), ("dkp", kp))}
     _C.paged_mla_backward(**meta, q=call.arg(q), qp=call.arg(qp), latent=call.arg(latent), kp=call.arg(kp),
                           dout=call.arg(dout), scale=scale, causal=causal,
-                          **{n: call.arg(g) for n, g in grads.items()}, dlse=call.arg(dlse), stream=call.stream)
+                          **{n: call.arg(g) for n, g in grads.items()}, dlse=call.arg(dlse), ordered_layout=layout,
+                          ordered_buffer=buffer, stream=call.stream, workspace_alloc=call.workspace_alloc)
     return grads["dq"], grads["dqp"], grads["dlatent"], grads["dkp"]
 
 
@@ -466,3 +494,120 @@ def _workspace(op, workspace, call, out_shape):
         raise ShapeError(f"{op}: workspace: made for [queries, heads, value_dim] = {list(shape)}, the output is "
                          f"{list(out_shape)} (a workspace serves one shape)")
     return workspace.splits, workspace.buffer
+
+
+def _env_switches():
+    """(history_row_cache, history_compaction) from the environment (libruDNN reads and checks it)."""
+    return _C.paged_ordered_env()
+
+
+class OrderedBackwardWorkspace:
+    """The ordered (fixed summation order, bitwise run-to-run deterministic) paged backward, for
+    one plan's schedule and q's head count: pass it as ``workspace=`` to ``plan.attention_backward``
+    / ``plan.mla_backward``. It holds (allocated with q's framework on q's device, at most 64 MiB,
+    ``bytes()`` its size) an index of the schedule built on the host when it is made, and scratch
+    each backward overwrites (so one call at a time, on the stream it was made for). The
+    algorithm: a row pass computes every (row, head)'s lse and delta = dout . out - dlse and dq
+    (one writer per row); a history pass gives each page slot its gradient by walking the page's
+    readers (query rows, ascending; under causal masking those that see the page first) in that
+    fixed order, one writer per slot, no atomics. The options:
+
+    - ``query_pruning`` (default True): a causal call visits only the readers whose position
+      reaches the page, and (row, head) pairs with a zero dout row and zero dlse are skipped in
+      both passes (their terms are exactly zero). Off, every reader and pair is computed and
+      masked. Same bits either way; only the work differs.
+    - ``history_row_cache`` (default False, or RUDNN_PAGED_ORDERED_CACHE_ROWS=1): the row pass
+      keeps P and dS of every (row, KV position, head) in the workspace (8 bytes each, over the
+      full length of each row's sequence) and the history pass reads them instead of recomputing
+      the two dot products per slot and head. Same bits; a bigger workspace.
+    - ``history_compaction`` (default False, or RUDNN_PAGED_ORDERED_COMPACT_HISTORY=1): history
+      gradients are computed only for pages reachable from sequences that have query rows;
+      the other pages get zeros without being visited. ``compaction_pages()`` gives
+      ``(active, inactive)``: int64 arrays of the physical page ids of each kind.
+
+    The environment switches (unset or 0: off, 1: on, anything else ArgumentError) are read when
+    the workspace is made and give the defaults of the two options an explicit argument overrides.
+    ``configure(...)`` changes options in place; one that does not fit the 64 MiB budget raises
+    ArgumentError and leaves the previous mode (options and buffer) as it was. A plan rewritten by
+    ``DevicePlan.upload(..., into=plan)`` needs a new workspace."""
+
+    def __init__(self, plan, q, query_pruning=True, history_row_cache=None, history_compaction=None, *,
+                 stream=None):
+        op = "OrderedBackwardWorkspace"
+        if not isinstance(plan, DevicePlan):
+            raise ArgumentError(f"{op}: plan: expected a rudnn.paged.DevicePlan, got {type(plan).__name__}")
+        if plan.host is None:
+            raise ArgumentError(f"{op}: plan: this plan was reserved but holds no schedule yet "
+                                f"(DevicePlan.upload(host, q, into=plan) first)")
+        if fw.is_jax(q):
+            raise UnsupportedError(f"{op}: q: the ordered workspace takes torch, CuPy and NumPy arrays (the JAX "
+                                   f"backward runs without one)")
+        call = fw.Call(op, {"q": _shape_only(q)}, stream)
+        if call.fw.name != plan.framework or call.device != plan.device:
+            raise DeviceError(f"{op}: q: expected the framework and device of the plan ({plan.framework} "
+                              f"{fw._fmt(plan.device)}), got {call.fw.name} {fw._fmt(call.device)}")
+        if len(q.shape) != 3:
+            raise ShapeError(f"{op}: q: expected rank 3 [queries, heads, dim], got shape {tuple(q.shape)}")
+        self.host, self.heads = plan.host, int(q.shape[1])
+        self.device, self.framework, self.stream = call.device, call.fw.name, call.stream
+        self._call = call
+        self._layout, self.buffer = None, None
+        env_rows, env_compact = _env_switches()
+        self.configure(query_pruning=query_pruning,
+                       history_row_cache=env_rows if history_row_cache is None else history_row_cache,
+                       history_compaction=env_compact if history_compaction is None else history_compaction)
+
+    def configure(self, *, query_pruning=None, history_row_cache=None, history_compaction=None):
+        """Changes the named options (None keeps one) and remakes the workspace; on an error
+        (a budget error included) the previous mode stays."""
+        op = "OrderedBackwardWorkspace"
+        old = self._layout
+        current = (True, False, False) if old is None else old[:3]
+        wanted = [current[i] if v is None else flag(op, name, v) for i, (name, v) in enumerate(
+            (("query_pruning", query_pruning), ("history_row_cache", history_row_cache),
+             ("history_compaction", history_compaction)))]
+        layout = _C.paged_ordered_layout(**self.host._args(), heads=self.heads, query_pruning=wanted[0],
+                                         history_row_cache=wanted[1], history_compaction=wanted[2])
+        call = self._call
+        buffer = call.zeros((layout[-1],), "uint8")
+        if call.device[0] == "cpu":
+            _C.paged_ordered_pack(**self.host._args(), layout=layout, out=call.arg(buffer))
+        else:  # the index built on the host, copied on the workspace's stream (as DevicePlan.upload does)
+            staged = np.zeros((layout[-1],), np.uint8)
+            _C.paged_ordered_pack(**self.host._args(), layout=layout, out=staged)
+            call.copy_from_host(buffer, staged)
+        self.buffer = buffer
+        self._layout = layout
+        return self
+
+    @property
+    def query_pruning(self):
+        return self._layout[0]
+
+    @property
+    def history_row_cache(self):
+        return self._layout[1]
+
+    @property
+    def history_compaction(self):
+        return self._layout[2]
+
+    def bytes(self):
+        """Bytes of device memory the workspace holds (index and scratch), at most 64 MiB."""
+        return int(self._layout[-1])
+
+    def compaction_pages(self):
+        """(active, inactive): int64 arrays of the physical pages that sequences with query rows
+        reach and of the others (whose gradients are zero), in ascending order."""
+        pages = self._layout[5]
+        active = np.zeros((pages,), bool)
+        for r in range(self.host.queries):
+            s = int(self.host._sequence_ids[r])
+            n = -(-int(self.host._lengths[s]) // self.host.page_size)
+            active[np.asarray(self.host._tables[s][:n], np.int64)] = True
+        ids = np.arange(pages, dtype=np.int64)
+        return ids[active], ids[~active]
+
+    def __repr__(self):
+        return (f"OrderedBackwardWorkspace(query_pruning={self.query_pruning}, history_row_cache="
+                f"{self.history_row_cache}, history_compaction={self.history_compaction}, bytes={self.bytes()})")

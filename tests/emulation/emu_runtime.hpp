@@ -257,6 +257,9 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   return r;
 }
 
+// CUDA's float atomicAdd for the emulated threads.
+inline float atomicAdd(float* address, float value) { return std::atomic_ref<float>(*address).fetch_add(value); }
+
 template <class T>
 std::vector<T> emu_read(const std::string& path, std::size_t n) {
   std::vector<T> v(n);

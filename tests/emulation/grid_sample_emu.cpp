@@ -25,9 +25,6 @@
 #include "core/convert.cuh"
 #include "pooling/lanes.cuh"
 
-// CUDA's float atomicAdd for the emulated threads.
-inline float atomicAdd(float* address, float value) { return std::atomic_ref<float>(*address).fetch_add(value); }
-
 // namespace rudnn::gs { namespace emu_k { ...the kernels of grid_sample_cuda.cu... } }
 #include "kernels.inc"
 

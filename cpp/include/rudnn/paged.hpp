@@ -112,10 +112,62 @@ std::size_t paged_split_workspace_bytes(std::int64_t queries, std::int64_t heads
 void paged_attention(const PagedAttentionArgs& args, const Tensor* workspace = nullptr, Stream stream = nullptr);
 void paged_mla(const PagedMlaArgs& args, const Tensor* workspace = nullptr, Stream stream = nullptr);
 
+// Ordered (bitwise run-to-run deterministic) backward: the state of an OrderedBackwardWorkspace.
+// Its buffer (uint8 on q's device, at most 64 MiB) starts with an index of the schedule built on
+// the host (paged_ordered_pack) and continues with float32 scratch the backward overwrites:
+//   index:   listed page ids [listed], their reader ranges [listed + 1], causal ends [listed],
+//            reader entries (row, table index) [readers] x 2, inactive page ids [inactive], and
+//            with the row cache the first cached position of every row [queries + 1];
+//   scratch: per (row, head) lse and delta = dout . out - dlse [queries, heads, 2], and with the
+//            row cache per (row, KV position, head) the probability P and dS [cached, heads, 2].
+// The history gradients are reduced per slot over the page's reader entries in index order (rows
+// ascending; under causal masking the entries that see the page first), one writer per slot.
+//   query_pruning:      causal calls visit only the entries that see the page (causal ends), and
+//                       (row, head) pairs whose dout row is zero and dlse zero are skipped in both
+//                       passes (their gradient terms are exactly zero); without it every entry
+//                       and pair is computed and masked. The results are the same bits.
+//   history_row_cache:  the row pass keeps P and dS of every (row, position, head) in the
+//                       workspace and the history pass reads them instead of recomputing the two
+//                       dot products per slot and head (same bits; the workspace grows by
+//                       8 * sum over rows of the sequence length * heads bytes).
+//   history_compaction: only pages reachable from sequences that have query rows are listed;
+//                       the others are inactive and get zeros without being visited.
+struct PagedOrderedOptions {
+  bool query_pruning = true;
+  bool history_row_cache = false;
+  bool history_compaction = false;
+};
+
+// The environment switches RUDNN_PAGED_ORDERED_CACHE_ROWS and RUDNN_PAGED_ORDERED_COMPACT_HISTORY
+// (unset or "0": false, "1": true, anything else an ArgumentError naming the variable).
+void paged_ordered_env(bool& cache_rows, bool& compact_history);
+
+struct PagedOrderedLayout {
+  PagedOrderedOptions options;
+  std::int64_t queries = 0, heads = 0, pages = 0, page_size = 1;
+  std::int64_t listed = 0, inactive = 0, readers = 0, cached = 0;
+  std::size_t bytes = 0;  // the whole buffer
+};
+
+// The layout of the workspace for a host schedule and q's `heads`; ArgumentError above the
+// 64 MiB budget (naming the part that does not fit).
+PagedOrderedLayout paged_ordered_layout(const PagedScheduleArgs& schedule, std::int64_t heads,
+                                        const PagedOrderedOptions& options);
+// Writes the index part of the layout into `out` (a host uint8 array of at least layout.bytes).
+void paged_ordered_pack(const PagedScheduleArgs& schedule, const PagedOrderedLayout& layout, const Tensor& out);
+
+struct PagedOrderedWorkspace {
+  PagedOrderedLayout layout;
+  Tensor buffer;  // uint8 [layout.bytes] on q's device, its index written by paged_ordered_pack
+};
+
 // Backward (probabilities recomputed from q and the caches). Gradient outputs are optional (the
 // `need=` of the Python API): a null one is not computed. Cache gradients cover every slot
 // (zero where no visible key lives) and sum the contributions of every sequence that reads the
-// slot (a shared page gets them all). The CPU backend sums in double in a fixed order.
+// slot (a shared page gets them all). The CPU backend sums in double in a fixed order; with an
+// ordered workspace both backends run the ordered algorithm above. Without one, the CUDA backend
+// adds the history gradients by float32 atomics (into a float32 `workspace` of
+// paged_*_backward_workspace_bytes when the caches are 16-bit; directly when float32).
 struct PagedAttentionBackwardArgs {
   PagedMetadata plan;
   Tensor q, k_cache, v_cache, dout;  // dout [queries, Hq, Dv]
@@ -125,6 +177,7 @@ struct PagedAttentionBackwardArgs {
   const Tensor* dk_cache = nullptr;  // like k_cache
   const Tensor* dv_cache = nullptr;  // like v_cache
   const Tensor* dlse = nullptr;      // optional float32 [queries, Hq]: the gradient through lse (any strides)
+  const PagedOrderedWorkspace* ordered = nullptr;  // the ordered mode, or null (atomics on CUDA)
 };
 
 struct PagedMlaBackwardArgs {
@@ -137,10 +190,16 @@ struct PagedMlaBackwardArgs {
   const Tensor* dlatent = nullptr;   // like latent: the key and the value contributions
   const Tensor* dkp = nullptr;       // like kp
   const Tensor* dlse = nullptr;      // optional float32 [queries, H]
+  const PagedOrderedWorkspace* ordered = nullptr;
 };
 
-void paged_attention_backward(const PagedAttentionBackwardArgs& args, Stream stream = nullptr);
-void paged_mla_backward(const PagedMlaBackwardArgs& args, Stream stream = nullptr);
+// Bytes of the atomic mode's float32 scratch (0 on the CPU, in the ordered mode and for float32
+// caches).
+std::size_t paged_attention_backward_workspace_bytes(const PagedAttentionBackwardArgs& args);
+std::size_t paged_mla_backward_workspace_bytes(const PagedMlaBackwardArgs& args);
+void paged_attention_backward(const PagedAttentionBackwardArgs& args, const Tensor* workspace = nullptr,
+                              Stream stream = nullptr);
+void paged_mla_backward(const PagedMlaBackwardArgs& args, const Tensor* workspace = nullptr, Stream stream = nullptr);
 
 struct PagedAppendArgs {
   PagedMetadata plan;

@@ -1,9 +1,11 @@
-// The CUDA backend of the paged family (forward_cuda.cu): what dispatch.cpp calls for CUDA
+// The CUDA backend of the paged family (forward_cuda.cu, backward_cuda.cu): what dispatch.cpp calls for CUDA
 // tensors, with the device made current. Each returns the name of the kernel path it ran
 // (paged_last_algorithm).
 #pragma once
 
 #include <cuda_runtime_api.h>
+
+#include <cstddef>
 
 #include "paged/problem.hpp"
 
@@ -13,5 +15,10 @@ namespace rudnn::paged::cuda {
 const char* forward_cuda(const Problem& p, const Tensor* workspace, cudaStream_t stream);
 // The append kernel. The duplicate-slot refusal happened before (the host plan's check).
 const char* append_cuda(const PagedAppendArgs& a, const AppendProblem& p, cudaStream_t stream);
+// The backward (backward_cuda.cu): atomic by default, ordered with p.ordered ("cuda_atomic",
+// "cuda_ordered"); `workspace` is the atomic mode's float32 scratch of backward_workspace_bytes
+// (0 bytes for float32 caches and in the ordered mode).
+std::size_t backward_workspace_bytes(const BackwardProblem& p);
+const char* backward_cuda(const BackwardProblem& p, const Tensor* workspace, cudaStream_t stream);
 
 }  // namespace rudnn::paged::cuda

@@ -1,6 +1,6 @@
 // Public entry points of the paged family: validate once, then run the backend of the
-// tensors' device. The forward and append have a CUDA backend (forward_cuda.cu); on CUDA
-// tensors the backward raises UnsupportedError for now.
+// tensors' device. Every op has a CUDA backend: the forward and append in forward_cuda.cu, the
+// backward (atomic and ordered) in backward_cuda.cu.
 #include <string>
 
 #include "core/backend.hpp"
@@ -14,11 +14,6 @@ namespace rudnn {
 namespace {
 
 thread_local const char* last_algorithm = "none";
-
-[[noreturn]] void no_cuda_yet(const char* op) {
-  core::fail(ErrorKind::unsupported, std::string(op) + ": the CUDA backward of the paged family is not built yet; "
-                                                       "run it on CPU tensors (the reference backend)");
-}
 
 // The CUDA forward of a validated problem (only reached in a build with CUDA).
 void forward_on_cuda(const paged::Problem& p, const Tensor* workspace, Stream stream) {
@@ -51,24 +46,59 @@ void paged_mla(const PagedMlaArgs& args, const Tensor* workspace, Stream stream)
                   [&] { forward_on_cuda(p, workspace, stream); });
 }
 
-void paged_attention_backward(const PagedAttentionBackwardArgs& args, Stream) {
-  const paged::BackwardProblem p = paged::validate_attention_backward(args);
-  core::on_device(args.q.device, "paged_attention_backward",
+namespace {
+
+// One backward entry for attention and MLA: the CPU reference (ordered or not), or CUDA.
+void run_backward(const paged::BackwardProblem& p, const Tensor& q, const Tensor* workspace, Stream stream,
+                  const char* op) {
+  core::on_device(q.device, op,
                   [&] {
-                    paged::backward_cpu(p);
-                    last_algorithm = "cpu";
+                    if (p.ordered) {
+                      paged::backward_ordered_cpu(p);
+                      last_algorithm = "cpu_ordered";
+                    } else {
+                      paged::backward_cpu(p);
+                      last_algorithm = "cpu";
+                    }
                   },
-                  [&] { no_cuda_yet("paged_attention_backward"); });
+                  [&] {
+#if RUDNN_WITH_CUDA
+                    core::expect_workspace(workspace, q, "q", paged::cuda::backward_workspace_bytes(p), op);
+                    last_algorithm = paged::cuda::backward_cuda(p, workspace, static_cast<cudaStream_t>(stream));
+#else
+                    (void)workspace, (void)stream;
+#endif
+                  });
 }
 
-void paged_mla_backward(const PagedMlaBackwardArgs& args, Stream) {
+std::size_t backward_bytes(const paged::BackwardProblem& p, const Device& device, const char* op) {
+  std::size_t bytes = 0;
+#if RUDNN_WITH_CUDA
+  core::on_device(device, op, [] {}, [&] { bytes = paged::cuda::backward_workspace_bytes(p); });
+#else
+  (void)p, (void)device, (void)op;
+#endif
+  return bytes;
+}
+
+}  // namespace
+
+std::size_t paged_attention_backward_workspace_bytes(const PagedAttentionBackwardArgs& args) {
+  return backward_bytes(paged::validate_attention_backward(args), args.q.device, "paged_attention_backward");
+}
+
+std::size_t paged_mla_backward_workspace_bytes(const PagedMlaBackwardArgs& args) {
+  return backward_bytes(paged::validate_mla_backward(args), args.q.device, "paged_mla_backward");
+}
+
+void paged_attention_backward(const PagedAttentionBackwardArgs& args, const Tensor* workspace, Stream stream) {
+  const paged::BackwardProblem p = paged::validate_attention_backward(args);
+  run_backward(p, args.q, workspace, stream, "paged_attention_backward");
+}
+
+void paged_mla_backward(const PagedMlaBackwardArgs& args, const Tensor* workspace, Stream stream) {
   const paged::BackwardProblem p = paged::validate_mla_backward(args);
-  core::on_device(args.q.device, "paged_mla_backward",
-                  [&] {
-                    paged::backward_cpu(p);
-                    last_algorithm = "cpu";
-                  },
-                  [&] { no_cuda_yet("paged_mla_backward"); });
+  run_backward(p, args.q, workspace, stream, "paged_mla_backward");
 }
 
 void paged_append(const PagedAppendArgs& args, Stream stream) {

@@ -78,6 +78,36 @@ Problem validate_attention(const PagedAttentionArgs& a, const Tensor* workspace,
 Problem validate_mla(const PagedMlaArgs& a, const Tensor* workspace, const std::string& op = "paged_mla",
                      bool backward = false);
 
+// Word offsets (4-byte words) of the parts of an ordered workspace buffer (paged.hpp).
+struct OrderedOffsets {
+  std::int64_t listed_ids = 0, page_start = 0, causal_end = 0, entry_row = 0, entry_index = 0, inactive_ids = 0,
+               row_start = 0, stats = 0, cache = 0, words = 0;
+};
+inline OrderedOffsets ordered_offsets(const PagedOrderedLayout& l) {
+  OrderedOffsets o;
+  o.listed_ids = 0;
+  o.page_start = o.listed_ids + l.listed;
+  o.causal_end = o.page_start + l.listed + 1;
+  o.entry_row = o.causal_end + l.listed;
+  o.entry_index = o.entry_row + l.readers;
+  o.inactive_ids = o.entry_index + l.readers;
+  o.row_start = o.inactive_ids + l.inactive;
+  o.stats = o.row_start + (l.options.history_row_cache ? l.queries + 1 : 0);
+  o.cache = o.stats + l.queries * l.heads * 2;
+  o.words = o.cache + (l.options.history_row_cache ? l.cached * l.heads * 2 : 0);
+  return o;
+}
+
+// The ordered workspace as the kernels read it (pointers into its buffer).
+struct Ordered {
+  std::int64_t listed = 0, inactive = 0, cached = 0;
+  bool pruning = true, row_cache = false;
+  const std::int32_t *listed_ids = nullptr, *page_start = nullptr, *causal_end = nullptr, *entry_row = nullptr,
+                     *entry_index = nullptr, *inactive_ids = nullptr, *row_start = nullptr;
+  float* stats = nullptr;  // [queries, heads, 2]: lse (+inf: a pruned pair), delta
+  float* cache = nullptr;  // [cached, heads, 2]: P, dS
+};
+
 // The gradients of a backward call (null where not requested). For MLA, dk is dlatent (key
 // and value contributions), dk2 dkp, dq2 dqp; attention's value gradient is dv.
 struct BackwardProblem {
@@ -87,10 +117,15 @@ struct BackwardProblem {
   CacheStrides dk_at, dk2_at, dv_at;
   const float* dlse = nullptr;  // the gradient through lse (d lse / d s_t = P_t), or null
   RowStrides dlse_at;
+  bool ordered = false;         // the ordered mode (`order`), else the default (atomics on CUDA)
+  Ordered order;
 };
 BackwardProblem validate_attention_backward(const PagedAttentionBackwardArgs& a);
 BackwardProblem validate_mla_backward(const PagedMlaBackwardArgs& a);
 void backward_cpu(const BackwardProblem& p);
+// The ordered algorithm on the CPU (the reference of the CUDA ordered kernels).
+void backward_ordered_cpu(const BackwardProblem& p);
+// (The CUDA backward: paged/cuda_backend.hpp.)
 AppendProblem validate_append(const PagedAppendArgs& a);
 // The first pair of rows naming the same physical slot of a host schedule; message empty when none.
 void find_duplicate_slot(const Schedule& s, std::int64_t& row, std::int64_t& of, std::string& message);

@@ -5,6 +5,8 @@
 #include <limits>
 #include <string>
 #include <unordered_map>
+#include <vector>
+#include <cstdlib>
 
 #include "core/aliasing.hpp"
 #include "core/check.hpp"
@@ -357,6 +359,158 @@ std::size_t paged_split_workspace_bytes(std::int64_t queries, std::int64_t heads
   return std::size_t(bytes);
 }
 
+namespace {
+
+// The ordered workspace's reader entries of a host schedule: for every query row r, one entry per
+// page j < ceil(length / page_size) of its sequence, bucketed by physical page; within a page the
+// entries that see it under causal masking (positions[r] >= j * page_size) come first, each group
+// in (row, j) order.
+struct ReaderIndex {
+  std::vector<std::int64_t> start, causal_end;  // per physical page: [start, causal_end) visible, then to start[pg+1]
+  std::vector<std::int32_t> row, index;
+  std::vector<char> active;  // per physical page: read by a sequence that has query rows
+};
+
+ReaderIndex reader_index(const PagedScheduleArgs& a, const PagedScheduleInfo& info) {
+  const paged::IntReader tables = paged::reader(a.tables), lengths = paged::reader(a.lengths),
+                         seq = paged::reader(a.sequence_ids), pos = paged::reader(a.positions);
+  const std::int64_t ps = a.page_size;
+  auto pages_of = [&](std::int64_t s) { return (lengths(s) + ps - 1) / ps; };
+  ReaderIndex x;
+  x.active.assign(std::size_t(a.pages), 0);
+  std::vector<std::int64_t> visible(std::size_t(a.pages) + 1, 0), total(std::size_t(a.pages) + 1, 0);
+  for (std::int64_t r = 0; r < info.queries; ++r) {
+    const std::int64_t s = seq(r);
+    for (std::int64_t j = 0; j < pages_of(s); ++j) {
+      const std::int64_t pg = tables(s, j);
+      x.active[std::size_t(pg)] = 1;
+      ++total[std::size_t(pg) + 1];
+      if (pos(r) >= j * ps) ++visible[std::size_t(pg) + 1];
+    }
+  }
+  x.start.assign(std::size_t(a.pages) + 1, 0);
+  x.causal_end.assign(std::size_t(a.pages), 0);
+  for (std::int64_t pg = 0; pg < a.pages; ++pg) {
+    x.start[std::size_t(pg) + 1] = x.start[std::size_t(pg)] + total[std::size_t(pg) + 1];
+    x.causal_end[std::size_t(pg)] = x.start[std::size_t(pg)] + visible[std::size_t(pg) + 1];
+  }
+  const std::int64_t n = x.start.back();
+  x.row.assign(std::size_t(n), 0);
+  x.index.assign(std::size_t(n), 0);
+  std::vector<std::int64_t> next_visible(x.start.begin(), x.start.end() - 1), next_hidden(x.causal_end);
+  for (std::int64_t r = 0; r < info.queries; ++r) {
+    const std::int64_t s = seq(r);
+    for (std::int64_t j = 0; j < pages_of(s); ++j) {
+      const std::size_t pg = std::size_t(tables(s, j));
+      const std::int64_t at = pos(r) >= j * ps ? next_visible[pg]++ : next_hidden[pg]++;
+      x.row[std::size_t(at)] = std::int32_t(r);
+      x.index[std::size_t(at)] = std::int32_t(j);
+    }
+  }
+  return x;
+}
+
+constexpr std::size_t kOrderedBudget = std::size_t(64) << 20;
+
+bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || std::string(v).empty() || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  fail(ErrorKind::value, std::string("OrderedBackwardWorkspace: ") + name + "=" + v +
+                             ": expected unset, 0 (off) or 1 (on)");
+}
+
+}  // namespace
+
+void paged_ordered_env(bool& cache_rows, bool& compact_history) {
+  cache_rows = env_switch("RUDNN_PAGED_ORDERED_CACHE_ROWS");
+  compact_history = env_switch("RUDNN_PAGED_ORDERED_COMPACT_HISTORY");
+}
+
+PagedOrderedLayout paged_ordered_layout(const PagedScheduleArgs& a, std::int64_t heads,
+                                        const PagedOrderedOptions& options) {
+  const std::string op = "OrderedBackwardWorkspace";
+  const PagedScheduleInfo info = paged_validate_schedule(a, op);
+  if (heads < 1) fail(ErrorKind::shape, op + ": q: expected at least one head, got " + str(heads));
+  const paged::IntReader lengths = paged::reader(a.lengths), seq = paged::reader(a.sequence_ids);
+  PagedOrderedLayout l;
+  l.options = options;
+  l.queries = info.queries;
+  l.heads = heads;
+  l.pages = a.pages;
+  l.page_size = a.page_size;
+  std::vector<char> active(std::size_t(a.pages), 0);
+  const paged::IntReader tables = paged::reader(a.tables);
+  for (std::int64_t r = 0; r < info.queries; ++r) {
+    const std::int64_t s = seq(r), len = lengths(s), n = (len + a.page_size - 1) / a.page_size;
+    l.readers = core::checked_add(l.readers, n, op + ": size");
+    l.cached = core::checked_add(l.cached, len, op + ": size");
+    for (std::int64_t j = 0; j < n; ++j) active[std::size_t(tables(s, j))] = 1;
+  }
+  const std::int64_t act = std::int64_t(std::count(active.begin(), active.end(), 1));
+  l.listed = options.history_compaction ? act : a.pages;
+  l.inactive = a.pages - l.listed;
+  if (!options.history_row_cache) l.cached = 0;
+  // In bytes, overflow-checked part by part (the offsets below are then safe).
+  const std::int64_t index = core::checked_mul(
+      core::checked_add(core::checked_add(3 * l.listed + 1, 2 * l.readers, op + ": size"),
+                        l.inactive + (options.history_row_cache ? l.queries + 1 : 0), op + ": size"),
+      4, op + ": size");
+  const std::int64_t stats = core::checked_mul(core::checked_mul(l.queries, heads, op + ": size"), 8, op + ": size");
+  const std::int64_t cache = core::checked_mul(core::checked_mul(l.cached, heads, op + ": size"), 8, op + ": size");
+  const std::int64_t bytes = core::checked_add(core::checked_add(index, stats, op + ": size"), cache, op + ": size");
+  if (std::size_t(bytes) > kOrderedBudget)
+    fail(ErrorKind::value, op + ": needs " + str(bytes) + " bytes (index " + str(index) + ", row statistics " +
+                               str(stats) + ", history row cache " + str(cache) +
+                               "), above the 64 MiB budget of an ordered workspace" +
+                               (cache > 0 ? " (turn history_row_cache off)" : " (split the batch)"));
+  l.bytes = std::size_t(bytes);
+  return l;
+}
+
+void paged_ordered_pack(const PagedScheduleArgs& a, const PagedOrderedLayout& l, const Tensor& out) {
+  const std::string op = "OrderedBackwardWorkspace";
+  const PagedScheduleInfo info = paged_validate_schedule(a, op);
+  if (out.device.is_cuda()) fail(ErrorKind::device, op + ": buffer: expected a host array");
+  core::expect_dtype(out, DType::u8, op + ": buffer");
+  if (out.rank != 1 || std::size_t(out.shape[0]) < l.bytes || out.strides[0] != 1)
+    fail(ErrorKind::shape, op + ": buffer: expected a dense [" + std::to_string(l.bytes) + "] array, got " +
+                               out.shape_str());
+  if (info.queries != l.queries || a.pages != l.pages || a.page_size != l.page_size)
+    fail(ErrorKind::value, op + ": the layout was made for another schedule");
+  core::expect_data(out, op + ": buffer");
+  const ReaderIndex x = reader_index(a, info);
+  const paged::OrderedOffsets o = paged::ordered_offsets(l);
+  auto* w = reinterpret_cast<std::int32_t*>(out.data);
+  std::int64_t listed = 0, inactive = 0, entries = 0;
+  w[o.page_start] = 0;
+  for (std::int64_t pg = 0; pg < a.pages; ++pg) {
+    const std::size_t p = std::size_t(pg);
+    if (l.options.history_compaction && !x.active[p]) {
+      w[o.inactive_ids + inactive++] = std::int32_t(pg);
+      continue;
+    }
+    w[o.listed_ids + listed] = std::int32_t(pg);
+    for (std::int64_t e = x.start[p]; e < x.start[p + 1]; ++e, ++entries) {
+      w[o.entry_row + entries] = x.row[std::size_t(e)];
+      w[o.entry_index + entries] = x.index[std::size_t(e)];
+    }
+    w[o.causal_end + listed] = std::int32_t(entries - (x.start[p + 1] - x.causal_end[p]));
+    w[o.page_start + ++listed] = std::int32_t(entries);
+  }
+  if (listed != l.listed || inactive != l.inactive || entries != l.readers)
+    fail(ErrorKind::value, op + ": the layout was made for another schedule");
+  if (l.options.history_row_cache) {
+    const paged::IntReader lengths = paged::reader(a.lengths), seq = paged::reader(a.sequence_ids);
+    std::int64_t at = 0;
+    for (std::int64_t r = 0; r < l.queries; ++r) {
+      w[o.row_start + r] = std::int32_t(at);
+      at += lengths(seq(r));
+    }
+    w[o.row_start + l.queries] = std::int32_t(at);
+  }
+}
+
 }  // namespace rudnn
 
 namespace rudnn::paged {
@@ -539,6 +693,77 @@ CacheStrides cache_of(const Tensor* g) {
   return g ? CacheStrides{g->strides[0], g->strides[1], g->strides[2]} : CacheStrides{};
 }
 
+// The ordered workspace of a backward call: its layout must be the call's (queries, heads, pages,
+// page size), its buffer uint8 of layout.bytes on q's device. On the host the index values are
+// checked too (on a device the kernels bound every index they read), so a scribbled buffer is an
+// error, never a read outside an operand.
+void check_ordered(BackwardProblem& b, const PagedOrderedWorkspace* w, const Tensor& q, const std::string& op) {
+  if (!w) return;
+  const std::string name = op + ": workspace";
+  const PagedOrderedLayout& l = w->layout;
+  const Problem& p = b.fwd;
+  core::expect_same_device(w->buffer, q, name, "q");
+  core::expect_dtype(w->buffer, DType::u8, name);
+  if (l.queries != p.sched.queries || l.heads != p.hq || l.pages != p.pages || l.page_size != p.sched.page_size)
+    fail(ErrorKind::shape, name + ": made for " + str(l.queries) + " queries x " + str(l.heads) + " heads over " +
+                               str(l.pages) + " pages of page_size " + str(l.page_size) + ", the call has " +
+                               str(p.sched.queries) + " queries x " + str(p.hq) + " heads over " + str(p.pages) +
+                               " pages of page_size " + str(p.sched.page_size) +
+                               " (an OrderedBackwardWorkspace serves the plan and heads it was made for)");
+  const OrderedOffsets o = ordered_offsets(l);
+  if (l.listed < 0 || l.inactive < 0 || l.listed + l.inactive != l.pages || l.readers < 0 || l.cached < 0 ||
+      std::size_t(o.words) * 4 != l.bytes)
+    fail(ErrorKind::value, name + ": an inconsistent layout (make it with paged_ordered_layout)");
+  if (w->buffer.rank != 1 || std::size_t(w->buffer.shape[0]) != l.bytes || w->buffer.strides[0] != 1)
+    fail(ErrorKind::shape, name + ": expected a dense buffer of " + std::to_string(l.bytes) + " bytes, got shape " +
+                               w->buffer.shape_str());
+  core::expect_data(w->buffer, name);
+  auto* words = reinterpret_cast<std::int32_t*>(w->buffer.data);
+  Ordered& d = b.order;
+  d.listed = l.listed;
+  d.inactive = l.inactive;
+  d.cached = l.cached;
+  d.pruning = l.options.query_pruning;
+  d.row_cache = l.options.history_row_cache;
+  d.listed_ids = words + o.listed_ids;
+  d.page_start = words + o.page_start;
+  d.causal_end = words + o.causal_end;
+  d.entry_row = words + o.entry_row;
+  d.entry_index = words + o.entry_index;
+  d.inactive_ids = words + o.inactive_ids;
+  d.row_start = d.row_cache ? words + o.row_start : nullptr;
+  d.stats = reinterpret_cast<float*>(words + o.stats);
+  d.cache = d.row_cache ? reinterpret_cast<float*>(words + o.cache) : nullptr;
+  b.ordered = true;
+  if (q.device.is_cuda()) return;
+  auto bad = [&](const std::string& what) {
+    fail(ErrorKind::value, name + ": its index is corrupted (" + what + "); make the workspace again");
+  };
+  std::vector<char> seen(std::size_t(l.pages), 0);
+  auto mark = [&](std::int32_t pg) {
+    if (pg < 0 || pg >= l.pages || seen[std::size_t(pg)]) bad("page id " + str(pg));
+    seen[std::size_t(pg)] = 1;
+  };
+  for (std::int64_t i = 0; i < l.listed; ++i) mark(d.listed_ids[i]);
+  for (std::int64_t i = 0; i < l.inactive; ++i) mark(d.inactive_ids[i]);
+  if (d.page_start[0] != 0 || d.page_start[l.listed] != l.readers) bad("reader ranges");
+  for (std::int64_t i = 0; i < l.listed; ++i)
+    if (d.page_start[i + 1] < d.page_start[i] || d.causal_end[i] < d.page_start[i] ||
+        d.causal_end[i] > d.page_start[i + 1])
+      bad("reader range of listed page " + str(i));
+  for (std::int64_t e = 0; e < l.readers; ++e)
+    if (d.entry_row[e] < 0 || d.entry_row[e] >= l.queries || d.entry_index[e] < 0 || d.entry_index[e] >= p.sched.width)
+      bad("reader entry " + str(e));
+  if (d.row_cache) {
+    if (d.row_start[0] != 0 || d.row_start[l.queries] > l.cached) bad("row cache starts");
+    for (std::int64_t r = 0; r < l.queries; ++r) {
+      std::int64_t seq = 0;
+      p.visible(r, seq);
+      if (d.row_start[r + 1] - d.row_start[r] < p.sched.length(seq)) bad("row cache start of row " + str(r));
+    }
+  }
+}
+
 }  // namespace
 
 BackwardProblem validate_attention_backward(const PagedAttentionBackwardArgs& a) {
@@ -566,6 +791,12 @@ BackwardProblem validate_attention_backward(const PagedAttentionBackwardArgs& a)
   b.dk_at = cache_of(a.dk_cache);
   b.dv_at = cache_of(a.dv_cache);
   check_dlse(b, a.dlse, a.q, op);
+  check_ordered(b, a.ordered, a.q, op);
+  if (a.ordered)
+    core::expect_outputs_apart({{&a.ordered->buffer, op + ": workspace"}},
+                               {{a.dq, op + ": dq"}, {a.dk_cache, op + ": dk_cache"}, {a.dv_cache, op + ": dv_cache"},
+                                {a.q, op + ": q"}, {a.k_cache, op + ": k_cache"}, {a.v_cache, op + ": v_cache"},
+                                {a.dout, op + ": dout"}, {a.dlse, op + ": dlse"}});
   return b;
 }
 
@@ -599,6 +830,13 @@ BackwardProblem validate_mla_backward(const PagedMlaBackwardArgs& a) {
   b.dk_at = cache_of(a.dlatent);
   b.dk2_at = cache_of(a.dkp);
   check_dlse(b, a.dlse, a.q, op);
+  check_ordered(b, a.ordered, a.q, op);
+  if (a.ordered)
+    core::expect_outputs_apart({{&a.ordered->buffer, op + ": workspace"}},
+                               {{a.dq, op + ": dq"}, {a.dqp, op + ": dqp"}, {a.dlatent, op + ": dlatent"},
+                                {a.dkp, op + ": dkp"}, {a.q, op + ": q"}, {a.qp, op + ": qp"},
+                                {a.latent, op + ": latent"}, {a.kp, op + ": kp"}, {a.dout, op + ": dout"},
+                                {a.dlse, op + ": dlse"}});
   return b;
 }
 

@@ -226,7 +226,7 @@ def attention_backward(plan, q, k_cache, v_cache, dout, scale=None, causal=False
                        workspace=None, dlse=None):
     """plan.attention_backward for JAX arrays: (dq, dk_cache, dv_cache), None where not in need."""
     op = "paged_attention_backward"
-    _paged._no_workspace(op, workspace)
+    _paged._no_workspace_jax(op, workspace)
     D = q.shape[-1] if q.ndim else 1
     scale = D ** -0.5 if scale is None else _number(op, "scale", scale, "a finite value > 0")
     return _backward(op, "rudnn_paged_attention_backward", plan, (q, k_cache, v_cache), dout, scale,
@@ -238,7 +238,7 @@ def mla_backward(plan, q, qp, latent, kp, dout, scale, causal=False, *, need=("d
                  workspace=None, dlse=None):
     """plan.mla_backward for JAX arrays: (dq, dqp, dlatent, dkp), None where not in need."""
     op = "paged_mla_backward"
-    _paged._no_workspace(op, workspace)
+    _paged._no_workspace_jax(op, workspace)
     return _backward(op, "rudnn_paged_mla_backward", plan, (q, qp, latent, kp), dout,
                      _number(op, "scale", scale, "a finite value > 0"), _flag(op, "causal", causal), need,
                      ("dq", "dqp", "dlatent", "dkp"), dlse)
