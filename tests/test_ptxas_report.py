@@ -30,7 +30,7 @@ FILES = ["flash_fwd_sm90_d128.cu", "flash_fwd_sm90ws_d128.cu", "flash_bwd_sm90_d
 _REPORTS = {}  # file name -> ptxas report: each file is compiled once for all the tests here
 
 
-def _ptxas_report(name):
+def _ptxas_report(name, family="attention", arch="90a"):
     if name in _REPORTS:
         return _REPORTS[name]
     nvcc, cutlass = shutil.which("nvcc"), cutlass_include()
@@ -41,10 +41,11 @@ def _ptxas_report(name):
     os.makedirs(os.path.join(ROOT, "build", "ptxas"), exist_ok=True)
     obj = os.path.join(ROOT, "build", "ptxas", name.replace(".cu", ".o"))
     launcher, depfile, env = ccache_env(obj)  # ptxas's report is the compile's stderr, which ccache keeps too
-    cmd = launcher + [nvcc, "-O3", "-DNDEBUG", "-std=c++17", "--generate-code=arch=compute_90a,code=[sm_90a]",
+    cutlass_util = os.path.join(cutlass, "..", "tools", "util", "include")  # cutlass/util/packed_stride.hpp
+    cmd = launcher + [nvcc, "-O3", "-DNDEBUG", "-std=c++17", f"--generate-code=arch=compute_{arch},code=[sm_{arch}]",
                       "--expt-relaxed-constexpr", "-DRUDNN_WITH_CUDA=1", f"-I{os.path.join(ROOT, 'cpp', 'include')}",
-                      f"-I{os.path.join(ROOT, 'cpp', 'src')}", "-isystem", cutlass, "-Xptxas", "-v", *depfile, "-c",
-                      os.path.join(ROOT, "cpp", "src", "attention", name), "-o", obj]
+                      f"-I{os.path.join(ROOT, 'cpp', 'src')}", "-isystem", cutlass, "-isystem", cutlass_util, "-Xptxas",
+                      "-v", *depfile, "-c", os.path.join(ROOT, "cpp", "src", family, name), "-o", obj]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     # cuobjdump is installed by requirements-dev.txt: its absence is a broken install, not a skip
@@ -116,3 +117,43 @@ def test_sm90_kernels_run_on_hgmma(name):
         # P·V in the forwards, Pᵀ·dO and dSᵀ·Q in the dk/dv kernels: A is the softmax's registers
         if "forward" in kernel or "dkdv" in kernel:
             assert registers > 0, (kernel, shared, registers, hmma)
+
+
+# The conv family's CUTLASS implicit-GEMM convolutions (strategy="implicit_gemm"), compiled for the
+# architecture the library's build gives each file: no kernel spills; the sm80 (CUTLASS 2.x) kernels
+# multiply on mma.sync (HMMA) and load with cp.async (LDGSTS), the sm90a (CUTLASS 3.x builder) ones
+# on wgmma (HGMMA, no HMMA) fed by TMA im2col loads of the activation.
+CONV_FILES = [f"conv_ig_{op}_{gen}.cu" for op in ("fprop", "dgrad", "wgrad") for gen in ("sm80", "sm90")]
+
+
+def _spills(report):
+    """{kernel: spill-store bytes} of every entry function in a ptxas report."""
+    spills, lines = {}, report.splitlines()
+    for line, stats in zip(lines, lines[1:]):
+        name = re.search(r"Function properties for (\S+)", line)
+        found = re.search(r"(\d+) bytes spill stores", stats)
+        if name and found:
+            spills[name.group(1)] = int(found.group(1))
+    return spills
+
+
+@pytest.mark.parametrize("name", CONV_FILES)
+def test_conv_implicit_gemm_kernels(name):
+    sm90 = "_sm90" in name
+    report, sass = _ptxas_report(name, family="conv", arch="90a" if sm90 else "80")
+    spills = _spills(report)
+    kernels = {k: v for k, v in spills.items() if "ImplicitGemm" in k or "ConvUniversal" in k or "GemmUniversal" in k}
+    # one per dtype (bf16, f16); the sm80 dgrad has one per dtype and rank (NHWC any stride, NDHWC stride 1)
+    assert len(kernels) == (4 if name == "conv_ig_dgrad_sm80.cu" else 2), spills
+    assert not any(spills.values()), spills
+    counts = _tensor_core_instructions(sass)
+    assert counts, "no kernel in the SASS listing"
+    for kernel, (shared, registers, hmma) in counts.items():
+        if sm90:
+            assert shared > 0 and hmma == 0, (kernel, shared, registers, hmma)
+        else:
+            assert hmma > 0 and shared == registers == 0, (kernel, shared, registers, hmma)
+    if sm90:
+        assert "UTMALDG.5D.IM2COL" in sass
+    else:
+        assert "LDGSTS" in sass

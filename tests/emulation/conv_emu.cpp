@@ -22,7 +22,8 @@
 
 #include "core/convert.cuh"
 
-// namespace rudnn::conv { namespace emu_k { ...the kernels of conv_direct_cuda.cu... } }
+// namespace rudnn::conv { namespace emu_k { ...the kernels of conv_direct_cuda.cu... } } and
+// namespace rudnn::conv::ig { namespace emu_ig { ...the layout copies of conv_ig_cuda.cu... } }
 #include "kernels.inc"
 
 #include "emu_arrays.hpp"
@@ -125,6 +126,61 @@ bool run_case(const Case& c) {
   return ok;
 }
 
+// The implicit-GEMM strategy's layout copies (conv_ig_cuda.cu's repack kernel): an NCHW x, an
+// NCHW weight and a stride-2 bias packed into channels-last order, checked element by element
+// against the index math of a packed (n, h, w, c) tensor, then unpacked into fresh arrays that
+// must equal the originals bit for bit.
+bool run_repack_case() {
+  using Bits = std::uint16_t;
+  const i64 N = 2, C = 16, H = 5, W = 7, K = 8, R = 3, S = 3;
+  Array x = make(DType::bf16, {N, C, H, W}, 11), w = make(DType::bf16, {K, C, R, S}, 12);
+  Array bias_storage = make(DType::bf16, {2 * K}, 13);
+  ConvForwardArgs fa;
+  fa.options.dims = 2;
+  fa.x = x.t;
+  fa.w = w.t;
+  const Problem p = validate_forward(fa, false);
+  bool ok = true;
+  auto check = [&](const Tensor& t, const Strides& strided, i64 lead, i64 channels, i64 rows, i64 cols,
+                   const char* what) {
+    ig::emu_ig::Grid grid;
+    grid.lead = lead;
+    grid.channels = channels;
+    grid.sizes[1] = rows;
+    grid.sizes[2] = cols;
+    const i64 n = lead * channels * rows * cols;
+    std::vector<Bits> packed(std::size_t(n), 0xFFFF);
+    Array back = make(DType::bf16, {n + 2 * channels}, 0, false);  // room for the bias's stride 2
+    emu_launch(EmuDim3{kEmuBlocks, 1, 1}, ig::emu_ig::kThreads, 1, 0,
+               [&] { ig::emu_ig::repack_kernel(t.ptr<Bits>(), packed.data(), strided, grid, true); });
+    bool good = true;
+    for (i64 a = 0; a < lead; ++a)
+      for (i64 c = 0; c < channels; ++c)
+        for (i64 r = 0; r < rows; ++r)
+          for (i64 q = 0; q < cols; ++q) {
+            const i64 from = a * strided.n + c * strided.c + r * strided.sp[1] + q * strided.sp[2];
+            good = good && packed[std::size_t(((a * rows + r) * cols + q) * channels + c)] == t.ptr<Bits>()[from];
+          }
+    emu_launch(EmuDim3{kEmuBlocks, 1, 1}, ig::emu_ig::kThreads, 1, 0,
+               [&] { ig::emu_ig::repack_kernel(packed.data(), back.t.ptr<Bits>(), strided, grid, false); });
+    for (i64 a = 0; a < lead; ++a)
+      for (i64 c = 0; c < channels; ++c)
+        for (i64 r = 0; r < rows; ++r)
+          for (i64 q = 0; q < cols; ++q) {
+            const i64 at = a * strided.n + c * strided.c + r * strided.sp[1] + q * strided.sp[2];
+            good = good && back.t.ptr<Bits>()[at] == t.ptr<Bits>()[at];
+          }
+    std::printf("repack_%s %s\n", what, good ? "ok" : "MISMATCH");
+    ok = ok && good;
+  };
+  check(x.t, p.x, N, C, H, W, "nchw_x");
+  check(w.t, p.w, K, C, R, S, "nchw_w");
+  Strides bias_strides;
+  bias_strides.c = 2;
+  check(bias_storage.t, bias_strides, 1, K, 1, 1, "strided_bias");
+  return ok;
+}
+
 }  // namespace
 
 int main() {
@@ -152,5 +208,6 @@ int main() {
   };
   bool ok = true;
   for (const Case& c : cases) ok = run_case(c) && ok;
+  ok = run_repack_case() && ok;
   return ok ? 0 : 1;
 }

@@ -43,6 +43,8 @@ __global__ void repack_kernel(const std::uint16_t* from, std::uint16_t* to, Stri
   }
 }
 
+// (tests/emulation/conv_emu.cpp runs everything above this line on the CPU.)
+
 void repack(const void* from, void* to, const Strides& strided, const Grid& grid, bool to_packed, Stream stream) {
   const i64 total = grid.count();
   if (total == 0) return;

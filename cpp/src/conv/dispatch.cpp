@@ -31,6 +31,8 @@ conv::ig::Plan choose(const conv::Problem& p, conv::Op op, ConvStrategy strategy
     major = props.cc_major;
     minor = props.cc_minor;
   }
+#else
+  if (ref.device.is_cuda()) return plan;  // on_device reports that this build has no CUDA
 #endif
   plan = conv::ig::plan(p, op, ref.dtype, major, minor, bases);
   if (plan.kernel == conv::ig::Kernel::none && strategy == ConvStrategy::implicit_gemm)

@@ -6,6 +6,10 @@ here. The forward's arguments are checked when the call is traced (libruDNN's ow
 also give the output shape), so a bad call raises ``rudnn.ShapeError``, ``rudnn.ArgumentError``,
 ... at once. JAX arrays are dense: ``layout="NHWC"`` selects channels-last (x (N, *spatial, C),
 w (Cout, *kernel, Cin / groups)). vmap runs the calls one batch element at a time.
+
+XLA's FFI gives these calls no workspace, so strategy="implicit_gemm" needs the tensors it reads
+in place: ``layout="NHWC"`` (dense channels-last); with the channels-first layout it is an error
+asking for the workspace bytes its layout copies would take, and "auto" runs direct there.
 """
 
 from __future__ import annotations
