@@ -318,6 +318,19 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+int default_splits_cuda(const Problem& p, i64 max_length) {
+  constexpr i64 kMinChunk = 256;  // positions: below this a split's fixed cost dominates
+  const i64 dv_groups = (p.dv + 3) / 4;
+  const i64 heads = std::min<i64>(std::min<i64>(p.group, kMaxHeads), kThreads * kAccGroups / dv_groups);
+  const i64 blocks = p.sched.queries * p.hkv * ((p.group + heads - 1) / heads);
+  const i64 target = 2 * i64(core::device_props(core::current_device()).sm_count);
+  if (blocks == 0 || blocks >= target || max_length < 2 * kMinChunk) return 1;
+  i64 splits = std::min<i64>({32, (target + blocks - 1) / blocks, max_length / kMinChunk});
+  constexpr i64 kCap = i64(64) << 20;  // paged_split_workspace_bytes's cap
+  while (splits > 1 && 4 * (p.sched.queries * p.hq * splits * (p.dv + 1)) > kCap) --splits;
+  return int(splits);
+}
+
 const char* forward_cuda(const Problem& p, const Tensor* workspace, cudaStream_t stream) {
   const char* algorithm = p.splits > 1 ? "cuda_decode_split" : "cuda_decode";
   if (p.sched.queries == 0) return algorithm;
