@@ -379,6 +379,18 @@ elif [ "$BUILD_STATUS" = ok ] || [ "$BUILD_STATUS" = "skipped (importable)" ]; t
   done
   TEST_S=$(( $(now) - t ))
   say "tests: $TEST_STATUS (${TEST_S}s)"
+  # The paged kernels on corrupted device tables under compute-sanitizer's memcheck: a read outside
+  # the caches is an error here even where the numbers would not show it (issue 21).
+  lim=$(limit 60 "$T_BENCH")
+  if command -v compute-sanitizer >/dev/null 2>&1 && [ "$lim" -ge 20 ]; then
+    echo "===== compute-sanitizer memcheck: tests/test_paged_cuda.py -k corrupted, limit ${lim}s =====" >> "$OUT/pytest.log"
+    timeout -k 10 "$lim" compute-sanitizer --tool memcheck --error-exitcode 86 "$PY" -m pytest -q -p no:cacheprovider \
+      tests/test_paged_cuda.py -k corrupted >> "$OUT/pytest.log" 2>&1
+    rc=$?
+    case $rc in 0) SAN="clean";; 86) SAN="MEMCHECK ERRORS"; TEST_STATUS="$TEST_STATUS; compute-sanitizer found errors";;
+                124|137) SAN="timed out";; *) SAN="exit $rc";; esac
+    say "compute-sanitizer (paged, corrupted tables): $SAN"
+  fi
 else
   TEST_STATUS="skipped (no build)"
 fi

@@ -12,7 +12,7 @@ import torch
 import rudnn
 from rudnn.paged import DevicePlan, HostPlan, SplitWorkspace
 from reference import paged as ref
-from util import DTYPES, assert_close_to_oracle, rand
+from util import DEVICES, DTYPES, assert_close_to_oracle, rand
 
 
 def schedule(lengths, queries_per_seq, page_size, *, seed=0, spare_pages=3, shared_prefix=False, mode="tail"):
@@ -53,15 +53,19 @@ def ref_sched(sched):
     return page_size, tables, lengths, seq_ids, positions
 
 
-def check_attention(sched, Hq, Hkv, D, Dv, dtype, causal, seed=0, scale=None, workspace=None):
+def check_attention(sched, Hq, Hkv, D, Dv, dtype, causal, seed=0, scale=None, workspace=None, device="cpu"):
+    """plan.attention on `device` (inputs made on the CPU and moved there) against the oracle."""
     page_size, pages = sched[0], sched[1]
     Q = len(sched[4])
     q = rand((Q, Hq, D), dtype, seed=seed)
     k = rand((pages, page_size, Hkv, D), dtype, seed=seed + 1)
     v = rand((pages, page_size, Hkv, Dv), dtype, seed=seed + 2)
-    plan = plan_of(sched, q)
+    plan = plan_of(sched, q.to(device))
     s = D ** -0.5 if scale is None else scale
-    out, lse = plan.attention(q, k, v, scale, causal, return_lse=True, workspace=workspace)
+    out, lse = plan.attention(q.to(device), k.to(device), v.to(device), scale, causal, return_lse=True,
+                              workspace=workspace)
+    assert out.device.type == device
+    out, lse = out.cpu(), lse.cpu()
     assert out.dtype == dtype and tuple(out.shape) == (Q, Hq, Dv)
     assert lse.dtype == torch.float32 and tuple(lse.shape) == (Q, Hq)
     o64, l64 = ref.attention(ref_sched(sched), q, k, v, scale=s, causal=causal)
@@ -87,15 +91,17 @@ CASES = [  # (page_size, lengths, queries per sequence, Hq, Hkv)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("page_size,lengths,nq,Hq,Hkv", CASES)
-def test_attention(page_size, lengths, nq, Hq, Hkv, causal, dtype):
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention(page_size, lengths, nq, Hq, Hkv, causal, dtype, device):
     sched = schedule(lengths, nq, page_size, seed=len(lengths))
-    check_attention(sched, Hq, Hkv, 32, 32, dtype, causal)
+    check_attention(sched, Hq, Hkv, 32, 32, dtype, causal, device=device)
 
 
 @pytest.mark.parametrize("D,Dv", [(64, 128), (96, 16), (1, 1), (1, 7), (1024, 1024), (13, 1024)])
-def test_head_dims(D, Dv):
+@pytest.mark.parametrize("device", DEVICES)
+def test_head_dims(D, Dv, device):
     sched = schedule([19, 4], [3, 1], 16, seed=3, mode="random")
-    check_attention(sched, 4, 2, D, Dv, torch.float32, True)
+    check_attention(sched, 4, 2, D, Dv, torch.float32, True, device=device)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -181,13 +187,15 @@ def test_out_argument_and_strided_q():
 
 @pytest.mark.parametrize("splits", [2, 3, 7, 16, 32])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_split_kv_equals_unsplit(splits, dtype):
+@pytest.mark.parametrize("device", DEVICES)
+def test_split_kv_equals_unsplit(splits, dtype, device):
     sched = schedule([300, 5, 64, 1], [1, 5, 2, 1], 16, seed=13)
     Q = len(sched[4])
-    ws = SplitWorkspace(torch.zeros(1), Q, 8, 24, splits)
+    ws = SplitWorkspace(torch.zeros(1, device=device), Q, 8, 24, splits)
     assert ws.nbytes == splits * Q * 8 * (24 + 1) * 4
-    out, lse = check_attention(sched, 8, 2, 32, 24, dtype, True, workspace=ws)
-    plain, plain_lse = check_attention(sched, 8, 2, 32, 24, dtype, True)
+    out, lse = check_attention(sched, 8, 2, 32, 24, dtype, True, workspace=ws, device=device)
+    assert rudnn.paged.last_algorithm() == ("cpu" if device == "cpu" else "cuda_decode_split")
+    plain, plain_lse = check_attention(sched, 8, 2, 32, 24, dtype, True, device=device)
     # the same math merged by log-sum-exp: equal to rounding
     tol = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
     torch.testing.assert_close(out.float(), plain.float(), rtol=tol, atol=tol)
@@ -224,11 +232,13 @@ def mla_case(lengths, nq, page_size, H, R, P, dtype, seed, mode="tail"):
     pytest.param(2, 1024, 256, 1, [5, 3], [2, 3], id="R1024-P256"),
     pytest.param(3, 8, 1, 16, [20], [4], id="P1"),
 ])
-def test_mla(H, R, P, page_size, lengths, nq, causal, dtype):
+@pytest.mark.parametrize("device", DEVICES)
+def test_mla(H, R, P, page_size, lengths, nq, causal, dtype, device):
     sched, q, qp, latent, kp = mla_case(lengths, nq, page_size, H, R, P, dtype, seed=R + P)
     scale = (128 + 64) ** -0.5
-    plan = plan_of(sched, q)
-    out, lse = plan.mla(q, qp, latent, kp, scale, causal, return_lse=True)
+    plan = plan_of(sched, q.to(device))
+    on = [t.to(device) for t in (q, qp, latent, kp)]
+    out, lse = (t.cpu() for t in plan.mla(*on, scale, causal, return_lse=True))
     assert out.dtype == dtype and tuple(out.shape) == tuple(q.shape)
     o64, l64 = ref.mla(ref_sched(sched), q, qp, latent, kp, scale=scale, causal=causal)
     o_same, l_same = ref.mla(ref_sched(sched), q, qp, latent, kp, scale=scale, causal=causal, dtype=dtype)
@@ -237,8 +247,10 @@ def test_mla(H, R, P, page_size, lengths, nq, causal, dtype):
 
 
 @pytest.mark.parametrize("splits", [2, 5, 32])
-def test_mla_split_kv(splits):
+@pytest.mark.parametrize("device", DEVICES)
+def test_mla_split_kv(splits, device):
     sched, q, qp, latent, kp = mla_case([200, 3], [1, 2], 64, 8, 64, 16, torch.float32, seed=21)
+    q, qp, latent, kp = (t.to(device) for t in (q, qp, latent, kp))
     plan = plan_of(sched, q)
     ws = SplitWorkspace(q, q.shape[0], 8, 64, splits)
     a = plan.mla(q, qp, latent, kp, 0.1, True, workspace=ws)
@@ -248,7 +260,8 @@ def test_mla_split_kv(splits):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("page_size", [1, 16, 64])
-def test_append_then_attend(page_size, dtype):
+@pytest.mark.parametrize("device", DEVICES)
+def test_append_then_attend(page_size, dtype, device):
     """History written into pages, new rows appended through the plan, then attention equals
     attention over the concatenated dense history."""
     g = np.random.default_rng(page_size)
@@ -269,10 +282,12 @@ def test_append_then_attend(page_size, dtype):
     k_new = torch.stack([dense_k[s][t] for s, t in zip(seq_ids, positions)])
     v_new = torch.stack([dense_v[s][t] for s, t in zip(seq_ids, positions)])
     q = rand((len(seq_ids), Hq, D), dtype, seed=int(g.integers(1000)))
-    plan = plan_of(sched, q)
-    kc, vc = plan.append(k_new, v_new, k_cache, v_cache)
-    assert kc is k_cache and vc is v_cache
-    out = plan.attention(q, k_cache, v_cache, 0.25, True)
+    plan = plan_of(sched, q.to(device))
+    on_k, on_v = k_cache.to(device), v_cache.to(device)
+    kc, vc = plan.append(k_new.to(device), v_new.to(device), on_k, on_v)
+    assert kc is on_k and vc is on_v
+    out = plan.attention(q.to(device), on_k, on_v, 0.25, True).cpu()
+    k_cache, v_cache = on_k.cpu(), on_v.cpu()
     # the oracle over the dense histories (no pages)
     o64 = torch.zeros(len(seq_ids), Hq, Dv, dtype=torch.float64)
     for r, (s, t) in enumerate(zip(seq_ids, positions)):

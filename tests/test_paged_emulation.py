@@ -47,4 +47,6 @@ def test_paged_kernels_match_the_cpu_backend():
         result.stdout + result.stderr
     for staging in ("cp.async", "scalar"):
         assert any(f"staging={staging}" in line for line in lines), f"no case staged with {staging}"
+    for groups in (2, 16):  # both accumulator variants of the decode kernel ran
+        assert any(f"acc_groups={groups} " in line for line in lines), f"no case ran with {groups} groups"
     assert sum(line.startswith("append") for line in lines) == 3 and len(lines) == 18, result.stdout

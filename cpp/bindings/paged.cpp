@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "families.hpp"
 #include "rudnn/paged.hpp"
@@ -78,6 +79,22 @@ const PagedOrderedWorkspace* ordered_of(const std::optional<LayoutTuple>& layout
   return &*slot;
 }
 
+// The default path of a call without a workspace (splits 1, the host plan's max_length known):
+// the split count paged_*_default_splits picks, set in `a`, and the bytes of its workspace (0:
+// no split, nothing to allocate).
+template <class Args>
+std::size_t auto_split_bytes(Args& a, std::int64_t max_length) {
+  if (a.splits != 1 || max_length < 0 || a.out.rank != 3) return 0;
+  int splits = 1;
+  if constexpr (std::is_same_v<Args, PagedAttentionArgs>)
+    splits = paged_attention_default_splits(a, max_length);
+  else
+    splits = paged_mla_default_splits(a, max_length);
+  if (splits < 2) return 0;
+  a.splits = splits;
+  return paged_split_workspace_bytes(a.out.shape[0], a.out.shape[1], a.out.shape[2], splits);
+}
+
 #define RUDNN_PAGED_PLAN_ARGS \
   nb::arg("page_size"), nb::arg("tables"), nb::arg("lengths"), nb::arg("sequence_ids"), nb::arg("positions")
 
@@ -124,7 +141,8 @@ void register_paged(nb::module_& m) {
       "paged_attention",
       [](std::int64_t page_size, const In& tables, const In& lengths, const In& sequence_ids, const In& positions,
          const In& q, const In& k_cache, const In& v_cache, double scale, bool causal, const Out& out,
-         const OptOut& lse, int splits, const OptOut& workspace, std::uintptr_t stream) {
+         const OptOut& lse, int splits, const OptOut& workspace, std::uintptr_t stream, std::int64_t max_length,
+         const nb::object& workspace_alloc) {
         PagedAttentionArgs a;
         a.plan = metadata(page_size, tables, lengths, sequence_ids, positions);
         a.q = to_tensor(q, "q");
@@ -136,19 +154,22 @@ void register_paged(nb::module_& m) {
         std::optional<Tensor> keep_lse, keep_ws;
         a.lse = opt_tensor(lse, "lse", keep_lse);
         a.splits = splits;
-        const Tensor* ws = opt_tensor(workspace, "workspace", keep_ws);
+        std::optional<Out> held;
+        const Tensor* ws = workspace_from(workspace, workspace_alloc, [&] { return auto_split_bytes(a, max_length); },
+                                          held, keep_ws);
         nb::gil_scoped_release release;
         paged_attention(a, ws, as_stream(stream));
       },
       RUDNN_PAGED_PLAN_ARGS, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("scale"),
       nb::arg("causal"), nb::arg("out"), nb::arg("lse").none(), nb::arg("splits"), nb::arg("workspace").none(),
-      nb::arg("stream"));
+      nb::arg("stream"), nb::arg("max_length") = -1, nb::arg("workspace_alloc").none() = nb::none());
 
   m.def(
       "paged_mla",
       [](std::int64_t page_size, const In& tables, const In& lengths, const In& sequence_ids, const In& positions,
          const In& q, const In& qp, const In& latent, const In& kp, double scale, bool causal, const Out& out,
-         const OptOut& lse, int splits, const OptOut& workspace, std::uintptr_t stream) {
+         const OptOut& lse, int splits, const OptOut& workspace, std::uintptr_t stream, std::int64_t max_length,
+         const nb::object& workspace_alloc) {
         PagedMlaArgs a;
         a.plan = metadata(page_size, tables, lengths, sequence_ids, positions);
         a.q = to_tensor(q, "q");
@@ -161,13 +182,15 @@ void register_paged(nb::module_& m) {
         std::optional<Tensor> keep_lse, keep_ws;
         a.lse = opt_tensor(lse, "lse", keep_lse);
         a.splits = splits;
-        const Tensor* ws = opt_tensor(workspace, "workspace", keep_ws);
+        std::optional<Out> held;
+        const Tensor* ws = workspace_from(workspace, workspace_alloc, [&] { return auto_split_bytes(a, max_length); },
+                                          held, keep_ws);
         nb::gil_scoped_release release;
         paged_mla(a, ws, as_stream(stream));
       },
       RUDNN_PAGED_PLAN_ARGS, nb::arg("q"), nb::arg("qp"), nb::arg("latent"), nb::arg("kp"), nb::arg("scale"),
       nb::arg("causal"), nb::arg("out"), nb::arg("lse").none(), nb::arg("splits"), nb::arg("workspace").none(),
-      nb::arg("stream"));
+      nb::arg("stream"), nb::arg("max_length") = -1, nb::arg("workspace_alloc").none() = nb::none());
 
   m.def(
       "paged_ordered_env",

@@ -101,10 +101,13 @@ class _Torch:
     def current_stream(self, device):
         return self.torch.cuda.current_stream(device[1]).cuda_stream
 
-    def copy_from_host(self, dst, host, stream):
+    def copy_from_host(self, dst, host, stream, current):
         """Copies the NumPy array `host` into the device tensor `dst`, ordered on `stream`
         (queued there; the pageable source is consumed before this returns)."""
         src = self.torch.from_numpy(host)
+        if stream == current:
+            dst.copy_(src, non_blocking=True)
+            return
         with self.torch.cuda.stream(self.torch.cuda.ExternalStream(stream, device=dst.device)):
             dst.copy_(src, non_blocking=True)
 
@@ -169,10 +172,10 @@ class _CuPy:
         with self.cupy.cuda.Device(device[1]):
             return self.cupy.cuda.get_current_stream().ptr
 
-    def copy_from_host(self, dst, host, stream):
+    def copy_from_host(self, dst, host, stream, current):
         """Copies the NumPy array `host` into the device array `dst`, ordered on `stream`."""
         with self.cupy.cuda.Device(dst.device.id):
-            dst.set(host, stream=self.cupy.cuda.ExternalStream(stream))
+            dst.set(host, stream=None if stream == current else self.cupy.cuda.ExternalStream(stream))
 
     def check_exportable(self, op, name, a, writes):
         pass
@@ -302,7 +305,7 @@ class Call:
 
     def copy_from_host(self, dst, host):
         """Host NumPy data into the device array dst of this call, on its stream."""
-        self.fw.copy_from_host(dst, host, self.stream)
+        self.fw.copy_from_host(dst, host, self.stream, self.current)
 
     def workspace_alloc(self, nbytes):
         """A uint8 workspace of nbytes, as the capsule rudnn._C takes (the bindings call this

@@ -40,7 +40,7 @@ from ._args import flag
 from ._args import number as _number
 from .errors import ArgumentError, DeviceError, DTypeError, ShapeError, UnsupportedError
 
-__all__ = ["HostPlan", "DevicePlan", "SplitWorkspace", "OrderedBackwardWorkspace"]
+__all__ = ["HostPlan", "DevicePlan", "SplitWorkspace", "OrderedBackwardWorkspace", "last_algorithm"]
 
 
 def _int(op, name, value, low):
@@ -335,7 +335,7 @@ def _attention(plan, q, k_cache, v_cache, scale, causal, workspace, return_lse, 
     splits, ws = _workspace(op, workspace, call, shape)
     _C.paged_attention(**meta, q=call.arg(q), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache), scale=scale,
                        causal=causal, out=call.arg(o), lse=call.arg(lse), splits=splits, workspace=call.arg(ws),
-                       stream=call.stream)
+                       stream=call.stream, **_auto_split(plan, call, ws))
     return (o, lse) if return_lse else o
 
 
@@ -353,8 +353,18 @@ def _mla(plan, q, qp, latent, kp, scale, causal, workspace, return_lse, out, str
     splits, ws = _workspace(op, workspace, call, shape)
     _C.paged_mla(**meta, q=call.arg(q), qp=call.arg(qp), latent=call.arg(latent), kp=call.arg(kp), scale=scale,
                  causal=causal, out=call.arg(o), lse=call.arg(lse), splits=splits, workspace=call.arg(ws),
-                 stream=call.stream)
+                 stream=call.stream, **_auto_split(plan, call, ws))
     return (o, lse) if return_lse else o
+
+
+def _auto_split(plan, call, ws):
+    """Without a SplitWorkspace, a CUDA call lets the core pick a split count from the host plan's
+    longest history and the device's SM count; the bindings then allocate its workspace with q's
+    framework (workspace_alloc). Any count gives the same results to rounding."""
+    host = getattr(plan, "host", None)
+    if ws is not None or call.device[0] == "cpu" or host is None:
+        return {}
+    return dict(max_length=host.max_length, workspace_alloc=call.workspace_alloc)
 
 
 def _need(op, need, names):
@@ -435,15 +445,19 @@ def _append(plan, k, v, k_cache, v_cache, stream):
     call = fw.Call(op, {"k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream,
                    outputs=("k_cache", "v_cache"))
     meta = _meta(plan, call, op)
-    if call.device[0] != "cpu":
-        # The CPU backend finds duplicate slots in the metadata itself; on a device the host plan
-        # found them (the same check, first_duplicate), so nothing is written either.
-        host = getattr(plan, "host", None)
-        if host is not None and host._duplicate:
-            raise ArgumentError(f"{op}: {host._duplicate}; nothing was written")
+    _refuse_duplicate_slots(op, plan, call.device)
     _C.paged_append(**meta, k=call.arg(k), v=call.arg(v), k_cache=call.arg(k_cache), v_cache=call.arg(v_cache),
                     stream=call.stream)
     return k_cache, v_cache
+
+def _refuse_duplicate_slots(op, plan, device):
+    """The CPU backend finds duplicate slots in the metadata itself; for a device plan the host
+    plan found them when it was validated (the same check, first_duplicate in validate.cpp), and
+    the append is refused here, before anything is written."""
+    host = getattr(plan, "host", None)
+    if device[0] != "cpu" and host is not None and host._duplicate:
+        raise ArgumentError(f"{op}: {host._duplicate}; nothing was written")
+
 
 def _shape_only(q):
     """q when only its framework, device and stream matter: a torch tensor detached, so that one
@@ -611,3 +625,9 @@ class OrderedBackwardWorkspace:
     def __repr__(self):
         return (f"OrderedBackwardWorkspace(query_pruning={self.query_pruning}, history_row_cache="
                 f"{self.history_row_cache}, history_compaction={self.history_compaction}, bytes={self.bytes()})")
+
+
+def last_algorithm() -> str:
+    """The path the last paged call on this thread ran: "cpu", "cuda_decode",
+    "cuda_decode_split" or "cuda_append"."""
+    return _C.paged_last_algorithm()

@@ -161,7 +161,12 @@ template <class T>
 void run_kernels(const Problem& p, float* part_out, float* part_lse) {
   const K::DecodeShape sh = K::decode_shape<T>(p);
   emu_launch(EmuDim3{unsigned(p.sched.queries), unsigned(p.hkv * sh.head_blocks), unsigned(p.splits)},
-             K::kThreads, 1, sh.smem, [&] { K::paged_decode_kernel<T>(p, sh, part_out, part_lse); });
+             K::kThreads, 1, sh.smem, [&] {
+               if (sh.acc_groups == K::kSmallAccGroups)
+                 K::paged_decode_kernel<T, K::kSmallAccGroups>(p, sh, part_out, part_lse);
+               else
+                 K::paged_decode_kernel<T, K::kAccGroups>(p, sh, part_out, part_lse);
+             });
   if (p.splits > 1)
     emu_launch(EmuDim3{unsigned(p.sched.queries * p.hq), 1, 1}, K::kMergeThreads, 1, 0,
                [&] { K::merge_splits_kernel<T>(p, part_out, part_lse); });
@@ -264,8 +269,9 @@ bool run_forward(const Case& c) {
     }
   const K::DecodeShape sh = core::dispatch_float<__half, __nv_bfloat16>(
       c.dtype, [&](auto tag) { return K::decode_shape<typename decltype(tag)::type>(p_emu); });
-  std::printf("%s queries=%lld tile=%d heads=%d head_blocks=%d staging=%s %s\n", c.name, (long long)Q, sh.tile,
-              sh.heads, sh.head_blocks, sh.k_vec ? "cp.async" : "scalar", ok ? "ok" : "MISMATCH");
+  std::printf("%s queries=%lld tile=%d heads=%d head_blocks=%d acc_groups=%d staging=%s %s\n", c.name,
+              (long long)Q, sh.tile, sh.heads, sh.head_blocks, sh.acc_groups, sh.k_vec ? "cp.async" : "scalar",
+              ok ? "ok" : "MISMATCH");
   return ok;
 }
 

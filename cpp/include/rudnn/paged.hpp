@@ -109,6 +109,14 @@ struct PagedMlaArgs {
 // `splits` in 2..32 (ArgumentError outside that range or above the 64 MiB cap).
 std::size_t paged_split_workspace_bytes(std::int64_t queries, std::int64_t heads, std::int64_t value_dim, int splits);
 
+// The split count for a call without a workspace whose longest visible history is max_length
+// positions (the host plan's max_length): on CUDA, when the (row, head block) grid of the decode
+// kernel leaves SMs idle, enough splits of at least 256 positions each to give every SM two
+// blocks, at most 32 and within the 64 MiB cap; 1 on the CPU and whenever splitting does not pay.
+// The caller allocates paged_split_workspace_bytes for it (the Python layer: with q's framework).
+int paged_attention_default_splits(const PagedAttentionArgs& args, std::int64_t max_length);
+int paged_mla_default_splits(const PagedMlaArgs& args, std::int64_t max_length);
+
 void paged_attention(const PagedAttentionArgs& args, const Tensor* workspace = nullptr, Stream stream = nullptr);
 void paged_mla(const PagedMlaArgs& args, const Tensor* workspace = nullptr, Stream stream = nullptr);
 
@@ -209,7 +217,8 @@ struct PagedAppendArgs {
 
 void paged_append(const PagedAppendArgs& args, Stream stream = nullptr);
 
-// The backend the last paged call on this thread ran ("cpu", ...).
+// The backend the last paged call on this thread ran: "cpu", "cuda_decode", "cuda_decode_split",
+// "cuda_append".
 const char* paged_last_algorithm();
 
 }  // namespace rudnn

@@ -13,6 +13,8 @@ namespace rudnn::paged::cuda {
 
 // Attention or MLA forward; `workspace` is the split workspace when p.splits > 1.
 const char* forward_cuda(const Problem& p, const Tensor* workspace, cudaStream_t stream);
+// paged_attention_default_splits on CUDA (the device current).
+int default_splits_cuda(const Problem& p, std::int64_t max_length);
 // The append kernel. The duplicate-slot refusal happened before (the host plan's check).
 const char* append_cuda(const PagedAppendArgs& a, const AppendProblem& p, cudaStream_t stream);
 // The backward (backward_cuda.cu): atomic by default, ordered with p.ordered ("cuda_atomic",

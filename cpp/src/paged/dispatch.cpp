@@ -26,6 +26,35 @@ void forward_on_cuda(const paged::Problem& p, const Tensor* workspace, Stream st
 
 }  // namespace
 
+namespace {
+
+int default_splits(const paged::Problem& p, const Device& device, std::int64_t max_length) {
+  int splits = 1;
+  core::on_device(device, "paged_default_splits", [] {},
+                  [&] {
+#if RUDNN_WITH_CUDA
+                    splits = paged::cuda::default_splits_cuda(p, max_length);
+#else
+                    (void)p, (void)max_length;
+#endif
+                  });
+  return splits;
+}
+
+}  // namespace
+
+int paged_attention_default_splits(const PagedAttentionArgs& args, std::int64_t max_length) {
+  PagedAttentionArgs one = args;
+  one.splits = 1;
+  return default_splits(paged::validate_attention(one, nullptr), args.q.device, max_length);
+}
+
+int paged_mla_default_splits(const PagedMlaArgs& args, std::int64_t max_length) {
+  PagedMlaArgs one = args;
+  one.splits = 1;
+  return default_splits(paged::validate_mla(one, nullptr), args.q.device, max_length);
+}
+
 void paged_attention(const PagedAttentionArgs& args, const Tensor* workspace, Stream stream) {
   const paged::Problem p = paged::validate_attention(args, workspace);
   core::on_device(args.q.device, "paged_attention",

@@ -40,6 +40,9 @@ constexpr int kMaxHeads = 16;                                  // query heads on
 constexpr int kHeadSetsMin = kThreads / 32;                    // head sets of the score phase at tile 32
 constexpr int kMaxHeadsPerThread = kMaxHeads / kHeadSetsMin;   // score-phase heads of one thread
 constexpr int kAccGroups = 16;                                 // 4-float output groups per thread (64 floats)
+// The variant for blocks whose [heads, Dv] output needs at most 2 groups per thread (GQA decode
+// with up to 8 query heads per KV head at Dv = 128, ...): 8 accumulators, far fewer registers.
+constexpr int kSmallAccGroups = 2;
 constexpr int kTileBudget = 48 * 1024;                         // bytes of the two staged tiles
 constexpr int kMergeThreads = 128;
 
@@ -52,6 +55,7 @@ struct DecodeShape {
   int k_pitch = 0, v_pitch = 0;    // bytes between staged rows
   int q_elems = 0;                 // floats of a staged query row, laid out as the score row
   bool k_vec = false, k2_vec = false, v_vec = false;
+  int acc_groups = kAccGroups;     // output groups per thread the block needs: kSmallAccGroups or kAccGroups
   int off_p = 0, off_stats = 0, off_tiles = 0;  // dynamic shared memory: q rows, then these
   std::size_t smem = 0;
 };
@@ -64,6 +68,7 @@ DecodeShape decode_shape(const Problem& p) {
   const i64 dv_groups = (p.dv + 3) / 4;
   sh.heads = int(std::min<i64>(std::min<i64>(p.group, kMaxHeads), kThreads * kAccGroups / dv_groups));
   sh.head_blocks = int((p.group + sh.heads - 1) / sh.heads);
+  sh.acc_groups = sh.heads * dv_groups <= kThreads * kSmallAccGroups ? kSmallAccGroups : kAccGroups;
   sh.k_chunks = row_chunks<T>(p.d);
   sh.k2_chunks = p.mla ? row_chunks<T>(p.d2) : 0;
   sh.v_chunks = p.mla ? 0 : row_chunks<T>(p.dv);
@@ -82,7 +87,8 @@ DecodeShape decode_shape(const Problem& p) {
 }
 
 // See the top of this file. part_out / part_lse: the split workspace (null without splits).
-template <class T>
+// kGroups: the 4-float output groups per thread (sh.acc_groups).
+template <class T, int kGroups>
 __global__ void __launch_bounds__(kThreads, 1)
     paged_decode_kernel(const Problem p, const DecodeShape sh, float* part_out, float* part_lse) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -154,9 +160,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Value phase: this thread's 4-float groups of the [heads, Dv] output (group g of the block:
   // head g / dv_groups, values 4 (g % dv_groups) ..).
   const int dv_groups = int((p.dv + 3) / 4);
-  float acc[kAccGroups][4];
+  float acc[kGroups][4];
 #pragma unroll
-  for (int g = 0; g < kAccGroups; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
+  for (int g = 0; g < kGroups; ++g) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
   const int v_pitch = p.mla ? sh.k_pitch : sh.v_pitch;
   const int chunks = sh.k_chunks + sh.k2_chunks;
 
@@ -211,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Values: rescale by the tile's alpha, then add the tile's slots one after another (slot
     // outer, groups inner: one copy of the unrolled group body, not one per group and slot).
 #pragma unroll
-    for (int g = 0; g < kAccGroups; ++g) {
+    for (int g = 0; g < kGroups; ++g) {
       const int hh = (g * kThreads + tid) / dv_groups;
       if (hh < heads) {
         const float a = alpha_s[hh];
@@ -221,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int tt = 0; tt < tile; ++tt) {
       const unsigned char* v_row = v_buf + tt * v_pitch;
 #pragma unroll
-      for (int g = 0; g < kAccGroups; ++g) {
+      for (int g = 0; g < kGroups; ++g) {
         const int idx = g * kThreads + tid, hh = idx / dv_groups;
         if (hh < heads) {
           const float w = p_s[hh * tile + tt];
@@ -247,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const i64 q_rows = p.sched.queries;
   T* O = static_cast<T*>(p.out);
 #pragma unroll
-  for (int g = 0; g < kAccGroups; ++g) {
+  for (int g = 0; g < kGroups; ++g) {
     const int idx = g * kThreads + tid, hh = idx / dv_groups;
     if (hh < heads) {
       const int e0 = (idx % dv_groups) * 4;
@@ -318,6 +324,19 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+int default_splits_cuda(const Problem& p, i64 max_length) {
+  constexpr i64 kMinChunk = 256;  // positions: below this a split's fixed cost dominates
+  const i64 dv_groups = (p.dv + 3) / 4;
+  const i64 heads = std::min<i64>(std::min<i64>(p.group, kMaxHeads), kThreads * kAccGroups / dv_groups);
+  const i64 blocks = p.sched.queries * p.hkv * ((p.group + heads - 1) / heads);
+  const i64 target = 2 * i64(core::device_props(core::current_device()).sm_count);
+  if (blocks == 0 || blocks >= target || max_length < 2 * kMinChunk) return 1;
+  i64 splits = std::min<i64>({32, (target + blocks - 1) / blocks, max_length / kMinChunk});
+  constexpr i64 kCap = i64(64) << 20;  // paged_split_workspace_bytes's cap
+  while (splits > 1 && 4 * (p.sched.queries * p.hq * splits * (p.dv + 1)) > kCap) --splits;
+  return int(splits);
+}
+
 const char* forward_cuda(const Problem& p, const Tensor* workspace, cudaStream_t stream) {
   const char* algorithm = p.splits > 1 ? "cuda_decode_split" : "cuda_decode";
   if (p.sched.queries == 0) return algorithm;
@@ -334,7 +353,8 @@ const char* forward_cuda(const Problem& p, const Tensor* workspace, cudaStream_t
       core::fail(ErrorKind::unsupported, op + ": the decode kernel needs " + std::to_string(sh.smem) +
                                              " bytes of shared memory for these head dims, the device has " +
                                              std::to_string(props.max_smem_per_block_optin));
-    auto kernel = paged_decode_kernel<T>;
+    auto kernel = sh.acc_groups == kSmallAccGroups ? paged_decode_kernel<T, kSmallAccGroups>
+                                                   : paged_decode_kernel<T, kAccGroups>;
     RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sh.smem)));
     float* part_out = p.splits > 1 ? workspace->ptr<float>() : nullptr;
     float* part_lse = part_out ? part_out + i64(p.splits) * p.sched.queries * p.hq * p.dv : nullptr;

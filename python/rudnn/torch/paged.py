@@ -183,5 +183,7 @@ def mla(plan, q, qp, latent, kp, scale, causal=False, *, splits=1, return_lse=Fa
 
 def append(plan, k, v, k_cache, v_cache):
     """plan.append as a custom op mutating k_cache and v_cache; returns (k_cache, v_cache)."""
-    _append_op(*_meta_tensors("rudnn.torch.paged.append", plan), k, v, k_cache, v_cache)
+    meta = _meta_tensors("rudnn.torch.paged.append", plan)
+    _paged._refuse_duplicate_slots("paged_append", plan, plan.device)
+    _append_op(*meta, k, v, k_cache, v_cache)
     return k_cache, v_cache
