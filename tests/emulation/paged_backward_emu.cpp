@@ -42,13 +42,7 @@ using emu::Array;
 using emu::make;
 using i64 = std::int64_t;
 
-float value_at(const Tensor& t, i64 i) {
-  switch (t.dtype) {
-    case DType::f32: return t.ptr<float>()[i];
-    case DType::f16: return host::to_float(t.ptr<host::f16>()[i]);
-    default: return host::to_float(t.ptr<host::bf16>()[i]);
-  }
-}
+using emu::value_at;
 
 // |a - b| <= tol * max(1, max |b|) with tol a few ulps of the dtype.
 bool close(const Array& a, const Array& b, float& worst) {
