@@ -84,10 +84,13 @@ def test_dtypes():
 
 
 def test_strategies():
-    _raises(rudnn.UnsupportedError, r"conv: strategy: 'implicit_gemm' \(CUTLASS implicit GEMM\) is not implemented",
-            rudnn.conv, X, W, strategy="implicit_gemm")
-    _raises(NotImplementedError, r"conv_data_backward: strategy: 'implicit_gemm'", rudnn.conv_data_backward,
-            torch.zeros((1, 8, 4, 4)), W, X.shape, strategy="implicit_gemm")
+    # CUTLASS's kernels run on CUDA devices only: asking for them on the CPU says so.
+    _raises(rudnn.UnsupportedError, r"conv: strategy 'implicit_gemm': CUTLASS implicit GEMM runs on CUDA devices "
+            r"only \(the tensors are on the CPU\)", rudnn.conv, X, W, strategy="implicit_gemm")
+    _raises(NotImplementedError, r"conv_data_backward: strategy 'implicit_gemm': CUTLASS implicit GEMM runs on CUDA",
+            rudnn.conv_data_backward, torch.zeros((1, 8, 4, 4)), W, X.shape, strategy="implicit_gemm")
+    _raises(rudnn.UnsupportedError, r"conv_weight_backward: strategy 'implicit_gemm': CUTLASS implicit GEMM runs on "
+            r"CUDA", rudnn.conv_weight_backward, torch.zeros((1, 8, 4, 4)), X, W.shape, strategy="implicit_gemm")
     _raises(rudnn.ArgumentError, r"conv: strategy: expected one of 'auto', 'direct', 'implicit_gemm', 'autotune', "
             r"got 'fast'", rudnn.conv, X, W, strategy="fast")
 

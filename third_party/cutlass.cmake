@@ -21,5 +21,13 @@ if(NOT _rudnn_cutlass_include OR NOT EXISTS "${_rudnn_cutlass_include}/cute/tens
 endif()
 message(STATUS "ruDNN: CUTLASS headers from ${_rudnn_cutlass_include}")
 
+# CUTLASS 3.x's convolution collectives include cutlass/util/packed_stride.hpp, which CUTLASS
+# keeps in tools/util/include (the wheel ships it beside include/).
+get_filename_component(_rudnn_cutlass_util_include "${_rudnn_cutlass_include}/../tools/util/include" ABSOLUTE)
+if(NOT EXISTS "${_rudnn_cutlass_util_include}/cutlass/util/packed_stride.hpp")
+  message(FATAL_ERROR "ruDNN: cutlass/util/packed_stride.hpp not found in '${_rudnn_cutlass_util_include}' "
+    "(CUTLASS's tools/util/include, needed by the sm90 convolution kernels).")
+endif()
+
 add_library(rudnn_cutlass_headers INTERFACE)
-target_include_directories(rudnn_cutlass_headers SYSTEM INTERFACE ${_rudnn_cutlass_include})
+target_include_directories(rudnn_cutlass_headers SYSTEM INTERFACE ${_rudnn_cutlass_include} ${_rudnn_cutlass_util_include})

@@ -7,19 +7,29 @@ The rank of x decides the spatial dims (3, 4 or 5 axes; the batch axis is requir
 (N, *spatial, C) and w (Cout, *kernel, Cin / groups), as cuDNN and CUTLASS keep them; the
 rank-specific names "NCW"/"NCL"/"NCDHW" and "NWC"/"NLC"/"NDHWC" are accepted where they match
 x's rank. A torch ``channels_last`` tensor passed with the default layout is read in place through
-its strides (no layout copy) and its result comes back ``channels_last``. Every kernel reads its
-tensors through their strides, so no layout ever makes a copy.
+its strides (no layout copy) and its result comes back ``channels_last``. The direct kernels read
+every tensor through its strides (no layout makes a copy); implicit_gemm copies what is not packed
+channels-last (below).
 
 ``padding`` is an int, a sequence of one int per spatial axis, "valid" (no padding) or "same"
 (stride 1 only; an even kernel extent puts the extra element after, as torch does).
 
-Strategies: "direct" (any groups incl. depthwise, dtype, size, stride, dilation), "auto" and
-"autotune" (both run direct in this build), "implicit_gemm" (CUTLASS implicit GEMM: not in this
-build yet, an UnsupportedError). ``conv_last_algorithm()`` says what the last call of this thread
-ran: "cpu", "direct", or "direct_packed" (the CUDA forward reading x and w in 16-byte packs of
-input channels, taken when both are dense along them: NHWC or channels_last, Cin / groups a
-multiple of 8 (f16/bf16) or 4 (f32)). Sums are float32 in a fixed order, the weight and bias gradients too
-(no atomics: bitwise deterministic run to run); outputs take x's dtype.
+Strategies: "direct" (any groups incl. depthwise, dtype, size, stride, dilation; float32 sums in a
+fixed order), "implicit_gemm" (CUTLASS's implicit-GEMM convolution kernels on CUDA: the CUTLASS
+3.x collective builder with TMA im2col on sm90a, the CUTLASS 2.x kernels on sm80-class GPUs and
+for what the sm90 kernels refuse; float16/bfloat16 with float32 accumulation, groups == 1, input
+and output channels multiples of 8; the bias is added in the forward's epilogue; the weight
+gradient has no split-K, so it is deterministic. float32 inputs are not taken: no TF32 rounding,
+they run direct, exact in float32. A case it cannot take is an UnsupportedError saying why, as is
+any CPU array), "auto" (implicit_gemm where it applies, direct otherwise) and "autotune" (as auto:
+nothing is timed yet). Arrays implicit_gemm cannot read in place (NCHW, other strides) are copied
+once each way through a workspace allocated with the caller's framework; NHWC and torch
+channels_last tensors run without copies. ``conv_last_algorithm()`` says what the last call of
+this thread ran: "cpu", "direct", "direct_packed" (the CUDA forward reading x and w in 16-byte
+packs of input channels, taken when both are dense along them: NHWC or channels_last, Cin / groups
+a multiple of 8 (f16/bf16) or 4 (f32)), "implicit_gemm_sm80" or "implicit_gemm_sm90". Direct sums
+are float32 in a fixed order, the weight and bias gradients too (no atomics: bitwise deterministic
+run to run); outputs take x's dtype.
 """
 
 from __future__ import annotations
@@ -143,21 +153,22 @@ def run_conv(op, x, w, bias, o, out=None, stream=None):
     shape = output_shape(x.shape, call.dtype_name(x), w.shape, call.dtype_name(w), o)
     y = out if out is not None else allocate(call.empty, shape, call.dtype_name(x),
                                              channels_last_result(x, o.dims, o.layout))
-    _C.conv_forward(call.arg(x), call.arg(w), call.arg(bias), call.arg(y), *o.args(), call.stream)
+    _C.conv_forward(call.arg(x), call.arg(w), call.arg(bias), call.arg(y), *o.args(), call.stream,
+                    call.workspace_alloc)
     return y
 
 
 def run_data_backward(op, dy, w, x_shape, o, stream=None):
     call = fw.Call(op, {"dy": dy, "w": w}, stream)
     dx = allocate(call.empty, x_shape, call.dtype_name(dy), channels_last_result(dy, o.dims, o.layout, len(x_shape)))
-    _C.conv_data_backward(call.arg(dy), call.arg(w), call.arg(dx), *o.args(), call.stream)
+    _C.conv_data_backward(call.arg(dy), call.arg(w), call.arg(dx), *o.args(), call.stream, call.workspace_alloc)
     return dx
 
 
 def run_weight_backward(op, dy, x, w_shape, o, stream=None):
     call = fw.Call(op, {"dy": dy, "x": x}, stream)
     dw = call.empty(w_shape, call.dtype_name(dy))
-    _C.conv_weight_backward(call.arg(dy), call.arg(x), call.arg(dw), *o.args(), call.stream)
+    _C.conv_weight_backward(call.arg(dy), call.arg(x), call.arg(dw), *o.args(), call.stream, call.workspace_alloc)
     return dw
 
 
@@ -219,7 +230,8 @@ def conv_bias_backward(dy, layout="NCHW", *, stream=None):
 
 
 def conv_last_algorithm() -> str:
-    """What the last conv call of this thread ran: "cpu", "direct", "direct_packed" or "none"."""
+    """What the last conv call of this thread ran: "cpu", "direct", "direct_packed",
+    "implicit_gemm_sm80", "implicit_gemm_sm90" or "none"."""
     return _C.conv_last_algorithm()
 
 

@@ -12,15 +12,26 @@
 // kernel extent (one more after than before) is expressible; both must be >= 0.
 //
 // Strategies. direct: one output (fprop), input (dgrad) or weight (wgrad) element per thread or
-// block, any groups (depthwise included), dtype, size, stride and dilation. implicit_gemm
-// (CUTLASS) is not in this build: asking for it is an UnsupportedError; auto and autotune run
-// direct. All sums are float32 in a fixed order (the weight and bias gradients too: a
-// fixed-order reduction without atomics, bitwise deterministic run to run); values are rounded
-// once to the output dtype. conv_last_algorithm() names what the last call on this thread ran.
+// block, any groups (depthwise included), dtype, size, stride and dilation; all sums float32 in
+// a fixed order. implicit_gemm: CUTLASS's implicit-GEMM convolution kernels (sm90a: the 3.x
+// collective builder, TMA im2col, warp-specialized; sm80-class GPUs, and what the sm90 kernels
+// refuse: the 2.x kernels) for f16/bf16 with float32 accumulation, groups == 1, Cin and Cout
+// multiples of 8; the bias is added in the fprop epilogue; wgrad has no split-K (bitwise
+// deterministic). float32 is not taken (no TF32 rounding: it runs direct). A case the kernels
+// cannot take is an UnsupportedError that says why. auto (and autotune, which does not time
+// anything yet) take implicit_gemm where it applies and direct otherwise. Values are rounded once
+// to the output dtype; the weight and bias gradients never use atomics (deterministic run to
+// run). conv_last_algorithm() names what the last call on this thread ran.
+//
+// Tensors that implicit_gemm cannot read in place (not packed channels-last: NCHW, other
+// strides, bases not 16-byte aligned) are copied through the workspace (one transpose each way);
+// packed NHWC / torch channels_last tensors run without copies.
 //
 // Every function validates all of its arguments before any work (throwing rudnn::Error), then
 // runs the CPU reference backend or the CUDA backend according to the tensors' device. Outputs
-// and workspaces are allocated by the caller (direct needs no workspace: its size is 0).
+// and workspaces are allocated by the caller: the *_workspace_bytes queries say how much (0 for
+// direct and for implicit_gemm on packed channels-last tensors). "auto" given no workspace where
+// the copies would need one runs direct.
 #pragma once
 
 #include <cstddef>
@@ -90,7 +101,8 @@ struct ConvShape {
 // checks of x, w and the options.
 ConvShape conv_output_shape(const ConvForwardArgs& args);
 
-// Workspace bytes each call needs (0 for every strategy of this build); they run the checks.
+// Workspace bytes each call needs (all of the call's tensors are given, outputs included: their
+// strides and addresses decide the copies); they run the checks and the strategy decision.
 std::size_t conv_forward_workspace_bytes(const ConvForwardArgs& args);
 std::size_t conv_data_backward_workspace_bytes(const ConvDataBackwardArgs& args);
 std::size_t conv_weight_backward_workspace_bytes(const ConvWeightBackwardArgs& args);
@@ -104,7 +116,8 @@ void conv_weight_backward(const ConvWeightBackwardArgs& args, const Tensor* work
 void conv_bias_backward(const ConvBiasBackwardArgs& args, Stream stream = nullptr);
 
 // The algorithm of this thread's last conv call: "cpu", "direct", "direct_packed" (the CUDA
-// forward reading x and w in 16-byte packs of input channels) or "none".
+// forward reading x and w in 16-byte packs of input channels), "implicit_gemm_sm80",
+// "implicit_gemm_sm90" or "none".
 const char* conv_last_algorithm();
 
 }  // namespace rudnn

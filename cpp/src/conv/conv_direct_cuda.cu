@@ -32,31 +32,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;  // grid-stride loops over a grid of 8 blocks (2048 threads) per SM
 
-// An element (n, c, pos) of a (batch, channels, *size) grid from its linear index in memory
-// order: (n, c, d, h, w), or (n, d, h, w, c) when channels_last.
-struct Decoded {
-  i64 n, c;
-  i64 pos[kAxes];
-};
-
-__device__ __forceinline__ Decoded decode(i64 t, i64 channels, const i64 (&size)[kAxes], bool channels_last) {
-  Decoded e;
-  if (channels_last) {
-    e.c = t % channels;
-    t /= channels;
-  }
-  for (int a = kAxes - 1; a >= 0; --a) {
-    e.pos[a] = t % size[a];
-    t /= size[a];
-  }
-  if (!channels_last) {
-    e.c = t % channels;
-    t /= channels;
-  }
-  e.n = t;
-  return e;
-}
-
 template <class T>
 struct Loader {
   const T* data;

@@ -1,9 +1,15 @@
-// Public entry points of the convolution family: validate once, pick the strategy (direct is
-// the only one of this build), then run the backend of the tensors' device.
+// Public entry points of the convolution family: validate once, pick the strategy (the
+// implicit-GEMM plan of implicit_gemm.hpp, or the direct kernels), then run the backend of the
+// tensors' device.
+#include <string>
 #include <type_traits>
 
+#include "conv/implicit_gemm.hpp"
 #include "conv/problem.hpp"
 #include "core/backend.hpp"
+#if RUDNN_WITH_CUDA
+#include "core/device.hpp"
+#endif
 
 namespace rudnn {
 
@@ -11,14 +17,38 @@ namespace {
 
 thread_local const char* last_algorithm = "none";
 
-// The bytes of workspace a validated call needs: none for the direct kernels.
-std::size_t workspace_need(const conv::Problem&) { return 0; }
+// The implicit-GEMM plan of a validated call (kernel == none: the direct kernels run), by the
+// strategy: "direct" never plans; "auto" and "autotune" take the plan when there is one;
+// "implicit_gemm" without one is an UnsupportedError that says why.
+conv::ig::Plan choose(const conv::Problem& p, conv::Op op, ConvStrategy strategy, const Tensor& ref,
+                      const conv::ig::Bases& bases, const char* name) {
+  conv::ig::Plan plan;
+  if (strategy == ConvStrategy::direct) return plan;
+  int major = 0, minor = 0;
+#if RUDNN_WITH_CUDA
+  if (ref.device.is_cuda()) {
+    const core::DeviceProps& props = core::device_props(ref.device.index);
+    major = props.cc_major;
+    minor = props.cc_minor;
+  }
+#endif
+  plan = conv::ig::plan(p, op, ref.dtype, major, minor, bases);
+  if (plan.kernel == conv::ig::Kernel::none && strategy == ConvStrategy::implicit_gemm)
+    core::fail(ErrorKind::unsupported, std::string(name) + ": strategy 'implicit_gemm': " + plan.why);
+  return plan;
+}
+
+// "auto" / "autotune" without a workspace (the JAX FFI path, a C++ caller passing none) for a
+// plan that needs one: run direct rather than fail.
+void drop_plan_without_workspace(conv::ig::Plan& plan, ConvStrategy strategy, const Tensor* workspace) {
+  if (strategy != ConvStrategy::implicit_gemm && plan.workspace_bytes > 0 && !workspace) plan = conv::ig::Plan{};
+}
 
 // cuda() returns the algorithm it ran, or nothing for "direct".
 template <class Cpu, class Cuda>
-void run(const Device& device, const char* op, const conv::Problem& p, const Tensor* workspace, const Tensor& ref,
+void run(const Device& device, const char* op, std::size_t need, const Tensor* workspace, const Tensor& ref,
          Cpu&& cpu, Cuda&& cuda) {
-  core::expect_workspace(workspace, ref, "the arrays", workspace_need(p), op);
+  core::expect_workspace(workspace, ref, "the arrays", need, op);
   core::on_device(
       device, op,
       [&] {
@@ -32,28 +62,74 @@ void run(const Device& device, const char* op, const conv::Problem& p, const Ten
       });
 }
 
+// Runs the plan on CUDA; false (nothing written) when CUTLASS's can_implement refused it, which
+// is an UnsupportedError for "implicit_gemm" and the direct kernels for "auto".
+bool run_plan(const conv::ig::Plan& plan, const conv::Problem& p, conv::Op op, ConvStrategy strategy,
+              const Tensor& ref, const conv::ig::Operands& t, const Tensor* workspace, Stream stream,
+              const char* name) {
+#if RUDNN_WITH_CUDA
+  if (plan.kernel == conv::ig::Kernel::none) return false;
+  std::string why;
+  if (conv::ig::run(plan, p, op, ref.dtype, t, workspace ? workspace->data : nullptr, ref.device.index, stream,
+                    &why))
+    return true;
+  if (strategy == ConvStrategy::implicit_gemm)
+    core::fail(ErrorKind::unsupported, std::string(name) + ": strategy 'implicit_gemm': " + why);
+#else
+  (void)plan, (void)p, (void)op, (void)strategy, (void)ref, (void)t, (void)workspace, (void)stream, (void)name;
+#endif
+  return false;
+}
+
+conv::ig::Plan forward_plan(const ConvForwardArgs& a, const conv::Problem& p) {
+  return choose(p, conv::Op::forward, a.options.strategy, a.x,
+                {a.x.data, a.y.data, a.w.data, a.bias ? a.bias->data : nullptr}, "conv");
+}
+
+conv::ig::Plan data_backward_plan(const ConvDataBackwardArgs& a, const conv::Problem& p) {
+  return choose(p, conv::Op::data_backward, a.options.strategy, a.dy, {a.dx.data, a.dy.data, a.w.data, nullptr},
+                "conv_data_backward");
+}
+
+conv::ig::Plan weight_backward_plan(const ConvWeightBackwardArgs& a, const conv::Problem& p) {
+  return choose(p, conv::Op::weight_backward, a.options.strategy, a.dy, {a.x.data, a.dy.data, a.dw.data, nullptr},
+                "conv_weight_backward");
+}
+
 }  // namespace
 
 ConvShape conv_output_shape(const ConvForwardArgs& args) {
   return conv::output_shape(conv::validate_forward(args, false).g, args.options.dims, args.options.layout);
 }
 
+// The queries plan with every tensor of the call (the output's strides and every base address
+// decide which copies the workspace holds).
 std::size_t conv_forward_workspace_bytes(const ConvForwardArgs& args) {
-  return workspace_need(conv::validate_forward(args, false));
+  const conv::Problem p = conv::validate_forward(args);
+  return forward_plan(args, p).workspace_bytes;
 }
 
 std::size_t conv_data_backward_workspace_bytes(const ConvDataBackwardArgs& args) {
-  return workspace_need(conv::validate_data_backward(args));
+  const conv::Problem p = conv::validate_data_backward(args);
+  return data_backward_plan(args, p).workspace_bytes;
 }
 
 std::size_t conv_weight_backward_workspace_bytes(const ConvWeightBackwardArgs& args) {
-  return workspace_need(conv::validate_weight_backward(args));
+  const conv::Problem p = conv::validate_weight_backward(args);
+  return weight_backward_plan(args, p).workspace_bytes;
 }
 
 void conv_forward(const ConvForwardArgs& args, const Tensor* workspace, Stream stream) {
   const conv::Problem p = conv::validate_forward(args);
-  run(args.x.device, "conv", p, workspace, args.x, [&] { if (p.outputs()) conv::forward_cpu(p, args.x, args.w, args.bias, args.y); },
+  conv::ig::Plan plan = forward_plan(args, p);
+  drop_plan_without_workspace(plan, args.options.strategy, workspace);
+  run(args.x.device, "conv", plan.workspace_bytes, workspace, args.x,
+      [&] { if (p.outputs()) conv::forward_cpu(p, args.x, args.w, args.bias, args.y); },
       [&]() -> const char* {
+        if (run_plan(plan, p, conv::Op::forward, args.options.strategy, args.x,
+                     {args.x.data, args.w.data, nullptr, args.y.data, args.bias ? args.bias->data : nullptr}, workspace,
+                     stream, "conv"))
+          return plan.name();
         return p.outputs() ? conv::forward_cuda(p, args.x, args.w, args.bias, args.y, stream) : "direct";
       });
 }
@@ -61,21 +137,39 @@ void conv_forward(const ConvForwardArgs& args, const Tensor* workspace, Stream s
 // Every element of dx is written (zeros where no output reads it), even when dy is empty.
 void conv_data_backward(const ConvDataBackwardArgs& args, const Tensor* workspace, Stream stream) {
   const conv::Problem p = conv::validate_data_backward(args);
-  run(args.dy.device, "conv_data_backward", p, workspace, args.dy,
+  conv::ig::Plan plan = data_backward_plan(args, p);
+  drop_plan_without_workspace(plan, args.options.strategy, workspace);
+  run(args.dy.device, "conv_data_backward", plan.workspace_bytes, workspace, args.dy,
       [&] { if (p.inputs()) conv::data_backward_cpu(p, args.dy, args.w, args.dx); },
-      [&] { if (p.inputs()) conv::data_backward_cuda(p, args.dy, args.w, args.dx, stream); });
+      [&]() -> const char* {
+        if (run_plan(plan, p, conv::Op::data_backward, args.options.strategy, args.dy,
+                     {nullptr, args.w.data, args.dy.data, args.dx.data, nullptr}, workspace, stream,
+                     "conv_data_backward"))
+          return plan.name();
+        if (p.inputs()) conv::data_backward_cuda(p, args.dy, args.w, args.dx, stream);
+        return "direct";
+      });
 }
 
 void conv_weight_backward(const ConvWeightBackwardArgs& args, const Tensor* workspace, Stream stream) {
   const conv::Problem p = conv::validate_weight_backward(args);
-  run(args.dy.device, "conv_weight_backward", p, workspace, args.dy,
+  conv::ig::Plan plan = weight_backward_plan(args, p);
+  drop_plan_without_workspace(plan, args.options.strategy, workspace);
+  run(args.dy.device, "conv_weight_backward", plan.workspace_bytes, workspace, args.dy,
       [&] { conv::weight_backward_cpu(p, args.dy, args.x, args.dw); },
-      [&] { conv::weight_backward_cuda(p, args.dy, args.x, args.dw, stream); });
+      [&]() -> const char* {
+        if (run_plan(plan, p, conv::Op::weight_backward, args.options.strategy, args.dy,
+                     {args.x.data, nullptr, args.dy.data, args.dw.data, nullptr}, workspace, stream,
+                     "conv_weight_backward"))
+          return plan.name();
+        conv::weight_backward_cuda(p, args.dy, args.x, args.dw, stream);
+        return "direct";
+      });
 }
 
 void conv_bias_backward(const ConvBiasBackwardArgs& args, Stream stream) {
   const conv::Problem p = conv::validate_bias_backward(args);
-  run(args.dy.device, "conv_bias_backward", p, nullptr, args.dy, [&] { conv::bias_backward_cpu(p, args.dy, args.db); },
+  run(args.dy.device, "conv_bias_backward", 0, nullptr, args.dy, [&] { conv::bias_backward_cpu(p, args.dy, args.db); },
       [&] { conv::bias_backward_cuda(p, args.dy, args.db, stream); });
 }
 

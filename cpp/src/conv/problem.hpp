@@ -66,6 +66,31 @@ RUDNN_HD void output_range(const Geometry& g, int a, i64 k, i64& lo, i64& hi) {
   if (hi < lo) hi = lo;
 }
 
+// An element (n, c, pos) of a (batch, channels, *size) grid from its linear index in memory
+// order: (n, c, d, h, w), or (n, d, h, w, c) when channels_last (the CUDA kernels' thread order).
+struct Decoded {
+  i64 n, c;
+  i64 pos[kAxes];
+};
+
+RUDNN_HD Decoded decode(i64 t, i64 channels, const i64 (&size)[kAxes], bool channels_last) {
+  Decoded e;
+  if (channels_last) {
+    e.c = t % channels;
+    t /= channels;
+  }
+  for (int a = kAxes - 1; a >= 0; --a) {
+    e.pos[a] = t % size[a];
+    t /= size[a];
+  }
+  if (!channels_last) {
+    e.c = t % channels;
+    t /= channels;
+  }
+  e.n = t;
+  return e;
+}
+
 // The loops below take the element loads as functors (host lambdas on the CPU, device lambdas
 // in CUDA kernels). load_x(offset), load_w(offset), load_dy(offset) return floats. nvcc's
 // host/device call check is off for them: each instantiation runs where its functor does.

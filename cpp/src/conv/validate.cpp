@@ -81,10 +81,6 @@ void check_options(const ConvOptions& o, const std::string& op) {
                                             list_str(o.padding_after, n)));
   }
   if (o.groups < 1) fail(ErrorKind::value, op + ": groups: expected an integer >= 1, got " + std::to_string(o.groups));
-  if (o.strategy == ConvStrategy::implicit_gemm)
-    fail(ErrorKind::unsupported,
-         op + ": strategy: 'implicit_gemm' (CUTLASS implicit GEMM) is not implemented in this build yet; use "
-              "'direct', 'auto' or 'autotune' (which run the direct kernels)");
 }
 
 // x (or what stands for its shape): a float activation of rank dims + 2, sizes >= 1 but the batch.

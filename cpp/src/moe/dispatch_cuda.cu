@@ -6,7 +6,10 @@
 // 32-slot step come from __match_any_sync, so token order is kept). Combine and the
 // backward kernels gather in a fixed order with float32 accumulation (no atomics either).
 #include <algorithm>
+#include <initializer_list>
+#include <utility>
 
+#include "core/pack.cuh"
 #include "moe/cuda_common.cuh"
 #include "moe/problem.hpp"
 
@@ -107,17 +110,13 @@ __global__ void mark_unused_rows_kernel(const int* __restrict__ offsets, int E, 
     if (r >= used) token_of_row[r] = -1;
 }
 
-template <class T>
-__global__ void gather_rows_kernel(const T* __restrict__ x, std::int64_t x_stride, std::int64_t tokens,
-                                   const int* __restrict__ token_of_row, T* __restrict__ out, std::int64_t out_stride,
-                                   std::int64_t hidden) {
-  const std::int64_t r = blockIdx.x;
-  const std::int64_t t = token_of_row[r];
-  T* dst = out + r * out_stride;
-  const bool valid = t >= 0 && t < tokens;
-  const T* src = x + (valid ? t : 0) * x_stride;
-  for (std::int64_t h = threadIdx.x; h < hidden; h += blockDim.x) dst[h] = valid ? src[h] : from_float<T>(0.0f);
-}
+// ---- row gather and combine (tests/emulation/moe_combine_emu.cpp runs this section on the CPU) ----
+// One thread per pack of L hidden elements of one row (grid: rows or tokens × hidden slices), so a
+// row moves as 16-byte accesses when its rows are dense and aligned (L = kVecLanes<T>), else as
+// single elements (L = 1): the same code, two instantiations.
+
+constexpr int kRowThreads = 256;
+constexpr int kSlotBatch = 8;  // combine: slots whose rows are loaded before any is summed
 
 struct CombineView {
   const int* row_of_slot;
@@ -130,25 +129,86 @@ __device__ __forceinline__ float slot_weight(const CombineView& v, std::int64_t 
   return v.weights ? load_as_float(v.weights, v.weight_dtype, t * v.weight_stride + j) : 1.0f;
 }
 
-// out[t] = sum_j w[t, j] * y[row_of_slot[t, j]] in slot order; a bad row index gives NaN.
-template <class T>
-__global__ void combine_kernel(const T* __restrict__ y, std::int64_t y_stride, std::int64_t rows, CombineView v, int k,
-                               T* __restrict__ out, std::int64_t out_stride, std::int64_t hidden) {
-  const std::int64_t t = blockIdx.x;
-  const int* slot_rows = v.row_of_slot + t * k;
-  for (std::int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      const std::int64_t r = slot_rows[j];
-      if (r < 0 || r >= rows) {
-        acc = kNaN;
-        break;
-      }
-      acc += slot_weight(v, t, j) * to_float(y[r * y_stride + h]);
-    }
-    out[t * out_stride + h] = from_float<T>(acc);
+// out[r] = x[token_of_row[r]] (zeros for a row of no token), pack by pack.
+template <class T, int L>
+__global__ void __launch_bounds__(kRowThreads)
+    gather_rows_kernel(const T* __restrict__ x, std::int64_t x_stride, std::int64_t tokens,
+                       const int* __restrict__ token_of_row, T* __restrict__ out, std::int64_t out_stride,
+                       std::int64_t hidden) {
+  using P = core::Pack<T, L>;
+  const std::int64_t r = blockIdx.x;
+  // This thread's pack. 32-bit (the grid bounds it to 2^24 packs): with a 64-bit index nvcc
+  // splits the pack's store into four 4-byte stores.
+  const unsigned c = blockIdx.y * unsigned(kRowThreads) + threadIdx.x;
+  if (std::int64_t(c) * L >= hidden) return;
+  const std::int64_t t = token_of_row[r];
+  P v;
+  if (t >= 0 && t < tokens) {
+    v = core::load_pack<T, L>(x + t * x_stride + c * L);
+  } else {
+#pragma unroll
+    for (int l = 0; l < L; ++l) v.v[l] = from_float<T>(0.0f);
   }
+  core::store_pack<T, L>(out + r * out_stride + c * L, v);
 }
+
+// out[t] = sum_j w[t, j] * y[row_of_slot[t, j]], summed in slot order in float32; a bad row
+// index makes the token NaN. The rows of kSlotBatch slots are all in flight before the first is
+// added (the loads of a token's k rows overlap instead of waiting one after another).
+template <class T, int L>
+__global__ void __launch_bounds__(kRowThreads)
+    combine_kernel(const T* __restrict__ y, std::int64_t y_stride, std::int64_t rows, CombineView v, int k,
+                   T* __restrict__ out, std::int64_t out_stride, std::int64_t hidden) {
+  using P = core::Pack<T, L>;
+  const std::int64_t t = blockIdx.x;
+  const unsigned c = blockIdx.y * unsigned(kRowThreads) + threadIdx.x;  // as in gather_rows_kernel
+  if (std::int64_t(c) * L >= hidden) return;
+  const int* slot_rows = v.row_of_slot + t * k;
+  float acc[L];
+#pragma unroll
+  for (int l = 0; l < L; ++l) acc[l] = 0.0f;
+  bool bad = false;
+  for (int j0 = 0; j0 < k; j0 += kSlotBatch) {
+    std::int64_t row[kSlotBatch];
+    float w[kSlotBatch];
+    P val[kSlotBatch];
+#pragma unroll
+    for (int b = 0; b < kSlotBatch; ++b) {
+      row[b] = j0 + b < k ? slot_rows[j0 + b] : 0;
+      w[b] = j0 + b < k ? slot_weight(v, t, j0 + b) : 0.0f;
+    }
+#pragma unroll
+    for (int b = 0; b < kSlotBatch; ++b)
+      if (j0 + b < k && row[b] >= 0 && row[b] < rows) val[b] = core::load_pack<T, L>(y + row[b] * y_stride + c * L);
+#pragma unroll
+    for (int b = 0; b < kSlotBatch; ++b) {
+      if (j0 + b >= k) continue;
+      if (row[b] < 0 || row[b] >= rows) {
+        bad = true;
+        continue;
+      }
+#pragma unroll
+      for (int l = 0; l < L; ++l) acc[l] += w[b] * to_float(val[b].v[l]);
+    }
+  }
+  P o;
+#pragma unroll
+  for (int l = 0; l < L; ++l) o.v[l] = from_float<T>(bad ? kNaN : acc[l]);
+  core::store_pack<T, L>(out + t * out_stride + c * L, o);
+}
+
+// The pack width the rows of these arrays allow: kVecLanes<T> when every row start is aligned
+// to a pack, else 1.
+template <class T>
+int row_lanes(std::int64_t hidden, std::initializer_list<std::pair<const void*, std::int64_t>> rows) {
+  constexpr int L = core::kVecLanes<T>;
+  if (hidden % L != 0) return 1;
+  for (const auto& [data, stride] : rows)
+    if (!core::pack_aligned<T, L>(data) || stride % L != 0) return 1;
+  return L;
+}
+
+// (tests/emulation/moe_combine_emu.cpp runs everything from the section mark above to this line on the CPU.)
 
 template <class T>
 __global__ void zero_rows_kernel(T* __restrict__ a, std::int64_t stride, std::int64_t hidden) {
@@ -252,8 +312,17 @@ void gather_rows_cuda(const Tensor& x, const Tensor& token_of_row, const Tensor&
                       Stream s) {
   dispatch_float(x.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gather_rows_kernel<T><<<unsigned(p.rows), row_threads(p.hidden), 0, as_cuda(s)>>>(
-        x.ptr<T>(), p.x_stride, p.tokens, token_of_row.ptr<int>(), out.ptr<T>(), p.out_stride, p.hidden);
+    if (p.rows == 0 || p.hidden == 0) return;
+    const int lanes = row_lanes<T>(p.hidden, {{x.data, p.x_stride}, {out.data, p.out_stride}});
+    const dim3 grid(unsigned(p.rows), unsigned((p.hidden / lanes + kRowThreads - 1) / kRowThreads));
+    const int threads = int(std::min<std::int64_t>(kRowThreads, (p.hidden / lanes + 31) / 32 * 32));
+    if (lanes > 1)
+      gather_rows_kernel<T, core::kVecLanes<T>><<<grid, threads, 0, as_cuda(s)>>>(
+          x.ptr<T>(), p.x_stride, p.tokens, token_of_row.ptr<int>(), out.ptr<T>(), p.out_stride, p.hidden);
+    else
+      gather_rows_kernel<T, 1><<<grid, threads, 0, as_cuda(s)>>>(x.ptr<T>(), p.x_stride, p.tokens,
+                                                                 token_of_row.ptr<int>(), out.ptr<T>(), p.out_stride,
+                                                                 p.hidden);
     RUDNN_CUDA_CHECK_LAUNCH(gather_rows_kernel);
   });
 }
@@ -263,8 +332,16 @@ void combine_cuda(const MoeCombineArgs& a, const CombineProblem& p, Stream s) {
                       a.weights ? a.weights->dtype : DType::f32, p.weight_stride};
   dispatch_float(a.y.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    combine_kernel<T><<<unsigned(p.tokens), row_threads(p.hidden), 0, as_cuda(s)>>>(
-        a.y.ptr<T>(), p.y_stride, p.rows, v, p.top_k, a.out.ptr<T>(), p.out_stride, p.hidden);
+    if (p.tokens == 0 || p.hidden == 0) return;
+    const int lanes = row_lanes<T>(p.hidden, {{a.y.data, p.y_stride}, {a.out.data, p.out_stride}});
+    const dim3 grid(unsigned(p.tokens), unsigned((p.hidden / lanes + kRowThreads - 1) / kRowThreads));
+    const int threads = int(std::min<std::int64_t>(kRowThreads, (p.hidden / lanes + 31) / 32 * 32));
+    if (lanes > 1)
+      combine_kernel<T, core::kVecLanes<T>><<<grid, threads, 0, as_cuda(s)>>>(
+          a.y.ptr<T>(), p.y_stride, p.rows, v, p.top_k, a.out.ptr<T>(), p.out_stride, p.hidden);
+    else
+      combine_kernel<T, 1><<<grid, threads, 0, as_cuda(s)>>>(a.y.ptr<T>(), p.y_stride, p.rows, v, p.top_k,
+                                                             a.out.ptr<T>(), p.out_stride, p.hidden);
     RUDNN_CUDA_CHECK_LAUNCH(combine_kernel);
   });
 }

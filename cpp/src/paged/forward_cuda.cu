@@ -83,7 +83,7 @@ DecodeShape decode_shape(const Problem& p) {
 
 // See the top of this file. part_out / part_lse: the split workspace (null without splits).
 template <class T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     paged_decode_kernel(const Problem p, const DecodeShape sh, float* part_out, float* part_lse) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   float* q_s = reinterpret_cast<float*>(smem_raw);               // [heads][q_elems], zero padded
@@ -208,23 +208,29 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
 
+    // Values: rescale by the tile's alpha, then add the tile's slots one after another (slot
+    // outer, groups inner: one copy of the unrolled group body, not one per group and slot).
 #pragma unroll
     for (int g = 0; g < kAccGroups; ++g) {
-      const int idx = g * kThreads + tid, hh = idx / dv_groups;
+      const int hh = (g * kThreads + tid) / dv_groups;
       if (hh < heads) {
-        const int e0 = (idx % dv_groups) * 4;
         const float a = alpha_s[hh];
-        float o0 = acc[g][0] * a, o1 = acc[g][1] * a, o2 = acc[g][2] * a, o3 = acc[g][3] * a;
-        const float* pp = p_s + hh * tile;
-        for (int tt = 0; tt < tile; ++tt) {
-          const float w = pp[tt];
-          const T* vr = reinterpret_cast<const T*>(v_buf + tt * v_pitch) + e0;
-          o0 = fmaf(w, core::to_float(vr[0]), o0);
-          o1 = fmaf(w, core::to_float(vr[1]), o1);
-          o2 = fmaf(w, core::to_float(vr[2]), o2);
-          o3 = fmaf(w, core::to_float(vr[3]), o3);
+        acc[g][0] *= a, acc[g][1] *= a, acc[g][2] *= a, acc[g][3] *= a;
+      }
+    }
+    for (int tt = 0; tt < tile; ++tt) {
+      const unsigned char* v_row = v_buf + tt * v_pitch;
+#pragma unroll
+      for (int g = 0; g < kAccGroups; ++g) {
+        const int idx = g * kThreads + tid, hh = idx / dv_groups;
+        if (hh < heads) {
+          const float w = p_s[hh * tile + tt];
+          const T* vr = reinterpret_cast<const T*>(v_row) + (idx % dv_groups) * 4;
+          acc[g][0] = fmaf(w, core::to_float(vr[0]), acc[g][0]);
+          acc[g][1] = fmaf(w, core::to_float(vr[1]), acc[g][1]);
+          acc[g][2] = fmaf(w, core::to_float(vr[2]), acc[g][2]);
+          acc[g][3] = fmaf(w, core::to_float(vr[3]), acc[g][3]);
         }
-        acc[g][0] = o0, acc[g][1] = o1, acc[g][2] = o2, acc[g][3] = o3;
       }
     }
     __syncthreads();  // before the staging of tile i + 2 overwrites this buffer

@@ -1,22 +1,16 @@
 // The channel packs of the spatial families' CUDA kernels (pooling, interpolate, grid_sample): on
-// channels-last data, L adjacent channels of T read or written as one 16-byte access and
-// converted to float lanes (Lanes, pooling/problem.hpp). Their host emulators include it too.
+// channels-last data, L adjacent channels of T read or written as one 16-byte access (core::Pack)
+// and converted to float lanes (Lanes, pooling/problem.hpp). Their host emulators include it too.
 #pragma once
 
 #include "core/convert.cuh"
+#include "core/pack.cuh"
 #include "pooling/problem.hpp"
 
 namespace rudnn::pooling {
 
-// L elements of T read or written as one access (16 bytes at most per instruction).
-template <class T, int L>
-struct alignas(sizeof(T) * L < 16 ? sizeof(T) * L : 16) Pack {
-  T v[L];
-};
-
-// The lanes of a 16-byte pack of T.
-template <class T>
-inline constexpr int kVecLanes = 16 / int(sizeof(T));
+using core::kVecLanes;
+using core::Pack;
 
 template <class T, int L>
 __device__ __forceinline__ Lanes<L> load_lanes(const T* data, i64 offset) {

@@ -1,0 +1,11 @@
+// The sm80 (CUTLASS 2.x) implicit-GEMM dgrad kernels, f16 and bf16: NHWC (any stride) and
+// NDHWC (stride 1) (implicit_gemm_sm80.cuh).
+#include "conv/implicit_gemm_sm80.cuh"
+
+namespace rudnn::conv::ig {
+
+bool dgrad_sm80(const Call& c, std::string* why) {
+  return c.dtype == DType::bf16 ? sm80::dgrad<cutlass::bfloat16_t>(c, why) : sm80::dgrad<cutlass::half_t>(c, why);
+}
+
+}  // namespace rudnn::conv::ig

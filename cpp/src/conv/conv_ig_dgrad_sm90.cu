@@ -1,0 +1,13 @@
+// The sm90a (CUTLASS 3.x collective builder) implicit-GEMM dgrad kernels, f16 and bf16
+// (implicit_gemm_sm90.cuh).
+#include "conv/implicit_gemm_sm90.cuh"
+
+namespace rudnn::conv::ig {
+
+bool dgrad_sm90(const Call& c, std::string* why) {
+  using cutlass::conv::Operator;
+  return c.dtype == DType::bf16 ? sm90::run<Operator::kDgrad, cutlass::bfloat16_t>(c, "conv_data_backward", why)
+                                : sm90::run<Operator::kDgrad, cutlass::half_t>(c, "conv_data_backward", why);
+}
+
+}  // namespace rudnn::conv::ig

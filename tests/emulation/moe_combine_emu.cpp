@@ -1,0 +1,176 @@
+// Host emulator of the MoE row gather and combine CUDA kernels (tests/test_moe_emulation.py
+// builds and runs it). The kernels' own source (the "row gather and combine" section of
+// cpp/src/moe/dispatch_cuda.cu, extracted by the test into kernels.inc) runs on the CPU through
+// emu_runtime.hpp, a std::thread per CUDA thread, on the grid the CUDA backend launches, with the
+// pack width it would pick (row_lanes: 16-byte packs for aligned dense rows, else single
+// elements). Each case compares the gathered rows and the combined tokens bitwise with the CPU
+// backend (which tests/test_moe.py checks against the naive reference): inputs are multiples of
+// 1/64 and the weights small multiples of 1/8, so every float32 sum is exact and the order of the
+// additions (and the fusing of multiply and add) cannot change a bit. Covers k > kSlotBatch (two
+// batches of slot loads), a row index outside y (NaN token), no weights (dispatch_backward),
+// padded row strides and odd hidden sizes (the scalar path). Prints one line per case; exits 1 on
+// a mismatch.
+#include "emu_runtime.hpp"
+
+#include <initializer_list>
+#include <numeric>
+#include <utility>
+
+#include "core/dispatch.hpp"
+#include "core/half.hpp"
+#include "moe/problem.hpp"
+
+// The C++ core's validation and CPU backend (the reference here), compiled into the emulator.
+#include "moe/cpu.cpp"
+#include "moe/validate.cpp"
+
+#include "emu_keywords.hpp"
+
+#include "core/convert.cuh"
+#include "core/pack.cuh"
+
+namespace rudnn::moe::emu_k {
+using core::from_float;
+using core::load_as_float;
+using core::to_float;
+constexpr float kNaN = __builtin_nanf("");
+}  // namespace rudnn::moe::emu_k
+
+// namespace rudnn::moe { namespace emu_k { ...the gather and combine section of dispatch_cuda.cu... } }
+#include "kernels.inc"
+
+#include "emu_arrays.hpp"
+
+namespace {
+
+using namespace rudnn;
+using namespace rudnn::moe;
+using i64 = std::int64_t;
+
+template <class F>
+decltype(auto) device_types(DType dtype, F&& f) {
+  return core::dispatch_float<__half, __nv_bfloat16>(dtype, std::forward<F>(f));
+}
+
+// A [rows, hidden] array whose rows are `stride` elements apart (stride >= hidden).
+emu::Array rows_array(DType dtype, i64 rows, i64 hidden, i64 stride, std::uint32_t seed, bool fill = true) {
+  emu::Array a = emu::make(dtype, {rows, stride}, seed, fill);
+  a.t.shape[1] = hidden;
+  return a;
+}
+
+// Bitwise equal rows, except that any NaN matches any NaN (the host's float16 conversion and
+// CUDA's encode NaN differently).
+bool same_rows(const Tensor& a, const Tensor& b, i64 rows, i64 hidden, i64 stride) {
+  const std::size_t e = dtype_size(a.dtype);
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 h = 0; h < hidden; ++h) {
+      const i64 i = r * stride + h;
+      const char* pa = static_cast<const char*>(a.data) + i * e;
+      const char* pb = static_cast<const char*>(b.data) + i * e;
+      if (std::memcmp(pa, pb, e) == 0) continue;
+      const float va = a.dtype == DType::f32 ? *reinterpret_cast<const float*>(pa)
+                       : a.dtype == DType::f16 ? host::to_float(*reinterpret_cast<const host::f16*>(pa))
+                                               : host::to_float(*reinterpret_cast<const host::bf16*>(pa));
+      const float vb = a.dtype == DType::f32 ? *reinterpret_cast<const float*>(pb)
+                       : a.dtype == DType::f16 ? host::to_float(*reinterpret_cast<const host::f16*>(pb))
+                                               : host::to_float(*reinterpret_cast<const host::bf16*>(pb));
+      if (!(std::isnan(va) && std::isnan(vb))) return false;
+    }
+  return true;
+}
+
+struct Case {
+  const char* name;
+  DType dtype;
+  i64 tokens, k, hidden, stride;  // stride: of x, y and the outputs' rows
+  bool weights;
+  DType weight_dtype;
+  bool bad_row;  // one row index of token 1 outside y
+};
+
+bool run_case(const Case& c) {
+  const i64 T = c.tokens, k = c.k, N = T * k, H = c.hidden;
+  // A stable routing: row r of the dispatched rows holds token perm(r) / k.
+  std::vector<std::int32_t> token_of_row(N), row_of_slot(N);
+  std::vector<i64> order(N);
+  std::iota(order.begin(), order.end(), 0);
+  for (i64 i = 0; i < N; ++i) std::swap(order[i], order[(i * 7 + 3) % N]);
+  for (i64 r = 0; r < N; ++r) {
+    token_of_row[r] = std::int32_t(order[r] / k);
+    row_of_slot[order[r]] = std::int32_t(r);
+  }
+  token_of_row[N - 1] = -1;  // a row of no token: gathered as zeros
+  if (c.bad_row) row_of_slot[1 * k + k / 2] = std::int32_t(N + 5);
+  const i64 tk[2] = {T, k}, n1[1] = {N};
+  Tensor tor = Tensor::contiguous(token_of_row.data(), DType::i32, Device{}, n1, 1);
+  Tensor ros = Tensor::contiguous(row_of_slot.data(), DType::i32, Device{}, tk, 2);
+
+  emu::Array x = rows_array(c.dtype, T, H, c.stride, 1);
+  emu::Array g_cpu = rows_array(c.dtype, N, H, c.stride, 0, false), g_emu = rows_array(c.dtype, N, H, c.stride, 0, false);
+  emu::Array w = emu::make(c.weight_dtype, {T, k}, 2, true, 0.125f);  // multiples of 1/512: exact products
+  emu::Array o_cpu = rows_array(c.dtype, T, H, c.stride, 0, false), o_emu = rows_array(c.dtype, T, H, c.stride, 0, false);
+
+  const GatherProblem gp{T, N, H, c.stride, c.stride};
+  gather_rows_cpu(x.t, tor, g_cpu.t, gp);
+  MoeCombineArgs ca;
+  ca.y = g_cpu.t;
+  ca.row_of_slot = ros;
+  ca.weights = c.weights ? &w.t : nullptr;
+  ca.out = o_cpu.t;
+  CombineProblem cp;
+  cp.tokens = T;
+  cp.rows = N;
+  cp.hidden = H;
+  cp.top_k = int(k);
+  cp.y_stride = cp.out_stride = c.stride;
+  cp.weight_stride = k;
+  cp.has_weights = c.weights;
+  combine_cpu(ca, cp);
+
+  int lanes = 1;
+  device_types(c.dtype, [&](auto tag) {
+    using D = typename decltype(tag)::type;
+    lanes = emu_k::row_lanes<D>(H, {{x.t.data, c.stride}, {g_emu.t.data, c.stride}});
+    const unsigned slices = unsigned((H / lanes + emu_k::kRowThreads - 1) / emu_k::kRowThreads);
+    const unsigned threads = unsigned(std::min<i64>(emu_k::kRowThreads, (H / lanes + 31) / 32 * 32));
+    const D* xd = x.t.ptr<D>();
+    D* gd = g_emu.t.ptr<D>();
+    D* od = o_emu.t.ptr<D>();
+    const emu_k::CombineView v{row_of_slot.data(), c.weights ? w.t.data : nullptr, c.weight_dtype, k};
+    auto run = [&](auto L) {
+      constexpr int kL = decltype(L)::value;
+      emu_launch(EmuDim3{unsigned(N), slices, 1}, threads, 1, 0, [&] {
+        emu_k::gather_rows_kernel<D, kL>(xd, c.stride, T, token_of_row.data(), gd, c.stride, H);
+      });
+      emu_launch(EmuDim3{unsigned(T), slices, 1}, threads, 1, 0, [&] {
+        emu_k::combine_kernel<D, kL>(gd, c.stride, N, v, int(k), od, c.stride, H);
+      });
+    };
+    if (lanes > 1)
+      run(std::integral_constant<int, core::kVecLanes<D>>{});
+    else
+      run(std::integral_constant<int, 1>{});
+  });
+  const bool ok = same_rows(g_cpu.t, g_emu.t, N, H, c.stride) && same_rows(o_cpu.t, o_emu.t, T, H, c.stride);
+  std::printf("%s lanes=%d %s\n", c.name, lanes, ok ? "ok" : "MISMATCH");
+  return ok;
+}
+
+}  // namespace
+
+int main() {
+  const std::vector<Case> cases = {
+      {"bf16_packed", DType::bf16, 5, 3, 64, 64, true, DType::bf16, false},
+      {"f16_packed_k10_bad_row", DType::f16, 4, 10, 24, 32, true, DType::f32, true},
+      {"f16_packed_k10", DType::f16, 4, 10, 24, 32, true, DType::f32, false},
+      {"f32_k10_bad_row", DType::f32, 4, 10, 24, 32, true, DType::f32, true},
+      {"f32_packed_padded", DType::f32, 3, 2, 36, 40, true, DType::f32, false},
+      {"bf16_scalar_odd_hidden", DType::bf16, 3, 4, 37, 37, true, DType::f16, false},
+      {"f32_scalar_stride", DType::f32, 4, 2, 8, 9, false, DType::f32, false},
+      {"f16_two_slices", DType::f16, 2, 2, 8 * 300, 8 * 300, true, DType::bf16, false},
+  };
+  bool ok = true;
+  for (const Case& c : cases) ok = run_case(c) && ok;
+  return ok ? 0 : 1;
+}
