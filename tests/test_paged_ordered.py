@@ -222,9 +222,6 @@ def test_ordered_workspace_errors():
     with pytest.raises(rudnn.DeviceError, match="OrderedBackwardWorkspace: q: expected the framework and device of "
                                                 "the plan \\(torch cpu\\), got numpy cpu"):
         OrderedBackwardWorkspace(plan, q.numpy())
-    jax = pytest.importorskip("jax")
-    with pytest.raises(rudnn.UnsupportedError, match="OrderedBackwardWorkspace: q: the ordered workspace takes torch"):
-        OrderedBackwardWorkspace(plan, jax.numpy.zeros((4, 8, 32)))
     # a workspace of another head count (made for q of 4 heads, used with 8)
     ws4 = OrderedBackwardWorkspace(plan, q[:, :4])
     with pytest.raises(rudnn.ShapeError, match=rf"{op}: workspace: made for {q.shape[0]} queries x 4 heads over "
@@ -254,13 +251,56 @@ def test_ordered_workspace_errors():
     with pytest.raises(rudnn.ArgumentError, match=f"{op}: workspace: its index is corrupted \\(page id 2147483647\\); "
                                                   "make the workspace again"):
         plan.attention_backward(q, k, v, dout, 0.3, True, workspace=bad)
-    # the JAX backward takes none
-    jplan = DevicePlan.upload(plan.host, jax.numpy.asarray(q.numpy()))
+    # a torch workspace with JAX arrays, a JAX workspace with torch arrays
+    jax = pytest.importorskip("jax")
     jq = jax.numpy.asarray(q.numpy())
-    with pytest.raises(rudnn.UnsupportedError, match=f"{op}: workspace: the JAX backward takes no "
-                                                     "OrderedBackwardWorkspace yet"):
-        jplan.attention_backward(jq, jax.numpy.asarray(k.numpy()), jax.numpy.asarray(v.numpy()),
-                                 jax.numpy.asarray(dout.numpy()), 0.3, True, workspace=ws)
+    jplan = DevicePlan.upload(plan.host, jq)
+    jargs = [jax.numpy.asarray(t.numpy()) for t in (q, k, v, dout)]
+    with pytest.raises(rudnn.DeviceError, match=f"{op}: workspace: expected a workspace made for a JAX q, got a torch "
+                                                "one"):
+        jplan.attention_backward(*jargs, 0.3, True, workspace=ws)
+    jws = OrderedBackwardWorkspace(jplan, jq)
+    with pytest.raises(rudnn.DeviceError, match=f"{op}: workspace: expected a workspace of q's framework and device "
+                                                r"\(torch cpu\), got jax cpu"):
+        plan.attention_backward(q, k, v, dout, 0.3, True, workspace=jws)
+    with pytest.raises(rudnn.ArgumentError, match=f"{op}: workspace: made for another schedule"):
+        DevicePlan.upload(HostPlan(*sched), jq).attention_backward(*jargs, 0.3, True, workspace=jws)
+    with pytest.raises(rudnn.ArgumentError, match="paged_mla_backward: workspace: expected a "
+                                                  "rudnn.paged.OrderedBackwardWorkspace or None, got int"):
+        jplan.mla_backward(jargs[0], jargs[0][..., :4], jargs[1][:, :, :1], jargs[1][:, :, :1, :4], jargs[3], 0.3,
+                           workspace=3)
+
+
+def test_ordered_jax_matches_torch_bitwise():
+    jax = pytest.importorskip("jax")
+    import rudnn.jax.paged as jpaged
+
+    sched, q, k, v, dout = gqa_case(torch.bfloat16)
+    tplan = plan_of(sched, q)
+    dlse = rand(tuple(q.shape[:2]), torch.float32, seed=7)
+    j = lambda t: jax.numpy.asarray(t.float().numpy()).astype(jax.numpy.bfloat16)  # noqa: E731
+    jq, jk, jv, jd = j(q), j(k), j(v), j(dout)
+    jplan = DevicePlan.upload(tplan.host, jq)
+    for opts in [(True, False, False), (False, True, True)]:
+        want = tplan.attention_backward(q, k, v, dout, 0.3, True, dlse=dlse,
+                                        workspace=OrderedBackwardWorkspace(tplan, q, *opts))
+        jws = OrderedBackwardWorkspace(jplan, jq, *opts)
+        assert jws.bytes() == expected_bytes(sched, q.shape[1], *opts)
+        runs = [jpaged.attention_backward(jplan, jq, jk, jv, jd, 0.3, True, workspace=jws,
+                                          dlse=jax.numpy.asarray(dlse.numpy())) for _ in range(5)]
+        for got in runs:
+            for a, b in zip(got, want):
+                assert np.array_equal(np.asarray(a.astype(jax.numpy.float32)), b.float().numpy()), opts
+    # MLA through the plan method
+    msched, mq, mqp, mlat, mkp = mla_case([20, 9], [3, 1], 16, 2, 32, 8, torch.float32, seed=5)
+    md = rand(tuple(mq.shape), torch.float32, seed=9)
+    mplan = plan_of(msched, mq)
+    want = mplan.mla_backward(mq, mqp, mlat, mkp, md, 0.2, True, workspace=OrderedBackwardWorkspace(mplan, mq))
+    jm = [jax.numpy.asarray(t.numpy()) for t in (mq, mqp, mlat, mkp, md)]
+    jmplan = DevicePlan.upload(mplan.host, jm[0])
+    got = jmplan.mla_backward(*jm, 0.2, True, workspace=OrderedBackwardWorkspace(jmplan, jm[0]))
+    for a, b in zip(got, want):
+        assert np.array_equal(np.asarray(a), b.numpy())
 
 
 def test_ordered_numpy():

@@ -9,6 +9,11 @@
 //   rudnn_paged_attention_backward (tables, ..., q, k_cache, v_cache, dout, dlse) -> (dq, dk_cache, dv_cache)
 //   rudnn_paged_mla_backward       (tables, ..., q, qp, latent, kp, dout, dlse) -> (dq, dqp, dlatent, dkp)
 //                         (attributes page_size, scale, causal)
+//   rudnn_paged_attention_backward_ordered / rudnn_paged_mla_backward_ordered: the same with the
+//                         OrderedBackwardWorkspace's index (uint8) after dlse and its layout as
+//                         attributes (query_pruning, history_row_cache, history_compaction, queries,
+//                         heads, pages, listed, inactive, readers, cached); the handler copies the
+//                         index into memory of its own, where the backward writes its scratch
 // The checks run as XLA runs the call (rudnn.jax raises them as rudnn errors when eager).
 #include <cstdint>
 #include <cstring>
@@ -93,11 +98,35 @@ ffi::Error mla(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths
   });
 }
 
-ffi::Error attention_backward(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
-                              ffi::AnyBuffer sequence_ids, ffi::AnyBuffer positions, ffi::AnyBuffer q,
-                              ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache, ffi::AnyBuffer dout, ffi::AnyBuffer dlse,
-                              ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                              ffi::Result<ffi::AnyBuffer> dv, std::int64_t page_size, double scale, bool causal) {
+// The ordered workspace of a *_backward_ordered call: the layout from the attributes, the buffer a
+// host copy of the index operand (the handler's own memory: the backward writes its scratch).
+struct OrderedCopy {
+  std::vector<std::uint64_t> storage;
+  PagedOrderedWorkspace ws;
+};
+
+void ordered_from(OrderedCopy& o, ffi::AnyBuffer index, bool pruning, bool row_cache, bool compaction,
+                  std::int64_t queries, std::int64_t heads, std::int64_t pages, std::int64_t page_size,
+                  std::int64_t listed, std::int64_t inactive, std::int64_t readers, std::int64_t cached) {
+  PagedOrderedLayout& l = o.ws.layout;
+  l.options.query_pruning = pruning;
+  l.options.history_row_cache = row_cache;
+  l.options.history_compaction = compaction;
+  l.queries = queries, l.heads = heads, l.pages = pages, l.page_size = page_size;
+  l.listed = listed, l.inactive = inactive, l.readers = readers, l.cached = cached;
+  l.bytes = index.size_bytes();
+  o.storage.assign(l.bytes / 8 + 1, 0);
+  std::memcpy(o.storage.data(), index.untyped_data(), l.bytes);
+  const std::int64_t n = std::int64_t(l.bytes);
+  o.ws.buffer = Tensor::contiguous(o.storage.data(), DType::u8, Device{DeviceType::cpu, 0}, &n, 1);
+}
+
+ffi::Error attention_backward_impl(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
+                                   ffi::AnyBuffer sequence_ids, ffi::AnyBuffer positions, ffi::AnyBuffer q,
+                                   ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache, ffi::AnyBuffer dout,
+                                   ffi::AnyBuffer dlse, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                                   ffi::Result<ffi::AnyBuffer> dv, std::int64_t page_size, double scale, bool causal,
+                                   const PagedOrderedWorkspace* ordered) {
   return guarded([&] {
     const std::string op = "paged_attention_backward";
     PagedAttentionBackwardArgs a;
@@ -114,16 +143,42 @@ ffi::Error attention_backward(const Place& place, ffi::AnyBuffer tables, ffi::An
     a.dq = &gq;
     a.dk_cache = &gk;
     a.dv_cache = &gv;
+    a.ordered = ordered;
     paged_attention_backward(a, nullptr, place.stream);
   });
 }
 
-ffi::Error mla_backward(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
-                        ffi::AnyBuffer sequence_ids, ffi::AnyBuffer positions, ffi::AnyBuffer q, ffi::AnyBuffer qp,
-                        ffi::AnyBuffer latent, ffi::AnyBuffer kp, ffi::AnyBuffer dout, ffi::AnyBuffer dlse,
-                        ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dqp,
-                        ffi::Result<ffi::AnyBuffer> dlatent, ffi::Result<ffi::AnyBuffer> dkp, std::int64_t page_size,
-                        double scale, bool causal) {
+ffi::Error attention_backward(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
+                              ffi::AnyBuffer sequence_ids, ffi::AnyBuffer positions, ffi::AnyBuffer q,
+                              ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache, ffi::AnyBuffer dout, ffi::AnyBuffer dlse,
+                              ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                              ffi::Result<ffi::AnyBuffer> dv, std::int64_t page_size, double scale, bool causal) {
+  return attention_backward_impl(place, tables, lengths, sequence_ids, positions, q, k_cache, v_cache, dout, dlse, dq,
+                                 dk, dv, page_size, scale, causal, nullptr);
+}
+
+ffi::Error attention_backward_ordered(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
+                                      ffi::AnyBuffer sequence_ids, ffi::AnyBuffer positions, ffi::AnyBuffer q,
+                                      ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache, ffi::AnyBuffer dout,
+                                      ffi::AnyBuffer dlse, ffi::AnyBuffer index, ffi::Result<ffi::AnyBuffer> dq,
+                                      ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                                      std::int64_t page_size, double scale, bool causal, bool pruning, bool row_cache,
+                                      bool compaction, std::int64_t queries, std::int64_t heads, std::int64_t pages,
+                                      std::int64_t listed, std::int64_t inactive, std::int64_t readers,
+                                      std::int64_t cached) {
+  OrderedCopy o;
+  ordered_from(o, index, pruning, row_cache, compaction, queries, heads, pages, page_size, listed, inactive, readers,
+               cached);
+  return attention_backward_impl(place, tables, lengths, sequence_ids, positions, q, k_cache, v_cache, dout, dlse, dq,
+                                 dk, dv, page_size, scale, causal, &o.ws);
+}
+
+ffi::Error mla_backward_impl(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
+                             ffi::AnyBuffer sequence_ids, ffi::AnyBuffer positions, ffi::AnyBuffer q, ffi::AnyBuffer qp,
+                             ffi::AnyBuffer latent, ffi::AnyBuffer kp, ffi::AnyBuffer dout, ffi::AnyBuffer dlse,
+                             ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dqp,
+                             ffi::Result<ffi::AnyBuffer> dlatent, ffi::Result<ffi::AnyBuffer> dkp,
+                             std::int64_t page_size, double scale, bool causal, const PagedOrderedWorkspace* ordered) {
   return guarded([&] {
     const std::string op = "paged_mla_backward";
     PagedMlaBackwardArgs a;
@@ -143,8 +198,35 @@ ffi::Error mla_backward(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffe
     a.dqp = &g1;
     a.dlatent = &g2;
     a.dkp = &g3;
+    a.ordered = ordered;
     paged_mla_backward(a, nullptr, place.stream);
   });
+}
+
+ffi::Error mla_backward(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
+                        ffi::AnyBuffer sequence_ids, ffi::AnyBuffer positions, ffi::AnyBuffer q, ffi::AnyBuffer qp,
+                        ffi::AnyBuffer latent, ffi::AnyBuffer kp, ffi::AnyBuffer dout, ffi::AnyBuffer dlse,
+                        ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dqp,
+                        ffi::Result<ffi::AnyBuffer> dlatent, ffi::Result<ffi::AnyBuffer> dkp, std::int64_t page_size,
+                        double scale, bool causal) {
+  return mla_backward_impl(place, tables, lengths, sequence_ids, positions, q, qp, latent, kp, dout, dlse, dq, dqp,
+                           dlatent, dkp, page_size, scale, causal, nullptr);
+}
+
+ffi::Error mla_backward_ordered(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
+                                ffi::AnyBuffer sequence_ids, ffi::AnyBuffer positions, ffi::AnyBuffer q,
+                                ffi::AnyBuffer qp, ffi::AnyBuffer latent, ffi::AnyBuffer kp, ffi::AnyBuffer dout,
+                                ffi::AnyBuffer dlse, ffi::AnyBuffer index, ffi::Result<ffi::AnyBuffer> dq,
+                                ffi::Result<ffi::AnyBuffer> dqp, ffi::Result<ffi::AnyBuffer> dlatent,
+                                ffi::Result<ffi::AnyBuffer> dkp, std::int64_t page_size, double scale, bool causal,
+                                bool pruning, bool row_cache, bool compaction, std::int64_t queries,
+                                std::int64_t heads, std::int64_t pages, std::int64_t listed, std::int64_t inactive,
+                                std::int64_t readers, std::int64_t cached) {
+  OrderedCopy o;
+  ordered_from(o, index, pruning, row_cache, compaction, queries, heads, pages, page_size, listed, inactive, readers,
+               cached);
+  return mla_backward_impl(place, tables, lengths, sequence_ids, positions, q, qp, latent, kp, dout, dlse, dq, dqp,
+                           dlatent, dkp, page_size, scale, causal, &o.ws);
 }
 
 ffi::Error append(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths, ffi::AnyBuffer sequence_ids,
@@ -237,6 +319,47 @@ RUDNN_FFI_HANDLER(mla_backward_cpu,
                                      .template Ret<ffi::AnyBuffer>()
                                      .template Ret<ffi::AnyBuffer>()),
                   on_cpu, mla_backward)
+template <class B>
+auto ordered_attrs(B&& b) {
+  return backward_attrs(std::forward<B>(b))
+      .template Attr<bool>("query_pruning")
+      .template Attr<bool>("history_row_cache")
+      .template Attr<bool>("history_compaction")
+      .template Attr<std::int64_t>("queries")
+      .template Attr<std::int64_t>("heads")
+      .template Attr<std::int64_t>("pages")
+      .template Attr<std::int64_t>("listed")
+      .template Attr<std::int64_t>("inactive")
+      .template Attr<std::int64_t>("readers")
+      .template Attr<std::int64_t>("cached");
+}
+
+RUDNN_FFI_HANDLER(attention_backward_ordered_cpu,
+                  ordered_attrs(plan_args(cpu_binding())
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Ret<ffi::AnyBuffer>()
+                                    .template Ret<ffi::AnyBuffer>()
+                                    .template Ret<ffi::AnyBuffer>()),
+                  on_cpu, attention_backward_ordered)
+RUDNN_FFI_HANDLER(mla_backward_ordered_cpu,
+                  ordered_attrs(plan_args(cpu_binding())
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Arg<ffi::AnyBuffer>()
+                                    .template Ret<ffi::AnyBuffer>()
+                                    .template Ret<ffi::AnyBuffer>()
+                                    .template Ret<ffi::AnyBuffer>()
+                                    .template Ret<ffi::AnyBuffer>()),
+                  on_cpu, mla_backward_ordered)
 RUDNN_FFI_HANDLER(append_cpu,
                   plan_args(cpu_binding())
                       .template Arg<ffi::AnyBuffer>()
@@ -258,6 +381,8 @@ void add_paged_targets(nb::dict& cpu, nb::dict& cuda) {
   cpu["rudnn_paged_append"] = capsule(append_cpu);
   cpu["rudnn_paged_attention_backward"] = capsule(attention_backward_cpu);
   cpu["rudnn_paged_mla_backward"] = capsule(mla_backward_cpu);
+  cpu["rudnn_paged_attention_backward_ordered"] = capsule(attention_backward_ordered_cpu);
+  cpu["rudnn_paged_mla_backward_ordered"] = capsule(mla_backward_ordered_cpu);
 }
 
 }  // namespace rudnn::jax_ffi

@@ -376,13 +376,6 @@ def _need(op, need, names):
     return {n: n in need for n in names}
 
 
-def _no_workspace_jax(op, workspace):
-    """The JAX backward takes no workspace (its CPU handler sums in a fixed order already)."""
-    if workspace is not None:
-        raise UnsupportedError(f"{op}: workspace: the JAX backward takes no OrderedBackwardWorkspace yet (on the "
-                               f"CPU it sums in a fixed order: bitwise run-to-run deterministic already)")
-
-
 def _ordered(op, workspace, plan, call, q):
     """(layout, buffer capsule) of an OrderedBackwardWorkspace argument, or (None, None)."""
     if workspace is None:
@@ -539,6 +532,10 @@ class OrderedBackwardWorkspace:
       the other pages get zeros without being visited. ``compaction_pages()`` gives
       ``(active, inactive)``: int64 arrays of the physical page ids of each kind.
 
+    A JAX q (on the CPU platform) gives a workspace whose index is a host array that each JAX
+    backward passes to its FFI handler (the handler keeps the scratch); under jax.jit the
+    workspace is a constant of the traced function.
+
     The environment switches (unset or 0: off, 1: on, anything else ArgumentError) are read when
     the workspace is made and give the defaults of the two options an explicit argument overrides.
     ``configure(...)`` changes options in place; one that does not fit the 64 MiB budget raises
@@ -554,16 +551,22 @@ class OrderedBackwardWorkspace:
             raise ArgumentError(f"{op}: plan: this plan was reserved but holds no schedule yet "
                                 f"(DevicePlan.upload(host, q, into=plan) first)")
         if fw.is_jax(q):
-            raise UnsupportedError(f"{op}: q: the ordered workspace takes torch, CuPy and NumPy arrays (the JAX "
-                                   f"backward runs without one)")
-        call = fw.Call(op, {"q": _shape_only(q)}, stream)
-        if call.fw.name != plan.framework or call.device != plan.device:
+            # JAX (its CPU platform): the index stays a host array; each backward hands it to the
+            # FFI handler, which keeps the scratch in memory of its own.
+            from .jax import paged as jpaged
+
+            jpaged._device_of(op, q)
+            call, name, device, stream_handle = None, "jax", plan.device, 0
+        else:
+            call = fw.Call(op, {"q": _shape_only(q)}, stream)
+            name, device, stream_handle = call.fw.name, call.device, call.stream
+        if name != plan.framework or device != plan.device:
             raise DeviceError(f"{op}: q: expected the framework and device of the plan ({plan.framework} "
-                              f"{fw._fmt(plan.device)}), got {call.fw.name} {fw._fmt(call.device)}")
+                              f"{fw._fmt(plan.device)}), got {name} {fw._fmt(device)}")
         if len(q.shape) != 3:
             raise ShapeError(f"{op}: q: expected rank 3 [queries, heads, dim], got shape {tuple(q.shape)}")
         self.host, self.heads = plan.host, int(q.shape[1])
-        self.device, self.framework, self.stream = call.device, call.fw.name, call.stream
+        self.device, self.framework, self.stream = device, name, stream_handle
         self._call = call
         self._layout, self.buffer = None, None
         env_rows, env_compact = _env_switches()
@@ -583,10 +586,14 @@ class OrderedBackwardWorkspace:
         layout = _C.paged_ordered_layout(**self.host._args(), heads=self.heads, query_pruning=wanted[0],
                                          history_row_cache=wanted[1], history_compaction=wanted[2])
         call = self._call
-        buffer = call.zeros((layout[-1],), "uint8")
-        if call.device[0] == "cpu":
+        if call is None:  # JAX: a host array
+            buffer = np.zeros((layout[-1],), np.uint8)
+            _C.paged_ordered_pack(**self.host._args(), layout=layout, out=buffer)
+        elif call.device[0] == "cpu":
+            buffer = call.zeros((layout[-1],), "uint8")
             _C.paged_ordered_pack(**self.host._args(), layout=layout, out=call.arg(buffer))
         else:  # the index built on the host, copied on the workspace's stream (as DevicePlan.upload does)
+            buffer = call.zeros((layout[-1],), "uint8")
             staged = np.zeros((layout[-1],), np.uint8)
             _C.paged_ordered_pack(**self.host._args(), layout=layout, out=staged)
             call.copy_from_host(buffer, staged)

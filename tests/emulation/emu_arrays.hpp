@@ -40,6 +40,15 @@ inline Array make(DType dtype, const std::vector<std::int64_t>& shape, std::uint
   return a;
 }
 
+// Element i of a dense float array (f32, f16 or bf16), as float.
+inline float value_at(const Tensor& t, std::int64_t i) {
+  switch (t.dtype) {
+    case DType::f32: return t.ptr<float>()[i];
+    case DType::f16: return host::to_float(t.ptr<host::f16>()[i]);
+    default: return host::to_float(t.ptr<host::bf16>()[i]);
+  }
+}
+
 inline std::vector<std::int64_t> dims_of(const Tensor& t) { return std::vector<std::int64_t>(t.shape, t.shape + t.rank); }
 
 // The rank and sizes of a shape struct (PoolShape, InterpolateShape, ...: `rank` and `dims`).

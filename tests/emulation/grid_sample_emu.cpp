@@ -42,13 +42,7 @@ using emu::dims_of;
 using emu::make;
 using emu::same_bytes;
 
-float value_at(const Tensor& t, i64 i) {
-  switch (t.dtype) {
-    case DType::f32: return t.ptr<float>()[i];
-    case DType::f16: return host::to_float(t.ptr<host::f16>()[i]);
-    default: return host::to_float(t.ptr<host::bf16>()[i]);
-  }
-}
+using emu::value_at;
 
 
 

@@ -13,6 +13,8 @@ capacity) rather than rewriting memory. append's caches alias its results (donat
 jit to update in place). The checks run as XLA runs a call: an eager call raises them as rudnn
 errors, a jitted one as XLA's runtime error with the same message. attention and mla are
 differentiable (jax.grad; jax.custom_vjp over the paged backward, through out and lse).
+attention_backward / mla_backward take workspace=rudnn.paged.OrderedBackwardWorkspace(plan, q)
+(its index travels as an operand of the *_backward_ordered targets).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 from .. import paged as _paged
 from .._args import number as _number
 from .._args import flag as _flag
-from ..errors import ArgumentError, UnsupportedError
+from ..errors import ArgumentError, DeviceError, UnsupportedError
 from . import _ffi
 
 __all__ = ["upload", "reserve", "attention", "mla", "append", "attention_backward", "mla_backward"]
@@ -206,9 +208,31 @@ def append(plan, k, v, k_cache, v_cache):
     return f(*meta, k, v, k_cache, v_cache)
 
 
-def _backward(op, target, plan, operands, dout, scale, causal, need, names, dlse):
+def _ordered(op, workspace, plan):
+    """The attributes and index operand of an OrderedBackwardWorkspace made for a JAX plan, or None."""
+    if workspace is None:
+        return None
+    if not isinstance(workspace, _paged.OrderedBackwardWorkspace):
+        raise ArgumentError(f"{op}: workspace: expected a rudnn.paged.OrderedBackwardWorkspace or None, got "
+                            f"{type(workspace).__name__}")
+    if workspace.framework != "jax":
+        raise DeviceError(f"{op}: workspace: expected a workspace made for a JAX q, got a {workspace.framework} one")
+    if plan.host is not None and plan.host is not workspace.host:
+        raise ArgumentError(f"{op}: workspace: made for another schedule (the plan was rewritten by "
+                            f"DevicePlan.upload(..., into=plan) or is another plan); make the "
+                            f"OrderedBackwardWorkspace again")
+    (pruning, row_cache, compaction, queries, heads, pages, _, listed, inactive, readers, cached,
+     _) = workspace._layout
+    attrs = dict(query_pruning=bool(pruning), history_row_cache=bool(row_cache), history_compaction=bool(compaction),
+                 queries=np.int64(queries), heads=np.int64(heads), pages=np.int64(pages), listed=np.int64(listed),
+                 inactive=np.int64(inactive), readers=np.int64(readers), cached=np.int64(cached))
+    return attrs, jnp.asarray(workspace.buffer)
+
+
+def _backward(op, target, plan, operands, dout, scale, causal, need, names, dlse, workspace=None):
     _ffi.ensure_ready(op)
     meta, page_size = _meta(op, plan)
+    ordered = _ordered(op, workspace, plan)
     want = _paged._need(op, need, names)
     operands = [_array(op, n, a) for n, a in zip(("q",) + names[1:], operands)]
     dout = _array(op, "dout", dout)
@@ -216,8 +240,12 @@ def _backward(op, target, plan, operands, dout, scale, causal, need, names, dlse
     lse_shape = tuple(q.shape[:2]) if q.ndim == 3 else (0,)
     dlse = jnp.zeros(lse_shape, jnp.float32) if dlse is None else _array(op, "dlse", dlse)
     results = tuple(_ffi.sds(a.shape, a.dtype) for a in operands)
-    grads = jax.ffi.ffi_call(target, results, vmap_method="sequential")(
-        *meta, *operands, dout, dlse, page_size=np.int64(page_size), scale=np.float64(scale), causal=bool(causal))
+    attrs = dict(page_size=np.int64(page_size), scale=np.float64(scale), causal=bool(causal))
+    extra = ()
+    if ordered is not None:
+        target, extra = target + "_ordered", (ordered[1],)
+        attrs.update(ordered[0])
+    grads = jax.ffi.ffi_call(target, results, vmap_method="sequential")(*meta, *operands, dout, dlse, *extra, **attrs)
     return tuple(g if want[n] else None for n, g in zip(names, grads))
 
 
@@ -226,11 +254,10 @@ def attention_backward(plan, q, k_cache, v_cache, dout, scale=None, causal=False
                        workspace=None, dlse=None):
     """plan.attention_backward for JAX arrays: (dq, dk_cache, dv_cache), None where not in need."""
     op = "paged_attention_backward"
-    _paged._no_workspace_jax(op, workspace)
     D = q.shape[-1] if q.ndim else 1
     scale = D ** -0.5 if scale is None else _number(op, "scale", scale, "a finite value > 0")
     return _backward(op, "rudnn_paged_attention_backward", plan, (q, k_cache, v_cache), dout, scale,
-                     _flag(op, "causal", causal), need, ("dq", "dk", "dv"), dlse)
+                     _flag(op, "causal", causal), need, ("dq", "dk", "dv"), dlse, workspace)
 
 
 @_ffi.raises_rudnn_errors
@@ -238,7 +265,6 @@ def mla_backward(plan, q, qp, latent, kp, dout, scale, causal=False, *, need=("d
                  workspace=None, dlse=None):
     """plan.mla_backward for JAX arrays: (dq, dqp, dlatent, dkp), None where not in need."""
     op = "paged_mla_backward"
-    _paged._no_workspace_jax(op, workspace)
     return _backward(op, "rudnn_paged_mla_backward", plan, (q, qp, latent, kp), dout,
                      _number(op, "scale", scale, "a finite value > 0"), _flag(op, "causal", causal), need,
-                     ("dq", "dqp", "dlatent", "dkp"), dlse)
+                     ("dq", "dqp", "dlatent", "dkp"), dlse, workspace)
