@@ -354,3 +354,45 @@ def test_cuda_auto_takes_implicit_gemm_and_falls_back():
         rudnn.conv(x.float(), w.float(), padding=1, strategy="implicit_gemm")
     with pytest.raises(rudnn.UnsupportedError, match="groups == 1, got 2"):
         rudnn.conv(x, w[:, :32].contiguous(), padding=1, groups=2, strategy="implicit_gemm")
+
+
+_CONV_AUTOTUNE_ONE_CALL = """
+import torch, torch.nn.functional as F, rudnn
+x = torch.randn(2, 64, 14, 14, device="cuda").to(torch.bfloat16).to(memory_format=torch.channels_last)
+w = (torch.randn(64, 64, 3, 3, device="cuda") / 24).to(torch.bfloat16).to(memory_format=torch.channels_last)
+y = rudnn.conv(x, w, padding=1, strategy="autotune")
+ref = F.conv2d(x.double(), w.double(), padding=1)
+assert torch.allclose(y.double(), ref, rtol=2e-2, atol=2e-2)
+print(rudnn.conv_last_algorithm())
+"""
+
+
+@cuda
+def test_cuda_autotune_times_once_and_the_recorded_choice_persists(tmp_path):
+    """"autotune" times the plan's kernel against direct once per shape; with RUDNN_AUTOTUNE_CACHE
+    the winner lands in the file under a key naming the build, the device and the shape, and a
+    later process runs what the file says (a line edited to 'direct') without adding a line."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "autotune.tsv"
+    env = {**os.environ, "RUDNN_AUTOTUNE_CACHE": str(path)}
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", _CONV_AUTOTUNE_ONE_CALL], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    first = run()
+    assert first.startswith("implicit_gemm_sm") or first in ("direct", "direct_packed")
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1, lines
+    key, choice = lines[0].split("\t")
+    assert key.startswith(_C.build_id() + " | conv forward | ") and torch.cuda.get_device_name() in key
+    assert choice == ("implicit_gemm" if first.startswith("implicit_gemm") else "direct")
+    path.write_text(f"{key}\tdirect\n")
+    assert run() in ("direct", "direct_packed")
+    path.write_text(f"{key}\timplicit_gemm\n")
+    assert run().startswith("implicit_gemm_sm")
+    assert path.read_text() == f"{key}\timplicit_gemm\n"

@@ -75,6 +75,27 @@ def test_dispatch_refuses_expert_ids_out_of_range(bad):
     assert str(info.value) == f"moe.dispatch: expert_indices[1, 1]: expected an expert id in [0, {E}), got {bad}"
 
 
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("bad", [2, -1, 7])
+def test_dispatch_of_device_ids_out_of_range_gives_nan_tokens(bad):
+    # Device ids are not read on the host: the slot gets no row, the token is NaN (documented),
+    # the other tokens are exact.
+    x = torch.randn(3, H, device="cuda")
+    ids = torch.tensor([[0, 1], [1, bad], [0, 1]], dtype=torch.int32, device="cuda")
+    w = torch.rand(3, 2, device="cuda")
+    y, offsets, token_of_row, row_of_slot = rt.moe.dispatch(x, ids, E)
+    assert int(offsets[-1]) == 5 and int(row_of_slot[1, 1]) == -1
+    assert sorted(token_of_row[:5].tolist()) == [0, 0, 1, 2, 2]
+    out = rt.moe.combine(y, row_of_slot, w)
+    dx = rt.moe.dispatch_backward(y, row_of_slot)
+    assert torch.isnan(out[1]).all() and torch.isnan(dx[1]).all()
+    good = [0, 2]
+    torch.testing.assert_close(out[good], (w[good, :, None] * x[good, None, :]).sum(1))
+    torch.testing.assert_close(dx[good], 2 * x[good])
+    _, dweights = rt.moe.combine_backward(y, torch.ones(3, H, device="cuda"), row_of_slot, w)
+    assert torch.isnan(dweights[1, 1]) and not torch.isnan(dweights[good]).any()
+
 def test_combine_refuses_rows_outside_y():
     y = torch.randn(6, H)
     w = torch.rand(3, 2)

@@ -21,8 +21,10 @@ for what the sm90 kernels refuse; float16/bfloat16 with float32 accumulation, gr
 and output channels multiples of 8; the bias is added in the forward's epilogue; the weight
 gradient has no split-K, so it is deterministic. float32 inputs are not taken: no TF32 rounding,
 they run direct, exact in float32. A case it cannot take is an UnsupportedError saying why, as is
-any CPU array), "auto" (implicit_gemm where it applies, direct otherwise) and "autotune" (as auto:
-nothing is timed yet). Arrays implicit_gemm cannot read in place (NCHW, other strides) are copied
+any CPU array), "auto" (implicit_gemm where it applies, direct otherwise) and "autotune" (on CUDA, where
+implicit_gemm applies: both timed on the caller's stream the first time an (op, device, dtype,
+exact shape, layout) is seen, one synchronization, then the faster reused in this process and,
+with RUDNN_AUTOTUNE_CACHE=<file>, recorded there for later processes; elsewhere as auto). Arrays implicit_gemm cannot read in place (NCHW, other strides) are copied
 once each way through a workspace allocated with the caller's framework; NHWC and torch
 channels_last tensors run without copies. ``conv_last_algorithm()`` says what the last call of
 this thread ran: "cpu", "direct", "direct_packed" (the CUDA forward reading x and w in 16-byte

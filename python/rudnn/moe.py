@@ -88,7 +88,11 @@ class RoutingPlan:
         return self.logits is not None
 
     def dispatch(self, x, *, stream=None):
-        """Copies the rows of x [T, H] into expert-grouped order: a DispatchedTokens."""
+        """Copies the rows of x [T, H] into expert-grouped order: a DispatchedTokens.
+        Expert ids outside [0, E) are an ArgumentError when the ids are host
+        arrays; device ids are not read on the host (no synchronization), so there such a slot gets
+        no row (its row_of_slot is -1, offsets[E] < T * top_k tells it) and its token comes out NaN
+        from combine and dispatch_backward (its dweights too) instead of silently losing the slot."""
         T, k, E = self.num_tokens, self.top_k, self.num_experts
         if len(x.shape) != 2 or int(x.shape[0]) != T:
             from .errors import ShapeError

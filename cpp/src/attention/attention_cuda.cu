@@ -200,31 +200,6 @@ TuneKey tune_key(const Problem& p, int device) {
 
 std::mutex tune_mutex;
 
-// Milliseconds of `reps` runs of `run` on `stream` (synchronizes the stream once).
-template <class Run>
-float time_on_stream(Run&& run, Stream stream, int reps) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cudaEvent_t start, stop;
-  RUDNN_CUDA_CHECK(cudaEventCreate(&start));
-  RUDNN_CUDA_CHECK(cudaEventCreate(&stop));
-  float ms = 0.0f;
-  try {
-    run();  // warm-up (module load, first-launch attributes)
-    RUDNN_CUDA_CHECK(cudaEventRecord(start, s));
-    for (int i = 0; i < reps; ++i) run();
-    RUDNN_CUDA_CHECK(cudaEventRecord(stop, s));
-    RUDNN_CUDA_CHECK(cudaEventSynchronize(stop));
-    RUDNN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  } catch (...) {
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    throw;
-  }
-  RUDNN_CUDA_CHECK(cudaEventDestroy(start));
-  RUDNN_CUDA_CHECK(cudaEventDestroy(stop));
-  return ms / float(reps);
-}
-
 const char* choice_name(const Choice& c) { return c.flash ? generation_name(c.generation) : "fallback"; }
 
 // The key of `key` in the on-disk cache (core/tune_cache.hpp): this build, the device by name,
@@ -232,13 +207,11 @@ const char* choice_name(const Choice& c) { return c.flash ? generation_name(c.ge
 // class and options.
 std::string disk_key(const char* op, const TuneKey& key) {
   const auto& [device, dtype, d, dv, sq, sk, rows, options] = key;
-  const core::DeviceProps& props = core::device_props(device);
   std::string candidates;
   for (Generation g : tunable_generations())
     candidates += (candidates.empty() ? "" : ",") + std::string(generation_name(g));
-  return std::string(core::build_id()) + " | attention " + op + " | " + props.name + " cc" +
-         std::to_string(props.cc_major) + "." + std::to_string(props.cc_minor) + " sms" +
-         std::to_string(props.sm_count) + " | " + candidates + " | dtype " + std::to_string(dtype) + " d " +
+  return std::string(core::build_id()) + " | attention " + op + " | " + core::device_tune_key(device) + " | " +
+         candidates + " | dtype " + std::to_string(dtype) + " d " +
          std::to_string(d) + " dv " + std::to_string(dv) + " log2 sq " + std::to_string(sq) + " sk " +
          std::to_string(sk) + " b*hq " + std::to_string(rows) + " options " + std::to_string(options);
 }
@@ -279,13 +252,13 @@ Choice tuned(const char* op, std::map<TuneKey, Choice>& cache, const TuneKey& ke
     return recorded;
   }
   Choice best{false, Generation::sm80};
-  float best_ms = time_on_stream(run_fallback, stream, 1);
+  float best_ms = core::time_on_stream(run_fallback, stream, 1);
   std::vector<Generation> timed;
   for (Generation wanted : tunable_generations()) {
     const Generation g = distinct(wanted);
     if (std::find(timed.begin(), timed.end(), g) != timed.end()) continue;
     timed.push_back(g);
-    const float ms = time_on_stream([&] { run_flash(g); }, stream, 3);
+    const float ms = core::time_on_stream([&] { run_flash(g); }, stream, 3);
     if (ms <= best_ms) best = Choice{true, g}, best_ms = ms;
   }
   core::tune_cache_store(on_disk, choice_name(best));

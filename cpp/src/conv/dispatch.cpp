@@ -1,6 +1,8 @@
 // Public entry points of the convolution family: validate once, pick the strategy (the
 // implicit-GEMM plan of implicit_gemm.hpp, or the direct kernels), then run the backend of the
 // tensors' device.
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -9,6 +11,7 @@
 #include "core/backend.hpp"
 #if RUDNN_WITH_CUDA
 #include "core/device.hpp"
+#include "core/tune_cache.hpp"
 #endif
 
 namespace rudnn {
@@ -83,6 +86,71 @@ bool run_plan(const conv::ig::Plan& plan, const conv::Problem& p, conv::Op op, C
   return false;
 }
 
+#if RUDNN_WITH_CUDA
+// ---- "autotune": the plan's kernel or the direct kernels, whichever ran faster ----
+
+std::mutex tune_mutex;
+std::map<std::string, bool> tuned;  // key -> the implicit-GEMM kernel won
+
+// Everything the choice depends on: this build, the device model, the op, the candidates, the
+// dtype and the exact geometry (convolution layers repeat a few exact shapes), and whether the
+// layouts need copies. The same string keys the in-process map and the on-disk cache.
+std::string tune_key(const conv::ig::Plan& plan, const conv::Problem& p, conv::Op op, DType dtype, int device) {
+  const conv::Geometry& g = p.g;
+  std::string k = std::string(core::build_id()) + " | conv " +
+                  (op == conv::Op::forward ? "forward" : op == conv::Op::data_backward ? "data_backward" : "weight_backward") +
+                  " | " +
+                  core::device_tune_key(device) + " | " + plan.name() + ",direct | dtype " +
+                  std::to_string(int(dtype)) + " n " + std::to_string(g.batch) + " c " +
+                  std::to_string(g.in_channels) + " k " + std::to_string(g.out_channels) + " copies " +
+                  std::to_string(int(plan.workspace_bytes > 0)) + " bias " + std::to_string(int(p.has_bias));
+  for (int a = 0; a < conv::kAxes; ++a)
+    k += " [" + std::to_string(g.in[a]) + " " + std::to_string(g.kernel[a]) + " " + std::to_string(g.stride[a]) +
+         " " + std::to_string(g.pad[a]) + " " + std::to_string(g.dilation[a]) + "]";
+  return k;
+}
+
+// Whether "autotune" runs the plan's kernel: the recorded choice for this key (this process's,
+// else RUDNN_AUTOTUNE_CACHE's), or both candidates timed now on the call's stream (3 runs each
+// after a warm-up; one synchronization), the winner recorded in both caches. A kernel that
+// refuses the problem loses. The candidates write the outputs, which the winner overwrites.
+template <class Ig, class Direct>
+bool implicit_gemm_wins(const conv::ig::Plan& plan, const conv::Problem& p, conv::Op op, const Tensor& ref,
+                        Stream stream, Ig&& ig, Direct&& direct) {
+  const std::string key = tune_key(plan, p, op, ref.dtype, ref.device.index);
+  {
+    std::lock_guard<std::mutex> lock(tune_mutex);
+    if (auto it = tuned.find(key); it != tuned.end()) return it->second;
+  }
+  const std::string recorded = core::tune_cache_lookup(key);
+  bool wins = recorded == "implicit_gemm";
+  if (recorded != "implicit_gemm" && recorded != "direct") {
+    bool refused = false;
+    const float ig_ms = core::time_on_stream([&] { refused = refused || !ig(); }, stream, 3);
+    wins = !refused && ig_ms <= core::time_on_stream([&] { direct(); }, stream, 3);
+    core::tune_cache_store(key, wins ? "implicit_gemm" : "direct");
+  }
+  std::lock_guard<std::mutex> lock(tune_mutex);
+  tuned.emplace(key, wins);
+  return wins;
+}
+#endif
+
+// The CUDA path of a call: the plan's kernel (ig() false: it refused, nothing written) or the
+// direct kernels (direct() returns the algorithm it ran), as the strategy says; returns what ran.
+template <class Ig, class Direct>
+const char* run_cuda(const conv::ig::Plan& plan, const conv::Problem& p, conv::Op op, ConvStrategy strategy,
+                     const Tensor& ref, Stream stream, Ig&& ig, Direct&& direct) {
+#if RUDNN_WITH_CUDA
+  if (strategy == ConvStrategy::autotune && plan.kernel != conv::ig::Kernel::none &&
+      !implicit_gemm_wins(plan, p, op, ref, stream, ig, direct))
+    return direct();
+#else
+  (void)p, (void)op, (void)strategy, (void)ref, (void)stream;
+#endif
+  return ig() ? plan.name() : direct();
+}
+
 conv::ig::Plan forward_plan(const ConvForwardArgs& a, const conv::Problem& p) {
   return choose(p, conv::Op::forward, a.options.strategy, a.x,
                 {a.x.data, a.y.data, a.w.data, a.bias ? a.bias->data : nullptr}, "conv");
@@ -127,12 +195,15 @@ void conv_forward(const ConvForwardArgs& args, const Tensor* workspace, Stream s
   drop_plan_without_workspace(plan, args.options.strategy, workspace);
   run(args.x.device, "conv", plan.workspace_bytes, workspace, args.x,
       [&] { if (p.outputs()) conv::forward_cpu(p, args.x, args.w, args.bias, args.y); },
-      [&]() -> const char* {
-        if (run_plan(plan, p, conv::Op::forward, args.options.strategy, args.x,
-                     {args.x.data, args.w.data, nullptr, args.y.data, args.bias ? args.bias->data : nullptr}, workspace,
-                     stream, "conv"))
-          return plan.name();
-        return p.outputs() ? conv::forward_cuda(p, args.x, args.w, args.bias, args.y, stream) : "direct";
+      [&] {
+        return run_cuda(
+            plan, p, conv::Op::forward, args.options.strategy, args.x, stream,
+            [&] {
+              return run_plan(plan, p, conv::Op::forward, args.options.strategy, args.x,
+                              {args.x.data, args.w.data, nullptr, args.y.data, args.bias ? args.bias->data : nullptr},
+                              workspace, stream, "conv");
+            },
+            [&] { return p.outputs() ? conv::forward_cuda(p, args.x, args.w, args.bias, args.y, stream) : "direct"; });
       });
 }
 
@@ -143,13 +214,18 @@ void conv_data_backward(const ConvDataBackwardArgs& args, const Tensor* workspac
   drop_plan_without_workspace(plan, args.options.strategy, workspace);
   run(args.dy.device, "conv_data_backward", plan.workspace_bytes, workspace, args.dy,
       [&] { if (p.inputs()) conv::data_backward_cpu(p, args.dy, args.w, args.dx); },
-      [&]() -> const char* {
-        if (run_plan(plan, p, conv::Op::data_backward, args.options.strategy, args.dy,
-                     {nullptr, args.w.data, args.dy.data, args.dx.data, nullptr}, workspace, stream,
-                     "conv_data_backward"))
-          return plan.name();
-        if (p.inputs()) conv::data_backward_cuda(p, args.dy, args.w, args.dx, stream);
-        return "direct";
+      [&] {
+        return run_cuda(
+            plan, p, conv::Op::data_backward, args.options.strategy, args.dy, stream,
+            [&] {
+              return run_plan(plan, p, conv::Op::data_backward, args.options.strategy, args.dy,
+                              {nullptr, args.w.data, args.dy.data, args.dx.data, nullptr}, workspace, stream,
+                              "conv_data_backward");
+            },
+            [&] {
+              if (p.inputs()) conv::data_backward_cuda(p, args.dy, args.w, args.dx, stream);
+              return "direct";
+            });
       });
 }
 
@@ -159,13 +235,18 @@ void conv_weight_backward(const ConvWeightBackwardArgs& args, const Tensor* work
   drop_plan_without_workspace(plan, args.options.strategy, workspace);
   run(args.dy.device, "conv_weight_backward", plan.workspace_bytes, workspace, args.dy,
       [&] { conv::weight_backward_cpu(p, args.dy, args.x, args.dw); },
-      [&]() -> const char* {
-        if (run_plan(plan, p, conv::Op::weight_backward, args.options.strategy, args.dy,
-                     {args.x.data, nullptr, args.dy.data, args.dw.data, nullptr}, workspace, stream,
-                     "conv_weight_backward"))
-          return plan.name();
-        conv::weight_backward_cuda(p, args.dy, args.x, args.dw, stream);
-        return "direct";
+      [&] {
+        return run_cuda(
+            plan, p, conv::Op::weight_backward, args.options.strategy, args.dy, stream,
+            [&] {
+              return run_plan(plan, p, conv::Op::weight_backward, args.options.strategy, args.dy,
+                              {args.x.data, nullptr, args.dy.data, args.dw.data, nullptr}, workspace, stream,
+                              "conv_weight_backward");
+            },
+            [&] {
+              conv::weight_backward_cuda(p, args.dy, args.x, args.dw, stream);
+              return "direct";
+            });
       });
 }
 

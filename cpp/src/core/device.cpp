@@ -40,6 +40,35 @@ int current_device() {
   return d;
 }
 
+std::string device_tune_key(int device) {
+  const DeviceProps& p = device_props(device);
+  return p.name + " cc" + std::to_string(p.cc_major) + "." + std::to_string(p.cc_minor) + " sms" +
+         std::to_string(p.sm_count);
+}
+
+float time_on_stream(const std::function<void()>& run, Stream stream, int reps) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  float ms = 0.0f;
+  try {
+    RUDNN_CUDA_CHECK(cudaEventCreate(&start));
+    RUDNN_CUDA_CHECK(cudaEventCreate(&stop));
+    run();
+    RUDNN_CUDA_CHECK(cudaEventRecord(start, s));
+    for (int i = 0; i < reps; ++i) run();
+    RUDNN_CUDA_CHECK(cudaEventRecord(stop, s));
+    RUDNN_CUDA_CHECK(cudaEventSynchronize(stop));
+    RUDNN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  } catch (...) {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    throw;
+  }
+  RUDNN_CUDA_CHECK(cudaEventDestroy(start));
+  RUDNN_CUDA_CHECK(cudaEventDestroy(stop));
+  return ms / float(reps);
+}
+
 DeviceGuard::DeviceGuard(int device) : previous_(current_device()) {
   if (device != previous_) RUDNN_CUDA_CHECK(cudaSetDevice(device));
 }

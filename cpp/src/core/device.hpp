@@ -1,7 +1,10 @@
 // Cached properties of CUDA devices (queried once per device per process).
 #pragma once
 
+#include <functional>
 #include <string>
+
+#include "rudnn/tensor.hpp"
 
 namespace rudnn::core {
 
@@ -19,6 +22,14 @@ const DeviceProps& device_props(int device);
 
 // The device that owns the calling thread's CUDA context.
 int current_device();
+
+// "<name> cc<major>.<minor> sms<count>": a device as the on-disk autotune cache keys it (ordinals
+// differ between machines; the same model with another SM count may pick differently).
+std::string device_tune_key(int device);
+
+// Milliseconds per run of `reps` runs of `run` on `stream`, after one untimed warm-up run (module
+// load, first-launch attributes). Synchronizes on its stop event once: autotune only.
+float time_on_stream(const std::function<void()>& run, Stream stream, int reps);
 
 // Makes `device` current for the lifetime of the guard, restoring the previous one.
 class DeviceGuard {
