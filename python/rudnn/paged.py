@@ -376,12 +376,10 @@ def _need(op, need, names):
     return {n: n in need for n in names}
 
 
-def _ordered(op, workspace, plan, call, q):
-    """(layout, buffer capsule) of an OrderedBackwardWorkspace argument, or (None, None)."""
-    if workspace is None:
-        return None, None
-    if not isinstance(workspace, OrderedBackwardWorkspace):
-        raise ArgumentError(f"{op}: workspace: expected a rudnn.paged.OrderedBackwardWorkspace or None, got "
+def _check_workspace(op, workspace, cls, call):
+    """A workspace argument is a `cls` made for this call's framework, device and stream."""
+    if not isinstance(workspace, cls):
+        raise ArgumentError(f"{op}: workspace: expected a rudnn.paged.{cls.__name__} or None, got "
                             f"{type(workspace).__name__}")
     if workspace.framework != call.fw.name or workspace.device != call.device:
         raise DeviceError(f"{op}: workspace: expected a workspace of q's framework and device ({call.fw.name} "
@@ -389,6 +387,13 @@ def _ordered(op, workspace, plan, call, q):
     if workspace.stream != call.stream:
         raise ArgumentError(f"{op}: workspace: made for stream {workspace.stream:#x}, used on stream "
                             f"{call.stream:#x} (a workspace serves one stream)")
+
+
+def _ordered(op, workspace, plan, call, q):
+    """(layout, buffer capsule) of an OrderedBackwardWorkspace argument, or (None, None)."""
+    if workspace is None:
+        return None, None
+    _check_workspace(op, workspace, OrderedBackwardWorkspace, call)
     host = getattr(plan, "host", None)
     if isinstance(plan, DevicePlan) and host is not workspace.host:
         raise ArgumentError(f"{op}: workspace: made for another schedule (the plan was rewritten by "
@@ -487,15 +492,7 @@ def _workspace(op, workspace, call, out_shape):
     """(splits, buffer) of a SplitWorkspace argument."""
     if workspace is None:
         return 1, None
-    if not isinstance(workspace, SplitWorkspace):
-        raise ArgumentError(f"{op}: workspace: expected a rudnn.paged.SplitWorkspace or None, got "
-                            f"{type(workspace).__name__}")
-    if workspace.framework != call.fw.name or workspace.device != call.device:
-        raise DeviceError(f"{op}: workspace: expected a workspace of q's framework and device ({call.fw.name} "
-                          f"{fw._fmt(call.device)}), got {workspace.framework} {fw._fmt(workspace.device)}")
-    if workspace.stream != call.stream:
-        raise ArgumentError(f"{op}: workspace: made for stream {workspace.stream:#x}, used on stream "
-                            f"{call.stream:#x} (a workspace serves one stream)")
+    _check_workspace(op, workspace, SplitWorkspace, call)
     shape = (workspace.queries, workspace.heads, workspace.value_dim)
     if len(out_shape) == 3 and tuple(out_shape) != shape:
         raise ShapeError(f"{op}: workspace: made for [queries, heads, value_dim] = {list(shape)}, the output is "
