@@ -17,6 +17,7 @@ from util import assert_close_to_oracle, rand  # noqa: E402
 
 if not rudnn._C.has_jax_ffi:
     pytest.skip("this build has no JAX FFI handlers", allow_module_level=True)
+import rudnn.jax.paged  # noqa: E402
 
 
 def host_of(sched):
@@ -161,3 +162,75 @@ def test_plan_backward_methods():
     got = plan.mla_backward(j(q), j(qp), j(latent), j(kp), j(dout), 0.1, False)
     for g, t in zip(got, want):
         np.testing.assert_array_equal(np.asarray(g), t.numpy())
+
+
+def _jax_gpu():
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+
+
+_GPU = _jax_gpu() if rudnn.has_cuda else None
+needs_jax_gpu = pytest.mark.skipif(_GPU is None, reason="needs a JAX CUDA device and a CUDA build of rudnn")
+
+
+def jg(t):
+    return jax.device_put(j(t), _GPU)
+
+
+@needs_jax_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cuda_attention_forward_and_backward(dtype):
+    """JAX on CUDA: the forward (splits=1 lets the handler pick a split count; explicit splits),
+    the atomic backward (scratch accumulators for 16-bit caches) and the ordered backward
+    (bitwise equal to torch's on CUDA), against the CPU backend and torch CUDA."""
+    sched = schedule([1500, 5, 300], [1, 2, 20], 16, seed=1)
+    q = rand((len(sched[4]), 8, 64), dtype, seed=1)
+    k = rand((sched[1], 16, 2, 64), dtype, seed=2)
+    v = rand((sched[1], 16, 2, 32), dtype, seed=3)
+    dout = rand((len(sched[4]), 8, 32), dtype, seed=4)
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    want = plan_of(sched, q).attention(q, k, v, 0.2, True)
+    plan = rudnn.jax.paged.upload(host_of(sched), jg(q))
+    assert plan.device == ("cuda", _GPU.id) and next(iter(plan.tables.devices())) == _GPU
+    for splits in (1, 4):
+        out = rudnn.jax.paged.attention(plan, jg(q), jg(k), jg(v), 0.2, True, splits=splits)
+        assert next(iter(out.devices())) == _GPU
+        np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), want.float().numpy(), rtol=tol, atol=tol)
+    grads = plan.attention_backward(jg(q), jg(k), jg(v), jg(dout), 0.2, True)
+    want_grads = plan_of(sched, q).attention_backward(q, k, v, dout, 0.2, True)
+    for g, t in zip(grads, want_grads):
+        np.testing.assert_allclose(np.asarray(g.astype(jnp.float32)), t.float().numpy(), rtol=tol, atol=tol)
+    ws = rudnn.paged.OrderedBackwardWorkspace(plan, jg(q))
+    ordered = [plan.attention_backward(jg(q), jg(k), jg(v), jg(dout), 0.2, True, workspace=ws) for _ in range(2)]
+    tq = q.cuda()
+    tplan = plan_of(sched, tq)
+    tws = rudnn.paged.OrderedBackwardWorkspace(tplan, tq)
+    torch_ordered = tplan.attention_backward(tq, k.cuda(), v.cuda(), dout.cuda(), 0.2, True, workspace=tws)
+    for a, b, t in zip(ordered[0], ordered[1], torch_ordered):
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), t.float().cpu().numpy())
+
+
+@needs_jax_gpu
+def test_cuda_mla_and_append():
+    sched, q, qp, latent, kp = mla_case([700, 3], [1, 3], 64, 8, 64, 16, torch.float32, seed=4)
+    plan = rudnn.jax.paged.upload(host_of(sched), jg(q))
+    out = rudnn.jax.paged.mla(plan, jg(q), jg(qp), jg(latent), jg(kp), 0.1, True)
+    want = plan_of(sched, q).mla(q, qp, latent, kp, 0.1, True)
+    np.testing.assert_allclose(np.asarray(out), want.numpy(), rtol=2e-5, atol=2e-5)
+    dout = rand(tuple(q.shape), torch.float32, seed=9)
+    got = plan.mla_backward(jg(q), jg(qp), jg(latent), jg(kp), jg(dout), 0.1, True)
+    for g, t in zip(got, plan_of(sched, q).mla_backward(q, qp, latent, kp, dout, 0.1, True)):
+        np.testing.assert_allclose(np.asarray(g), t.numpy(), rtol=2e-5, atol=2e-5)
+    # append: new rows into the caches, the inputs left as they were
+    k_new, v_new = rand((len(sched[4]), 1, 64), torch.float32, seed=11), rand((len(sched[4]), 1, 16),
+                                                                              torch.float32, seed=12)
+    lat, kpj = jg(latent), jg(kp)
+    lat2, kp2 = rudnn.jax.paged.append(plan, jg(k_new), jg(v_new), lat, kpj)
+    tl, tk = latent.clone(), kp.clone()
+    plan_of(sched, q).append(k_new, v_new, tl, tk)
+    np.testing.assert_array_equal(np.asarray(lat2), tl.numpy())
+    np.testing.assert_array_equal(np.asarray(kp2), tk.numpy())
+    np.testing.assert_array_equal(np.asarray(lat), latent.numpy())

@@ -190,6 +190,23 @@ inline auto cuda_binding() {
   return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>().Ctx<ffi::ScratchAllocator>();
 }
 
+// A binding followed by `args` buffer operands, then `rets` buffer results (at least one in all).
+// Every step returns the builder call's own result: a Binding cannot be moved from outside.
+template <int args, int rets, class B>
+auto buffers(B&& b) {
+  static_assert(args >= 0 && rets >= 0 && args + rets > 0);
+  if constexpr (args > 0) {
+    if constexpr (args + rets == 1)
+      return std::forward<B>(b).template Arg<ffi::AnyBuffer>();
+    else
+      return buffers<args - 1, rets>(std::forward<B>(b).template Arg<ffi::AnyBuffer>());
+  } else if constexpr (rets == 1) {
+    return std::forward<B>(b).template Ret<ffi::AnyBuffer>();
+  } else {
+    return buffers<0, rets - 1>(std::forward<B>(b).template Ret<ffi::AnyBuffer>());
+  }
+}
+
 // Adapters from a platform's context parameters to a Place.
 template <class Impl>
 inline auto on_cpu(Impl impl) {

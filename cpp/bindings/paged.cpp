@@ -9,9 +9,9 @@
 #include <optional>
 #include <string>
 #include <tuple>
-#include <type_traits>
 
 #include "families.hpp"
+#include "paged_args.hpp"
 #include "rudnn/paged.hpp"
 #include "tensor_convert.hpp"
 
@@ -79,22 +79,6 @@ const PagedOrderedWorkspace* ordered_of(const std::optional<LayoutTuple>& layout
   return &*slot;
 }
 
-// The default path of a call without a workspace (splits 1, the host plan's max_length known):
-// the split count paged_*_default_splits picks, set in `a`, and the bytes of its workspace (0:
-// no split, nothing to allocate).
-template <class Args>
-std::size_t auto_split_bytes(Args& a, std::int64_t max_length) {
-  if (a.splits != 1 || max_length < 0 || a.out.rank != 3) return 0;
-  int splits = 1;
-  if constexpr (std::is_same_v<Args, PagedAttentionArgs>)
-    splits = paged_attention_default_splits(a, max_length);
-  else
-    splits = paged_mla_default_splits(a, max_length);
-  if (splits < 2) return 0;
-  a.splits = splits;
-  return paged_split_workspace_bytes(a.out.shape[0], a.out.shape[1], a.out.shape[2], splits);
-}
-
 #define RUDNN_PAGED_PLAN_ARGS \
   nb::arg("page_size"), nb::arg("tables"), nb::arg("lengths"), nb::arg("sequence_ids"), nb::arg("positions")
 
@@ -155,8 +139,8 @@ void register_paged(nb::module_& m) {
         a.lse = opt_tensor(lse, "lse", keep_lse);
         a.splits = splits;
         std::optional<Out> held;
-        const Tensor* ws = workspace_from(workspace, workspace_alloc, [&] { return auto_split_bytes(a, max_length); },
-                                          held, keep_ws);
+        const Tensor* ws = workspace_from(
+            workspace, workspace_alloc, [&] { return paged_args::auto_split_bytes(a, max_length); }, held, keep_ws);
         nb::gil_scoped_release release;
         paged_attention(a, ws, as_stream(stream));
       },
@@ -183,8 +167,8 @@ void register_paged(nb::module_& m) {
         a.lse = opt_tensor(lse, "lse", keep_lse);
         a.splits = splits;
         std::optional<Out> held;
-        const Tensor* ws = workspace_from(workspace, workspace_alloc, [&] { return auto_split_bytes(a, max_length); },
-                                          held, keep_ws);
+        const Tensor* ws = workspace_from(
+            workspace, workspace_alloc, [&] { return paged_args::auto_split_bytes(a, max_length); }, held, keep_ws);
         nb::gil_scoped_release release;
         paged_mla(a, ws, as_stream(stream));
       },

@@ -1,26 +1,33 @@
-// XLA FFI handlers of the paged family (rudnn.jax.paged), on the "cpu" platform (this release
-// has the CPU backend only). The plan's four int32 metadata arrays come first.
+// XLA FFI handlers of the paged family (rudnn.jax.paged), on the "cpu" and "CUDA" platforms (the
+// same targets on both). The plan's four int32 metadata arrays come first.
 //
-// Targets (attributes: page_size, scale, causal, splits):
+// Targets:
 //   rudnn_paged_attention (tables, lengths, sequence_ids, positions, q, k_cache, v_cache) -> (out, lse)
 //   rudnn_paged_mla       (tables, lengths, sequence_ids, positions, q, qp, latent, kp) -> (out, lse)
+//                         (attributes page_size, scale, causal, splits, max_length: with splits 1 a
+//                         CUDA call picks its own split count for histories of at most max_length
+//                         positions, -1 unknown; split partials in XLA's scratch memory on CUDA, in
+//                         the handler's own host memory on the CPU)
 //   rudnn_paged_append    (tables, lengths, sequence_ids, positions, k, v, k_cache, v_cache) -> (k_cache, v_cache)
 //                         (attribute page_size only; the caches alias the results: donation-friendly)
 //   rudnn_paged_attention_backward (tables, ..., q, k_cache, v_cache, dout, dlse) -> (dq, dk_cache, dv_cache)
 //   rudnn_paged_mla_backward       (tables, ..., q, qp, latent, kp, dout, dlse) -> (dq, dqp, dlatent, dkp)
-//                         (attributes page_size, scale, causal)
+//                         (attributes page_size, scale, causal; on CUDA the float32 accumulators of
+//                         16-bit caches' history gradients live in XLA's scratch memory)
 //   rudnn_paged_attention_backward_ordered / rudnn_paged_mla_backward_ordered: the same with the
-//                         OrderedBackwardWorkspace's index (uint8) after dlse and its layout as
+//                         OrderedBackwardWorkspace's index (uint8) after dlse, aliased to one more
+//                         result (the backward writes its scratch there), and its layout as
 //                         attributes (query_pruning, history_row_cache, history_compaction, queries,
-//                         heads, pages, listed, inactive, readers, cached); the handler copies the
-//                         index into memory of its own, where the backward writes its scratch
+//                         heads, pages, listed, inactive, readers, cached)
 // The checks run as XLA runs the call (rudnn.jax raises them as rudnn errors when eager).
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "jax_ffi.hpp"
 #include "jax_ffi_common.hpp"
+#include "paged_args.hpp"
 #include "rudnn/paged.hpp"
 
 namespace rudnn::jax_ffi {
@@ -38,23 +45,42 @@ PagedMetadata metadata(const Place& place, std::int64_t page_size, ffi::AnyBuffe
   return m;
 }
 
-// The split-KV workspace for the output `out` [queries, heads, value_dim], in host memory of the
-// handler's own (CPU platform).
-const Tensor* split_workspace(int splits, const Tensor& out, std::vector<std::uint64_t>& storage, Tensor& slot) {
-  if (splits == 1) return nullptr;
-  const bool rows = out.rank == 3;
-  const std::size_t bytes = paged_split_workspace_bytes(rows ? out.shape[0] : 0, rows ? out.shape[1] : 1,
-                                                        rows ? out.shape[2] : 1, splits);
+// A workspace of `bytes` (nullptr for 0): XLA's scratch memory on CUDA, host memory of the
+// handler's own on the CPU.
+const Tensor* workspace_of(const Place& place, std::size_t bytes, std::vector<std::uint64_t>& storage, Tensor& slot,
+                           const std::string& op) {
+  if (bytes == 0) return nullptr;
+  if (place.device.is_cuda()) return scratch_workspace(place, bytes, slot, op + ": workspace");
   storage.assign(bytes / 8 + 2, 0);
   const std::int64_t size = std::int64_t(bytes);
-  slot = Tensor::contiguous(storage.data(), DType::u8, Device{DeviceType::cpu, 0}, &size, 1);
+  slot = Tensor::contiguous(storage.data(), DType::u8, place.device, &size, 1);
   return &slot;
+}
+
+// The split-KV workspace bytes of a forward call: for the splits asked, or with splits 1 for the
+// count the CUDA default picks (set in `a`).
+template <class Args>
+std::size_t split_bytes(Args& a, std::int64_t max_length) {
+  if (a.splits == 1) return bindings::paged_args::auto_split_bytes(a, max_length);
+  const bool rows = a.out.rank == 3;
+  return paged_split_workspace_bytes(rows ? a.out.shape[0] : 0, rows ? a.out.shape[1] : 1, rows ? a.out.shape[2] : 1,
+                                     a.splits);
+}
+
+// A result XLA aliases to an operand (input_output_aliases in rudnn/jax/paged.py) holds the
+// operand's memory. Should XLA ever hand another buffer, a CPU handler copies the operand over;
+// on CUDA (no copy engine here) that is an error.
+void alias_operand(const Place& place, ffi::AnyBuffer operand, ffi::AnyBuffer& result, const std::string& what) {
+  if (operand.untyped_data() == result.untyped_data()) return;
+  if (place.device.is_cuda())
+    fail(ErrorKind::unsupported, what + ": internal: XLA did not alias the result to its operand");
+  std::memcpy(result.untyped_data(), operand.untyped_data(), operand.size_bytes());
 }
 
 ffi::Error attention(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths, ffi::AnyBuffer sequence_ids,
                      ffi::AnyBuffer positions, ffi::AnyBuffer q, ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache,
                      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, std::int64_t page_size,
-                     double scale, bool causal, std::int32_t splits) {
+                     double scale, bool causal, std::int32_t splits, std::int64_t max_length) {
   return guarded([&] {
     const std::string op = "paged_attention";
     PagedAttentionArgs a;
@@ -70,14 +96,15 @@ ffi::Error attention(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer l
     a.splits = splits;
     std::vector<std::uint64_t> storage;
     Tensor ws;
-    paged_attention(a, split_workspace(splits, a.out, storage, ws), place.stream);
+    const std::size_t bytes = split_bytes(a, max_length);
+    paged_attention(a, workspace_of(place, bytes, storage, ws, op), place.stream);
   });
 }
 
 ffi::Error mla(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths, ffi::AnyBuffer sequence_ids,
                ffi::AnyBuffer positions, ffi::AnyBuffer q, ffi::AnyBuffer qp, ffi::AnyBuffer latent, ffi::AnyBuffer kp,
                ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, std::int64_t page_size, double scale,
-               bool causal, std::int32_t splits) {
+               bool causal, std::int32_t splits, std::int64_t max_length) {
   return guarded([&] {
     const std::string op = "paged_mla";
     PagedMlaArgs a;
@@ -94,31 +121,29 @@ ffi::Error mla(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths
     a.splits = splits;
     std::vector<std::uint64_t> storage;
     Tensor ws;
-    paged_mla(a, split_workspace(splits, a.out, storage, ws), place.stream);
+    const std::size_t bytes = split_bytes(a, max_length);
+    paged_mla(a, workspace_of(place, bytes, storage, ws, op), place.stream);
   });
 }
 
-// The ordered workspace of a *_backward_ordered call: the layout from the attributes, the buffer a
-// host copy of the index operand (the handler's own memory: the backward writes its scratch).
-struct OrderedCopy {
-  std::vector<std::uint64_t> storage;
-  PagedOrderedWorkspace ws;
-};
-
-void ordered_from(OrderedCopy& o, ffi::AnyBuffer index, bool pruning, bool row_cache, bool compaction,
-                  std::int64_t queries, std::int64_t heads, std::int64_t pages, std::int64_t page_size,
-                  std::int64_t listed, std::int64_t inactive, std::int64_t readers, std::int64_t cached) {
-  PagedOrderedLayout& l = o.ws.layout;
+// The ordered workspace of a *_backward_ordered call: the layout from the attributes, the buffer
+// the result aliased to the index operand (the backward writes its scratch there).
+PagedOrderedWorkspace ordered_from(const Place& place, ffi::AnyBuffer index, ffi::Result<ffi::AnyBuffer> scratch,
+                                   bool pruning, bool row_cache, bool compaction, std::int64_t queries,
+                                   std::int64_t heads, std::int64_t pages, std::int64_t page_size, std::int64_t listed,
+                                   std::int64_t inactive, std::int64_t readers, std::int64_t cached,
+                                   const std::string& op) {
+  PagedOrderedWorkspace o;
+  PagedOrderedLayout& l = o.layout;
   l.options.query_pruning = pruning;
   l.options.history_row_cache = row_cache;
   l.options.history_compaction = compaction;
   l.queries = queries, l.heads = heads, l.pages = pages, l.page_size = page_size;
   l.listed = listed, l.inactive = inactive, l.readers = readers, l.cached = cached;
   l.bytes = index.size_bytes();
-  o.storage.assign(l.bytes / 8 + 1, 0);
-  std::memcpy(o.storage.data(), index.untyped_data(), l.bytes);
-  const std::int64_t n = std::int64_t(l.bytes);
-  o.ws.buffer = Tensor::contiguous(o.storage.data(), DType::u8, Device{DeviceType::cpu, 0}, &n, 1);
+  alias_operand(place, index, *scratch, op + ": workspace");
+  o.buffer = view(*scratch, place, op + ": workspace");
+  return o;
 }
 
 ffi::Error attention_backward_impl(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
@@ -144,7 +169,10 @@ ffi::Error attention_backward_impl(const Place& place, ffi::AnyBuffer tables, ff
     a.dk_cache = &gk;
     a.dv_cache = &gv;
     a.ordered = ordered;
-    paged_attention_backward(a, nullptr, place.stream);
+    // CUDA, atomic mode, 16-bit caches: float32 history accumulators (XLA's scratch memory)
+    std::vector<std::uint64_t> host;
+    Tensor ws;
+    paged_attention_backward(a, workspace_of(place, paged_attention_backward_workspace_bytes(a), host, ws, op), place.stream);
   });
 }
 
@@ -162,15 +190,20 @@ ffi::Error attention_backward_ordered(const Place& place, ffi::AnyBuffer tables,
                                       ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache, ffi::AnyBuffer dout,
                                       ffi::AnyBuffer dlse, ffi::AnyBuffer index, ffi::Result<ffi::AnyBuffer> dq,
                                       ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-                                      std::int64_t page_size, double scale, bool causal, bool pruning, bool row_cache,
+                                      ffi::Result<ffi::AnyBuffer> scratch, std::int64_t page_size, double scale, bool causal, bool pruning, bool row_cache,
                                       bool compaction, std::int64_t queries, std::int64_t heads, std::int64_t pages,
                                       std::int64_t listed, std::int64_t inactive, std::int64_t readers,
                                       std::int64_t cached) {
-  OrderedCopy o;
-  ordered_from(o, index, pruning, row_cache, compaction, queries, heads, pages, page_size, listed, inactive, readers,
-               cached);
+  std::optional<PagedOrderedWorkspace> o;
+  if (ffi::Error e = guarded([&] {
+        o = ordered_from(place, index, scratch, pruning, row_cache, compaction, queries, heads,
+                         pages, page_size, listed, inactive, readers, cached,
+                         "paged_attention_backward");
+      });
+      e.failure())
+    return e;
   return attention_backward_impl(place, tables, lengths, sequence_ids, positions, q, k_cache, v_cache, dout, dlse, dq,
-                                 dk, dv, page_size, scale, causal, &o.ws);
+                                 dk, dv, page_size, scale, causal, &*o);
 }
 
 ffi::Error mla_backward_impl(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
@@ -199,7 +232,10 @@ ffi::Error mla_backward_impl(const Place& place, ffi::AnyBuffer tables, ffi::Any
     a.dlatent = &g2;
     a.dkp = &g3;
     a.ordered = ordered;
-    paged_mla_backward(a, nullptr, place.stream);
+    // CUDA, atomic mode, 16-bit caches: float32 history accumulators (XLA's scratch memory)
+    std::vector<std::uint64_t> host;
+    Tensor ws;
+    paged_mla_backward(a, workspace_of(place, paged_mla_backward_workspace_bytes(a), host, ws, op), place.stream);
   });
 }
 
@@ -218,15 +254,20 @@ ffi::Error mla_backward_ordered(const Place& place, ffi::AnyBuffer tables, ffi::
                                 ffi::AnyBuffer qp, ffi::AnyBuffer latent, ffi::AnyBuffer kp, ffi::AnyBuffer dout,
                                 ffi::AnyBuffer dlse, ffi::AnyBuffer index, ffi::Result<ffi::AnyBuffer> dq,
                                 ffi::Result<ffi::AnyBuffer> dqp, ffi::Result<ffi::AnyBuffer> dlatent,
-                                ffi::Result<ffi::AnyBuffer> dkp, std::int64_t page_size, double scale, bool causal,
-                                bool pruning, bool row_cache, bool compaction, std::int64_t queries,
+                                ffi::Result<ffi::AnyBuffer> dkp, ffi::Result<ffi::AnyBuffer> scratch,
+                                std::int64_t page_size, double scale, bool causal, bool pruning, bool row_cache, bool compaction, std::int64_t queries,
                                 std::int64_t heads, std::int64_t pages, std::int64_t listed, std::int64_t inactive,
                                 std::int64_t readers, std::int64_t cached) {
-  OrderedCopy o;
-  ordered_from(o, index, pruning, row_cache, compaction, queries, heads, pages, page_size, listed, inactive, readers,
-               cached);
+  std::optional<PagedOrderedWorkspace> o;
+  if (ffi::Error e = guarded([&] {
+        o = ordered_from(place, index, scratch, pruning, row_cache, compaction, queries, heads,
+                         pages, page_size, listed, inactive, readers, cached,
+                         "paged_mla_backward");
+      });
+      e.failure())
+    return e;
   return mla_backward_impl(place, tables, lengths, sequence_ids, positions, q, qp, latent, kp, dout, dlse, dq, dqp,
-                           dlatent, dkp, page_size, scale, causal, &o.ws);
+                           dlatent, dkp, page_size, scale, causal, &*o);
 }
 
 ffi::Error append(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths, ffi::AnyBuffer sequence_ids,
@@ -244,49 +285,23 @@ ffi::Error append(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer leng
     // results, the checks of paged_append run before its first write.
     a.k_cache = view(*k_out, place, op + ": k_cache");
     a.v_cache = view(*v_out, place, op + ": v_cache");
-    if (k_cache.untyped_data() != k_out->untyped_data())
-      std::memcpy(k_out->untyped_data(), k_cache.untyped_data(), k_cache.size_bytes());
-    if (v_cache.untyped_data() != v_out->untyped_data())
-      std::memcpy(v_out->untyped_data(), v_cache.untyped_data(), v_cache.size_bytes());
+    alias_operand(place, k_cache, *k_out, op + ": k_cache");
+    alias_operand(place, v_cache, *v_out, op + ": v_cache");
     paged_append(a, place.stream);
   });
 }
 
-template <class B>
-auto plan_args(B&& b) {
-  return std::forward<B>(b)
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>()
-      .template Arg<ffi::AnyBuffer>();
-}
-
+// The bindings: the plan's 4 metadata arrays and the operands, the results, the attributes.
 template <class B>
 auto forward_attrs(B&& b) {
   return std::forward<B>(b)
       .template Attr<std::int64_t>("page_size")
       .template Attr<double>("scale")
       .template Attr<bool>("causal")
-      .template Attr<std::int32_t>("splits");
+      .template Attr<std::int32_t>("splits")
+      .template Attr<std::int64_t>("max_length");
 }
 
-RUDNN_FFI_HANDLER(attention_cpu,
-                  forward_attrs(plan_args(cpu_binding())
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Ret<ffi::AnyBuffer>()
-                                    .template Ret<ffi::AnyBuffer>()),
-                  on_cpu, attention)
-RUDNN_FFI_HANDLER(mla_cpu,
-                  forward_attrs(plan_args(cpu_binding())
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Ret<ffi::AnyBuffer>()
-                                    .template Ret<ffi::AnyBuffer>()),
-                  on_cpu, mla)
 template <class B>
 auto backward_attrs(B&& b) {
   return std::forward<B>(b)
@@ -295,30 +310,6 @@ auto backward_attrs(B&& b) {
       .template Attr<bool>("causal");
 }
 
-RUDNN_FFI_HANDLER(attention_backward_cpu,
-                  backward_attrs(plan_args(cpu_binding())
-                                     .template Arg<ffi::AnyBuffer>()
-                                     .template Arg<ffi::AnyBuffer>()
-                                     .template Arg<ffi::AnyBuffer>()
-                                     .template Arg<ffi::AnyBuffer>()
-                                     .template Arg<ffi::AnyBuffer>()
-                                     .template Ret<ffi::AnyBuffer>()
-                                     .template Ret<ffi::AnyBuffer>()
-                                     .template Ret<ffi::AnyBuffer>()),
-                  on_cpu, attention_backward)
-RUDNN_FFI_HANDLER(mla_backward_cpu,
-                  backward_attrs(plan_args(cpu_binding())
-                                     .template Arg<ffi::AnyBuffer>()
-                                     .template Arg<ffi::AnyBuffer>()
-                                     .template Arg<ffi::AnyBuffer>()
-                                     .template Arg<ffi::AnyBuffer>()
-                                     .template Arg<ffi::AnyBuffer>()
-                                     .template Arg<ffi::AnyBuffer>()
-                                     .template Ret<ffi::AnyBuffer>()
-                                     .template Ret<ffi::AnyBuffer>()
-                                     .template Ret<ffi::AnyBuffer>()
-                                     .template Ret<ffi::AnyBuffer>()),
-                  on_cpu, mla_backward)
 template <class B>
 auto ordered_attrs(B&& b) {
   return backward_attrs(std::forward<B>(b))
@@ -334,55 +325,41 @@ auto ordered_attrs(B&& b) {
       .template Attr<std::int64_t>("cached");
 }
 
-RUDNN_FFI_HANDLER(attention_backward_ordered_cpu,
-                  ordered_attrs(plan_args(cpu_binding())
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Ret<ffi::AnyBuffer>()
-                                    .template Ret<ffi::AnyBuffer>()
-                                    .template Ret<ffi::AnyBuffer>()),
-                  on_cpu, attention_backward_ordered)
-RUDNN_FFI_HANDLER(mla_backward_ordered_cpu,
-                  ordered_attrs(plan_args(cpu_binding())
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Arg<ffi::AnyBuffer>()
-                                    .template Ret<ffi::AnyBuffer>()
-                                    .template Ret<ffi::AnyBuffer>()
-                                    .template Ret<ffi::AnyBuffer>()
-                                    .template Ret<ffi::AnyBuffer>()),
-                  on_cpu, mla_backward_ordered)
-RUDNN_FFI_HANDLER(append_cpu,
-                  plan_args(cpu_binding())
-                      .template Arg<ffi::AnyBuffer>()
-                      .template Arg<ffi::AnyBuffer>()
-                      .template Arg<ffi::AnyBuffer>()
-                      .template Arg<ffi::AnyBuffer>()
-                      .template Ret<ffi::AnyBuffer>()
-                      .template Ret<ffi::AnyBuffer>()
-                      .template Attr<std::int64_t>("page_size"),
-                  on_cpu, append)
+// The handlers of one platform (binding: cpu_binding or cuda_binding; adapter: on_cpu or on_cuda).
+#define RUDNN_PAGED_HANDLERS(suffix, binding, adapter)                                                              \
+  RUDNN_FFI_HANDLER(attention_##suffix, (forward_attrs(buffers<4 + 3, 2>(binding()))), adapter, attention)         \
+  RUDNN_FFI_HANDLER(mla_##suffix, (forward_attrs(buffers<4 + 4, 2>(binding()))), adapter, mla)                     \
+  RUDNN_FFI_HANDLER(attention_backward_##suffix, (backward_attrs(buffers<4 + 5, 3>(binding()))), adapter,          \
+                    attention_backward)                                                                            \
+  RUDNN_FFI_HANDLER(mla_backward_##suffix, (backward_attrs(buffers<4 + 6, 4>(binding()))), adapter, mla_backward)  \
+  RUDNN_FFI_HANDLER(attention_backward_ordered_##suffix, (ordered_attrs(buffers<4 + 6, 4>(binding()))), adapter,   \
+                    attention_backward_ordered)                                                                    \
+  RUDNN_FFI_HANDLER(mla_backward_ordered_##suffix, (ordered_attrs(buffers<4 + 7, 5>(binding()))), adapter,         \
+                    mla_backward_ordered)                                                                          \
+  RUDNN_FFI_HANDLER(append_##suffix, (buffers<4 + 4, 2>(binding()).template Attr<std::int64_t>("page_size")),      \
+                    adapter, append)
+
+RUDNN_PAGED_HANDLERS(cpu, cpu_binding, on_cpu)
+RUDNN_PAGED_HANDLERS(cuda, cuda_binding, on_cuda)
 
 }  // namespace
 
 void add_paged_targets(nb::dict& cpu, nb::dict& cuda) {
-  (void)cuda;
   auto capsule = [](XLA_FFI_Error* (*fn)(XLA_FFI_CallFrame*)) { return nb::capsule(reinterpret_cast<void*>(fn)); };
-  cpu["rudnn_paged_attention"] = capsule(attention_cpu);
-  cpu["rudnn_paged_mla"] = capsule(mla_cpu);
-  cpu["rudnn_paged_append"] = capsule(append_cpu);
-  cpu["rudnn_paged_attention_backward"] = capsule(attention_backward_cpu);
-  cpu["rudnn_paged_mla_backward"] = capsule(mla_backward_cpu);
-  cpu["rudnn_paged_attention_backward_ordered"] = capsule(attention_backward_ordered_cpu);
-  cpu["rudnn_paged_mla_backward_ordered"] = capsule(mla_backward_ordered_cpu);
+  const auto add = [&](nb::dict& targets, auto attention, auto mla, auto append, auto attention_backward,
+                       auto mla_backward, auto attention_backward_ordered, auto mla_backward_ordered) {
+    targets["rudnn_paged_attention"] = capsule(attention);
+    targets["rudnn_paged_mla"] = capsule(mla);
+    targets["rudnn_paged_append"] = capsule(append);
+    targets["rudnn_paged_attention_backward"] = capsule(attention_backward);
+    targets["rudnn_paged_mla_backward"] = capsule(mla_backward);
+    targets["rudnn_paged_attention_backward_ordered"] = capsule(attention_backward_ordered);
+    targets["rudnn_paged_mla_backward_ordered"] = capsule(mla_backward_ordered);
+  };
+  add(cpu, attention_cpu, mla_cpu, append_cpu, attention_backward_cpu, mla_backward_cpu,
+      attention_backward_ordered_cpu, mla_backward_ordered_cpu);
+  add(cuda, attention_cuda, mla_cuda, append_cuda, attention_backward_cuda, mla_backward_cuda,
+      attention_backward_ordered_cuda, mla_backward_ordered_cuda);
 }
 
 }  // namespace rudnn::jax_ffi

@@ -529,9 +529,10 @@ class OrderedBackwardWorkspace:
       the other pages get zeros without being visited. ``compaction_pages()`` gives
       ``(active, inactive)``: int64 arrays of the physical page ids of each kind.
 
-    A JAX q (on the CPU platform) gives a workspace whose index is a host array that each JAX
-    backward passes to its FFI handler (the handler keeps the scratch); under jax.jit the
-    workspace is a constant of the traced function.
+    A JAX q gives a workspace whose index is a host array that each JAX backward passes to its
+    FFI handler as an operand aliased to one more result (XLA copies it there, and the backward
+    writes its scratch into that copy); under jax.jit the workspace is a constant of the traced
+    function.
 
     The environment switches (unset or 0: off, 1: on, anything else ArgumentError) are read when
     the workspace is made and give the defaults of the two options an explicit argument overrides.
@@ -548,8 +549,8 @@ class OrderedBackwardWorkspace:
             raise ArgumentError(f"{op}: plan: this plan was reserved but holds no schedule yet "
                                 f"(DevicePlan.upload(host, q, into=plan) first)")
         if fw.is_jax(q):
-            # JAX (its CPU platform): the index stays a host array; each backward hands it to the
-            # FFI handler, which keeps the scratch in memory of its own.
+            # JAX: the index stays a host array; each backward hands it to the FFI handler
+            # (aliased to a result the backward writes its scratch into).
             from .jax import paged as jpaged
 
             jpaged._device_of(op, q)

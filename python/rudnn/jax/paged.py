@@ -1,5 +1,5 @@
-"""rudnn.paged for JAX: paged attention, MLA and append as XLA FFI custom calls (the "cpu"
-platform in this release), usable under jax.jit.
+"""rudnn.paged for JAX: paged attention, MLA and append as XLA FFI custom calls (the "cpu" and
+CUDA platforms), usable under jax.jit.
 
     plan = rudnn.jax.paged.upload(host_plan, q)         # or rudnn.paged.DevicePlan.upload(host_plan, q)
     out = rudnn.jax.paged.attention(plan, q, k_cache, v_cache, scale=None, causal=False, splits=1)
@@ -14,7 +14,10 @@ jit to update in place). The checks run as XLA runs a call: an eager call raises
 errors, a jitted one as XLA's runtime error with the same message. attention and mla are
 differentiable (jax.grad; jax.custom_vjp over the paged backward, through out and lse).
 attention_backward / mla_backward take workspace=rudnn.paged.OrderedBackwardWorkspace(plan, q)
-(its index travels as an operand of the *_backward_ordered targets).
+(its index travels as an operand of the *_backward_ordered targets). On CUDA a call with splits=1
+picks its own split count, for histories as long as the plan's table width allows (its partial
+results in XLA's scratch memory), and the atomic backward's float32 accumulators of 16-bit caches
+live there too.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class JaxPlan(_paged.DevicePlan):
         self._np = host_plan  # the numpy DevicePlan holding the packed buffers
         self._jax_device = device
         self.framework = "jax"
-        self.device = host_plan.device
+        self.device = ("cpu", 0) if device.platform == "cpu" else ("cuda", int(device.id))
         self._refresh()
 
     def _refresh(self):
@@ -77,9 +80,9 @@ def _device_of(op, q):
     if not devices or len(devices) != 1:
         raise ArgumentError(f"{op}: q: expected a concrete JAX array on one device (plans are made outside jit)")
     device = next(iter(devices))
-    if device.platform != "cpu":
-        raise UnsupportedError(f"{op}: the XLA FFI handlers of the paged family are registered for the CPU "
-                               f"only (torch and CuPy arrays run on CUDA); make the plan for a CPU q")
+    if device.platform not in ("cpu", "gpu", "cuda"):
+        raise UnsupportedError(f"{op}: the XLA FFI handlers of the paged family are registered for the CPU and "
+                               f"CUDA platforms, got a q on {device.platform}")
     return device
 
 
@@ -114,6 +117,12 @@ def _meta(op, plan):
     return (plan.tables, plan.lengths, plan.sequence_ids, plan.positions), int(plan.page_size)
 
 
+def _max_length(plan):
+    """The bound on any sequence's length that a CUDA call without splits picks its split count
+    for: the plan's table width in positions (static, so a rewritten plan does not retrace)."""
+    return int(plan.capacity[2]) * int(plan.page_size)
+
+
 def _splits(op, splits, workspace):
     if workspace is not None:
         if not isinstance(workspace, _paged.SplitWorkspace):
@@ -126,14 +135,15 @@ def _splits(op, splits, workspace):
 
 
 @functools.lru_cache(maxsize=None)
-def _attention_op(target, page_size, scale, causal, splits, out_shape, lse_shape, dtype):
+def _attention_op(target, page_size, scale, causal, splits, max_length, out_shape, lse_shape, dtype):
     """The differentiable forward of `target` (rudnn_paged_attention or rudnn_paged_mla) over
     (4 metadata arrays, operands...) -> (out, lse); the metadata get no cotangent."""
     attrs = dict(page_size=np.int64(page_size), scale=np.float64(scale), causal=bool(causal))
 
     def call(*args):
         return jax.ffi.ffi_call(target, (_ffi.sds(out_shape, dtype), _ffi.sds(lse_shape, jnp.float32)),
-                                vmap_method="sequential")(*args, splits=np.int32(splits), **attrs)
+                                vmap_method="sequential")(*args, splits=np.int32(splits),
+                                                          max_length=np.int64(max_length), **attrs)
 
     def bwd(saved, cotangents):
         dout, dlse = cotangents
@@ -164,7 +174,7 @@ def attention(plan, q, k_cache, v_cache, scale=None, causal=False, *, splits=1, 
     shape = (q.shape[0], q.shape[1], v_cache.shape[-1]) if q.ndim == 3 and v_cache.ndim == 4 else (0,)
     lse_shape = shape[:2] if len(shape) == 3 else (0,)
     f = _attention_op("rudnn_paged_attention", page_size, float(scale), _flag(op, "causal", causal),
-                      _splits(op, splits, workspace), shape, lse_shape, q.dtype)
+                      _splits(op, splits, workspace), _max_length(plan), shape, lse_shape, q.dtype)
     out, lse = f(*meta, q, k_cache, v_cache)
     return (out, lse) if _flag(op, "return_lse", return_lse) else out
 
@@ -180,7 +190,8 @@ def mla(plan, q, qp, latent, kp, scale, causal=False, *, splits=1, workspace=Non
     shape = tuple(q.shape) if q.ndim == 3 else (0,)
     lse_shape = shape[:2] if len(shape) == 3 else (0,)
     f = _attention_op("rudnn_paged_mla", page_size, _number(op, "scale", scale, "a finite value > 0"),
-                      _flag(op, "causal", causal), _splits(op, splits, workspace), shape, lse_shape, q.dtype)
+                      _flag(op, "causal", causal), _splits(op, splits, workspace), _max_length(plan), shape,
+                      lse_shape, q.dtype)
     out, lse = f(*meta, q, qp, latent, kp)
     return (out, lse) if _flag(op, "return_lse", return_lse) else out
 
@@ -241,12 +252,16 @@ def _backward(op, target, plan, operands, dout, scale, causal, need, names, dlse
     dlse = jnp.zeros(lse_shape, jnp.float32) if dlse is None else _array(op, "dlse", dlse)
     results = tuple(_ffi.sds(a.shape, a.dtype) for a in operands)
     attrs = dict(page_size=np.int64(page_size), scale=np.float64(scale), causal=bool(causal))
-    extra = ()
-    if ordered is not None:
-        target, extra = target + "_ordered", (ordered[1],)
+    extra, aliases = (), {}
+    if ordered is not None:  # the index aliases one more result, where the backward writes its scratch
+        index = ordered[1]
+        target, extra = target + "_ordered", (index,)
+        aliases = {4 + len(operands) + 2: len(results)}
+        results = results + (_ffi.sds(index.shape, index.dtype),)
         attrs.update(ordered[0])
-    grads = jax.ffi.ffi_call(target, results, vmap_method="sequential")(*meta, *operands, dout, dlse, *extra, **attrs)
-    return tuple(g if want[n] else None for n, g in zip(names, grads))
+    grads = jax.ffi.ffi_call(target, results, vmap_method="sequential", input_output_aliases=aliases)(
+        *meta, *operands, dout, dlse, *extra, **attrs)
+    return tuple(g if want[n] else None for n, g in zip(names, grads[:len(names)]))
 
 
 @_ffi.raises_rudnn_errors
