@@ -89,6 +89,20 @@ void forward(const Problem& p, float* ws) {
   }
 }
 
+// dq and dq2 of (row r, head h) from their float64 sums, in the gradients' dtype (those asked for).
+template <class T>
+void store_query_grads(const BackwardProblem& b, std::int64_t r, std::int64_t h, const std::vector<double>& dq,
+                       const std::vector<double>& dq2) {
+  if (b.dq) {
+    T* g = static_cast<T*>(b.dq) + b.dq_at.at(r, h);
+    for (std::int64_t e = 0; e < b.fwd.d; ++e) g[e] = host::from_float<T>(float(dq[e]));
+  }
+  if (b.dq2) {
+    T* g = static_cast<T*>(b.dq2) + b.dq2_at.at(r, h);
+    for (std::int64_t e = 0; e < b.fwd.d2; ++e) g[e] = host::from_float<T>(float(dq2[e]));
+  }
+}
+
 // Gradients of one problem: for each (row, head) the probabilities are recomputed, then
 // dS = P (dP - delta) with delta = dout . out - dlse; every sum in double, in a fixed order (rows,
 // heads, positions), cache gradients accumulated per slot and written once.
@@ -162,14 +176,7 @@ void backward(const BackwardProblem& b) {
             for (std::int64_t e = 0; e < p.d2; ++e) dk2[slot * p.d2 + e] += ds * double(q2[e]);
         }
       }
-      if (b.dq) {
-        T* g = static_cast<T*>(b.dq) + b.dq_at.at(r, h);
-        for (std::int64_t e = 0; e < p.d; ++e) g[e] = host::from_float<T>(float(dq[e]));
-      }
-      if (b.dq2) {
-        T* g = static_cast<T*>(b.dq2) + b.dq2_at.at(r, h);
-        for (std::int64_t e = 0; e < p.d2; ++e) g[e] = host::from_float<T>(float(dq2[e]));
-      }
+      store_query_grads<T>(b, r, h, dq, dq2);
     }
   }
   // Every slot of each cache gradient is written (zeros where no visible key lives).
@@ -281,14 +288,7 @@ struct OrderedRun {
             for (std::int64_t e = 0; e < p.d2; ++e) dq2[e] += double(dS) * double(host::to_float(K2[k2_off + e]));
           }
         }
-        if (b.dq) {
-          T* g = static_cast<T*>(b.dq) + b.dq_at.at(r, h);
-          for (std::int64_t e = 0; e < p.d; ++e) g[e] = host::from_float<T>(float(dq[e]));
-        }
-        if (b.dq2) {
-          T* g = static_cast<T*>(b.dq2) + b.dq2_at.at(r, h);
-          for (std::int64_t e = 0; e < p.d2; ++e) g[e] = host::from_float<T>(float(dq2[e]));
-        }
+        store_query_grads<T>(b, r, h, dq, dq2);
       }
     }
   }

@@ -175,10 +175,8 @@ _dispatch.defvjp(_dispatch_fwd, _dispatch_bwd)
 def dispatch(x, expert_indices, num_experts=None):
     """(x_dispatched [T*k, H], offsets [E+1], token_of_row [T*k], row_of_slot [T, k]);
     x_dispatched is differentiable in x. `expert_indices` may be a RoutingPlan (route's result),
-    which brings num_experts. Expert ids outside [0, E) are an ArgumentError when the ids are host
-    arrays; device ids are not read on the host (no synchronization), so there such a slot gets
-    no row (its row_of_slot is -1, offsets[E] < T * top_k tells it) and its token comes out NaN
-    from combine and dispatch_backward (its dweights too) instead of silently losing the slot."""
+    which brings num_experts. Expert ids outside [0, E): as rudnn.moe.RoutingPlan.dispatch says
+    (an ArgumentError for host ids; for device ids no row, a NaN token)."""
     expert_indices, num_experts = _indices_and_experts("moe.dispatch", expert_indices, num_experts)
     x, expert_indices = _ready("moe.dispatch", x=x, expert_indices=expert_indices)
     return _dispatch(x, expert_indices, int(num_experts))
