@@ -86,12 +86,19 @@ def test_channels_not_multiple_of_8(c, k):
     assert name == "direct" and f"Cin = {c}, Cout = {k}" in why
 
 
-def test_float32_runs_direct():
+def test_float32_takes_the_tf32_sm80_kernels_on_every_gpu():
+    # TF32 is built for the CUTLASS 2.x kernels only: Hopper runs them too (from their PTX).
     x, w, y = fprop_case(dtype=torch.float32)
-    name, why, _, _ = plan(FWD, x, w, y)
-    assert name == "direct"
-    assert why == ("CUTLASS implicit GEMM takes float16 and bfloat16 (float32 runs the direct kernels, which keep "
-                   "float32 exact: no TF32 rounding)")
+    for cc in (H100, A100, L40):
+        assert plan(FWD, x, w, y, cc=cc)[:2] == ("implicit_gemm_sm80", ""), cc
+        assert plan(DGRAD, y, w, x, cc=cc)[0] == "implicit_gemm_sm80", cc
+        assert plan(WGRAD, y, x, w, cc=cc)[0] == "implicit_gemm_sm80", cc
+    # 16-byte accesses are 4 float32 elements: 4 channels suffice, 6 do not
+    x, w, y = fprop_case(c=4, k=12, dtype=torch.float32)
+    assert plan(FWD, x, w, y)[0] == "implicit_gemm_sm80"
+    x, w, y = fprop_case(c=6, k=12, dtype=torch.float32)
+    assert plan(FWD, x, w, y)[1] == ("CUTLASS implicit GEMM needs input and output channels that are multiples of 4 "
+                                     "(16-byte accesses), got Cin = 6, Cout = 12")
 
 
 def test_groups_run_direct():
@@ -193,6 +200,13 @@ def test_nchw_is_copied_once_each_way():
     assert plan(WGRAD, y, x, w, pad=1, layout=0)[2:] == (4096 + 4608 + 4096, (True, True, True, False))
 
 
+def test_nchw_float32_copies_four_byte_elements():
+    x, w, y = (torch.zeros(shape, dtype=torch.float32) for shape in ((2, 16, 8, 8), (16, 16, 3, 3), (2, 16, 8, 8)))
+    name, _, nbytes, copies = plan(FWD, x, w, y, pad=1, layout=0)
+    assert (name, copies) == ("implicit_gemm_sm80", (True, True, True, False))
+    assert nbytes == 8192 + 9216 + 8192  # 2048, 2304 and 2048 float32 elements, 256-byte aligned
+
+
 def test_torch_channels_last_runs_in_place():
     cl = torch.channels_last
     x = torch.zeros((2, 16, 8, 8), dtype=BF16).to(memory_format=cl)
@@ -252,7 +266,7 @@ def test_auto_on_the_cpu_runs_the_reference():
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _tol(dtype):
+def _tol(dtype):  # TF32 (float32 on these kernels) keeps 11 significant bits, as float16 does
     return dict(rtol=2e-2, atol=2e-2) if dtype == BF16 else dict(rtol=5e-3, atol=5e-3)
 
 
@@ -290,7 +304,7 @@ def _rudnn_layout(layout):
 
 
 @cuda
-@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+@pytest.mark.parametrize("dtype", [BF16, torch.float16, torch.float32])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC", "channels_last"])
 @pytest.mark.parametrize("case", _cases())
 def test_cuda_forward_with_bias(case, layout, dtype):
@@ -306,7 +320,7 @@ def test_cuda_forward_with_bias(case, layout, dtype):
 
 
 @cuda
-@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+@pytest.mark.parametrize("dtype", [BF16, torch.float16, torch.float32])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC", "channels_last"])
 @pytest.mark.parametrize("case", _cases())
 def test_cuda_backward(case, layout, dtype):
@@ -347,11 +361,19 @@ def test_cuda_auto_takes_implicit_gemm_and_falls_back():
     major, _ = torch.cuda.get_device_capability()
     if major >= 8:
         assert rudnn.conv_last_algorithm().startswith("implicit_gemm_sm")
-    rudnn.conv(x.float(), w.float(), padding=1)
+    # float32: exact (direct) unless implicit_gemm is asked for, which runs the TF32 sm80 kernels
+    y = rudnn.conv(x.float(), w.float(), padding=1)
     assert rudnn.conv_last_algorithm() in ("direct", "direct_packed")
-    with pytest.raises(rudnn.UnsupportedError, match="conv: strategy 'implicit_gemm': CUTLASS implicit GEMM takes "
-                                                     "float16 and bfloat16"):
-        rudnn.conv(x.float(), w.float(), padding=1, strategy="implicit_gemm")
+    t = rudnn.conv(x.float(), w.float(), padding=1, strategy="implicit_gemm")
+    assert rudnn.conv_last_algorithm() == "implicit_gemm_sm80"
+    ref = F.conv2d(x.double(), w.double(), padding=1)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-4)
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(t.double() / scale, ref / scale, rtol=5e-3, atol=5e-3)
+    assert not torch.equal(t, y)  # TF32 rounding shows
+    with pytest.raises(rudnn.UnsupportedError, match="conv: strategy 'implicit_gemm': CUTLASS implicit GEMM needs "
+                                                     "input and output channels that are multiples of 4"):
+        rudnn.conv(x.float()[:, :6], w.float()[:, :6], padding=1, strategy="implicit_gemm")
     with pytest.raises(rudnn.UnsupportedError, match="groups == 1, got 2"):
         rudnn.conv(x, w[:, :32].contiguous(), padding=1, groups=2, strategy="implicit_gemm")
 

@@ -17,11 +17,13 @@ channels-last (below).
 Strategies: "direct" (any groups incl. depthwise, dtype, size, stride, dilation; float32 sums in a
 fixed order), "implicit_gemm" (CUTLASS's implicit-GEMM convolution kernels on CUDA: the CUTLASS
 3.x collective builder with TMA im2col on sm90a, the CUTLASS 2.x kernels on sm80-class GPUs and
-for what the sm90 kernels refuse; float16/bfloat16 with float32 accumulation, groups == 1, input
-and output channels multiples of 8; the bias is added in the forward's epilogue; the weight
-gradient has no split-K, so it is deterministic. float32 inputs are not taken: no TF32 rounding,
-they run direct, exact in float32. A case it cannot take is an UnsupportedError saying why, as is
-any CPU array), "auto" (implicit_gemm where it applies, direct otherwise) and "autotune" (on CUDA, where
+for what the sm90 kernels refuse; float16/bfloat16 with float32 accumulation, and float32 as TF32
+(inputs rounded to 10 mantissa bits, float32 accumulation, as torch's default
+cudnn.allow_tf32 convolutions; the CUTLASS 2.x kernels on every GPU); groups == 1, input and
+output channels multiples of 8 (16-bit) or 4 (float32); the bias is added in the forward's
+epilogue; the weight gradient has no split-K, so it is deterministic. A case it cannot take is an
+UnsupportedError saying why, as is any CPU array), "auto" (implicit_gemm where it applies, direct otherwise;
+float32 always direct, exact: TF32 only when implicit_gemm is asked for by name) and "autotune" (on CUDA, where
 implicit_gemm applies: both timed on the caller's stream the first time an (op, device, dtype,
 exact shape, layout) is seen, one synchronization, then the faster reused in this process and,
 with RUDNN_AUTOTUNE_CACHE=<file>, recorded there for later processes; elsewhere as auto). Arrays implicit_gemm cannot read in place (NCHW, other strides) are copied

@@ -130,11 +130,11 @@ bool run_case(const Case& c) {
 // NCHW weight and a stride-2 bias packed into channels-last order, checked element by element
 // against the index math of a packed (n, h, w, c) tensor, then unpacked into fresh arrays that
 // must equal the originals bit for bit.
-bool run_repack_case() {
-  using Bits = std::uint16_t;
+template <class Bits>
+bool run_repack_case(DType dtype) {
   const i64 N = 2, C = 16, H = 5, W = 7, K = 8, R = 3, S = 3;
-  Array x = make(DType::bf16, {N, C, H, W}, 11), w = make(DType::bf16, {K, C, R, S}, 12);
-  Array bias_storage = make(DType::bf16, {2 * K}, 13);
+  Array x = make(dtype, {N, C, H, W}, 11), w = make(dtype, {K, C, R, S}, 12);
+  Array bias_storage = make(dtype, {2 * K}, 13);
   ConvForwardArgs fa;
   fa.options.dims = 2;
   fa.x = x.t;
@@ -149,10 +149,10 @@ bool run_repack_case() {
     grid.sizes[1] = rows;
     grid.sizes[2] = cols;
     const i64 n = lead * channels * rows * cols;
-    std::vector<Bits> packed(std::size_t(n), 0xFFFF);
-    Array back = make(DType::bf16, {n + 2 * channels}, 0, false);  // room for the bias's stride 2
+    std::vector<Bits> packed(std::size_t(n), Bits(~Bits(0)));
+    Array back = make(dtype, {n + 2 * channels}, 0, false);  // room for the bias's stride 2
     emu_launch(EmuDim3{kEmuBlocks, 1, 1}, ig::emu_ig::kThreads, 1, 0,
-               [&] { ig::emu_ig::repack_kernel(t.ptr<Bits>(), packed.data(), strided, grid, true); });
+               [&] { ig::emu_ig::repack_kernel<Bits>(t.ptr<Bits>(), packed.data(), strided, grid, true); });
     bool good = true;
     for (i64 a = 0; a < lead; ++a)
       for (i64 c = 0; c < channels; ++c)
@@ -162,7 +162,7 @@ bool run_repack_case() {
             good = good && packed[std::size_t(((a * rows + r) * cols + q) * channels + c)] == t.ptr<Bits>()[from];
           }
     emu_launch(EmuDim3{kEmuBlocks, 1, 1}, ig::emu_ig::kThreads, 1, 0,
-               [&] { ig::emu_ig::repack_kernel(packed.data(), back.t.ptr<Bits>(), strided, grid, false); });
+               [&] { ig::emu_ig::repack_kernel<Bits>(packed.data(), back.t.ptr<Bits>(), strided, grid, false); });
     for (i64 a = 0; a < lead; ++a)
       for (i64 c = 0; c < channels; ++c)
         for (i64 r = 0; r < rows; ++r)
@@ -170,7 +170,7 @@ bool run_repack_case() {
             const i64 at = a * strided.n + c * strided.c + r * strided.sp[1] + q * strided.sp[2];
             good = good && back.t.ptr<Bits>()[at] == t.ptr<Bits>()[at];
           }
-    std::printf("repack_%s %s\n", what, good ? "ok" : "MISMATCH");
+    std::printf("repack_%s_%s %s\n", what, dtype == DType::f32 ? "f32" : "bf16", good ? "ok" : "MISMATCH");
     ok = ok && good;
   };
   check(x.t, p.x, N, C, H, W, "nchw_x");
@@ -208,6 +208,7 @@ int main() {
   };
   bool ok = true;
   for (const Case& c : cases) ok = run_case(c) && ok;
-  ok = run_repack_case() && ok;
+  ok = run_repack_case<std::uint16_t>(DType::bf16) && ok;
+  ok = run_repack_case<std::uint32_t>(DType::f32) && ok;
   return ok ? 0 : 1;
 }

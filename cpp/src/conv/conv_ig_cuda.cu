@@ -2,8 +2,8 @@
 // are copied into the caller's workspace in packed NDHWC order (and the output back into the
 // caller's layout afterwards), then the sm80 or sm90 kernel runs on packed operands.
 //
-// The copies move 16-bit elements as bits (the plans are f16/bf16 only): one thread per
-// element, in the packed tensor's order, so that the packed side is coalesced; the strided side
+// The copies move elements as bits (16-bit for f16/bf16, 32-bit for the TF32 plans of f32): one
+// thread per element, in the packed tensor's order, so that the packed side is coalesced; the strided side
 // reads or writes through the caller's strides (for NCHW that is the transposed order).
 #include <cuda_runtime.h>
 
@@ -30,8 +30,8 @@ struct Grid {
 };
 
 // to_packed: packed[t] = strided[offset(t)]; otherwise strided[offset(t)] = packed[t].
-__global__ void repack_kernel(const std::uint16_t* from, std::uint16_t* to, Strides strided, Grid grid,
-                              bool to_packed) {
+template <class Bits>
+__global__ void repack_kernel(const Bits* from, Bits* to, Strides strided, Grid grid, bool to_packed) {
   const i64 total = grid.lead * grid.channels * grid.sizes[0] * grid.sizes[1] * grid.sizes[2];
   for (i64 t = i64(blockIdx.x) * kThreads + threadIdx.x; t < total; t += i64(gridDim.x) * kThreads) {
     const Decoded e = decode(t, grid.channels, grid.sizes, true);
@@ -45,13 +45,19 @@ __global__ void repack_kernel(const std::uint16_t* from, std::uint16_t* to, Stri
 
 // (tests/emulation/conv_emu.cpp runs everything above this line on the CPU.)
 
-void repack(const void* from, void* to, const Strides& strided, const Grid& grid, bool to_packed, Stream stream) {
+void repack(const void* from, void* to, const Strides& strided, const Grid& grid, bool to_packed, DType dtype,
+            Stream stream) {
   const i64 total = grid.count();
   if (total == 0) return;
   const i64 max_blocks = i64(core::device_props(core::current_device()).sm_count) * 8;
   const int blocks = int(std::max<i64>(1, std::min<i64>((total + kThreads - 1) / kThreads, max_blocks)));
-  repack_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const std::uint16_t*>(from), static_cast<std::uint16_t*>(to), strided, grid, to_packed);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (dtype == DType::f32)
+    repack_kernel<std::uint32_t><<<blocks, kThreads, 0, s>>>(static_cast<const std::uint32_t*>(from),
+                                                             static_cast<std::uint32_t*>(to), strided, grid, to_packed);
+  else
+    repack_kernel<std::uint16_t><<<blocks, kThreads, 0, s>>>(static_cast<const std::uint16_t*>(from),
+                                                             static_cast<std::uint16_t*>(to), strided, grid, to_packed);
   RUDNN_CUDA_CHECK_LAUNCH(repack_kernel);
 }
 
@@ -74,7 +80,7 @@ bool run(const Plan& plan, const Problem& p, Op op, DType dtype, const Operands&
   // An operand read by the kernel: in place, or packed into the workspace first.
   auto input = [&](bool copy, std::size_t at, const void* data, const Strides& s, const Grid& grid) -> const void* {
     if (!copy) return data;
-    repack(data, ws + at, s, grid, true, stream);
+    repack(data, ws + at, s, grid, true, dtype, stream);
     return ws + at;
   };
   Call c;
@@ -118,7 +124,7 @@ bool run(const Plan& plan, const Problem& p, Op op, DType dtype, const Operands&
     case Op::data_backward: ran = sm90 ? dgrad_sm90(c, why) : dgrad_sm80(c, why); break;
     default: ran = sm90 ? wgrad_sm90(c, why) : wgrad_sm80(c, why); break;
   }
-  if (ran && copy_out) repack(ws + out_at, t.out, *out_strides, *out_grid, false, stream);
+  if (ran && copy_out) repack(ws + out_at, t.out, *out_strides, *out_grid, false, dtype, stream);
   return ran;
 }
 

@@ -21,8 +21,8 @@ namespace {
 thread_local const char* last_algorithm = "none";
 
 // The implicit-GEMM plan of a validated call (kernel == none: the direct kernels run), by the
-// strategy: "direct" never plans; "auto" and "autotune" take the plan when there is one;
-// "implicit_gemm" without one is an UnsupportedError that says why.
+// strategy: "direct" never plans; "auto" and "autotune" take the plan when there is one (but
+// not for float32); "implicit_gemm" without one is an UnsupportedError that says why.
 conv::ig::Plan choose(const conv::Problem& p, conv::Op op, ConvStrategy strategy, const Tensor& ref,
                       const conv::ig::Bases& bases, const char* name) {
   conv::ig::Plan plan;
@@ -38,6 +38,9 @@ conv::ig::Plan choose(const conv::Problem& p, conv::Op op, ConvStrategy strategy
   if (ref.device.is_cuda()) return plan;  // on_device reports that this build has no CUDA
 #endif
   plan = conv::ig::plan(p, op, ref.dtype, major, minor, bases);
+  // float32 takes the TF32 kernels only when asked for by name: "auto" and "autotune" keep it
+  // exact (the direct kernels), since TF32 rounds the inputs to 10 mantissa bits.
+  if (ref.dtype == DType::f32 && strategy != ConvStrategy::implicit_gemm) return conv::ig::Plan{};
   if (plan.kernel == conv::ig::Kernel::none && strategy == ConvStrategy::implicit_gemm)
     core::fail(ErrorKind::unsupported, std::string(name) + ": strategy 'implicit_gemm': " + plan.why);
   return plan;

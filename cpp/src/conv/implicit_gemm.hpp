@@ -7,7 +7,9 @@
 //         cp.async multistage mainloop, "optimized" iterators. NDHWC kernels serve 1-D, 2-D and
 //         3-D fprop and wgrad (leading axes of size 1); dgrad has an NHWC kernel for any stride
 //         (1-D, 2-D) and an NDHWC one for stride 1 (3-D). Compiled for sm_80 (SASS) and
-//         compute_80 (PTX): they run on every GPU from sm_80 up.
+//         compute_80 (PTX): they run on every GPU from sm_80 up. float32 tensors run these
+//         kernels as TF32 (16x8x8 mma.sync: inputs rounded to TF32, float32 accumulation) on
+//         every GPU, Hopper included (no sm90 TF32 kernel is built).
 //   sm90  CUTLASS 3.x convolution collective builder (TMA im2col loads, wgmma, warp-specialized
 //         cooperative kernel), NDHWC kernels serving every rank. Compiled for sm_90a only.
 // Both accumulate in float32 and write x's dtype. fprop adds the bias in the epilogue. wgrad
@@ -68,7 +70,7 @@ struct Plan {
 
 // Pure: the plan for problem p of op (forward, data_backward, weight_backward) in dtype, on a
 // device of compute capability cc_major.cc_minor (0.0: no CUDA device). Checks groups == 1,
-// f16/bf16, input and output channels multiples of 8 (16-byte vectors), the kernels' limits
+// f16/bf16/f32 (f32 as TF32), input and output channels multiples of 16 bytes, the kernels' limits
 // on filter size, padding, dilation and stride, and 32-bit tensor sizes.
 Plan plan(const Problem& p, Op op, DType dtype, int cc_major, int cc_minor, const Bases& bases);
 

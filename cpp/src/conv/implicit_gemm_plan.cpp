@@ -11,7 +11,6 @@ namespace rudnn::conv::ig {
 
 namespace {
 
-constexpr int kVector = 8;             // f16/bf16 elements in the kernels' 16-byte accesses
 constexpr std::size_t kAlign = 256;    // workspace sub-buffer alignment
 constexpr i64 kInt32Max = std::numeric_limits<std::int32_t>::max();
 
@@ -129,16 +128,18 @@ Plan plan(const Problem& p, Op op, DType dtype, int cc_major, int cc_minor, cons
   if (family == Kernel::none)
     return refuse("CUTLASS implicit GEMM needs a GPU of compute capability 8.0 or newer, this one is " +
                   std::to_string(cc_major) + "." + std::to_string(cc_minor));
-  if (dtype != DType::f16 && dtype != DType::bf16)
-    return refuse(std::string("CUTLASS implicit GEMM takes float16 and bfloat16 (") + dtype_name(dtype) +
-                  " runs the direct kernels, which keep float32 exact: no TF32 rounding)");
+  if (dtype != DType::f16 && dtype != DType::bf16 && dtype != DType::f32)
+    return refuse(std::string("CUTLASS implicit GEMM takes float16, bfloat16 and float32 (as TF32), got ") +
+                  dtype_name(dtype));
+  const std::size_t esize = dtype == DType::f32 ? 4 : 2;
+  const i64 vector = i64(16 / esize);  // elements in the kernels' 16-byte accesses
   if (g.groups != 1)
     return refuse("CUTLASS implicit GEMM takes groups == 1, got " + std::to_string(g.groups) +
                   " (grouped and depthwise convolutions run the direct kernels)");
-  if (g.in_channels % kVector != 0 || g.out_channels % kVector != 0)
-    return refuse("CUTLASS implicit GEMM needs input and output channels that are multiples of 8 (16-byte "
-                  "accesses), got Cin = " + std::to_string(g.in_channels) + ", Cout = " +
-                  std::to_string(g.out_channels));
+  if (g.in_channels % vector != 0 || g.out_channels % vector != 0)
+    return refuse("CUTLASS implicit GEMM needs input and output channels that are multiples of " +
+                  std::to_string(vector) + " (16-byte accesses), got Cin = " + std::to_string(g.in_channels) +
+                  ", Cout = " + std::to_string(g.out_channels));
   const i64 x_elems = g.batch * g.in_channels * g.in_plane(), y_elems = g.batch * g.out_channels * g.out_plane();
   const i64 w_elems = g.out_channels * g.in_channels * g.kernel_volume();
   if (x_elems > kInt32Max || y_elems > kInt32Max || w_elems > kInt32Max || g.batch == 0)
@@ -146,7 +147,7 @@ Plan plan(const Problem& p, Op op, DType dtype, int cc_major, int cc_minor, cons
                                : std::string("CUTLASS implicit GEMM takes tensors of fewer than 2^31 elements"));
   r.shape = shape_of(g);
   const std::string refusal80 = sm80_refusal(r.shape, op);
-  if (family == Kernel::sm90) {
+  if (family == Kernel::sm90 && dtype != DType::f32) {  // TF32 is built for the sm80 kernels only
     const std::string refusal90 = sm90_refusal(r.shape, op);
     if (refusal90.empty())
       r.kernel = Kernel::sm90;
@@ -160,7 +161,6 @@ Plan plan(const Problem& p, Op op, DType dtype, int cc_major, int cc_minor, cons
   }
 
   // Copies for tensors that cannot be used in place.
-  const std::size_t esize = 2;
   r.copy_x = !packed_channels_last(p.x, g.batch, g.in_channels, g.in) || !aligned(bases.x);
   r.copy_y = !packed_channels_last(p.y, g.batch, g.out_channels, g.out) || !aligned(bases.y);
   r.copy_w = !packed_channels_last(p.w, g.out_channels, g.in_channels, g.kernel) || !aligned(bases.w);

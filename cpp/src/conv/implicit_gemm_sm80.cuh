@@ -1,9 +1,11 @@
 // The CUTLASS 2.x implicit-GEMM convolutions behind implicit_gemm.hpp's sm80 entry points
 // (included by the per-op *_sm80.cu files, one kernel family per translation unit).
 //
-// One tile for every op: 128x128x32 blocks of four 64x64x32 warps, 16x8x16 mma.sync (f16/bf16
-// in, float32 accumulation), 3 cp.async stages (48 KiB of shared memory: fits the 100 KiB of
-// sm_86/sm_89 as well as sm_80's 164 KiB), "optimized" iterators, 8-element (16-byte) accesses.
+// One tile per element type for every op: f16/bf16 128x128x32 blocks of four 64x64x32 warps,
+// 16x8x16 mma.sync, 8-element accesses; float (TF32) 128x64x16 blocks of four 64x32x16 warps,
+// 16x8x8 mma.sync, 4-element accesses. Both: float32 accumulation, 16-byte accesses, 3 cp.async
+// stages (at most 48 KiB of shared memory: fits the 100 KiB of sm_86/sm_89 as well as sm_80's
+// 164 KiB), "optimized" iterators.
 // ResNet-50, UNet/VAE and 3-D VAE layers all have Cin, Cout in 64..2048: 128-wide tiles fill them.
 #pragma once
 
@@ -25,19 +27,25 @@
 
 namespace rudnn::conv::ig::sm80 {
 
-constexpr int kAccess = 8;  // elements per 16-byte access
+template <class Element>
+constexpr int kAccess = int(16 / sizeof(Element));  // elements per 16-byte access
 
+// The reduction step of a block and a warp: 64 bytes of each operand row per stage. TF32 blocks
+// are 128x64 (warps 64x32): with 128x128 the strided data gradient spills 40 bytes.
+template <class Element>
 struct Tile {
-  using Block = cutlass::gemm::GemmShape<128, 128, 32>;
-  using Warp = cutlass::gemm::GemmShape<64, 64, 32>;
-  using Mma = cutlass::gemm::GemmShape<16, 8, 16>;
+  static constexpr bool kTf32 = sizeof(Element) == 4;
+  static constexpr int kK = kAccess<Element> * 4;
+  using Block = cutlass::gemm::GemmShape<128, kTf32 ? 64 : 128, kK>;
+  using Warp = cutlass::gemm::GemmShape<64, kTf32 ? 32 : 64, kK>;
+  using Mma = cutlass::gemm::GemmShape<16, 8, kAccess<Element> * 2>;  // 16x8x16 (16-bit), 16x8x8 (TF32)
   static constexpr int kStages = 3;
 };
 
 // D = acc + beta * C in float32, rounded once to the element type (beta = 1 adds the bias
 // through a C tensor of stride 0: one value per output channel).
 template <class Element>
-using Epilogue = cutlass::epilogue::thread::LinearCombination<Element, kAccess, float, float>;
+using Epilogue = cutlass::epilogue::thread::LinearCombination<Element, kAccess<Element>, float, float>;
 
 template <class Element>
 using Swizzle = cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<4>;
@@ -46,23 +54,23 @@ using Swizzle = cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<4>;
 template <class Element>
 using Fprop3d = cutlass::conv::device::ImplicitGemmConvolution<typename cutlass::conv::kernel::DefaultConv3dFprop<
     Element, cutlass::layout::TensorNDHWC, Element, cutlass::layout::TensorNDHWC, Element,
-    cutlass::layout::TensorNDHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile::Block,
-    Tile::Warp, Tile::Mma, Epilogue<Element>, Swizzle<Element>, Tile::kStages, cutlass::arch::OpMultiplyAdd,
+    cutlass::layout::TensorNDHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, typename Tile<Element>::Block,
+    typename Tile<Element>::Warp, typename Tile<Element>::Mma, Epilogue<Element>, Swizzle<Element>, Tile<Element>::kStages, cutlass::arch::OpMultiplyAdd,
     cutlass::conv::IteratorAlgorithm::kOptimized>::Kernel>;
 
 template <class Element>
 using Wgrad3d = cutlass::conv::device::ImplicitGemmConvolution<typename cutlass::conv::kernel::DefaultConv3dWgrad<
     Element, cutlass::layout::TensorNDHWC, Element, cutlass::layout::TensorNDHWC, Element,
-    cutlass::layout::TensorNDHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile::Block,
-    Tile::Warp, Tile::Mma, Epilogue<Element>, Swizzle<Element>, Tile::kStages, cutlass::arch::OpMultiplyAdd,
+    cutlass::layout::TensorNDHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, typename Tile<Element>::Block,
+    typename Tile<Element>::Warp, typename Tile<Element>::Mma, Epilogue<Element>, Swizzle<Element>, Tile<Element>::kStages, cutlass::arch::OpMultiplyAdd,
     cutlass::conv::IteratorAlgorithm::kOptimized>::Kernel>;
 
 // Stride-1 3-D data gradient.
 template <class Element>
 using Dgrad3d = cutlass::conv::device::ImplicitGemmConvolution<typename cutlass::conv::kernel::DefaultConv3dDgrad<
     Element, cutlass::layout::TensorNDHWC, Element, cutlass::layout::TensorNDHWC, Element,
-    cutlass::layout::TensorNDHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile::Block,
-    Tile::Warp, Tile::Mma, Epilogue<Element>, Swizzle<Element>, Tile::kStages, cutlass::arch::OpMultiplyAdd,
+    cutlass::layout::TensorNDHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, typename Tile<Element>::Block,
+    typename Tile<Element>::Warp, typename Tile<Element>::Mma, Epilogue<Element>, Swizzle<Element>, Tile<Element>::kStages, cutlass::arch::OpMultiplyAdd,
     cutlass::conv::IteratorAlgorithm::kOptimized, cutlass::conv::StrideSupport::kUnity>::Kernel>;
 
 // Any-stride 2-D data gradient (the strided kernel visits the stride phases of dx separately,
@@ -70,10 +78,11 @@ using Dgrad3d = cutlass::conv::device::ImplicitGemmConvolution<typename cutlass:
 template <class Element>
 using Dgrad2d = cutlass::conv::device::ImplicitGemmConvolution<typename cutlass::conv::kernel::DefaultConv2dDgrad<
     Element, cutlass::layout::TensorNHWC, Element, cutlass::layout::TensorNHWC, Element,
-    cutlass::layout::TensorNHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, Tile::Block,
-    Tile::Warp, Tile::Mma, Epilogue<Element>, cutlass::conv::threadblock::StridedDgradIdentityThreadblockSwizzle<1>,
-    Tile::kStages, cutlass::arch::OpMultiplyAdd, cutlass::conv::IteratorAlgorithm::kOptimized,
-    cutlass::conv::StrideSupport::kStrided, kAccess, kAccess>::Kernel>;
+    cutlass::layout::TensorNHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, typename Tile<Element>::Block,
+    typename Tile<Element>::Warp, typename Tile<Element>::Mma, Epilogue<Element>,
+    cutlass::conv::threadblock::StridedDgradIdentityThreadblockSwizzle<1>, Tile<Element>::kStages,
+    cutlass::arch::OpMultiplyAdd, cutlass::conv::IteratorAlgorithm::kOptimized, cutlass::conv::StrideSupport::kStrided,
+    kAccess<Element>, kAccess<Element>>::Kernel>;
 
 // The problem sizes (CUTLASS 2.x keeps one padding per axis, the lower one; the output size is
 // given, so asymmetric padding needs nothing more). Mode: cross-correlation, as torch.
