@@ -342,3 +342,27 @@ def test_strided_inputs():
     out = moe.SwiGluExperts(gate, up, down)(x, logits, top_k=2)
     ref_out = moe.SwiGluExperts(gate, up, down)(x.contiguous(), logits.contiguous(), top_k=2)
     assert torch.equal(out, ref_out)
+
+
+def test_last_algorithm_names_the_strategy_that_ran():
+    T, E, k, H, I = 12, 4, 2, 8, 6
+    gate, up, down = _experts(E, I, H, torch.float32, "cpu")
+    experts = moe.SwiGluExperts(gate, up, down)
+    experts(rand((T, H), torch.float32), rand((T, E), torch.float32, seed=3), top_k=k)
+    assert moe.last_algorithm() == "cpu"
+
+
+@pytest.mark.cuda
+def test_last_algorithm_on_cuda():
+    T, E, k, H, I = 64, 4, 2, 64, 128
+    gate, up, down = _experts(E, I, H, torch.bfloat16, "cuda")
+    experts = moe.SwiGluExperts(gate, up, down)
+    x, logits = rand((T, H), torch.bfloat16, "cuda"), rand((T, E), torch.float32, "cuda", seed=3)
+    d = moe.route(logits, k).dispatch(x)
+    experts.forward_dispatched(d, strategy="scalar")
+    assert moe.last_algorithm() == "scalar"
+    cc = torch.cuda.get_device_capability()
+    if cc != (9, 0) and cc[0] != 8:
+        pytest.skip("the tensor_core strategy needs sm_80-class or sm_90 GPUs in this build")
+    experts.forward_dispatched(d, strategy="tensor_core")
+    assert moe.last_algorithm() == "tensor_core"

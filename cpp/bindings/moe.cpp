@@ -2,9 +2,11 @@
 // their C++ declarations.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "families.hpp"
 #include "rudnn/moe.hpp"
@@ -65,6 +67,9 @@ MoeDispatchPlanArgs plan_args(const In& indices, int num_experts, const Out& off
 }  // namespace
 
 void register_moe(nb::module_& m) {
+  m.def("moe_last_algorithm", [] { return std::string(moe_last_algorithm()); },
+        "What the last experts forward or backward on this thread ran: cpu, scalar or tensor_core.");
+
   m.def(
       "moe_route",
       [](const In& logits, int top_k, bool renormalize, const Out& indices, const Out& weights, std::uintptr_t s) {

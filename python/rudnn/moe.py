@@ -428,4 +428,10 @@ def _experts_backward(gate, up, down, dy, x, offsets, gate_pre, up_pre, code, st
 
 
 __all__ = ["route", "route_sigmoid_grouped", "RoutingPlan", "DispatchedTokens", "SwiGluExperts", "MoeTrainingCache",
-           "selected_router_weights", "selected_router_backward"]
+           "selected_router_weights", "selected_router_backward", "last_algorithm"]
+
+
+def last_algorithm() -> str:
+    """What the last experts forward or backward (SwiGluExperts, MoeTrainingCache.backward) on
+    this thread ran: "cpu", "scalar" or "tensor_core" ("none" before any)."""
+    return _C.moe_last_algorithm()

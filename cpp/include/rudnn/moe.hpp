@@ -145,6 +145,10 @@ struct MoeExpertsBackwardArgs {
 std::size_t moe_experts_backward_workspace_bytes(const MoeExpertsBackwardArgs& args);
 void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream = nullptr);
 
+// What the last experts forward or backward on this thread ran: "cpu", "scalar" or
+// "tensor_core" ("none" before any).
+const char* moe_last_algorithm();
+
 // ---- differentiable router weights ----------------------------------------------------------
 
 // weights[t, j] = scale * q[t, j], q = p[t, indices[t, j]] (divided by sum_j of them with

@@ -12,6 +12,13 @@ namespace {
 // The forward's strategy: "auto" takes the tensor-core grouped GEMM where this device, dtype
 // and layout support it and "scalar" otherwise; an explicit "tensor_core" that cannot run
 // says why. On the CPU every strategy but "tensor_core" runs the reference loops.
+thread_local const char* last_algorithm = "none";
+
+// Records what an experts call runs (moe_last_algorithm).
+void note_strategy(const Device& device, MoeExpertsStrategy s) {
+  last_algorithm = !device.is_cuda() ? "cpu" : s == MoeExpertsStrategy::tensor_core ? "tensor_core" : "scalar";
+}
+
 MoeExpertsStrategy resolve_forward(const MoeExpertsForwardArgs& a, const moe::ExpertsProblem& p, const std::string& op) {
   const bool explicit_tc = a.strategy == MoeExpertsStrategy::tensor_core;
   if (!a.x.device.is_cuda()) {
@@ -140,6 +147,7 @@ void moe_experts_forward(const MoeExpertsForwardArgs& args, Stream stream) {
       args.gate_pre ? "SwiGluExperts.forward_dispatched_training" : "SwiGluExperts.forward_dispatched";
   moe::ExpertsProblem p = moe::validate_experts_forward(args);
   p.strategy = resolve_forward(args, p, op);
+  note_strategy(args.x.device, p.strategy);
   if (p.rows == 0) return;
   core::on_device(args.x.device, op.c_str(), [&] { moe::experts_forward_cpu(args, p); },
             [&] {
@@ -164,6 +172,7 @@ void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream) {
   const std::string op = "MoeTrainingCache.backward";
   moe::ExpertsProblem p = moe::validate_experts_backward(args);
   p.strategy = resolve_backward(args, p, op);
+  note_strategy(args.x.device, p.strategy);
   // Weight gradients are written even without rows (zeros), so there is no early return.
   core::on_device(args.x.device, op.c_str(), [&] { moe::experts_backward_cpu(args, p); },
             [&] {
@@ -174,6 +183,8 @@ void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream) {
                 moe::experts_backward_cuda(args, p, stream);
             });
 }
+
+const char* moe_last_algorithm() { return last_algorithm; }
 
 void moe_selected_router_weights(const MoeSelectedRouterArgs& args, Stream stream) {
   const moe::SelectedRouterProblem p = moe::validate_selected_router(args);
