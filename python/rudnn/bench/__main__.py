@@ -88,11 +88,12 @@ def run_case(index: int, spec, device: str, timer, seed: int) -> dict:
            "dtype": spec.dtype, "seed": seed, "status": "ok", "note": "", "ms": None, "peer_ms": None,
            "err": None, "peer_err": None, "bytes": 0, "flops": 0, "checks": []}
     prepared = None
-    if getattr(family(spec.family), "TIMING", "device") == "host":
-        timer = timer.host
+    host_timing = getattr(family(spec.family), "TIMING", "device") == "host"
     try:
         torch.manual_seed(seed)
         prepared = family(spec.family).prepare(spec, device)
+        if host_timing or prepared.timing == "host":
+            timer = timer.host
         row["bytes"], row["flops"] = prepared.bytes, prepared.flops
         checks = prepared.check()
         row["checks"] = [dict(c.__dict__) for c in checks]

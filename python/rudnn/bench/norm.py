@@ -1,6 +1,9 @@
-"""Benchmark family `norm`: LayerNorm, RMSNorm and softmax, forward and backward, against torch eager.
+"""Benchmark family `norm`: LayerNorm, RMSNorm and softmax, forward and backward, and the fused
+residual add + norm, against torch eager.
 
-Forward peers are torch.nn.functional.layer_norm / rms_norm / torch.softmax. Backward peers are
+Forward peers are torch.nn.functional.layer_norm / rms_norm / torch.softmax; the fused
+`add_rms_norm` / `add_layer_norm` rows (rudnn's `residual=`: h = x + residual, y = norm(h), both
+returned) race torch's two kernels (the add, then the norm). Backward peers are
 torch autograd of the same op: the forward runs once outside the timed region and only
 torch.autograd.grad(..., retain_graph=True) is timed. Weights and biases take x's dtype (what
 bf16 models hold), for rudnn and torch alike. The float64 references are written here from the
@@ -16,13 +19,20 @@ PEER = "torch eager"
 BOUND = "memory"
 TARGET = (0.90, 1.5)  # SPEC section 8: >= 90% of copy bandwidth and >= 1.5x torch (bf16, large rows)
 
-OPS = ("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "softmax", "softmax_backward")
+OPS = ("layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward", "softmax", "softmax_backward",
+       "add_rms_norm", "add_layer_norm")
+_FUSED = ("add_rms_norm", "add_layer_norm")
 
 # rows x H; bf16 from many short rows to few long ones, then f32/f16 at one size.
 _GPU_QUICK = [((32768, 1024), "bfloat16"), ((16384, 4096), "bfloat16"), ((4096, 16384), "bfloat16"),
               ((1024, 65536), "bfloat16"), ((16384, 4096), "float32"), ((16384, 4096), "float16")]
 _GPU_MORE = [((65536, 512), "bfloat16"), ((16384, 5120), "bfloat16"), ((8192, 7168), "bfloat16"),
              ((32768, 1024), "float32"), ((32768, 1024), "float16"), ((1024, 65536), "float32")]
+# Few long rows (the chip underfilled by one block per row) and decode-size batches (<= 64 rows, timed
+# host-inclusive: back-to-back calls with one synchronization, where launch and host cost are the floor).
+_GPU_FEW_ROWS = [((8, 65536), "bfloat16"), ((64, 32768), "bfloat16"), ((1, 4096), "bfloat16"),
+                 ((16, 4096), "bfloat16"), ((64, 8192), "bfloat16")]
+_DECODE_ROWS = 64
 _CPU = [((512, 1024), "bfloat16"), ((64, 8192), "bfloat16"), ((512, 1024), "float32"), ((512, 1024), "float16")]
 _CPU_MORE = [((256, 1000), "float32")]  # a hidden size that is no multiple of a vector width
 
@@ -31,14 +41,20 @@ LN_EPS, RMS_EPS = 1e-5, 1e-6
 
 def cases(device: str, quick: bool) -> list:
     if device == "cuda":
-        sizes = _GPU_QUICK if quick else _GPU_QUICK + _GPU_MORE
+        sizes = _GPU_QUICK + _GPU_FEW_ROWS[:2] if quick else _GPU_QUICK + _GPU_MORE + _GPU_FEW_ROWS
+        fused = [((16384, 4096), "bfloat16"), ((32768, 1024), "bfloat16"), ((16, 4096), "bfloat16")]
     else:
         sizes = _CPU if quick else _CPU + _CPU_MORE
-    return [CaseSpec(FAMILY, op, shape, dt) for op in OPS for shape, dt in sizes]
+        fused = [((512, 1024), "bfloat16"), ((16, 1024), "float32")]
+    return [CaseSpec(FAMILY, op, shape, dt) for op in OPS if op not in _FUSED for shape, dt in sizes] + \
+        [CaseSpec(FAMILY, op, shape, dt) for op in _FUSED for shape, dt in fused]
 
 
 def prepare(spec: CaseSpec, device: str) -> Prepared:
-    return _PREPARE[spec.op](spec, device)
+    prepared = _PREPARE[spec.op](spec, device)
+    if spec.shape[0] <= _DECODE_ROWS:
+        prepared.timing = "host"
+    return prepared
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,6 +246,42 @@ def _softmax_backward(spec, device):
     return Prepared(run=run, peer=peer, check=check, bytes=3 * x.numel() * a.s)
 
 
-_PREPARE = {"layer_norm": _layer_norm, "rms_norm": _rms_norm, "softmax": _softmax,
+def _add_norm(spec, device):
+    """h = x + residual (rounded to x's dtype), y = norm(h): rudnn's one fused kernel against
+    torch's add and norm."""
+    a = _Inputs(spec, device)
+    torch, F, rudnn, x, w, b, h = a.torch, a.F, a.rudnn, a.x, a.w, a.b, a.h
+    r = a.randn(a.n, h)
+    layer = spec.op == "add_layer_norm"
+    eps = LN_EPS if layer else RMS_EPS
+
+    def run():
+        if layer:
+            return rudnn.layer_norm(x, w, b, eps, residual=r)
+        return rudnn.rms_norm(x, w, eps, residual=r)
+
+    def peer():
+        hs = x + r
+        return (F.layer_norm(hs, (h,), w, b, eps) if layer else F.rms_norm(hs, (h,), w, eps)), hs
+
+    def check():
+        hs = (x + r)  # h is defined in x's dtype (one rounding of the sum)
+        hd = hs.double()
+        if layer:
+            mean, rstd = _ln_stats64(hs, eps)
+            y_ref = (hd - mean[:, None]) * rstd[:, None] * w.double() + b.double()
+        else:
+            y_ref = hd * _rms_rstd64(hs, eps)[:, None] * w.double()
+        poison_allocator(device, [(x.shape, a.dt), (x.shape, a.dt)])
+        y, h_out = run()
+        ty, th = peer()
+        return [compare("y", y, y_ref, ty, expect_dtype=a.dt), compare("h", h_out, hd, th, expect_dtype=a.dt)]
+
+    # x and residual read, y and h written, the parameters read once
+    nbytes = 4 * x.numel() * a.s + (2 if layer else 1) * h * w.element_size()
+    return Prepared(run=run, peer=peer, check=check, bytes=nbytes)
+
+
+_PREPARE = {"add_rms_norm": _add_norm, "add_layer_norm": _add_norm, "layer_norm": _layer_norm, "rms_norm": _rms_norm, "softmax": _softmax,
             "layer_norm_backward": _layer_norm_backward, "rms_norm_backward": _rms_norm_backward,
             "softmax_backward": _softmax_backward}

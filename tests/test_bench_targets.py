@@ -1,0 +1,60 @@
+"""The benchmark harness's own logic (python -m rudnn.bench), on the CPU: the SPEC section 8
+target lines of memory- and compute-bound families, and the MoE family's correctness check on a
+smaller layer of the same model than the one it times."""
+
+import torch
+
+from rudnn import bench
+from rudnn.bench import moe as bmoe
+
+ENV = {"device": "cuda", "matmul_tflops": 800.0, "copy_gbs": 4000.0}
+
+
+def _row(op, ms, peer_ms, flops=0, nbytes=0, status="ok", dtype="bfloat16"):
+    return {"op": op, "ms": ms, "peer_ms": peer_ms, "flops": flops, "bytes": nbytes, "status": status, "dtype": dtype}
+
+
+def test_moe_target_line_per_op():
+    rows = [_row("moe_grouped_gemm", 1.0, 2.0, flops=int(0.7 * 800e9)),   # 560 TFLOP/s: 70% of matmul
+            _row("moe_grouped_gemm", 1.0, 2.0, flops=int(0.5 * 800e9)),   # 50%: misses
+            _row("moe_forward", 1.0, 1.5), _row("moe_forward", 1.0, 1.1),  # 1.5x meets 1.3x, 1.1x misses
+            _row("moe_forward", 1.0, 9.0, status="FAIL"),                  # a failed row never counts
+            _row("moe_forward", 1.0, 9.0, dtype="float32")]                # nor does another dtype
+    line = bench.target_line("moe", rows, ENV)
+    assert line.startswith("moe: SPEC §8 ")
+    assert "moe_grouped_gemm: target (≥60% of the bf16 matmul rate) met by 1 of 2 bf16 rows" in line
+    assert "moe_forward: target (≥1.3× the peer) met by 1 of 3 bf16 rows" in line
+
+
+def test_memory_family_target_line():
+    rows = [_row("rms_norm", 1.0, 2.0, nbytes=int(3.8e9)), _row("rms_norm", 1.0, 2.0, nbytes=int(3.0e9)),
+            _row("rms_norm", 1.0, 1.2, nbytes=int(3.9e9))]
+    line = bench.target_line("norm", rows, ENV)
+    assert "target (≥90% of copy bandwidth and ≥1.5× the peer) met by 1 of 3 bf16 rows" in line
+
+
+def test_no_target_line_on_the_cpu_or_without_a_target():
+    rows = [_row("moe_forward", 1.0, 2.0)]
+    assert bench.target_line("moe", rows, {"device": "cpu"}) is None
+    assert bench.target_line("attention", [_row("attention", 1.0, 2.0, flops=1)], ENV) is None
+
+
+def test_moe_checks_a_smaller_layer_than_it_times(monkeypatch):
+    monkeypatch.setattr(bmoe, "_CHECK_TOKENS", 5)
+    made = []
+    original = bmoe._Layer.__init__
+
+    def init(self, spec, device, tokens=None):
+        original(self, spec, device, tokens)
+        made.append(self.T)
+
+    monkeypatch.setattr(bmoe._Layer, "__init__", init)
+    for op in bmoe.OPS:
+        made.clear()
+        spec = bench.CaseSpec("moe", op, (16, 32, 16, 4, 2), "float32")
+        torch.manual_seed(0)
+        p = bmoe.prepare(spec, "cpu")
+        checks = p.check()
+        assert made == [16, 5], (op, made)  # timed at 16 tokens, checked at 5
+        assert checks and all(c.ok for c in checks), (op, checks)
+        assert p.timing == "host" and p.algorithm() == "cpu; peer: per-expert loop"
