@@ -11,6 +11,9 @@
 # transformers). All five are py3-none-any (about 8 MB together, well inside the 64 MiB that
 # travels with a device call). Keep one version of each: two wheels of one package stop the
 # whole install there.
+# Not carried: flashinfer-python (the paged benchmark's peer; 0.7.2.post1 is a 62 MB wheel before its
+# cubins, and a device call carries 64 MiB in all, .gpulib's libruDNN included), so the paged rows
+# report FlashInfer "absent" (checked 2026-12-03; see bench/NOTES.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
