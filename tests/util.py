@@ -97,8 +97,9 @@ def cutlass_include():
     return inc if os.path.exists(os.path.join(inc, "cute", "tensor.hpp")) else None
 
 
-def build_emulator(source, kernels_inc, needs_cutlass=False, defines=()):
-    """Compiles tests/emulation/<source> with the extracted kernel text `kernels_inc` and the
+def build_emulator(source, kernels_inc, needs_cutlass=False, defines=(), extra_includes=None):
+    """Compiles tests/emulation/<source> with the extracted kernel text `kernels_inc` (and more
+    extracted texts `extra_includes`: {file name: text}, beside kernels.inc) and the
     preprocessor `defines` ("NAME=VALUE"); skips the test when g++ (C++20), the CUDA headers or
     (if needed) CUTLASS's headers are missing. The build lives in build/emu/<digest of its
     inputs> inside the clone and compiles through ccache (ccache_env), so a later run, in this
@@ -109,14 +110,17 @@ def build_emulator(source, kernels_inc, needs_cutlass=False, defines=()):
     if not (cxx and cuda_inc and (cutlass_inc or not needs_cutlass)):
         pytest.skip("needs g++, the CUDA toolkit headers" + (" and CUTLASS headers" if needs_cutlass else ""))
     stem = os.path.splitext(source)[0]
-    digest = hashlib.sha256("\0".join([source, kernels_inc, *defines]).encode()).hexdigest()[:16]
+    extra = sorted((extra_includes or {}).items())
+    digest = hashlib.sha256("\0".join([source, kernels_inc, *defines, *(n + "\0" + t for n, t in extra)])
+                            .encode()).hexdigest()[:16]
     build_dir = os.path.join(ROOT, "build", "emu", f"{stem}-{digest}")
     os.makedirs(build_dir, exist_ok=True)
-    inc = os.path.join(build_dir, "kernels.inc")
-    if not os.path.exists(inc) or open(inc).read() != kernels_inc:
-        with open(inc + ".tmp", "w") as f:  # same-content builds may run at once: replace atomically
-            f.write(kernels_inc)
-        os.replace(inc + ".tmp", inc)
+    for name, text in [("kernels.inc", kernels_inc), *extra]:
+        inc = os.path.join(build_dir, name)
+        if not os.path.exists(inc) or open(inc).read() != text:
+            with open(inc + ".tmp", "w") as f:  # same-content builds may run at once: replace atomically
+                f.write(text)
+            os.replace(inc + ".tmp", inc)
     flags = ["-std=c++20", "-O1", "-pthread", "-w", f"-I{build_dir}", f"-I{os.path.join(ROOT, 'cpp', 'src')}",
              f"-I{os.path.join(ROOT, 'cpp', 'include')}", f"-I{cuda_inc}", f"-I{os.path.join(cuda_inc, 'cccl')}"]
     flags += [f"-I{cutlass_inc}"] if cutlass_inc else []

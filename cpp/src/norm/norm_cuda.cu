@@ -43,6 +43,8 @@ RowLaunch row_shape(i64 chunks, int slot_target, int max_slots) {
   return launch;
 }
 
+// (tests/emulation/norm_emu.cpp runs the planning above this line on the CPU.)
+
 int resident_blocks(const void* kernel, int block, std::size_t smem) {
   using Key = std::tuple<int, const void*, int, std::size_t>;
   static std::mutex mutex;

@@ -252,6 +252,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_forward
   }
 }
 
+// (tests/emulation/norm_emu.cpp runs everything from `using namespace kern;` above to this line on the CPU.)
+
 template <class T, class P, int VEC>
 void run_forward(ForwardParams<T, P> p, cudaStream_t stream) {
   plan::RowLaunch launch = plan::row_shape(p.hidden / VEC, kSlots, kSlots);
