@@ -58,3 +58,24 @@ def test_moe_checks_a_smaller_layer_than_it_times(monkeypatch):
         assert made == [16, 5], (op, made)  # timed at 16 tokens, checked at 5
         assert checks and all(c.ok for c in checks), (op, checks)
         assert p.timing == "host" and p.algorithm() == "cpu; peer: per-expert loop"
+
+
+def test_paged_mixed_cases_check_on_the_cpu():
+    from rudnn.bench import paged_mixed
+
+    for spec in paged_mixed.cases("cpu", quick=False):
+        p = paged_mixed.prepare(spec, "cpu")
+        checks = p.check()
+        assert checks and all(c.ok for c in checks), (spec, checks)
+        assert p.flops > 0 and p.algorithm() == "cpu"
+
+
+def test_norm_fused_and_decode_rows():
+    from rudnn.bench import norm
+
+    specs = [s for s in norm.cases("cpu", quick=True) if s.op in ("add_rms_norm", "add_layer_norm")]
+    assert {s.op for s in specs} == {"add_rms_norm", "add_layer_norm"}
+    for spec in specs:
+        p = norm.prepare(spec, "cpu")
+        assert all(c.ok for c in p.check()), spec
+        assert p.timing == ("host" if spec.shape[0] <= 64 else "device")
