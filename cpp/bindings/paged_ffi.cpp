@@ -146,6 +146,22 @@ PagedOrderedWorkspace ordered_from(const Place& place, ffi::AnyBuffer index, ffi
   return o;
 }
 
+// Runs impl(&workspace) with the ordered workspace the attributes describe (its errors as ffi::Error).
+template <class Impl>
+ffi::Error with_ordered(const Place& place, ffi::AnyBuffer index, ffi::Result<ffi::AnyBuffer> scratch, bool pruning,
+                        bool row_cache, bool compaction, std::int64_t queries, std::int64_t heads, std::int64_t pages,
+                        std::int64_t page_size, std::int64_t listed, std::int64_t inactive, std::int64_t readers,
+                        std::int64_t cached, const std::string& op, Impl&& impl) {
+  std::optional<PagedOrderedWorkspace> o;
+  if (ffi::Error e = guarded([&] {
+        o = ordered_from(place, index, scratch, pruning, row_cache, compaction, queries, heads, pages, page_size,
+                         listed, inactive, readers, cached, op);
+      });
+      e.failure())
+    return e;
+  return impl(&*o);
+}
+
 ffi::Error attention_backward_impl(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
                                    ffi::AnyBuffer sequence_ids, ffi::AnyBuffer positions, ffi::AnyBuffer q,
                                    ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache, ffi::AnyBuffer dout,
@@ -172,7 +188,8 @@ ffi::Error attention_backward_impl(const Place& place, ffi::AnyBuffer tables, ff
     // CUDA, atomic mode, 16-bit caches: float32 history accumulators (XLA's scratch memory)
     std::vector<std::uint64_t> host;
     Tensor ws;
-    paged_attention_backward(a, workspace_of(place, paged_attention_backward_workspace_bytes(a), host, ws, op), place.stream);
+    paged_attention_backward(a, workspace_of(place, paged_attention_backward_workspace_bytes(a), host, ws, op),
+                             place.stream);
   });
 }
 
@@ -190,20 +207,16 @@ ffi::Error attention_backward_ordered(const Place& place, ffi::AnyBuffer tables,
                                       ffi::AnyBuffer k_cache, ffi::AnyBuffer v_cache, ffi::AnyBuffer dout,
                                       ffi::AnyBuffer dlse, ffi::AnyBuffer index, ffi::Result<ffi::AnyBuffer> dq,
                                       ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-                                      ffi::Result<ffi::AnyBuffer> scratch, std::int64_t page_size, double scale, bool causal, bool pruning, bool row_cache,
-                                      bool compaction, std::int64_t queries, std::int64_t heads, std::int64_t pages,
+                                      ffi::Result<ffi::AnyBuffer> scratch, std::int64_t page_size, double scale,
+                                      bool causal, bool pruning, bool row_cache, bool compaction, std::int64_t queries,
+                                      std::int64_t heads, std::int64_t pages,
                                       std::int64_t listed, std::int64_t inactive, std::int64_t readers,
                                       std::int64_t cached) {
-  std::optional<PagedOrderedWorkspace> o;
-  if (ffi::Error e = guarded([&] {
-        o = ordered_from(place, index, scratch, pruning, row_cache, compaction, queries, heads,
-                         pages, page_size, listed, inactive, readers, cached,
-                         "paged_attention_backward");
-      });
-      e.failure())
-    return e;
-  return attention_backward_impl(place, tables, lengths, sequence_ids, positions, q, k_cache, v_cache, dout, dlse, dq,
-                                 dk, dv, page_size, scale, causal, &*o);
+  return with_ordered(place, index, scratch, pruning, row_cache, compaction, queries, heads, pages, page_size, listed,
+                      inactive, readers, cached, "paged_attention_backward", [&](const PagedOrderedWorkspace* o) {
+                        return attention_backward_impl(place, tables, lengths, sequence_ids, positions, q, k_cache,
+                                                       v_cache, dout, dlse, dq, dk, dv, page_size, scale, causal, o);
+                      });
 }
 
 ffi::Error mla_backward_impl(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths,
@@ -255,19 +268,14 @@ ffi::Error mla_backward_ordered(const Place& place, ffi::AnyBuffer tables, ffi::
                                 ffi::AnyBuffer dlse, ffi::AnyBuffer index, ffi::Result<ffi::AnyBuffer> dq,
                                 ffi::Result<ffi::AnyBuffer> dqp, ffi::Result<ffi::AnyBuffer> dlatent,
                                 ffi::Result<ffi::AnyBuffer> dkp, ffi::Result<ffi::AnyBuffer> scratch,
-                                std::int64_t page_size, double scale, bool causal, bool pruning, bool row_cache, bool compaction, std::int64_t queries,
-                                std::int64_t heads, std::int64_t pages, std::int64_t listed, std::int64_t inactive,
-                                std::int64_t readers, std::int64_t cached) {
-  std::optional<PagedOrderedWorkspace> o;
-  if (ffi::Error e = guarded([&] {
-        o = ordered_from(place, index, scratch, pruning, row_cache, compaction, queries, heads,
-                         pages, page_size, listed, inactive, readers, cached,
-                         "paged_mla_backward");
-      });
-      e.failure())
-    return e;
-  return mla_backward_impl(place, tables, lengths, sequence_ids, positions, q, qp, latent, kp, dout, dlse, dq, dqp,
-                           dlatent, dkp, page_size, scale, causal, &*o);
+                                std::int64_t page_size, double scale, bool causal, bool pruning, bool row_cache,
+                                bool compaction, std::int64_t queries, std::int64_t heads, std::int64_t pages,
+                                std::int64_t listed, std::int64_t inactive, std::int64_t readers, std::int64_t cached) {
+  return with_ordered(place, index, scratch, pruning, row_cache, compaction, queries, heads, pages, page_size, listed,
+                      inactive, readers, cached, "paged_mla_backward", [&](const PagedOrderedWorkspace* o) {
+                        return mla_backward_impl(place, tables, lengths, sequence_ids, positions, q, qp, latent, kp,
+                                                 dout, dlse, dq, dqp, dlatent, dkp, page_size, scale, causal, o);
+                      });
 }
 
 ffi::Error append(const Place& place, ffi::AnyBuffer tables, ffi::AnyBuffer lengths, ffi::AnyBuffer sequence_ids,

@@ -100,9 +100,10 @@ std::map<std::string, bool> tuned;  // key -> the implicit-GEMM kernel won
 // layouts need copies. The same string keys the in-process map and the on-disk cache.
 std::string tune_key(const conv::ig::Plan& plan, const conv::Problem& p, conv::Op op, DType dtype, int device) {
   const conv::Geometry& g = p.g;
-  std::string k = std::string(core::build_id()) + " | conv " +
-                  (op == conv::Op::forward ? "forward" : op == conv::Op::data_backward ? "data_backward" : "weight_backward") +
-                  " | " +
+  const char* name = op == conv::Op::forward         ? "forward"
+                     : op == conv::Op::data_backward ? "data_backward"
+                                                     : "weight_backward";
+  std::string k = std::string(core::build_id()) + " | conv " + name + " | " +
                   core::device_tune_key(device) + " | " + plan.name() + ",direct | dtype " +
                   std::to_string(int(dtype)) + " n " + std::to_string(g.batch) + " c " +
                   std::to_string(g.in_channels) + " k " + std::to_string(g.out_channels) + " copies " +

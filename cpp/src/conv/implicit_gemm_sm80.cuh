@@ -54,23 +54,26 @@ using Swizzle = cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<4>;
 template <class Element>
 using Fprop3d = cutlass::conv::device::ImplicitGemmConvolution<typename cutlass::conv::kernel::DefaultConv3dFprop<
     Element, cutlass::layout::TensorNDHWC, Element, cutlass::layout::TensorNDHWC, Element,
-    cutlass::layout::TensorNDHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, typename Tile<Element>::Block,
-    typename Tile<Element>::Warp, typename Tile<Element>::Mma, Epilogue<Element>, Swizzle<Element>, Tile<Element>::kStages, cutlass::arch::OpMultiplyAdd,
+    cutlass::layout::TensorNDHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+    typename Tile<Element>::Block, typename Tile<Element>::Warp, typename Tile<Element>::Mma, Epilogue<Element>,
+    Swizzle<Element>, Tile<Element>::kStages, cutlass::arch::OpMultiplyAdd,
     cutlass::conv::IteratorAlgorithm::kOptimized>::Kernel>;
 
 template <class Element>
 using Wgrad3d = cutlass::conv::device::ImplicitGemmConvolution<typename cutlass::conv::kernel::DefaultConv3dWgrad<
     Element, cutlass::layout::TensorNDHWC, Element, cutlass::layout::TensorNDHWC, Element,
-    cutlass::layout::TensorNDHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, typename Tile<Element>::Block,
-    typename Tile<Element>::Warp, typename Tile<Element>::Mma, Epilogue<Element>, Swizzle<Element>, Tile<Element>::kStages, cutlass::arch::OpMultiplyAdd,
+    cutlass::layout::TensorNDHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+    typename Tile<Element>::Block, typename Tile<Element>::Warp, typename Tile<Element>::Mma, Epilogue<Element>,
+    Swizzle<Element>, Tile<Element>::kStages, cutlass::arch::OpMultiplyAdd,
     cutlass::conv::IteratorAlgorithm::kOptimized>::Kernel>;
 
 // Stride-1 3-D data gradient.
 template <class Element>
 using Dgrad3d = cutlass::conv::device::ImplicitGemmConvolution<typename cutlass::conv::kernel::DefaultConv3dDgrad<
     Element, cutlass::layout::TensorNDHWC, Element, cutlass::layout::TensorNDHWC, Element,
-    cutlass::layout::TensorNDHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, typename Tile<Element>::Block,
-    typename Tile<Element>::Warp, typename Tile<Element>::Mma, Epilogue<Element>, Swizzle<Element>, Tile<Element>::kStages, cutlass::arch::OpMultiplyAdd,
+    cutlass::layout::TensorNDHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+    typename Tile<Element>::Block, typename Tile<Element>::Warp, typename Tile<Element>::Mma, Epilogue<Element>,
+    Swizzle<Element>, Tile<Element>::kStages, cutlass::arch::OpMultiplyAdd,
     cutlass::conv::IteratorAlgorithm::kOptimized, cutlass::conv::StrideSupport::kUnity>::Kernel>;
 
 // Any-stride 2-D data gradient (the strided kernel visits the stride phases of dx separately,
@@ -78,8 +81,8 @@ using Dgrad3d = cutlass::conv::device::ImplicitGemmConvolution<typename cutlass:
 template <class Element>
 using Dgrad2d = cutlass::conv::device::ImplicitGemmConvolution<typename cutlass::conv::kernel::DefaultConv2dDgrad<
     Element, cutlass::layout::TensorNHWC, Element, cutlass::layout::TensorNHWC, Element,
-    cutlass::layout::TensorNHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80, typename Tile<Element>::Block,
-    typename Tile<Element>::Warp, typename Tile<Element>::Mma, Epilogue<Element>,
+    cutlass::layout::TensorNHWC, float, cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+    typename Tile<Element>::Block, typename Tile<Element>::Warp, typename Tile<Element>::Mma, Epilogue<Element>,
     cutlass::conv::threadblock::StridedDgradIdentityThreadblockSwizzle<1>, Tile<Element>::kStages,
     cutlass::arch::OpMultiplyAdd, cutlass::conv::IteratorAlgorithm::kOptimized, cutlass::conv::StrideSupport::kStrided,
     kAccess<Element>, kAccess<Element>>::Kernel>;
