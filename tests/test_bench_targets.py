@@ -79,3 +79,18 @@ def test_norm_fused_and_decode_rows():
         p = norm.prepare(spec, "cpu")
         assert all(c.ok for c in p.check()), spec
         assert p.timing == ("host" if spec.shape[0] <= 64 else "device")
+
+
+def test_gated_delta_chunk_flops_and_l2_flush():
+    from rudnn.bench import gated_delta as gd
+
+    # one chunk of 64 tokens, K = V = 128, one head: 5 C x C products, 3 state products, the inverse
+    assert gd.chunk_flops(1, 64, 1, 128, 128) == 2 * 64 * 64 * 640 + 6 * 64 * 128 * 128 + 2 * 64 ** 3 // 3
+    assert gd.chunk_flops(2, 65, 3, 128, 128) == 2 * 3 * 2 * gd.chunk_flops(1, 64, 1, 128, 128)  # ceil(65/64) = 2
+    ratio = gd.chunk_flops(1, 8192, 1, 128, 128) / (6 * 8192 * 128 * 128)
+    assert 1.8 < ratio < 2.0
+    small = [s for s in gd.cases("cpu", quick=True) if s.op != "gated_delta_rule"]
+    for spec in small:
+        p = gd.prepare(spec, "cpu")
+        assert p.flush_l2  # CPU-sized inputs fit any L2: the flag is set, the CPU timer ignores it
+        assert all(c.ok for c in p.check())

@@ -36,6 +36,15 @@ float log_add(float a, float b) {
   return hi + std::log1p(std::exp(lo - hi));
 }
 
+// log(exp(a) + exp(b) + exp(c)) with one logarithm: the recursions' three-way step as torch's
+// kernels take it (two log_adds round twice: 2.5x torch's gradient error at T = 50). ctc_cuda.cu's
+// twin computes the same float operations in the same order (the emulator compares bitwise).
+float log_add3(float a, float b, float c) {
+  const float m = std::fmax(a, std::fmax(b, c));
+  if (m == kNegInf) return kNegInf;
+  return m + std::log(std::exp(a - m) + std::exp(b - m) + std::exp(c - m));
+}
+
 float* workspace_floats(const Tensor* ws, std::size_t offset) {
   return reinterpret_cast<float*>(static_cast<std::uint8_t*>(ws->data) + offset);
 }
@@ -61,9 +70,8 @@ float alpha_recursion(const Problem& p, const Sequence& seq, const LogProbs<T>& 
     const float* prev = alpha + ((t - 1) % rows) * p.max_states;
     float* row = alpha + (t % rows) * p.max_states;
     for (i64 s = 0; s < states; ++s) {
-      float sum = prev[s];
-      if (s >= 1) sum = log_add(sum, prev[s - 1]);
-      if (can_skip(labels, s)) sum = log_add(sum, prev[s - 2]);
+      const float a = prev[s], b = s >= 1 ? prev[s - 1] : kNegInf, c = can_skip(labels, s) ? prev[s - 2] : kNegInf;
+      const float sum = log_add3(a, b, c);
       row[s] = sum == kNegInf ? kNegInf : sum + lp(t, state_label(labels, p.blank, s));
     }
   }
@@ -127,9 +135,8 @@ void backward_typed(const Problem& p, const CtcLossBackwardArgs& args) {
         if (t == seq.input_length - 1) {
           sum = s >= states - 2 ? 0.0f : kNegInf;
         } else {
-          sum = next[s];
-          if (s + 1 < states) sum = log_add(sum, next[s + 1]);
-          if (s + 2 < states && can_skip(labels, s + 2)) sum = log_add(sum, next[s + 2]);
+          sum = log_add3(next[s], s + 1 < states ? next[s + 1] : kNegInf,
+                         s + 2 < states && can_skip(labels, s + 2) ? next[s + 2] : kNegInf);
         }
         row[s] = sum == kNegInf ? kNegInf : sum + lp(t, state_label(labels, p.blank, s));
       }

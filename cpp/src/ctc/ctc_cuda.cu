@@ -37,6 +37,13 @@ __device__ __forceinline__ float log_add(float a, float b) {
   return hi + log1pf(expf(lo - hi));
 }
 
+// log(exp(a) + exp(b) + exp(c)) with one logarithm (cpu.cpp's log_add3: the same operations).
+__device__ __forceinline__ float log_add3(float a, float b, float c) {
+  const float m = fmaxf(a, fmaxf(b, c));
+  if (m == -INFINITY) return -INFINITY;
+  return m + logf(expf(a - m) + expf(b - m) + expf(c - m));
+}
+
 __device__ __forceinline__ bool is_inf(float v) { return fabsf(v) == INFINITY; }
 
 // The arrays of one call in the workspace, and the call's scalars.
@@ -90,9 +97,8 @@ __global__ void __launch_bounds__(kThreads) ctc_alpha_kernel(Params p, const T* 
       const float* prev = alpha + ((t - 1) % rows) * p.max_states;
       float* row = alpha + (t % rows) * p.max_states;
       for (i64 s = threadIdx.x; s < states; s += blockDim.x) {
-        float sum = prev[s];
-        if (s >= 1) sum = log_add(sum, prev[s - 1]);
-        if (can_skip(labels, s)) sum = log_add(sum, prev[s - 2]);
+        const float sum = log_add3(prev[s], s >= 1 ? prev[s - 1] : -INFINITY,
+                                   can_skip(labels, s) ? prev[s - 2] : -INFINITY);
         row[s] = sum == -INFINITY ? -INFINITY : sum + lp(t, state_label(labels, p.blank, s));
       }
       __syncthreads();
@@ -175,9 +181,8 @@ __global__ void __launch_bounds__(kThreads) ctc_grad_kernel(Params p, const T* l
       if (t == live - 1) {
         sum = s >= states - 2 ? 0.0f : -INFINITY;
       } else {
-        sum = next[s];
-        if (s + 1 < states) sum = log_add(sum, next[s + 1]);
-        if (s + 2 < states && can_skip(labels, s + 2)) sum = log_add(sum, next[s + 2]);
+        sum = log_add3(next[s], s + 1 < states ? next[s + 1] : -INFINITY,
+                       s + 2 < states && can_skip(labels, s + 2) ? next[s + 2] : -INFINITY);
       }
       row[s] = sum == -INFINITY ? -INFINITY : sum + lp(t, state_label(labels, p.blank, s));
     }

@@ -84,6 +84,9 @@ class Prepared:
     # "host": back-to-back calls, one synchronization (Timer.host) for rudnn and the peer alike: the
     # host-inclusive time of decode-size rows, where a call's launch and argument cost is the floor
     timing: str = "device"
+    # True: the L2 cache is flushed before every timed call of rudnn and of the peer (inputs that
+    # fit in L2 would otherwise be read from it after the first repetition)
+    flush_l2: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,10 +225,19 @@ class Timer:
                     f"{self.reps * self.batches} calls in {self.batches} batches; {hold}")
         return f"wall clock around each call, 1 warm-up call, median over ~{self.cpu_budget_s:g} s (at least 3 calls)"
 
-    def __call__(self, fn, reps: Optional[int] = None, batches: Optional[int] = None) -> float:
+    def __call__(self, fn, reps: Optional[int] = None, batches: Optional[int] = None, flush_l2: bool = False) -> float:
         if self.device == "cuda":
-            return self._cuda(fn, reps or self.reps, batches or self.batches)
+            return self._cuda(fn, reps or self.reps, batches or self.batches, flush_l2)
         return self._cpu(fn)
+
+    _flush_buffer = None
+
+    def _flush(self) -> None:
+        """Overwrites 256 MB (over four times an H200's 60 MB L2) on the stream: whatever the next
+        call reads comes from device memory."""
+        if Timer._flush_buffer is None:
+            Timer._flush_buffer = self.torch.empty(256 << 20, dtype=self.torch.uint8, device="cuda")
+        Timer._flush_buffer.zero_()
 
     def host(self, fn, reps: int = 200, batches: int = 7) -> float:
         """Milliseconds per call of `reps` back-to-back calls with one synchronization at the end
@@ -274,7 +286,7 @@ class Timer:
     # check's whole benchmark budget (2026-11-30: 16 of 71 quick cases fit in 150 s).
     case_budget_ms = 1500.0
 
-    def _cuda(self, fn, reps: int, batches: int) -> float:
+    def _cuda(self, fn, reps: int, batches: int, flush_l2: bool = False) -> float:
         cuda = self.torch.cuda
         for _ in range(self.warmup):
             fn()
@@ -297,8 +309,10 @@ class Timer:
         for _ in range(batches):
             events = [(cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)) for _ in range(reps)]
             # Twice the host time of the batch: the clock may drop while the spinner runs.
-            self._hold(2.0 * host_ms * reps + 0.5)
+            self._hold(2.0 * host_ms * reps * (2 if flush_l2 else 1) + 0.5)  # a flush doubles the launches
             for start, end in events:
+                if flush_l2:
+                    self._flush()  # between the events of two calls: not timed
                 start.record()
                 fn()
                 end.record()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -94,6 +95,8 @@ def run_case(index: int, spec, device: str, timer, seed: int) -> dict:
         prepared = family(spec.family).prepare(spec, device)
         if host_timing or prepared.timing == "host":
             timer = timer.host
+        elif prepared.flush_l2:
+            timer = functools.partial(timer, flush_l2=True)
         row["bytes"], row["flops"] = prepared.bytes, prepared.flops
         checks = prepared.check()
         row["checks"] = [dict(c.__dict__) for c in checks]

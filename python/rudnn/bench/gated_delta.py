@@ -6,8 +6,16 @@ the FLA memory layout [B, T, H, K] (rudnn reads them through strided [B, H, T, K
 FLA's kernels take one head count for q, k and v, so the peer gets q and k repeated to the 32
 value heads (outside the timed region). The float64 reference is written here from the chunked
 form of the recurrence (exact algebra, float64, chunks of 64), independently of both libraries.
-Peer: fla.ops.gated_delta_rule (pip package flash-linear-attention); when it cannot be imported
-the rows carry the peer's error and rudnn's time alone.
+Peer: fla.ops.gated_delta_rule (the fla-core wheel, carried to the GPU by bench/fetch_wheels.sh);
+when it cannot be imported the rows carry the peer's error and rudnn's time alone. FLA's Triton
+compile and autotune happen in the check and the timer's warm-up calls, outside the timed region.
+
+Shapes (issue 26): prefill T in {2k, 8k, 32k} with B in {1, 8}, forward and forward + backward.
+FLOPs are the chunk form's (chunks of C = 64: the K Kᵀ, Q Kᵀ, W = T βK, U' = T βV and P U products,
+the three state products W S, Q S and Kᵀ U, the blocked triangular inverse), which is what both
+chunked implementations compute: about 1.9× the recurrence's 6·K·V per token and head. Rows whose
+inputs fit in L2 (B = 1, T = 2048: ~40 MB against the H200's 60 MB) flush L2 before every timed
+call of both sides.
 """
 
 from __future__ import annotations
@@ -22,10 +30,12 @@ TARGET = (0.0, 2.0)  # SPEC section 8: >= 2x FLA on prefill (H = 16/32, K = V = 
 HK, HV, D = 16, 32, 128
 
 # (B, T) per op.
-_GPU_QUICK = {"chunk_gated_delta_rule": [(1, 2048), (1, 8192)], "chunk_gated_delta_rule_fwd_bwd": [(1, 2048)],
+_GPU_QUICK = {"chunk_gated_delta_rule": [(1, 8192), (1, 2048)], "chunk_gated_delta_rule_fwd_bwd": [(1, 2048)],
               "gated_delta_rule": [(64, 1)]}
-_GPU_MORE = {"chunk_gated_delta_rule": [(1, 65536)], "chunk_gated_delta_rule_fwd_bwd": [(1, 8192), (1, 65536)],
+_GPU_MORE = {"chunk_gated_delta_rule": [(1, 32768), (8, 2048), (8, 8192), (8, 32768), (1, 65536)],
+             "chunk_gated_delta_rule_fwd_bwd": [(1, 8192), (1, 32768), (8, 2048), (8, 8192)],
              "gated_delta_rule": []}
+_L2_BYTES = 60 << 20  # H200
 _CPU = {"chunk_gated_delta_rule": [(1, 64)], "chunk_gated_delta_rule_fwd_bwd": [(1, 32)], "gated_delta_rule": [(4, 1)]}
 
 
@@ -42,6 +52,13 @@ def prepare(spec: CaseSpec, device: str) -> Prepared:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def chunk_flops(B, T, H, K, V, C=64):
+    """FLOPs of the chunked form over B sequences of T tokens and H (value) heads."""
+    chunks = -(-T // C)
+    per_chunk = 2 * C * C * (3 * K + 2 * V) + 2 * 3 * C * K * V + 2 * C ** 3 // 3
+    return B * H * chunks * per_chunk
 
 
 def reference64(q, k, v, beta, g, scale, initial, precision=None):
@@ -98,7 +115,7 @@ class _Inputs:
         # rudnn's view of the same memory: [B, H, T, D] with strides.
         self.args = (self.q_bthd.transpose(1, 2), self.k_bthd.transpose(1, 2), self.v_bthd.transpose(1, 2),
                      self.beta_bth.transpose(1, 2), self.g_bth.transpose(1, 2))
-        self.flops = 6 * B * T * hv * K * V  # S^T k, k u^T, S^T q: three K x V products per token and head
+        self.flops = chunk_flops(B, T, hv, K, V)
         s = self.q_bthd.element_size()
         self.bytes = (2 * B * T * hk * K + 2 * B * T * hv * V) * s + B * T * hv * (s + 4) + 2 * B * hv * K * V * 4
 
@@ -140,7 +157,7 @@ def _prefill(spec, device):
                 compare("final_state", final, final_ref, p[1] if p else None, expect_dtype=a.torch.float32,
                         floor=1e-5)]
 
-    return Prepared(run=run, peer=peer, check=check, bytes=a.bytes, flops=a.flops)
+    return Prepared(run=run, peer=peer, check=check, bytes=a.bytes, flops=a.flops, flush_l2=a.bytes < _L2_BYTES)
 
 
 def _decode(spec, device):
@@ -162,7 +179,9 @@ def _decode(spec, device):
         return [compare("out", out, out_ref, None, expect_dtype=a.dt),
                 compare("final_state", final, final_ref, None, expect_dtype=a.torch.float32, floor=1e-5)]
 
-    return Prepared(run=run, peer=peer, check=check, bytes=a.bytes, flops=a.flops)
+    B, T, _, hv, K, V = a.shape
+    # decode is the recurrence: three K x V products per token and head (S^T k, k u^T, S^T q)
+    return Prepared(run=run, peer=peer, check=check, bytes=a.bytes, flops=6 * B * T * hv * K * V)
 
 
 def _fwd_bwd(spec, device):
@@ -208,7 +227,8 @@ def _fwd_bwd(spec, device):
         return [compare(n, g, r, None, expect_dtype=d, floor=same_precision_floor(g, s, r))
                 for n, g, r, s, d in zip(names, grads, ref, same, dtypes)]
 
-    return Prepared(run=run, peer=peer, check=check, bytes=3 * a.bytes, flops=3 * a.flops)
+    return Prepared(run=run, peer=peer, check=check, bytes=3 * a.bytes, flops=3 * a.flops,
+                    flush_l2=a.bytes < _L2_BYTES)
 
 
 def _lazy(make):
