@@ -1,7 +1,8 @@
 """The MoE dispatch CUDA kernels' own source run on the CPU by host emulators and compared
-bitwise with the CPU backend, which test_moe.py checks against the naive reference: the row gather
-and combine (the "row gather and combine" section of cpp/src/moe/dispatch_cuda.cu: 16-byte packs
-or single elements, the batched slot loads of combine; tests/emulation/moe_combine_emu.cpp) and
+bitwise with the CPU backend, which test_moe.py checks against the naive reference: the row gather, combine
+and combine_backward (the "row gather and combine" section of cpp/src/moe/dispatch_cuda.cu:
+16-byte packs or single elements, the batched slot loads of combine, the row claims that spare
+combine_backward a zeroing of every row; tests/emulation/moe_combine_emu.cpp) and
 the dispatch plan (its "dispatch plan" section: count walk, the parallel scans, place walk;
 tests/emulation/moe_dispatch_emu.cpp). Skipped when g++ (C++20) or the CUDA toolkit's headers are
 missing."""
@@ -14,11 +15,15 @@ import pytest
 from util import ROOT, build_emulator
 
 
-def _kernels_source():
+def _kernels_source(mutation=None):
     src = open(os.path.join(ROOT, "cpp", "src", "moe", "dispatch_cuda.cu")).read()
     start = src.index("// ---- row gather and combine (tests/emulation/moe_combine_emu.cpp")
     end = src.index("// (tests/emulation/moe_combine_emu.cpp runs everything from the section mark above")
-    return "namespace rudnn::moe {\nnamespace emu_k {\n" + src[start:end] + "}\n}\n"
+    body = src[start:end]
+    if mutation:
+        assert mutation[0] in body, mutation[0]
+        body = body.replace(*mutation)
+    return "namespace rudnn::moe {\nnamespace emu_k {\n" + body + "}\n}\n"
 
 
 def test_gather_and_combine_kernels_match_the_cpu_backend():
@@ -29,6 +34,15 @@ def test_gather_and_combine_kernels_match_the_cpu_backend():
         result.stdout + result.stderr
     for lanes in ("lanes=1", "lanes=8", "lanes=4"):  # both paths ran, for 16- and 32-bit types
         assert any(lanes in line for line in lines), result.stdout
+
+
+def test_combine_backward_emulator_catches_unchecked_claims():
+    """A planted bug: a row counted as claimed without checking that its claim's slot points at
+    it keeps its garbage (the emulator plants such claims in rows no slot points at)."""
+    exe = build_emulator("moe_combine_emu.cpp", _kernels_source(
+        ("claimed = s < slots && row_of_slot[s] == std::int64_t(blockIdx.x);", "claimed = s < slots;")))
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "MISMATCH" in result.stdout, result.stdout + result.stderr
 
 
 # ---- dispatch plan --------------------------------------------------------------------------

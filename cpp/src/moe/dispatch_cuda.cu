@@ -261,11 +261,58 @@ int row_lanes(std::int64_t hidden, std::initializer_list<std::pair<const void*, 
   return L;
 }
 
-// (tests/emulation/moe_combine_emu.cpp runs everything from the section mark above to this line on the CPU.)
+// combine_backward: the rows of dy that no slot points at get zeros; every other row is written
+// whole by the slot kernels below. Rather than zero all rows first (and rewrite most of them), each
+// valid slot s writes its index into the first 4 bytes of its row (a claim), then a row is zeroed
+// unless its first 4 bytes name a slot that points at it. A row no slot points at fails that test
+// whatever its memory held; a row some slot points at passes (whichever claim landed names such a
+// slot) and is overwritten next. Rows narrower than 4 bytes are all zeroed first, as before.
+template <class T>
+constexpr int kClaimElements = sizeof(T) >= 4 ? 1 : 4 / int(sizeof(T));
 
 template <class T>
-__global__ void zero_rows_kernel(T* __restrict__ a, std::int64_t stride, std::int64_t hidden) {
-  T* row = a + blockIdx.x * stride;
+__device__ __forceinline__ void write_claim(T* row, std::uint32_t slot) {
+  if constexpr (sizeof(T) >= 4) {
+    *reinterpret_cast<std::uint32_t*>(row) = slot;
+  } else {  // a 16-bit row may start 2 bytes off a 4-byte boundary
+    std::uint16_t* half = reinterpret_cast<std::uint16_t*>(row);
+    half[0] = std::uint16_t(slot & 0xffffu);
+    half[1] = std::uint16_t(slot >> 16);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ std::uint32_t read_claim(const T* row) {
+  if constexpr (sizeof(T) >= 4) {
+    return *reinterpret_cast<const std::uint32_t*>(row);
+  } else {
+    const std::uint16_t* half = reinterpret_cast<const std::uint16_t*>(row);
+    return std::uint32_t(half[0]) | (std::uint32_t(half[1]) << 16);
+  }
+}
+
+template <class T>
+__global__ void claim_rows_kernel(const int* __restrict__ row_of_slot, std::int64_t slots, std::int64_t rows,
+                                  T* __restrict__ dy, std::int64_t dy_stride) {
+  const std::int64_t s = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x;
+  if (s >= slots) return;
+  const std::int64_t r = row_of_slot[s];
+  if (r >= 0 && r < rows) write_claim(dy + r * dy_stride, std::uint32_t(s));
+}
+
+// One block per row: zeros unless the row's claim names a slot that points at it (or, with
+// kAll, zeros always).
+template <class T, bool kAll>
+__global__ void zero_unclaimed_rows_kernel(T* __restrict__ dy, std::int64_t dy_stride, std::int64_t hidden,
+                                           const int* __restrict__ row_of_slot, std::int64_t slots) {
+  T* row = dy + blockIdx.x * dy_stride;
+  bool claimed = false;
+  if (!kAll) {
+    const std::uint32_t s = read_claim(row);
+    claimed = s < slots && row_of_slot[s] == std::int64_t(blockIdx.x);
+    __syncthreads();  // every thread has read the claim before any thread clears it
+  }
+  if (claimed) return;
   for (std::int64_t h = threadIdx.x; h < hidden; h += blockDim.x) row[h] = from_float<T>(0.0f);
 }
 
@@ -296,6 +343,10 @@ __global__ void combine_backward_serial_kernel(const T* __restrict__ y, const T*
   dweights[s] = dot;
 }
 
+int row_threads(std::int64_t hidden) { return hidden >= 256 ? 256 : hidden >= 128 ? 128 : 64; }
+
+// (tests/emulation/moe_combine_emu.cpp runs everything from the section mark above to this line on the CPU.)
+
 // "plane": one block per token; the hidden axis is spread over the block and each dot
 // product is reduced by a fixed-shape tree.
 constexpr int kPlaneThreads = 256;
@@ -323,8 +374,6 @@ __global__ void __launch_bounds__(kPlaneThreads)
     if (threadIdx.x == 0) dweights[t * k + j] = dot;
   }
 }
-
-int row_threads(std::int64_t hidden) { return hidden >= 256 ? 256 : hidden >= 128 ? 128 : 64; }
 
 }  // namespace
 
@@ -409,12 +458,24 @@ void combine_backward_cuda(const MoeCombineBackwardArgs& a, const CombineProblem
                               p.rows, p.hidden, p.y_stride, p.dout_stride, p.dy_stride};
   dispatch_float(a.y.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (p.rows > 0 && p.hidden > 0) {  // rows no slot points at get a zero gradient
-      zero_rows_kernel<T><<<unsigned(p.rows), row_threads(p.hidden), 0, stream>>>(a.dy.ptr<T>(), p.dy_stride,
-                                                                                  p.hidden);
-      RUDNN_CUDA_CHECK_LAUNCH(zero_rows_kernel);
-    }
     const std::int64_t slots = p.tokens * p.top_k;
+    if (p.rows > 0 && p.hidden > 0) {  // rows no slot points at get a zero gradient
+      const int* row_of_slot = a.row_of_slot.ptr<int>();
+      const unsigned grid = unsigned(p.rows), threads = unsigned(row_threads(p.hidden));
+      if (p.hidden >= kClaimElements<T>) {
+        if (slots > 0) {
+          claim_rows_kernel<T><<<unsigned((slots + 255) / 256), 256, 0, stream>>>(row_of_slot, slots, p.rows,
+                                                                                  a.dy.ptr<T>(), p.dy_stride);
+          RUDNN_CUDA_CHECK_LAUNCH(claim_rows_kernel);
+        }
+        zero_unclaimed_rows_kernel<T, false><<<grid, threads, 0, stream>>>(a.dy.ptr<T>(), p.dy_stride, p.hidden,
+                                                                          row_of_slot, slots);
+      } else {
+        zero_unclaimed_rows_kernel<T, true><<<grid, threads, 0, stream>>>(a.dy.ptr<T>(), p.dy_stride, p.hidden,
+                                                                         row_of_slot, slots);
+      }
+      RUDNN_CUDA_CHECK_LAUNCH(zero_unclaimed_rows_kernel);
+    }
     if (slots == 0) return;
     if (a.strategy == MoeCombineBackwardStrategy::serial) {
       combine_backward_serial_kernel<T><<<unsigned((slots + 127) / 128), 128, 0, stream>>>(
