@@ -1,20 +1,29 @@
-"""The MoE row gather and combine CUDA kernels' own source (the "row gather and combine" section of
-cpp/src/moe/dispatch_cuda.cu: 16-byte packs or single elements, the batched slot loads of combine)
-run on the CPU by a host emulator (tests/emulation/moe_combine_emu.cpp) and compared bitwise with
-the CPU backend, which test_moe.py checks against the naive reference. Skipped when g++ (C++20) or
-the CUDA toolkit's headers are missing."""
+"""The MoE dispatch CUDA kernels' own source run on the CPU by host emulators and compared
+bitwise with the CPU backend, which test_moe.py checks against the naive reference: the row gather, combine
+and combine_backward (the "row gather and combine" section of cpp/src/moe/dispatch_cuda.cu:
+16-byte packs or single elements, the batched slot loads of combine, the row claims that spare
+combine_backward a zeroing of every row; tests/emulation/moe_combine_emu.cpp) and
+the dispatch plan (its "dispatch plan" section: count walk, the parallel scans, place walk;
+tests/emulation/moe_dispatch_emu.cpp). Skipped when g++ (C++20) or the CUDA toolkit's headers are
+missing."""
 
 import os
 import subprocess
 
+import pytest
+
 from util import ROOT, build_emulator
 
 
-def _kernels_source():
+def _kernels_source(mutation=None):
     src = open(os.path.join(ROOT, "cpp", "src", "moe", "dispatch_cuda.cu")).read()
     start = src.index("// ---- row gather and combine (tests/emulation/moe_combine_emu.cpp")
     end = src.index("// (tests/emulation/moe_combine_emu.cpp runs everything from the section mark above")
-    return "namespace rudnn::moe {\nnamespace emu_k {\n" + src[start:end] + "}\n}\n"
+    body = src[start:end]
+    if mutation:
+        assert mutation[0] in body, mutation[0]
+        body = body.replace(*mutation)
+    return "namespace rudnn::moe {\nnamespace emu_k {\n" + body + "}\n}\n"
 
 
 def test_gather_and_combine_kernels_match_the_cpu_backend():
@@ -25,3 +34,57 @@ def test_gather_and_combine_kernels_match_the_cpu_backend():
         result.stdout + result.stderr
     for lanes in ("lanes=1", "lanes=8", "lanes=4"):  # both paths ran, for 16- and 32-bit types
         assert any(lanes in line for line in lines), result.stdout
+
+
+def test_combine_backward_emulator_catches_unchecked_claims():
+    """A planted bug: a row counted as claimed without checking that its claim's slot points at
+    it keeps its garbage (the emulator plants such claims in rows no slot points at)."""
+    exe = build_emulator("moe_combine_emu.cpp", _kernels_source(
+        ("claimed = s < slots && row_of_slot[s] == std::int64_t(blockIdx.x);", "claimed = s < slots;")))
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "MISMATCH" in result.stdout, result.stdout + result.stderr
+
+
+# ---- dispatch plan --------------------------------------------------------------------------
+
+_PLAN_START = "// ---- dispatch plan (tests/emulation/moe_dispatch_emu.cpp"
+_PLAN_END = "// (tests/emulation/moe_dispatch_emu.cpp runs everything from the dispatch plan mark"
+
+
+def _plan_source(mutation=None):
+    src = open(os.path.join(ROOT, "cpp", "src", "moe", "dispatch_cuda.cu")).read()
+    body = src[src.index(_PLAN_START):src.index(_PLAN_END)]
+    edit = "extern __shared__ int cursor[];"
+    assert edit in body
+    body = body.replace(edit, "int* cursor = reinterpret_cast<int*>(emu_smem);")
+    if mutation:
+        old, new = mutation
+        assert body.count(old) >= 1, old
+        body = body.replace(old, new, 1)
+    return "namespace rudnn::moe {\nnamespace emu_k {\n" + body + "}\n}\n"
+
+
+def _run_plan_emulator(mutation=None, quick=False):
+    exe = build_emulator("moe_dispatch_emu.cpp", _plan_source(mutation))
+    result = subprocess.run([str(exe)] + (["quick"] if quick else []), capture_output=True, text=True, timeout=600)
+    return result, result.stdout.strip().splitlines()
+
+
+def test_dispatch_plan_kernels_match_the_cpu_backend():
+    """The count walk, the two scans and the place walk give the CPU backend's offsets and row
+    order bitwise: small cases, E = 300 and 1024, no tokens, and T = 100003 at k = 6 (1876
+    chunks of 320 slots: the widest scan block) with invalid ids."""
+    result, lines = _run_plan_emulator()
+    assert result.returncode == 0 and len(lines) == 5 and all(line.endswith(" ok") for line in lines), \
+        result.stdout + result.stderr
+    assert any("chunks=1876 chunk=320" in line for line in lines), result.stdout
+
+
+# Planted bugs the comparison must catch: a warp scan that skips the lane right below (wrong
+# offsets and bases), and a place walk that marks all its chunk's rows as rows of no token.
+@pytest.mark.parametrize("mutation", [("if (lane >= o) inclusive += below;", "if (lane > o) inclusive += below;"),
+                                      ("std::max(begin, std::int64_t(offsets[E]))", "begin")],
+                         ids=["scan_skips_a_lane", "marks_used_rows"])
+def test_dispatch_plan_emulator_catches_a_planted_bug(mutation):
+    result, lines = _run_plan_emulator(mutation, quick=True)
+    assert result.returncode == 1 and any(line.endswith(" MISMATCH") for line in lines), result.stdout + result.stderr

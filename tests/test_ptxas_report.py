@@ -31,15 +31,16 @@ _REPORTS = {}  # file name -> ptxas report: each file is compiled once for all t
 
 
 def _ptxas_report(name, family="attention", arch="90a"):
-    if name in _REPORTS:
-        return _REPORTS[name]
+    key = (family, name, arch)
+    if key in _REPORTS:
+        return _REPORTS[key]
     nvcc, cutlass = shutil.which("nvcc"), cutlass_include()
     if not (nvcc and cutlass):
         pytest.skip("needs nvcc and CUTLASS's headers")
     # in the clone's build/ (not a temporary folder): ccache hashes where the object goes when a
     # dependency file is written, and a path relative to the clone is the same in a fresh clone
     os.makedirs(os.path.join(ROOT, "build", "ptxas"), exist_ok=True)
-    obj = os.path.join(ROOT, "build", "ptxas", name.replace(".cu", ".o"))
+    obj = os.path.join(ROOT, "build", "ptxas", name.replace(".cu", "" if arch == "90a" else f"_sm{arch}") + ".o")
     launcher, depfile, env = ccache_env(obj)  # ptxas's report is the compile's stderr, which ccache keeps too
     cutlass_util = os.path.join(cutlass, "..", "tools", "util", "include")  # cutlass/util/packed_stride.hpp
     cmd = launcher + [nvcc, "-O3", "-DNDEBUG", "-std=c++17", f"--generate-code=arch=compute_{arch},code=[sm_{arch}]",
@@ -53,8 +54,8 @@ def _ptxas_report(name, family="attention", arch="90a"):
     assert cuobjdump, "cuobjdump not found: requirements-dev.txt installs it (nvidia-cuda-cuobjdump)"
     sass = subprocess.run([cuobjdump, "-sass", obj], capture_output=True, text=True, timeout=300)
     assert sass.returncode == 0, sass.stderr[-4000:]
-    _REPORTS[name] = (result.stdout + result.stderr, sass.stdout)
-    return _REPORTS[name]
+    _REPORTS[key] = (result.stdout + result.stderr, sass.stdout)
+    return _REPORTS[key]
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -158,3 +159,101 @@ def test_conv_implicit_gemm_kernels(name):
         assert "UTMALDG.5D.IM2COL" in sass
     else:
         assert "LDGSTS" in sass
+
+
+# ---- MoE ------------------------------------------------------------------------------------
+# The memory-bound kernels (cpp/src/moe/dispatch_cuda.cu: dispatch plan, row gather, combine and
+# its backward; experts_tc_cuda.cu: the tensor_core path's elementwise kernels), compiled for
+# both architectures: no kernel spills, and the packed instantiations move rows in 128-bit global
+# accesses (a regression to 2-byte loads or to split stores fails here, on the CPU). The grouped
+# GEMMs (one bf16 file per operand layout; the f16 files are the same template): no spills, no
+# serialized wgmma on sm90a, HGMMA and no HMMA there; the sm80 grouped kernel on HMMA + cp.async.
+
+
+def _sass_by_kernel(sass):
+    """{kernel: its SASS instruction lines} of a cuobjdump listing."""
+    kernels, kernel = {}, None
+    for line in sass.splitlines():
+        function = re.search(r"Function : (\S+)", line)
+        if function:
+            kernel = function.group(1)
+            kernels[kernel] = []
+        elif kernel is not None and "/*" in line:
+            kernels[kernel].append(line)
+    return kernels
+
+
+def _global_accesses(lines):
+    """The LDG/STG opcodes (with their width suffixes) of a kernel's SASS lines."""
+    return [m.group(0) for line in lines for m in [re.search(r"\b(LDG|STG)\.[\w.]+", line)] if m]
+
+
+@pytest.mark.parametrize("arch", ["80", "90a"])
+def test_moe_memory_bound_kernels(arch):
+    report, sass = _ptxas_report("dispatch_cuda.cu", family="moe", arch=arch)
+    spills = _spills(report)
+    for kernel in ("walk_chunks_kernel", "scan_chunks_kernel", "scan_totals_kernel", "gather_rows_kernel",
+                   "combine_kernel", "claim_rows_kernel", "zero_unclaimed_rows_kernel"):
+        assert any(kernel in k for k in spills), (kernel, sorted(spills))
+    assert not any(spills.values()), spills
+    kernels = _sass_by_kernel(sass)
+    # the 16-byte pack instantiations: L = 8 lanes of f16/bf16, 4 of float
+    packed = {k: v for k, v in kernels.items() if re.search(r"(gather_rows|combine)_kernelI\w+?Li[48]EE", k)}
+    assert len(packed) == 6, sorted(kernels)
+    for kernel, lines in packed.items():
+        accesses = _global_accesses(lines)
+        assert any(a.startswith("LDG.E.128") for a in accesses), (kernel, accesses)
+        stores = [a for a in accesses if a.startswith("STG")]
+        assert stores and all(a.startswith("STG.E.128") for a in stores), (kernel, stores)  # whole packs only
+
+
+@pytest.mark.parametrize("arch", ["80", "90a"])
+def test_moe_tensor_core_elementwise_kernels(arch):
+    report, sass = _ptxas_report("experts_tc_cuda.cu", family="moe", arch=arch)
+    spills = _spills(report)
+    assert any("zero_idle_expert_grads_kernel" in k for k in spills), sorted(spills)
+    assert not any(spills.values()), spills
+    kernels = _sass_by_kernel(sass)
+    checked = 0
+    for kernel, lines in kernels.items():
+        accesses = _global_accesses(lines)
+        if "sum_partials_kernel" in kernel:  # dx = p0 + p1: 128-bit loads of both partials, 128-bit stores
+            assert sum(a.startswith("LDG.E.128") for a in accesses) >= 4, (kernel, accesses)
+        elif "zero_idle_expert_grads_kernel" in kernel:
+            pass
+        else:
+            continue
+        checked += 1
+        stores = [a for a in accesses if a.startswith("STG")]
+        assert stores and all(a.startswith("STG.E.128") for a in stores), (kernel, stores)
+        assert not any(re.search(r"\b(STL|LDL)\b", line) for line in lines), kernel  # no local memory
+    assert checked == 4, sorted(kernels)  # sum_partials for f32, f16, bf16 and the zeroing
+
+
+MOE_GEMM_SM90 = [f"grouped_gemm_sm90_{layouts}_bf16.cu" for layouts in ("nt", "nn", "tn")]
+
+
+@pytest.mark.parametrize("name", MOE_GEMM_SM90)
+def test_moe_grouped_gemm_sm90(name):
+    report, sass = _ptxas_report(name, family="moe", arch="90a")
+    losses = [line for line in report.splitlines()
+              if any(code in line for code in ("C7514", "C7519", "Potential Performance Loss", "is injected"))]
+    assert not losses, "\n".join(losses)
+    spills = _spills(report)
+    assert any("GemmUniversal" in k or "device_kernel" in k for k in spills), sorted(spills)
+    assert not any(spills.values()), spills
+    counts = {k: c for k, c in _tensor_core_instructions(sass).items() if "build_group_arrays" not in k}
+    assert counts, "no GEMM kernel in the SASS listing"
+    for kernel, (shared, registers, hmma) in counts.items():
+        assert shared > 0 and hmma == 0, (kernel, shared, registers, hmma)
+
+
+def test_moe_grouped_gemm_sm80():
+    report, sass = _ptxas_report("grouped_gemm_sm80_nt_bf16.cu", family="moe", arch="80")
+    spills = _spills(report)
+    assert spills and not any(spills.values()), spills
+    counts = {k: c for k, c in _tensor_core_instructions(sass).items() if "build_group_arrays" not in k}
+    assert counts, "no GEMM kernel in the SASS listing"
+    for kernel, (shared, registers, hmma) in counts.items():
+        assert hmma > 0 and shared == registers == 0, (kernel, shared, registers, hmma)
+    assert "LDGSTS" in sass

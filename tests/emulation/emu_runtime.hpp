@@ -1,10 +1,10 @@
 // What the host emulators of CUDA kernels share (tests/emulation/*_emu.cpp): every CUDA thread
 // of a block is a std::thread, __syncthreads is named barrier 0 of every thread (EmuNamedBarrier),
-// __shfl_xor_sync a warp-wide exchange (emu_warp_exchange: also what the warp-collective
-// tensor-core and ldmatrix stand-ins of emu_sm80_atoms.hpp use), dynamic shared memory one
-// poisoned buffer per block (blocks run one after another) with the ordering check of its
-// asynchronous copies and tensor-core reads, and the raw-array files the pytest side writes and
-// reads.
+// __shfl_xor_sync, __shfl_up_sync and __match_any_sync warp-wide exchanges (emu_warp_exchange:
+// also what the warp-collective tensor-core and ldmatrix stand-ins of emu_sm80_atoms.hpp use),
+// dynamic shared memory one poisoned buffer per block (blocks run one after another) with the
+// ordering check of its asynchronous copies and tensor-core reads, and the raw-array files the
+// pytest side writes and reads.
 //
 // Include it first (it pulls in the CUDA headers), then the kernels' own headers, then define
 // the CUDA keywords away as each emulator does.
@@ -256,6 +256,26 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   emu_warp_exchange(v, [&](auto lane_value) { r = lane_value(emu_lane ^ lane_mask); });
   return r;
 }
+
+inline int __shfl_up_sync(unsigned, int v, unsigned delta) {
+  int r = v;
+  emu_warp_exchange(v, [&](auto lane_value) {
+    if (emu_lane >= int(delta)) r = lane_value(emu_lane - int(delta));
+  });
+  return r;
+}
+
+// The lanes of the warp whose v equals this lane's (every lane takes part: the kernels pass the full mask).
+inline unsigned __match_any_sync(unsigned, int v) {
+  unsigned same = 0;
+  emu_warp_exchange(v, [&](auto lane_value) {
+    for (int l = 0; l < 32; ++l)
+      if (lane_value(l) == v) same |= 1u << l;
+  });
+  return same;
+}
+
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
 
 // CUDA's float atomicAdd for the emulated threads.
 inline float atomicAdd(float* address, float value) { return std::atomic_ref<float>(*address).fetch_add(value); }

@@ -8,10 +8,12 @@
 // 1/64 and the weights small multiples of 1/8, so every float32 sum is exact and the order of the
 // additions (and the fusing of multiply and add) cannot change a bit. Covers k > kSlotBatch (two
 // batches of slot loads), a row index outside y (NaN token), no weights (dispatch_backward),
-// padded row strides and odd hidden sizes (the scalar path). Prints one line per case; exits 1 on
-// a mismatch.
+// padded row strides and odd hidden sizes (the scalar path). Each case also runs combine_backward's
+// kernels (the row claims, the zeroing of unclaimed rows, the "serial" slot kernel) against the
+// CPU backend (run_backward). Prints one line per case; exits 1 on a mismatch.
 #include "emu_runtime.hpp"
 
+#include <cstring>
 #include <initializer_list>
 #include <numeric>
 #include <utility>
@@ -89,6 +91,65 @@ struct Case {
   bool bad_row;  // one row index of token 1 outside y
 };
 
+// combine_backward ("serial") on N + 3 rows of y, the last three pointed at by no slot: the
+// claim, zero and slot launches of combine_backward_cuda against combine_backward_cpu, dy starting
+// as garbage: extra row N holds the claim bits of slot 0 (a slot that points elsewhere), row N + 1
+// those of a slot past the end, so an unchecked claim would leave garbage there.
+bool run_backward(const Case& c, const std::vector<std::int32_t>& row_of_slot, const emu::Array& w) {
+  const i64 T = c.tokens, k = c.k, N = T * k, H = c.hidden, rows = N + 3;
+  const i64 tk[2] = {T, k};
+  std::vector<std::int32_t> ros_copy(row_of_slot);
+  Tensor ros = Tensor::contiguous(ros_copy.data(), DType::i32, Device{}, tk, 2);
+  emu::Array y = rows_array(c.dtype, rows, H, c.stride, 3), dout = rows_array(c.dtype, T, H, c.stride, 4);
+  emu::Array dy_cpu = rows_array(c.dtype, rows, H, c.stride, 5), dy_emu = rows_array(c.dtype, rows, H, c.stride, 5);
+  emu::Array dw_cpu = emu::make(DType::f32, {T, k}, 6), dw_emu = emu::make(DType::f32, {T, k}, 6);
+  const std::size_t e = dtype_size(c.dtype);
+  char* dy_bytes = static_cast<char*>(dy_emu.t.data);
+  const std::uint32_t fake[2] = {0u, std::uint32_t(N + 7)};
+  for (int i = 0; i < 2; ++i)
+    if (H * i64(e) >= 4) std::memcpy(dy_bytes + (N + i) * c.stride * i64(e), &fake[i], 4);
+
+  MoeCombineBackwardArgs ba;
+  ba.y = y.t;
+  ba.dout = dout.t;
+  ba.row_of_slot = ros;
+  ba.weights = w.t;
+  ba.dy = dy_cpu.t;
+  ba.dweights = dw_cpu.t;
+  CombineProblem bp;
+  bp.tokens = T;
+  bp.rows = rows;
+  bp.hidden = H;
+  bp.top_k = int(k);
+  bp.y_stride = bp.dout_stride = bp.dy_stride = c.stride;
+  bp.weight_stride = k;
+  bp.has_weights = true;
+  combine_backward_cpu(ba, bp);
+
+  device_types(c.dtype, [&](auto tag) {
+    using D = typename decltype(tag)::type;
+    const emu_k::CombineBackwardView b{{ros_copy.data(), w.t.data, c.weight_dtype, k}, rows, H, c.stride, c.stride,
+                                       c.stride};
+    D* dy = dy_emu.t.ptr<D>();
+    const unsigned threads = unsigned(emu_k::row_threads(H));
+    // combine_backward_cuda's launches
+    if (H >= emu_k::kClaimElements<D>) {
+      emu_launch(EmuDim3{unsigned((N + 255) / 256), 1, 1}, 256, 1, 0,
+                 [&] { emu_k::claim_rows_kernel<D>(ros_copy.data(), N, rows, dy, c.stride); });
+      emu_launch(EmuDim3{unsigned(rows), 1, 1}, threads, 1, 0,
+                 [&] { emu_k::zero_unclaimed_rows_kernel<D, false>(dy, c.stride, H, ros_copy.data(), N); });
+    } else {
+      emu_launch(EmuDim3{unsigned(rows), 1, 1}, threads, 1, 0,
+                 [&] { emu_k::zero_unclaimed_rows_kernel<D, true>(dy, c.stride, H, ros_copy.data(), N); });
+    }
+    emu_launch(EmuDim3{unsigned((N + 127) / 128), 1, 1}, 128, 1, 0, [&] {
+      emu_k::combine_backward_serial_kernel<D>(y.t.ptr<D>(), dout.t.ptr<D>(), dy, dw_emu.t.ptr<float>(), b, N,
+                                               int(k));
+    });
+  });
+  return same_rows(dy_cpu.t, dy_emu.t, rows, H, c.stride) && same_rows(dw_cpu.t, dw_emu.t, T, k, k);
+}
+
 bool run_case(const Case& c) {
   const i64 T = c.tokens, k = c.k, N = T * k, H = c.hidden;
   // A stable routing: row r of the dispatched rows holds token perm(r) / k.
@@ -153,8 +214,9 @@ bool run_case(const Case& c) {
       run(std::integral_constant<int, 1>{});
   });
   const bool ok = same_rows(g_cpu.t, g_emu.t, N, H, c.stride) && same_rows(o_cpu.t, o_emu.t, T, H, c.stride);
-  std::printf("%s lanes=%d %s\n", c.name, lanes, ok ? "ok" : "MISMATCH");
-  return ok;
+  const bool backward_ok = run_backward(c, row_of_slot, w);
+  std::printf("%s lanes=%d %s\n", c.name, lanes, ok && backward_ok ? "ok" : "MISMATCH");
+  return ok && backward_ok;
 }
 
 }  // namespace

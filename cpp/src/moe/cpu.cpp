@@ -250,17 +250,6 @@ void combine_backward_cpu(const MoeCombineBackwardArgs& a, const CombineProblem&
 
 namespace {
 
-// Rows of expert e: offsets clamped into [0, N] and made non-decreasing, so that any
-// offsets array (they live on the device in general) is safe to use.
-struct Segment {
-  std::int64_t begin, end;
-};
-Segment segment(const std::int32_t* offsets, int e, std::int64_t rows) {
-  const std::int64_t lo = std::min<std::int64_t>(std::max<std::int64_t>(offsets[e], 0), rows);
-  const std::int64_t hi = std::min<std::int64_t>(std::max<std::int64_t>(offsets[e + 1], lo), rows);
-  return {lo, hi};
-}
-
 // Expert weights as float32 (they are read many times).
 std::vector<float> load_all(const Tensor& t) {
   std::vector<float> out(t.numel());
@@ -283,7 +272,7 @@ void experts_forward_cpu(const MoeExpertsForwardArgs& a, const ExpertsProblem& p
   const std::int32_t* offsets = a.offsets.ptr<std::int32_t>();
   std::vector<float> x(H), av(I), bv(I), hv(I), y(H);
   for (int e = 0; e < p.experts; ++e) {
-    const Segment seg = segment(offsets, e, p.rows);
+    const Segment seg = segment_of(offsets, e, p.rows);
     const float* g = gate.data() + e * I * H;
     const float* u = up.data() + e * I * H;
     const float* d = down.data() + e * H * I;
@@ -326,7 +315,7 @@ void experts_backward_cpu(const MoeExpertsBackwardArgs& a, const ExpertsProblem&
   std::fill(ddown, ddown + a.ddown.numel(), 0.0f);
   std::vector<float> x(H), dy(H), av(I), bv(I), hv(I), da(I), db(I), dx(H);
   for (int e = 0; e < p.experts; ++e) {
-    const Segment seg = segment(offsets, e, p.rows);
+    const Segment seg = segment_of(offsets, e, p.rows);
     const float* g = gate.data() + e * I * H;
     const float* u = up.data() + e * I * H;
     const float* d = down.data() + e * H * I;

@@ -1,9 +1,10 @@
 // CUDA dispatch and combine. The dispatch plan is a stable counting sort of the T*k
 // (token, slot) pairs by expert, built without atomics so that the row order is the same on
 // every run: the flattened slots are cut into chunks, one warp per chunk counts its experts,
-// one block turns the counts into per-(chunk, expert) bases and the offsets, and the same
-// warps walk their chunk again placing each slot at its base plus its rank (ranks inside a
-// 32-slot step come from __match_any_sync, so token order is kept). Combine and the
+// one block per expert scans its counts over the chunks (the per-(expert, chunk) bases), one
+// block scans the experts' totals into the offsets, and the same warps walk their chunk again
+// placing each slot at its base plus its rank (ranks inside a 32-slot step come from
+// __match_any_sync, so token order is kept). Combine and the
 // backward kernels gather in a fixed order with float32 accumulation (no atomics either).
 #include <algorithm>
 #include <initializer_list>
@@ -19,8 +20,12 @@ using namespace cuda;
 
 namespace {
 
+// ---- dispatch plan (tests/emulation/moe_dispatch_emu.cpp runs this section on the CPU) ----
+
 constexpr std::int64_t kMinChunk = 256;  // slots per chunk
 constexpr std::int64_t kMaxChunks = 2048;  // bounds the count table at kMaxChunks * E ints
+constexpr int kScanItems = 8;  // counts per thread of scan_chunks_kernel
+constexpr int kScanMaxThreads = int(kMaxChunks) / kScanItems;
 
 struct Chunks {
   std::int64_t slots = 0, size = 0, count = 0;
@@ -35,24 +40,66 @@ Chunks chunks_of(const DispatchPlanProblem& p) {
   return c;
 }
 
+// Ints of the workspace: the count table [E][chunks], then the experts' totals [E].
+std::int64_t workspace_ints(const DispatchPlanProblem& p) {
+  const Chunks c = chunks_of(p);
+  return c.count ? (c.count + 1) * p.experts : 0;
+}
+
+// Threads of scan_chunks_kernel for `chunks` counts per expert: kScanItems each, whole warps.
+int scan_threads(std::int64_t chunks) {
+  return int(std::min<std::int64_t>(kScanMaxThreads, ((chunks + kScanItems - 1) / kScanItems + 31) / 32 * 32));
+}
+
+// Threads of scan_totals_kernel: one per expert, whole warps.
+int totals_threads(int experts) { return (experts + 31) / 32 * 32; }
+
 template <class Idx>
 __device__ __forceinline__ int expert_of(const Idx* indices, std::int64_t stride, int k, int E, std::int64_t slot) {
   const std::int64_t e = std::int64_t(indices[(slot / k) * stride + slot % k]);
   return (e >= 0 && e < E) ? int(e) : -1;
 }
 
+// The exclusive prefix sum of v over the block (blockDim.x a multiple of 32, at most 1024) in a
+// fixed order; *total gets the block's sum. `scratch` holds 33 ints and is used once per kernel.
+__device__ __forceinline__ int block_exclusive_sum(int v, int* scratch, int* total) {
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
+  int inclusive = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int below = __shfl_up_sync(kFullMask, inclusive, o);
+    if (lane >= o) inclusive += below;
+  }
+  if (lane == 31) scratch[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    const int mine = lane < warps ? scratch[lane] : 0;
+    int warps_inclusive = mine;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int below = __shfl_up_sync(kFullMask, warps_inclusive, o);
+      if (lane >= o) warps_inclusive += below;
+    }
+    scratch[lane] = warps_inclusive - mine;  // the warps before this lane's warp
+    if (lane == 31) scratch[32] = warps_inclusive;
+  }
+  __syncthreads();
+  *total = scratch[32];
+  return scratch[warp] + inclusive - v;
+}
+
 // One warp walks one chunk of slots in order, 32 slots per step. kPlace = false: count the
-// chunk's slots per expert into counts[chunk][e]. kPlace = true: place every slot at
-// offsets[e] + counts[chunk][e] (the slots of earlier chunks) + its rank so far.
+// chunk's slots per expert into counts[e][chunk] (expert-major: scan_chunks_kernel reads each
+// expert's counts as one contiguous row). kPlace = true: place every slot at offsets[e] +
+// counts[e][chunk] (the slots of earlier chunks) + its rank so far, and mark the chunk's share
+// of the rows past offsets[E] (rows of no token: slots with an invalid expert index).
 template <class Idx, bool kPlace>
 __global__ void __launch_bounds__(32)
     walk_chunks_kernel(const Idx* __restrict__ indices, std::int64_t stride, std::int64_t slots, int k, int E,
-                       std::int64_t chunk, int* __restrict__ counts, const int* __restrict__ offsets,
-                       int* __restrict__ token_of_row, int* __restrict__ row_of_slot) {
+                       std::int64_t chunk, std::int64_t chunks, int* __restrict__ counts,
+                       const int* __restrict__ offsets, int* __restrict__ token_of_row, int* __restrict__ row_of_slot) {
   extern __shared__ int cursor[];  // [E]
   const int lane = threadIdx.x;
   const std::int64_t c = blockIdx.x;
-  for (int e = lane; e < E; e += 32) cursor[e] = kPlace ? offsets[e] + counts[c * E + e] : 0;
+  for (int e = lane; e < E; e += 32) cursor[e] = kPlace ? offsets[e] + counts[e * chunks + c] : 0;
   __syncwarp();
   const std::int64_t begin = c * chunk, end = std::min(begin + chunk, slots);
   const unsigned lanes_below = (1u << lane) - 1u;
@@ -72,43 +119,49 @@ __global__ void __launch_bounds__(32)
     if (e >= 0 && rank == 0) cursor[e] += __popc(same);  // one writer per expert
     __syncwarp();
   }
-  if (!kPlace)
-    for (int e = lane; e < E; e += 32) counts[c * E + e] = cursor[e];
+  if (kPlace) {  // rows and slots are both [0, slots): this chunk marks rows [begin, end) past the used ones
+    for (std::int64_t r = std::max(begin, std::int64_t(offsets[E])) + lane; r < end; r += 32) token_of_row[r] = -1;
+  } else {
+    for (int e = lane; e < E; e += 32) counts[e * chunks + c] = cursor[e];
+  }
 }
 
-// counts[c][e] -> the slots of expert e in chunks before c; offsets = exclusive scan of totals.
+// Block e: counts[e][c] -> the slots of expert e in chunks before c (an exclusive scan of the
+// row, kScanItems consecutive counts per thread), totals[e] = the row's sum.
+__global__ void __launch_bounds__(kScanMaxThreads)
+    scan_chunks_kernel(int* __restrict__ counts, std::int64_t chunks, int* __restrict__ totals) {
+  __shared__ int scratch[33];
+  int* row = counts + std::int64_t(blockIdx.x) * chunks;
+  const std::int64_t first = std::int64_t(threadIdx.x) * kScanItems;
+  int v[kScanItems], sum = 0;
+#pragma unroll
+  for (int i = 0; i < kScanItems; ++i) {
+    v[i] = first + i < chunks ? row[first + i] : 0;
+    sum += v[i];
+  }
+  int total;
+  int before = block_exclusive_sum(sum, scratch, &total);
+#pragma unroll
+  for (int i = 0; i < kScanItems; ++i) {
+    if (first + i < chunks) row[first + i] = before;
+    before += v[i];
+  }
+  if (threadIdx.x == 0) totals[blockIdx.x] = total;
+}
+
+// offsets = the exclusive scan of the experts' totals, offsets[E] = their sum (one block, a
+// thread per expert).
 __global__ void __launch_bounds__(kMoeMaxExperts)
-    scan_counts_kernel(int* __restrict__ counts, std::int64_t chunks, int E, int* __restrict__ offsets) {
-  __shared__ int totals[kMoeMaxExperts];
+    scan_totals_kernel(const int* __restrict__ totals, int E, int* __restrict__ offsets) {
+  __shared__ int scratch[33];
   const int e = threadIdx.x;
-  if (e < E) {
-    int running = 0;
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      const int v = counts[c * E + e];
-      counts[c * E + e] = running;
-      running += v;
-    }
-    totals[e] = running;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int acc = 0;
-    for (int i = 0; i < E; ++i) {
-      offsets[i] = acc;
-      acc += totals[i];
-    }
-    offsets[E] = acc;
-  }
+  int total;
+  const int before = block_exclusive_sum(e < E ? totals[e] : 0, scratch, &total);
+  if (e < E) offsets[e] = before;
+  if (e == 0) offsets[E] = total;
 }
 
-// Rows past the last expert (slots with an invalid expert index) belong to no token.
-__global__ void mark_unused_rows_kernel(const int* __restrict__ offsets, int E, std::int64_t rows,
-                                        int* __restrict__ token_of_row) {
-  const std::int64_t used = offsets[E];
-  for (std::int64_t r = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; r < rows;
-       r += std::int64_t(gridDim.x) * blockDim.x)
-    if (r >= used) token_of_row[r] = -1;
-}
+// (tests/emulation/moe_dispatch_emu.cpp runs everything from the dispatch plan mark to this line on the CPU.)
 
 // ---- row gather and combine (tests/emulation/moe_combine_emu.cpp runs this section on the CPU) ----
 // One thread per pack of L hidden elements of one row (grid: rows or tokens × hidden slices), so a
@@ -208,11 +261,58 @@ int row_lanes(std::int64_t hidden, std::initializer_list<std::pair<const void*, 
   return L;
 }
 
-// (tests/emulation/moe_combine_emu.cpp runs everything from the section mark above to this line on the CPU.)
+// combine_backward: the rows of dy that no slot points at get zeros; every other row is written
+// whole by the slot kernels below. Rather than zero all rows first (and rewrite most of them), each
+// valid slot s writes its index into the first 4 bytes of its row (a claim), then a row is zeroed
+// unless its first 4 bytes name a slot that points at it. A row no slot points at fails that test
+// whatever its memory held; a row some slot points at passes (whichever claim landed names such a
+// slot) and is overwritten next. Rows narrower than 4 bytes are all zeroed first, as before.
+template <class T>
+constexpr int kClaimElements = sizeof(T) >= 4 ? 1 : 4 / int(sizeof(T));
 
 template <class T>
-__global__ void zero_rows_kernel(T* __restrict__ a, std::int64_t stride, std::int64_t hidden) {
-  T* row = a + blockIdx.x * stride;
+__device__ __forceinline__ void write_claim(T* row, std::uint32_t slot) {
+  if constexpr (sizeof(T) >= 4) {
+    *reinterpret_cast<std::uint32_t*>(row) = slot;
+  } else {  // a 16-bit row may start 2 bytes off a 4-byte boundary
+    std::uint16_t* half = reinterpret_cast<std::uint16_t*>(row);
+    half[0] = std::uint16_t(slot & 0xffffu);
+    half[1] = std::uint16_t(slot >> 16);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ std::uint32_t read_claim(const T* row) {
+  if constexpr (sizeof(T) >= 4) {
+    return *reinterpret_cast<const std::uint32_t*>(row);
+  } else {
+    const std::uint16_t* half = reinterpret_cast<const std::uint16_t*>(row);
+    return std::uint32_t(half[0]) | (std::uint32_t(half[1]) << 16);
+  }
+}
+
+template <class T>
+__global__ void claim_rows_kernel(const int* __restrict__ row_of_slot, std::int64_t slots, std::int64_t rows,
+                                  T* __restrict__ dy, std::int64_t dy_stride) {
+  const std::int64_t s = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x;
+  if (s >= slots) return;
+  const std::int64_t r = row_of_slot[s];
+  if (r >= 0 && r < rows) write_claim(dy + r * dy_stride, std::uint32_t(s));
+}
+
+// One block per row: zeros unless the row's claim names a slot that points at it (or, with
+// kAll, zeros always).
+template <class T, bool kAll>
+__global__ void zero_unclaimed_rows_kernel(T* __restrict__ dy, std::int64_t dy_stride, std::int64_t hidden,
+                                           const int* __restrict__ row_of_slot, std::int64_t slots) {
+  T* row = dy + blockIdx.x * dy_stride;
+  bool claimed = false;
+  if (!kAll) {
+    const std::uint32_t s = read_claim(row);
+    claimed = s < slots && row_of_slot[s] == std::int64_t(blockIdx.x);
+    __syncthreads();  // every thread has read the claim before any thread clears it
+  }
+  if (claimed) return;
   for (std::int64_t h = threadIdx.x; h < hidden; h += blockDim.x) row[h] = from_float<T>(0.0f);
 }
 
@@ -243,6 +343,10 @@ __global__ void combine_backward_serial_kernel(const T* __restrict__ y, const T*
   dweights[s] = dot;
 }
 
+int row_threads(std::int64_t hidden) { return hidden >= 256 ? 256 : hidden >= 128 ? 128 : 64; }
+
+// (tests/emulation/moe_combine_emu.cpp runs everything from the section mark above to this line on the CPU.)
+
 // "plane": one block per token; the hidden axis is spread over the block and each dot
 // product is reduced by a fixed-shape tree.
 constexpr int kPlaneThreads = 256;
@@ -271,40 +375,42 @@ __global__ void __launch_bounds__(kPlaneThreads)
   }
 }
 
-int row_threads(std::int64_t hidden) { return hidden >= 256 ? 256 : hidden >= 128 ? 128 : 64; }
-
 }  // namespace
 
 std::size_t dispatch_plan_workspace_bytes_cuda(const DispatchPlanProblem& p) {
-  return std::size_t(chunks_of(p).count) * std::size_t(p.experts) * sizeof(int);
+  return std::size_t(workspace_ints(p)) * sizeof(int);
 }
 
+// Four launches (tests/emulation/moe_dispatch_emu.cpp replays them): count, scan each expert's
+// counts over the chunks, scan the experts' totals into the offsets, place.
 void dispatch_plan_cuda(const MoeDispatchPlanArgs& a, const DispatchPlanProblem& p, Stream s) {
   const Chunks c = chunks_of(p);
   const cudaStream_t stream = as_cuda(s);
-  int* counts = c.count ? static_cast<int*>(a.workspace->data) : nullptr;
   int* offsets = a.offsets.ptr<int>();
+  if (c.count == 0) {  // no slots: every expert's segment is empty
+    RUDNN_CUDA_CHECK(cudaMemsetAsync(offsets, 0, std::size_t(p.experts + 1) * sizeof(int), stream));
+    return;
+  }
+  int* counts = static_cast<int*>(a.workspace->data);
+  int* totals = counts + c.count * p.experts;
   int* token_of_row = a.token_of_row.ptr<int>();
   int* row_of_slot = a.row_of_slot.ptr<int>();
   const std::size_t smem = std::size_t(p.experts) * sizeof(int);
   dispatch_index(a.expert_indices.dtype, [&](auto tag) {
     using Idx = typename decltype(tag)::type;
     const Idx* indices = a.expert_indices.ptr<Idx>();
-    if (c.count) {
-      walk_chunks_kernel<Idx, false><<<unsigned(c.count), 32, smem, stream>>>(
-          indices, p.index_stride, c.slots, p.top_k, p.experts, c.size, counts, offsets, token_of_row, row_of_slot);
-      RUDNN_CUDA_CHECK_LAUNCH(walk_chunks_kernel);
-    }
-    scan_counts_kernel<<<1, (p.experts + 31) / 32 * 32, 0, stream>>>(counts, c.count, p.experts, offsets);
-    RUDNN_CUDA_CHECK_LAUNCH(scan_counts_kernel);
-    if (c.count) {
-      walk_chunks_kernel<Idx, true><<<unsigned(c.count), 32, smem, stream>>>(
-          indices, p.index_stride, c.slots, p.top_k, p.experts, c.size, counts, offsets, token_of_row, row_of_slot);
-      RUDNN_CUDA_CHECK_LAUNCH(walk_chunks_kernel);
-      mark_unused_rows_kernel<<<grid_1d(c.slots, 256, 4096), 256, 0, stream>>>(offsets, p.experts, c.slots,
-                                                                               token_of_row);
-      RUDNN_CUDA_CHECK_LAUNCH(mark_unused_rows_kernel);
-    }
+    walk_chunks_kernel<Idx, false><<<unsigned(c.count), 32, smem, stream>>>(
+        indices, p.index_stride, c.slots, p.top_k, p.experts, c.size, c.count, counts, offsets, token_of_row,
+        row_of_slot);
+    RUDNN_CUDA_CHECK_LAUNCH(walk_chunks_kernel);
+    scan_chunks_kernel<<<unsigned(p.experts), scan_threads(c.count), 0, stream>>>(counts, c.count, totals);
+    RUDNN_CUDA_CHECK_LAUNCH(scan_chunks_kernel);
+    scan_totals_kernel<<<1, totals_threads(p.experts), 0, stream>>>(totals, p.experts, offsets);
+    RUDNN_CUDA_CHECK_LAUNCH(scan_totals_kernel);
+    walk_chunks_kernel<Idx, true><<<unsigned(c.count), 32, smem, stream>>>(
+        indices, p.index_stride, c.slots, p.top_k, p.experts, c.size, c.count, counts, offsets, token_of_row,
+        row_of_slot);
+    RUDNN_CUDA_CHECK_LAUNCH(walk_chunks_kernel);
   });
 }
 
@@ -352,12 +458,24 @@ void combine_backward_cuda(const MoeCombineBackwardArgs& a, const CombineProblem
                               p.rows, p.hidden, p.y_stride, p.dout_stride, p.dy_stride};
   dispatch_float(a.y.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (p.rows > 0 && p.hidden > 0) {  // rows no slot points at get a zero gradient
-      zero_rows_kernel<T><<<unsigned(p.rows), row_threads(p.hidden), 0, stream>>>(a.dy.ptr<T>(), p.dy_stride,
-                                                                                  p.hidden);
-      RUDNN_CUDA_CHECK_LAUNCH(zero_rows_kernel);
-    }
     const std::int64_t slots = p.tokens * p.top_k;
+    if (p.rows > 0 && p.hidden > 0) {  // rows no slot points at get a zero gradient
+      const int* row_of_slot = a.row_of_slot.ptr<int>();
+      const unsigned grid = unsigned(p.rows), threads = unsigned(row_threads(p.hidden));
+      if (p.hidden >= kClaimElements<T>) {
+        if (slots > 0) {
+          claim_rows_kernel<T><<<unsigned((slots + 255) / 256), 256, 0, stream>>>(row_of_slot, slots, p.rows,
+                                                                                  a.dy.ptr<T>(), p.dy_stride);
+          RUDNN_CUDA_CHECK_LAUNCH(claim_rows_kernel);
+        }
+        zero_unclaimed_rows_kernel<T, false><<<grid, threads, 0, stream>>>(a.dy.ptr<T>(), p.dy_stride, p.hidden,
+                                                                          row_of_slot, slots);
+      } else {
+        zero_unclaimed_rows_kernel<T, true><<<grid, threads, 0, stream>>>(a.dy.ptr<T>(), p.dy_stride, p.hidden,
+                                                                         row_of_slot, slots);
+      }
+      RUDNN_CUDA_CHECK_LAUNCH(zero_unclaimed_rows_kernel);
+    }
     if (slots == 0) return;
     if (a.strategy == MoeCombineBackwardStrategy::serial) {
       combine_backward_serial_kernel<T><<<unsigned((slots + 127) / 128), 128, 0, stream>>>(

@@ -22,18 +22,6 @@ namespace {
 constexpr int kTile = 16;  // rows, columns and reduction step of every tile
 constexpr int kTileThreads = kTile * kTile;
 
-struct Segment {
-  std::int64_t begin, end;
-};
-
-// Rows of expert e, with offsets clamped into [0, rows] and made non-decreasing (offsets
-// live on the device and are never trusted for memory accesses).
-__device__ __forceinline__ Segment segment(const int* offsets, int e, std::int64_t rows) {
-  const std::int64_t lo = min(max(std::int64_t(offsets[e]), std::int64_t(0)), rows);
-  const std::int64_t hi = min(max(std::int64_t(offsets[e + 1]), lo), rows);
-  return {lo, hi};
-}
-
 // tile_offsets[e] = row tiles of the experts before e; tile_offsets[E] = all row tiles.
 __global__ void row_tiles_kernel(const int* __restrict__ offsets, int E, std::int64_t rows,
                                  int* __restrict__ tile_offsets) {
@@ -41,7 +29,7 @@ __global__ void row_tiles_kernel(const int* __restrict__ offsets, int E, std::in
   int acc = 0;
   for (int e = 0; e < E; ++e) {
     tile_offsets[e] = acc;
-    const Segment s = segment(offsets, e, rows);
+    const Segment s = segment_of(offsets, e, rows);
     acc += int((s.end - s.begin + kTile - 1) / kTile);
   }
   tile_offsets[E] = acc;
@@ -62,7 +50,7 @@ __device__ RowTile find_row_tile(const int* offsets, const int* tile_offsets, in
     if (tile_offsets[mid] <= tile) lo = mid;
     else hi = mid - 1;
   }
-  const Segment s = segment(offsets, lo, rows);
+  const Segment s = segment_of(offsets, lo, rows);
   rt.expert = lo;
   rt.row0 = s.begin + (tile - tile_offsets[lo]) * kTile;
   rt.row_end = s.end;
@@ -186,7 +174,7 @@ __global__ void __launch_bounds__(kTileThreads)
   const int e = blockIdx.z;
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
   const std::int64_t r0 = std::int64_t(blockIdx.y) * kTile, c0 = std::int64_t(blockIdx.x) * kTile;
-  const Segment s = segment(offsets, e, rows);
+  const Segment s = segment_of(offsets, e, rows);
   float acc = 0.0f;
   for (std::int64_t n0 = s.begin; n0 < s.end; n0 += kTile) {
     const std::int64_t n = n0 + ty;

@@ -8,14 +8,17 @@
 // (grouped_gemm_sm80.hpp); RUDNN_MOE_SM80_ON_SM90=1 selects it on Hopper too (to test it there).
 // Backward (sm_90 only; float32 GEMM outputs, rounded once):
 //   1. dh = dy · down_e (E groups), 2. h, da, db from dh, a, b (elementwise),
-//   3. dx = da · gate_e + db · up_e (2E groups into two float32 partials, summed elementwise),
-//   4. dgate = da^T x, dup = db^T x, ddown = dy^T h (3E groups, K = the expert's rows; experts
-//      without rows keep the zeros written first).
+//   3. dx = da · gate_e + db · up_e (2E groups into two float32 partials, summed elementwise;
+//      the GEMM has no source C to accumulate the second product into: ElementC is void),
+//   4. dgate = da^T x, dup = db^T x, ddown = dy^T h (3E groups, K = the expert's rows; the
+//      experts without rows, which get no tiles, keep the zeros written first, only for them).
 // (Fusing forward steps 1 and 2 into one GEMM with the SwiGLU in its epilogue is the next step.)
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
 #include "core/device.hpp"
+#include "core/pack.cuh"
 #include "moe/cuda_common.cuh"
 #include "moe/grouped_gemm_sm80.hpp"
 #include "moe/grouped_gemm_sm90.hpp"
@@ -203,18 +206,67 @@ __global__ void swiglu_backward_rows_kernel(const float* __restrict__ dh, const 
   }
 }
 
-// dx = round(p0 + p1) for rows up to offsets[E] (p0, p1 dense float32 [N, H]).
+// dx = round(p0 + p1) for rows up to offsets[E] (p0, p1 dense float32 [N, H], H a multiple of 8,
+// dx rows 16-byte aligned: tensor_core_backward_unsupported). Block r.x sums row r.x, one thread
+// per 8 columns (32-byte loads of each partial, a 16-byte store): no index division.
+constexpr int kSumThreads = 256;
+constexpr int kSumLanes = 8;
+
 template <class T>
-__global__ void sum_partials_kernel(const float* __restrict__ p0, const float* __restrict__ p1, T* __restrict__ dx,
-                                    std::int64_t dx_stride, const int* __restrict__ offsets, int E, std::int64_t rows,
-                                    std::int64_t hidden) {
+__global__ void __launch_bounds__(kSumThreads)
+    sum_partials_kernel(const float* __restrict__ p0, const float* __restrict__ p1, T* __restrict__ dx,
+                        std::int64_t dx_stride, const int* __restrict__ offsets, int E, std::int64_t rows,
+                        std::int64_t hidden) {
   const std::int64_t used = min(max(std::int64_t(offsets[E]), std::int64_t(0)), rows);
-  const std::int64_t n = used * hidden;
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::int64_t(gridDim.x) * blockDim.x) {
-    const std::int64_t r = i / hidden, c = i % hidden;
-    dx[r * dx_stride + c] = from_float<T>(p0[i] + p1[i]);
+  const std::int64_t r = blockIdx.x;
+  // 32-bit (the grid bounds it): a 64-bit pack index splits the 16-byte store (see core/pack.cuh)
+  const unsigned c = (blockIdx.y * unsigned(kSumThreads) + threadIdx.x) * unsigned(kSumLanes);
+  if (r >= used || c >= hidden) return;
+  const float* a = p0 + r * hidden + c;
+  const float* b = p1 + r * hidden + c;
+  const core::Pack<float, 4> a0 = core::load_pack<float, 4>(a), a1 = core::load_pack<float, 4>(a + 4);
+  const core::Pack<float, 4> b0 = core::load_pack<float, 4>(b), b1 = core::load_pack<float, 4>(b + 4);
+  float sum[kSumLanes];
+#pragma unroll
+  for (int l = 0; l < 4; ++l) {
+    sum[l] = a0.v[l] + b0.v[l];
+    sum[l + 4] = a1.v[l] + b1.v[l];
   }
+  constexpr int kStore = core::kVecLanes<T>;  // 16-byte stores: one for f16/bf16 (two for float)
+#pragma unroll
+  for (int q = 0; q < kSumLanes / kStore; ++q) {
+    core::Pack<T, kStore> out;
+#pragma unroll
+    for (int l = 0; l < kStore; ++l) out.v[l] = from_float<T>(sum[q * kStore + l]);
+    core::store_pack<T, kStore>(dx + r * dx_stride + c + q * kStore, out);
+  }
+}
+
+// The weight gradients of the experts without rows: zeros. Those experts get no tiles from the
+// weight-gradient GEMM; every other expert's [M, N] gradient is written whole by it (beta = 0, no
+// source C: written, not accumulated), so nothing else needs clearing. Grid: (slices, E, the
+// three gradients); a slab is one expert's gradient (I * H floats, a multiple of 64, 16-byte
+// aligned), cleared 16 bytes per store.
+constexpr int kZeroThreads = 256;
+constexpr int kZeroMaxSlices = 8;
+
+struct IdleExpertGrads {
+  float* grad[3];
+  std::int64_t slab;  // floats per expert
+};
+
+__global__ void __launch_bounds__(kZeroThreads)
+    zero_idle_expert_grads_kernel(IdleExpertGrads g, const int* __restrict__ offsets, std::int64_t rows) {
+  const int e = blockIdx.y;
+  const Segment s = segment_of(offsets, e, rows);
+  if (s.end > s.begin) return;
+  // selected, not indexed: a parameter array indexed at run time is copied to local memory
+  float* grad = blockIdx.z == 0 ? g.grad[0] : blockIdx.z == 1 ? g.grad[1] : g.grad[2];
+  float4* slab = reinterpret_cast<float4*>(grad + e * g.slab);
+  const std::int64_t n = g.slab / 4;
+  for (std::int64_t i = blockIdx.x * std::int64_t(kZeroThreads) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * kZeroThreads)
+    slab[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 struct BackwardLayout {
@@ -275,10 +327,15 @@ void experts_backward_tensor_core_cuda(const MoeExpertsBackwardArgs& a, const Ex
   const std::int64_t H = p.hidden, I = p.inter;
   const int* offsets = a.offsets.ptr<int>();
 
-  // Experts without rows get no GEMM tiles: their weight gradients are these zeros.
-  RUDNN_CUDA_CHECK(cudaMemsetAsync(a.dgate.data, 0, std::size_t(a.dgate.numel()) * sizeof(float), stream));
-  RUDNN_CUDA_CHECK(cudaMemsetAsync(a.dup.data, 0, std::size_t(a.dup.numel()) * sizeof(float), stream));
-  RUDNN_CUDA_CHECK(cudaMemsetAsync(a.ddown.data, 0, std::size_t(a.ddown.numel()) * sizeof(float), stream));
+  // Experts without rows get no GEMM tiles: their weight gradients are zeroed here (only theirs).
+  if (p.experts > 0 && H * I > 0) {
+    const IdleExpertGrads idle{{a.dgate.ptr<float>(), a.dup.ptr<float>(), a.ddown.ptr<float>()}, H * I};
+    const std::int64_t per_slice = 8 * kZeroThreads;  // float4 stores per slice at least
+    const std::int64_t slices = std::min<std::int64_t>(kZeroMaxSlices, (H * I / 4 + per_slice - 1) / per_slice);
+    zero_idle_expert_grads_kernel<<<dim3(unsigned(slices), unsigned(p.experts), 3), kZeroThreads, 0, stream>>>(
+        idle, offsets, p.rows);
+    RUDNN_CUDA_CHECK_LAUNCH(zero_idle_expert_grads_kernel);
+  }
   if (p.rows == 0) return;
 
   // 1. dh = dy · down_e   (B(k = h, n = i) = down[e][h][i]: N-contiguous with ld I)
@@ -302,8 +359,9 @@ void experts_backward_tensor_core_cuda(const MoeExpertsBackwardArgs& a, const Ex
   sm90::run(sm90::Layouts::nn, dtype, g_dx, gemm_dx_ws, l.gemm_dx, device, stream);
   dispatch_float(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    sum_partials_kernel<T><<<grid_1d(p.rows * H, 256, 8192), 256, 0, stream>>>(
-        dx0, dx1, a.dx.ptr<T>(), p.y_stride, offsets, p.experts, p.rows, H);
+    const dim3 grid(unsigned(p.rows), unsigned((H / kSumLanes + kSumThreads - 1) / kSumThreads));
+    sum_partials_kernel<T><<<grid, kSumThreads, 0, stream>>>(dx0, dx1, a.dx.ptr<T>(), p.y_stride, offsets,
+                                                               p.experts, p.rows, H);
     RUDNN_CUDA_CHECK_LAUNCH(sum_partials_kernel);
   });
 

@@ -16,6 +16,7 @@
 #include "core/cuda_check.hpp"
 #include "core/device.hpp"
 #include "moe/grouped_gemm_sm90.hpp"
+#include "moe/problem.hpp"  // segment_of
 
 namespace rudnn::moe::sm90 {
 
@@ -148,9 +149,9 @@ __global__ void build_group_arrays_kernel(SegmentGemm g, GroupArrays<Config> arr
   if (group >= g.experts * g.sets) return;
   const int e = group % g.experts;
   const OperandSet& op = g.set[group / g.experts];
-  const std::int64_t lo = min(max(std::int64_t(g.offsets[e]), std::int64_t(0)), g.rows);
-  const std::int64_t hi = min(max(std::int64_t(g.offsets[e + 1]), lo), g.rows);
-  const int count = int(hi - lo);
+  const Segment rows = segment_of(g.offsets, e, g.rows);
+  const std::int64_t lo = rows.begin;
+  const int count = int(rows.end - rows.begin);
   const int m = count == 0 ? 0 : op.m < 0 ? count : op.m;
   arrays.shapes[group] = typename Config::Shape3{m, op.n < 0 ? count : op.n, op.k < 0 ? count : op.k};
   arrays.a[group] = place<const Element>(op.a, e, lo);

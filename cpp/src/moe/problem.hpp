@@ -6,9 +6,24 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/rows.hpp"  // RUDNN_HD
 #include "rudnn/moe.hpp"
 
 namespace rudnn::moe {
+
+// Rows [begin, end) of expert e: offsets clamped into [0, rows] and made non-decreasing, so any
+// offsets array is safe to use (device ones are never read on the host). The one definition of
+// an expert's rows for every backend and grouped GEMM: an expert with begin == end gets no GEMM
+// tiles, and the tensor_core backward zeroes exactly those experts' weight gradients.
+struct Segment {
+  std::int64_t begin, end;
+};
+RUDNN_HD Segment segment_of(const std::int32_t* offsets, int e, std::int64_t rows) {
+  const std::int64_t first = offsets[e], last = offsets[e + 1];
+  const std::int64_t lo = first < 0 ? 0 : first > rows ? rows : first;
+  const std::int64_t hi = last < lo ? lo : last > rows ? rows : last;
+  return {lo, hi};
+}
 
 struct RouteProblem {
   std::int64_t tokens = 0;   // T
