@@ -158,3 +158,24 @@ def test_conv_implicit_gemm_kernels(name):
         assert "UTMALDG.5D.IM2COL" in sass
     else:
         assert "LDGSTS" in sass
+
+
+# The gated delta chunked forward (cpp/src/gated_delta/chunked_forward.cu) for Hopper: both of its
+# kernels, one per dtype, stage their tiles with 16-byte cp.async (LDGSTS ... .128 in the SASS),
+# multiply on mma.sync (HMMA) and spill nothing.
+def test_gated_delta_chunked_kernels_stage_with_cp_async():
+    report, sass = _ptxas_report("chunked_forward.cu", family="gated_delta")
+    spills = {k: v for k, v in _spills(report).items() if "chunk_prep_kernel" in k or "chunk_state_kernel" in k}
+    assert len(spills) == 4 and not any(spills.values()), spills
+    counts, kernel = {}, None
+    for line in sass.splitlines():
+        function = re.search(r"Function : (\S+)", line)
+        if function:
+            kernel = function.group(1)
+            counts[kernel] = [0, 0]
+        elif kernel is not None:
+            counts[kernel][0] += bool(re.search(r"\bLDGSTS\.\S*\.128\b", line))
+            counts[kernel][1] += bool(re.search(r"\bHMMA\.", line))
+    assert set(counts) == set(spills), (counts, spills)
+    for kernel, (ldgsts, hmma) in counts.items():
+        assert ldgsts > 0 and hmma > 0, (kernel, ldgsts, hmma)
