@@ -62,17 +62,20 @@ def emulator():
     return build_emulator("gated_delta_emu.cpp", _kernels_source(), needs_cutlass=True)
 
 
-def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=None, dfinal=None):
+def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=None, dfinal=None, bthk=False):
+    """bthk: the forward's q k v beta g and out in memory as [B, T, H, ...] (the kernels read them
+    through those strides); every tensor is given and returned as [B, H, T, ...]."""
     B, Hk, T, K = q.shape
     Hv, V = v.shape[1], v.shape[3]
     N = B if cu is None else len(cu) - 1
     bf16 = q.dtype == torch.bfloat16
     meta = [B, T, Hk, Hv, K, V, N, int(state is not None), int(cu is not None), int(dfinal is not None), int(bf16)]
-    (tmp_path / "meta.txt").write_text(" ".join(map(str, meta)) + f" {scale!r}\n")
+    (tmp_path / "meta.txt").write_text(" ".join(map(str, meta)) + f" {scale!r} {int(bthk)}\n")
+    stored = (lambda t: t.transpose(1, 2)) if bthk else (lambda t: t)
     for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta), ("dout", dout)):
         if t is not None:
-            emu_array_bits(t).tofile(tmp_path / f"{name}.bin")
-    for name, t in (("g", g), ("init", state), ("dfinal", dfinal)):
+            emu_array_bits(stored(t)).tofile(tmp_path / f"{name}.bin")
+    for name, t in (("g", stored(g)), ("init", state), ("dfinal", dfinal)):
         if t is not None:
             t.contiguous().float().numpy().tofile(tmp_path / f"{name}.bin")
     if cu is not None:
@@ -81,7 +84,8 @@ def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=No
     assert result.returncode == 0, result.stderr
     f = lambda name, shape, dtype: emu_array_from_file(tmp_path / f"{name}.bin", shape, dtype)
     if kernel != "recurrent_backward":
-        return f("out", (B, Hv, T, V), q.dtype), f("final", (N, Hv, K, V), torch.float32)
+        out = f("out", (B, T, Hv, V), q.dtype).transpose(1, 2) if bthk else f("out", (B, Hv, T, V), q.dtype)
+        return out, f("final", (N, Hv, K, V), torch.float32)
     grads = [f("dq", q.shape, q.dtype), f("dk", k.shape, q.dtype), f("dv", v.shape, q.dtype),
              f("dbeta", beta.shape, q.dtype), f("dg", g.shape, torch.float32), f("dinit", (N, Hv, K, V), torch.float32)]
     return grads
@@ -155,18 +159,22 @@ def _staging(tmp_path):
     return tuple(bool(int(x)) for x in (tmp_path / "staging.txt").read_text().split())
 
 
-# (B, Hk, Hv, T, K, V, cu_seqlens): sequence ends inside a chunk, odd K and V (the element path),
-# 16-byte rows narrower than the tile (zero-filled pieces beyond K and V), more value tiles than
-# the prep kernel's four slots (two rounds), and varlen through both paths.
-STAGING_CASES = [(1, 1, 2, 133, 13, 12, None), (2, 2, 2, 100, 24, 20, None), (1, 1, 1, 70, 16, 136, None),
-                 (1, 1, 2, 92, 13, 40, [0, 5, 0, 70, 17]), (1, 2, 2, 92, 40, 24, [0, 5, 0, 70, 17])]
+# (B, Hk, Hv, T, K, V, cu_seqlens, layout): sequence ends inside a chunk, odd K and V (the element
+# path), 16-byte rows narrower than the tile (zero-filled pieces beyond K and V), more value tiles
+# than the prep kernel's four slots (two rounds), varlen through both paths, and [B, T, H, X]
+# tensors (16-byte rows H * X elements apart; with odd K their rows are not 16-byte aligned).
+STAGING_CASES = [(1, 1, 2, 133, 13, 12, None, "bhtk"), (2, 2, 2, 100, 24, 20, None, "bhtk"),
+                 (1, 1, 1, 70, 16, 136, None, "bhtk"), (1, 1, 2, 92, 13, 40, [0, 5, 0, 70, 17], "bhtk"),
+                 (1, 2, 2, 92, 40, 24, [0, 5, 0, 70, 17], "bhtk"), (2, 2, 4, 100, 24, 40, None, "bthk"),
+                 (1, 2, 4, 92, 13, 16, [0, 5, 0, 70, 17], "bthk")]
 
 
-@pytest.mark.parametrize("case", STAGING_CASES, ids=lambda c: "x".join(map(str, c[:6])) + ("_varlen" if c[6] else ""))
+@pytest.mark.parametrize("case", STAGING_CASES,
+                         ids=lambda c: "x".join(map(str, c[:6])) + ("_varlen" if c[6] else "") + "_" + c[7])
 def test_chunked_forward_staging(emulator, tmp_path, case):
-    *shape, cu = case
+    *shape, cu, layout = case
     q, k, v, beta, g, state = make_inputs(*shape, torch.bfloat16, seed=31, decay=2.0, cu_seqlens=cu)
-    out, final = _run(emulator, tmp_path, "chunked_forward", q, k, v, beta, g, state, 0.3, cu)
+    out, final = _run(emulator, tmp_path, "chunked_forward", q, k, v, beta, g, state, 0.3, cu, bthk=layout == "bthk")
     K, V = shape[4], shape[5]
     assert _staging(tmp_path) == (K % 8 == 0, V % 8 == 0, True)
     o64, s64 = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, cu, torch.float64)

@@ -14,10 +14,11 @@
 // ("qk v ws", 1 or 0 each, staging_for).
 //
 //   gated_delta_emu <recurrent_forward|chunked_forward|recurrent_backward> <dir>
-// reads <dir>/meta.txt ("B T Hk Hv K V N has_initial has_cu has_dfinal bf16 scale") and raw
-// little-endian arrays (q k v beta: float32 or bfloat16 bits; g, initial, dfinal: float32;
-// cu: int32), all dense [B, H, T, X] / [N, Hv, K, V]; writes out/final (forward) or
-// dq dk dv dbeta dg dinit (backward) in the same formats.
+// reads <dir>/meta.txt ("B T Hk Hv K V N has_initial has_cu has_dfinal bf16 scale [bthk]") and
+// raw little-endian arrays (q k v beta: float32 or bfloat16 bits; g, initial, dfinal: float32;
+// cu: int32), all dense [B, H, T, X] / [N, Hv, K, V], or with bthk = 1 the forward's q k v beta g
+// and out as dense [B, T, H, X]; writes out/final (forward) or dq dk dv dbeta dg dinit
+// (backward) in the same formats.
 #include "emu_sm80_atoms.hpp"
 
 #include <cute/atom/mma_atom.hpp>
@@ -75,10 +76,12 @@ void launch(i64 blocks, unsigned bx, unsigned by, std::size_t dyn_smem, Kernel k
 }
 
 SeqStrides dense(i64 H, i64 T, i64 X) { return {H * T * X, T * X, X}; }
+SeqStrides dense_bthk(i64 H, i64 T, i64 X) { return {T * H * X, X, H * X}; }
 StateStrides dense_state(i64 H, i64 K, i64 V) { return {H * K * V, K * V, V}; }
 
 template <class T, class Bits>
-int run(const std::string& which, const std::string& dir, Problem pr, bool has_init, bool has_cu, bool has_dfinal) {
+int run(const std::string& which, const std::string& dir, Problem pr, bool has_init, bool has_cu, bool has_dfinal,
+        bool bthk) {
   const i64 B = pr.B, T_ = pr.T, Hk = pr.Hk, Hv = pr.Hv, K = pr.K, V = pr.V, N = pr.N;
   auto q = read<Bits>(dir + "/q.bin", B * Hk * T_ * K), k = read<Bits>(dir + "/k.bin", B * Hk * T_ * K);
   auto v = read<Bits>(dir + "/v.bin", B * Hv * T_ * V), beta = read<Bits>(dir + "/beta.bin", B * Hv * T_);
@@ -90,7 +93,8 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
   p.initial = has_init ? init.data() : nullptr;
   p.cu_seqlens = has_cu ? cu.data() : nullptr;
   p.B = B, p.T = T_, p.Hk = Hk, p.Hv = Hv, p.K = K, p.V = V, p.N = N, p.group = Hv / Hk, p.scale = pr.scale;
-  p.sq = p.sk = dense(Hk, T_, K), p.sv = p.sout = p.sdout = dense(Hv, T_, V), p.sbeta = p.sg = dense(Hv, T_, 1);
+  const auto seq = bthk ? dense_bthk : dense;
+  p.sq = p.sk = seq(Hk, T_, K), p.sv = p.sout = p.sdout = seq(Hv, T_, V), p.sbeta = p.sg = seq(Hv, T_, 1);
   p.sinit = p.sfinal = p.sdfinal = dense_state(Hv, K, V);
   pr.varlen = has_cu;
 
@@ -163,10 +167,11 @@ int main(int argc, char** argv) {
   if (argc != 3) return 2;
   std::ifstream meta(std::string(argv[2]) + "/meta.txt");
   Problem pr;
-  int has_init = 0, has_cu = 0, has_dfinal = 0, bf16 = 0;
+  int has_init = 0, has_cu = 0, has_dfinal = 0, bf16 = 0, bthk = 0;
   meta >> pr.B >> pr.T >> pr.Hk >> pr.Hv >> pr.K >> pr.V >> pr.N >> has_init >> has_cu >> has_dfinal >> bf16 >>
       pr.scale;
   if (!meta) return 2;
-  if (bf16) return run<__nv_bfloat16, std::uint16_t>(argv[1], argv[2], pr, has_init, has_cu, has_dfinal);
-  return run<float, float>(argv[1], argv[2], pr, has_init, has_cu, has_dfinal);
+  if (!(meta >> bthk)) bthk = 0;
+  if (bf16) return run<__nv_bfloat16, std::uint16_t>(argv[1], argv[2], pr, has_init, has_cu, has_dfinal, bthk);
+  return run<float, float>(argv[1], argv[2], pr, has_init, has_cu, has_dfinal, bthk);
 }
