@@ -1,10 +1,12 @@
 """The gated delta CUDA kernels' own source, run on the CPU by a host emulator
 (tests/emulation/gated_delta_emu.cpp: std::threads for CUDA threads, barriers for
-__syncthreads and warp shuffles, a scalar FMA atom in place of the SM80 MMA atom), against the
-float64 reference and torch autograd through it. It checks the kernels' indexing, staging,
-barriers, padding, varlen handling, triangular solve and reductions without a GPU; the MMA
-instructions themselves and timing are left to the GPU run. Skipped when g++ (C++20), the CUDA
-toolkit's headers or CUTLASS's headers are missing."""
+__syncthreads and warp shuffles, a scalar FMA atom in place of the SM80 MMA atom, the cp.async
+stand-ins of emu_sm80_atoms.hpp, which land a copy only when its group is waited for, and the
+shared-memory ordering check over the copies and the MMA operand reads), against the float64
+reference and torch autograd through it. It checks the kernels' indexing, 16-byte and scalar
+staging, barriers, padding, varlen handling, triangular solve and reductions without a GPU, and
+that planted staging bugs are caught; the MMA instructions themselves and timing are left to the
+GPU run. Skipped when g++ (C++20), the CUDA toolkit's headers or CUTLASS's headers are missing."""
 
 import os
 import re
@@ -28,7 +30,17 @@ def _namespace_block(src, name):
     return f"namespace {name} {{\n" + src[start + len("namespace {\n"):end] + "}\n"
 
 
-def _kernels_source():
+# The chunked kernels' cp.async atoms and MMA operand copies and their host stand-ins.
+CHUNK_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "unsigned char* smem_raw = emu_smem;"),
+               ("return make_tiled_mma(typename MmaAtomFor<E>::type{}, Layout<Shape<_2, _2, _1>>{});",
+                "return make_tiled_mma(UniversalFMA<float, float, float, float>{}, Layout<Shape<_16, _8, _1>>{});"),
+               ("SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<", "EmuCpAsyncZfill<"),
+               ("cp_async_fence()", "emu_cp_async_fence()"), ("cp_async_wait<", "emu_cp_async_wait<"),
+               ("  copy(thr.partition_A(sA), rA);\n  copy(thr.partition_B(sB), rB);",
+                "  emu_noted_copy(thr.partition_A(sA), rA);\n  emu_noted_copy(thr.partition_B(sB), rB);")]
+
+
+def _kernels_source(extra_edits=()):
     read = lambda f: open(os.path.join(SRC, f)).read()
     fwd = _namespace_block(read("recurrent_forward.cu"), "emu_rf")
     bwd_src = read("recurrent_backward.cu")
@@ -39,10 +51,7 @@ def _kernels_source():
     chunk = _namespace_block(chunk_src, "emu_ch")
     layout = re.search(r"ChunkLayout chunked_forward_layout\(const Problem& p\) \{.*?\n\}\n", chunk_src, re.S).group(0)
     chunk = chunk[:-2] + layout + "}\n"
-    edits = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "unsigned char* smem_raw = emu_smem;"),
-             ("return make_tiled_mma(typename MmaAtomFor<E>::type{}, Layout<Shape<_2, _2, _1>>{});",
-              "return make_tiled_mma(UniversalFMA<float, float, float, float>{}, Layout<Shape<_16, _8, _1>>{});")]
-    for old, new in edits:
+    for old, new in list(extra_edits) + CHUNK_EDITS:  # planted bugs use the original text
         assert old in chunk, f"emulation edit no longer applies: {old}"
         chunk = chunk.replace(old, new)
     return "namespace rudnn::gated_delta::cuda {\n" + fwd + bwd + chunk + "}\n"
@@ -53,26 +62,30 @@ def emulator():
     return build_emulator("gated_delta_emu.cpp", _kernels_source(), needs_cutlass=True)
 
 
-def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=None, dfinal=None):
+def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=None, dfinal=None, bthk=False):
+    """bthk: the forward's q k v beta g and out in memory as [B, T, H, ...] (the kernels read them
+    through those strides); every tensor is given and returned as [B, H, T, ...]."""
     B, Hk, T, K = q.shape
     Hv, V = v.shape[1], v.shape[3]
     N = B if cu is None else len(cu) - 1
     bf16 = q.dtype == torch.bfloat16
     meta = [B, T, Hk, Hv, K, V, N, int(state is not None), int(cu is not None), int(dfinal is not None), int(bf16)]
-    (tmp_path / "meta.txt").write_text(" ".join(map(str, meta)) + f" {scale!r}\n")
+    (tmp_path / "meta.txt").write_text(" ".join(map(str, meta)) + f" {scale!r} {int(bthk)}\n")
+    stored = (lambda t: t.transpose(1, 2)) if bthk else (lambda t: t)
     for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta), ("dout", dout)):
         if t is not None:
-            emu_array_bits(t).tofile(tmp_path / f"{name}.bin")
-    for name, t in (("g", g), ("init", state), ("dfinal", dfinal)):
+            emu_array_bits(stored(t)).tofile(tmp_path / f"{name}.bin")
+    for name, t in (("g", stored(g)), ("init", state), ("dfinal", dfinal)):
         if t is not None:
             t.contiguous().float().numpy().tofile(tmp_path / f"{name}.bin")
     if cu is not None:
         np.asarray(cu, np.int32).tofile(tmp_path / "cu.bin")
-    result = subprocess.run([str(exe), kernel, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([str(exe), kernel, str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     f = lambda name, shape, dtype: emu_array_from_file(tmp_path / f"{name}.bin", shape, dtype)
     if kernel != "recurrent_backward":
-        return f("out", (B, Hv, T, V), q.dtype), f("final", (N, Hv, K, V), torch.float32)
+        out = f("out", (B, T, Hv, V), q.dtype).transpose(1, 2) if bthk else f("out", (B, Hv, T, V), q.dtype)
+        return out, f("final", (N, Hv, K, V), torch.float32)
     grads = [f("dq", q.shape, q.dtype), f("dk", k.shape, q.dtype), f("dv", v.shape, q.dtype),
              f("dbeta", beta.shape, q.dtype), f("dg", g.shape, torch.float32), f("dinit", (N, Hv, K, V), torch.float32)]
     return grads
@@ -139,3 +152,61 @@ def test_forward_kernels_with_minus_inf_log_decays(emulator, tmp_path, kernel):
     o_peer, s_peer = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, None, peer)
     assert_close_to_oracle(out, o_peer.to(torch.bfloat16), o64, f"{kernel} out")
     assert_close_to_oracle(final, s_peer.float(), s64, f"{kernel} final_state")
+
+
+def _staging(tmp_path):
+    """(qk, v, ws) of the last chunked run: whether those tiles took 16-byte cp.async."""
+    return tuple(bool(int(x)) for x in (tmp_path / "staging.txt").read_text().split())
+
+
+# (B, Hk, Hv, T, K, V, cu_seqlens, layout): sequence ends inside a chunk, odd K and V (the element
+# path), 16-byte rows narrower than the tile (zero-filled pieces beyond K and V), more value tiles
+# than the prep kernel's four slots (two rounds), varlen through both paths, and [B, T, H, X]
+# tensors (16-byte rows H * X elements apart; with odd K their rows are not 16-byte aligned).
+STAGING_CASES = [(1, 1, 2, 133, 13, 12, None, "bhtk"), (2, 2, 2, 100, 24, 20, None, "bhtk"),
+                 (1, 1, 1, 70, 16, 136, None, "bhtk"), (1, 1, 2, 92, 13, 40, [0, 5, 0, 70, 17], "bhtk"),
+                 (1, 2, 2, 92, 40, 24, [0, 5, 0, 70, 17], "bhtk"), (2, 2, 4, 100, 24, 40, None, "bthk"),
+                 (1, 2, 4, 92, 13, 16, [0, 5, 0, 70, 17], "bthk")]
+
+
+@pytest.mark.parametrize("case", STAGING_CASES,
+                         ids=lambda c: "x".join(map(str, c[:6])) + ("_varlen" if c[6] else "") + "_" + c[7])
+def test_chunked_forward_staging(emulator, tmp_path, case):
+    *shape, cu, layout = case
+    q, k, v, beta, g, state = make_inputs(*shape, torch.bfloat16, seed=31, decay=2.0, cu_seqlens=cu)
+    out, final = _run(emulator, tmp_path, "chunked_forward", q, k, v, beta, g, state, 0.3, cu, bthk=layout == "bthk")
+    K, V = shape[4], shape[5]
+    assert _staging(tmp_path) == (K % 8 == 0, V % 8 == 0, True)
+    o64, s64 = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, cu, torch.float64)
+    o_peer, s_peer = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, cu, torch.bfloat16)
+    assert_close_to_oracle(out, o_peer.to(torch.bfloat16), o64, f"chunked out {case}")
+    assert_close_to_oracle(final, s_peer.float(), s64, f"chunked final_state {case}")
+
+
+# The emulator is only evidence if a broken staging fails in it: the state kernel reading Q and
+# P without waiting for their copies, refilling Q and P for the next chunk before every warp is
+# done with this chunk's, and the prep kernel computing P before Q has landed.
+PLANTED_STAGING_BUGS = {
+    "state_q_read_before_its_copy_lands": ("    cp_async_wait<1>();  // Q and P have landed\n", ""),
+    "state_q_refilled_before_every_warp_read_it": (
+        "    __syncthreads();     // every warp is done with Q, P, G and U\n"
+        "    issue_g_u(c0 + kC, slot + 1);\n    issue_q_p(c0 + kC, slot + 1);\n",
+        "    issue_g_u(c0 + kC, slot + 1);\n    issue_q_p(c0 + kC, slot + 1);\n    __syncthreads();\n"),
+    "prep_q_read_before_its_copy_lands": ("    cp_async_wait<0>();  // Q has landed\n", ""),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED_STAGING_BUGS))
+def test_emulator_catches_planted_staging_bug(tmp_path, bug):
+    exe = build_emulator("gated_delta_emu.cpp", _kernels_source([PLANTED_STAGING_BUGS[bug]]), needs_cutlass=True)
+    q, k, v, beta, g, state = make_inputs(1, 1, 2, 133, 40, 48, torch.bfloat16, seed=5)
+    try:
+        out, final = _run(exe, tmp_path, "chunked_forward", q, k, v, beta, g, state, 0.3)
+    except AssertionError as error:  # the run exits with 3 on an ordering hazard
+        assert "shared-memory ordering hazard" in str(error), error
+        return
+    o64, s64 = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, None, torch.float64)
+    o_peer, s_peer = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, None, torch.bfloat16)
+    with pytest.raises(AssertionError):
+        assert_close_to_oracle(out, o_peer.to(torch.bfloat16), o64, "out")
+        assert_close_to_oracle(final, s_peer.float(), s64, "final_state")

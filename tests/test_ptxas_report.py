@@ -257,3 +257,19 @@ def test_moe_grouped_gemm_sm80():
     for kernel, (shared, registers, hmma) in counts.items():
         assert hmma > 0 and shared == registers == 0, (kernel, shared, registers, hmma)
     assert "LDGSTS" in sass
+
+
+# ---- gated delta ------------------------------------------------------------------------------
+# The chunked forward (cpp/src/gated_delta/chunked_forward.cu) for Hopper: both of its kernels,
+# one per dtype, stage their tiles with 16-byte cp.async (LDGSTS ... .128 in the SASS), multiply on
+# mma.sync (HMMA) and spill nothing.
+def test_gated_delta_chunked_kernels_stage_with_cp_async():
+    report, sass = _ptxas_report("chunked_forward.cu", family="gated_delta")
+    spills = {k: v for k, v in _spills(report).items() if "chunk_prep_kernel" in k or "chunk_state_kernel" in k}
+    assert len(spills) == 4 and not any(spills.values()), spills
+    kernels = _sass_by_kernel(sass)
+    assert set(kernels) == set(spills), (sorted(kernels), spills)
+    for kernel, lines in kernels.items():
+        ldgsts = sum(bool(re.search(r"\bLDGSTS\.\S*\.128\b", line)) for line in lines)
+        hmma = sum(bool(re.search(r"\bHMMA\.", line)) for line in lines)
+        assert ldgsts > 0 and hmma > 0, (kernel, ldgsts, hmma)

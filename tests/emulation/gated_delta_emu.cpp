@@ -4,16 +4,22 @@
 // by the test into kernels.inc) runs on the CPU: every CUDA thread of a block is a std::thread,
 // __syncthreads is a block-wide std::barrier, __shfl_xor_sync a warp-wide exchange, __shared__
 // variables are shared by the block's threads (blocks run one after another). The chunked
-// kernel's SM80 MMA atom is replaced by a scalar FMA atom tiled over the same 128 threads (the
-// test's only source edit besides the shared-memory pointer), so its partitioning, staging,
-// barriers, triangular solve and epilogues are the real code.
+// kernel's SM80 MMA atom is replaced by a scalar FMA atom tiled over the same 128 threads, its
+// cp.async copies by the stand-ins of emu_sm80_atoms.hpp (a copy lands only when its group is
+// waited for, zero-filled pieces included) and its MMA operand copies out of shared memory by
+// emu_noted_copy (below: the ordering check of emu_runtime.hpp sees them as reads), so its
+// partitioning, staging, barriers, triangular solve and epilogues are the real code; a run
+// that meets a shared-memory ordering hazard exits with 3 (the hazards are on stderr). The
+// chunked forward writes <dir>/staging.txt: which of its tiles took 16-byte cp.async
+// ("qk v ws", 1 or 0 each, staging_for).
 //
 //   gated_delta_emu <recurrent_forward|chunked_forward|recurrent_backward> <dir>
-// reads <dir>/meta.txt ("B T Hk Hv K V N has_initial has_cu has_dfinal bf16 scale") and raw
-// little-endian arrays (q k v beta: float32 or bfloat16 bits; g, initial, dfinal: float32;
-// cu: int32), all dense [B, H, T, X] / [N, Hv, K, V]; writes out/final (forward) or
-// dq dk dv dbeta dg dinit (backward) in the same formats.
-#include "emu_runtime.hpp"
+// reads <dir>/meta.txt ("B T Hk Hv K V N has_initial has_cu has_dfinal bf16 scale [bthk]") and
+// raw little-endian arrays (q k v beta: float32 or bfloat16 bits; g, initial, dfinal: float32;
+// cu: int32), all dense [B, H, T, X] / [N, Hv, K, V], or with bthk = 1 the forward's q k v beta g
+// and out as dense [B, T, H, X]; writes out/final (forward) or dq dk dv dbeta dg dinit
+// (backward) in the same formats.
+#include "emu_sm80_atoms.hpp"
 
 #include <cute/atom/mma_atom.hpp>
 #include <cute/tensor.hpp>
@@ -31,6 +37,20 @@ inline i64 max(i64 a, i64 b) { return a > b ? a : b; }
 
 // cuda_common.cuh without its CUDA headers (already included above, before the macros).
 #include "gated_delta/cuda_common.cuh"
+
+// The chunked kernels' partition copy of an MMA operand out of shared memory, noted first as this
+// thread's read of every 16-byte chunk it touches, so that a copy issued over an operand another
+// thread may still be reading, or an operand read before its copy is ordered, is reported.
+template <class Src, class Dst>
+void emu_noted_copy(const Src& src, Dst&& dst) {
+  std::vector<std::size_t> chunks;
+  for (int i = 0; i < int(cute::size(src)); ++i)
+    chunks.push_back(std::size_t(reinterpret_cast<const unsigned char*>(&src(i)) - emu_smem) / 16);
+  std::sort(chunks.begin(), chunks.end());
+  chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
+  for (std::size_t c : chunks) emu_note_read(c * 16, emu_clock);
+  cute::copy(src, dst);
+}
 
 // namespace rudnn::gated_delta::cuda { namespace emu_rf {...} namespace emu_rb {...} namespace emu_ch {...} }
 #include "kernels.inc"
@@ -56,10 +76,12 @@ void launch(i64 blocks, unsigned bx, unsigned by, std::size_t dyn_smem, Kernel k
 }
 
 SeqStrides dense(i64 H, i64 T, i64 X) { return {H * T * X, T * X, X}; }
+SeqStrides dense_bthk(i64 H, i64 T, i64 X) { return {T * H * X, X, H * X}; }
 StateStrides dense_state(i64 H, i64 K, i64 V) { return {H * K * V, K * V, V}; }
 
 template <class T, class Bits>
-int run(const std::string& which, const std::string& dir, Problem pr, bool has_init, bool has_cu, bool has_dfinal) {
+int run(const std::string& which, const std::string& dir, Problem pr, bool has_init, bool has_cu, bool has_dfinal,
+        bool bthk) {
   const i64 B = pr.B, T_ = pr.T, Hk = pr.Hk, Hv = pr.Hv, K = pr.K, V = pr.V, N = pr.N;
   auto q = read<Bits>(dir + "/q.bin", B * Hk * T_ * K), k = read<Bits>(dir + "/k.bin", B * Hk * T_ * K);
   auto v = read<Bits>(dir + "/v.bin", B * Hv * T_ * V), beta = read<Bits>(dir + "/beta.bin", B * Hv * T_);
@@ -71,7 +93,8 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
   p.initial = has_init ? init.data() : nullptr;
   p.cu_seqlens = has_cu ? cu.data() : nullptr;
   p.B = B, p.T = T_, p.Hk = Hk, p.Hv = Hv, p.K = K, p.V = V, p.N = N, p.group = Hv / Hk, p.scale = pr.scale;
-  p.sq = p.sk = dense(Hk, T_, K), p.sv = p.sout = p.sdout = dense(Hv, T_, V), p.sbeta = p.sg = dense(Hv, T_, 1);
+  const auto seq = bthk ? dense_bthk : dense;
+  p.sq = p.sk = seq(Hk, T_, K), p.sv = p.sout = p.sdout = seq(Hv, T_, V), p.sbeta = p.sg = seq(Hv, T_, 1);
   p.sinit = p.sfinal = p.sdfinal = dense_state(Hv, K, V);
   pr.varlen = has_cu;
 
@@ -96,15 +119,17 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
         ws.u = at + l.w_bytes;
         ws.vp = l.vp;
         ws.chunks_per_batch = l.chunks_per_batch;
+        const emu_ch::Staging st = emu_ch::staging_for(p, buffer.data());
+        std::ofstream(dir + "/staging.txt") << st.qk << " " << st.v << " " << st.ws << "\n";
         launch(l.slots * Hv, emu_ch::kThreads, 1, sizeof(emu_ch::PrepSmem<E>),
-               [&] { emu_ch::chunk_prep_kernel<E>(p, ws, l.vtiles); });
+               [&] { emu_ch::chunk_prep_kernel<E>(p, ws, l.vtiles, st); });
         launch(N * Hv * l.vtiles, emu_ch::kThreads, 1, sizeof(emu_ch::StateSmem<E>),
-               [&] { emu_ch::chunk_state_kernel<E>(p, ws, l.vtiles); });
+               [&] { emu_ch::chunk_state_kernel<E>(p, ws, l.vtiles, st); });
       }
     }
     write(dir + "/out.bin", out);
     write(dir + "/final.bin", fin);
-    return 0;
+    return emu_hazards > 0 ? 3 : 0;
   }
   // recurrent_backward
   auto dout = read<Bits>(dir + "/dout.bin", B * Hv * T_ * V);
@@ -142,10 +167,11 @@ int main(int argc, char** argv) {
   if (argc != 3) return 2;
   std::ifstream meta(std::string(argv[2]) + "/meta.txt");
   Problem pr;
-  int has_init = 0, has_cu = 0, has_dfinal = 0, bf16 = 0;
+  int has_init = 0, has_cu = 0, has_dfinal = 0, bf16 = 0, bthk = 0;
   meta >> pr.B >> pr.T >> pr.Hk >> pr.Hv >> pr.K >> pr.V >> pr.N >> has_init >> has_cu >> has_dfinal >> bf16 >>
       pr.scale;
   if (!meta) return 2;
-  if (bf16) return run<__nv_bfloat16, std::uint16_t>(argv[1], argv[2], pr, has_init, has_cu, has_dfinal);
-  return run<float, float>(argv[1], argv[2], pr, has_init, has_cu, has_dfinal);
+  if (!(meta >> bthk)) bthk = 0;
+  if (bf16) return run<__nv_bfloat16, std::uint16_t>(argv[1], argv[2], pr, has_init, has_cu, has_dfinal, bthk);
+  return run<float, float>(argv[1], argv[2], pr, has_init, has_cu, has_dfinal, bthk);
 }

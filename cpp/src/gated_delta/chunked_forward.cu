@@ -14,11 +14,25 @@
 // Matrix products take the input dtype with float32 accumulation; decays, the triangular solve
 // and the state are float32. Padding rows of the last chunk are zeros (k = q = v = beta = g = 0)
 // and are never stored.
+//
+// Tiles reach shared memory through stage_tile: 16-byte cp.async pieces (src-size 0, i.e. zeros,
+// past the sequence end and beyond K or V) where every row of the source is 16-byte aligned, as
+// the host decides once per call (staging_for), element loads into 16-byte shared stores
+// otherwise. The state kernel keeps one buffer per tile and refills it for chunk c + 1 as soon as
+// chunk c's last reader of it has passed a barrier (-W after U, Q, P, G and U' after O, K after
+// the state update), so each copy is in flight during one to two of the chunk's three products;
+// a second copy of every tile would take 128.5 KB and leave one CTA per SM where this keeps
+// three (H100/H200; two on A100). The prep kernel issues K and Q at once and waits for K only
+// before K K^T, and streams the value tiles into Q's space (dead after P) during the
+// triangular solve.
+#include <cute/arch/copy_sm80.hpp>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/mma_traits_sm80.hpp>
 #include <cute/tensor.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "core/cuda_check.hpp"
@@ -49,14 +63,13 @@ using StorageOf = std::conditional_t<std::is_same_v<E, cute::half_t>, __half, __
 template <class E>
 struct PrepSmem {
   E k[kC * kKt];      // K rows of the chunk            [C][Kt]
-  E q[kC * kKt];      // Q rows                          [C][Kt]
-  E v[kC * kBV];      // beta V, one value tile          [C][BV]
+  E q[kC * kKt];      // Q rows [C][Kt]; after P, up to kKt / kBV value tiles [C][BV] (beta V)
   float l[kC * kC];   // L (f32); reused for diag(beta e^G) K as E after the solve
   float t[kC * kC];   // T = (I + L)^-1 (f32): the triangular workspace, with g below
   float g[kC];        // cumulative log decay G
   float beta[kC];
-  float y[(kNB - 1) * kB * kB];  // off-diagonal block products of the blocked inverse
-  E tb[kC * kC];      // T in the operand dtype
+  E tb[kC * kC];      // T in the operand dtype; before, the blocked inverse's off-diagonal block
+                      // products (kNB - 1 blocks of kB x kB floats)
 };
 
 // Shared memory of the state kernel.
@@ -67,10 +80,65 @@ struct StateSmem {
   E s[kKt * kBV];     // S0 in the operand dtype         [Kt][BV]
   E w[kC * kKt];      // -W
   E p[kC * kC];       // P
-  E u[kC * kBV];      // U
+  E u[kC * kBV];      // U' as it lands, then U
   E ud[kC * kBV];     // e^(G_last - G_j) U_j
   float g[kC];
 };
+
+// How a call's tiles are copied into shared memory (decided on the host, staging_for): true where
+// every row of the source can move as 16-byte cp.async pieces.
+struct Staging {
+  bool qk = false;  // q and k rows
+  bool v = false;   // v rows (prep kernel)
+  bool ws = false;  // G, P, -W and U' in the workspace (256-byte aligned regions of its base)
+};
+
+// Rows of `cols` 16-bit elements at base + b * s.b + h * s.h + t * s.t start on 16-byte
+// boundaries and hold whole 16-byte pieces (a dimension of extent 1 never steps).
+inline bool rows_in_16_bytes(const void* base, const SeqStrides& s, i64 B, i64 H, i64 T, i64 cols) {
+  const auto whole = [](i64 elems) { return elems * 2 % 16 == 0; };
+  return reinterpret_cast<std::uintptr_t>(base) % 16 == 0 && whole(cols) && (B == 1 || whole(s.b)) &&
+         (H == 1 || whole(s.h)) && (T == 1 || whole(s.t));
+}
+
+inline Staging staging_for(const Params& p, const void* workspace) {
+  Staging st;
+  st.qk = rows_in_16_bytes(p.q, p.sq, p.B, p.Hk, p.T, p.K) && rows_in_16_bytes(p.k, p.sk, p.B, p.Hk, p.T, p.K);
+  st.v = rows_in_16_bytes(p.v, p.sv, p.B, p.Hv, p.T, p.V);
+  st.ws = reinterpret_cast<std::uintptr_t>(workspace) % 16 == 0;
+  return st;
+}
+
+// Issues the copy of a [Rows][Cols] tile (dense rows in shared memory) whose row r is at
+// src + r * row_stride; rows >= valid_rows and columns >= valid_cols become zeros (valid_cols a
+// multiple of a 16-byte piece when vec16). With vec16 every piece is one cp.async (the caller
+// commits and waits), otherwise element loads and one shared store (ordered by a barrier).
+// Thread t copies piece t % pieces of rows t / pieces, + kThreads / pieces, ...: the address math
+// is one pointer step per piece.
+template <int Rows, int Cols, class E>
+__device__ __forceinline__ void stage_tile(E* dst, const E* src, i64 row_stride, int valid_rows, int valid_cols,
+                                           bool vec16) {
+  constexpr int kPer = 16 / int(sizeof(E));  // elements of a piece
+  constexpr int kPieces = Cols / kPer;       // pieces of a row
+  constexpr int kRowStep = kThreads / kPieces;
+  static_assert(Cols % kPer == 0 && kThreads % kPieces == 0, "a row is whole pieces, threads are whole rows");
+  const int col = int(threadIdx.x) % kPieces * kPer;
+  int r = int(threadIdx.x) / kPieces;
+  const E* from = src + r * row_stride + col;
+  for (; r < Rows; r += kRowStep, from += kRowStep * row_stride) {
+    auto& to = *reinterpret_cast<cute::uint128_t*>(dst + r * Cols + col);
+    if (vec16) {
+      const bool ok = r < valid_rows && col < valid_cols;  // src-size 0: nothing read, 16 zero bytes
+      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(*reinterpret_cast<const cute::uint128_t*>(ok ? from : src),
+                                                            to, ok);
+    } else {
+      E pack[kPer];
+      CUTE_UNROLL
+      for (int l = 0; l < kPer; ++l) pack[l] = r < valid_rows && col + l < valid_cols ? from[l] : E(0.0f);
+      memcpy(&to, pack, 16);
+    }
+  }
+}
 
 // Row-major [rows][cols] view of a shared array.
 template <int Rows, int Cols, class E>
@@ -125,7 +193,7 @@ __device__ __forceinline__ i64 first_slot(const Params& p, const ChunkWorkspace&
 
 // Stage 1: one CTA per (chunk slot, value head); slots without a chunk return at once.
 template <class E>
-__global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWorkspace ws, i64 vtiles) {
+__global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWorkspace ws, i64 vtiles, Staging st) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<PrepSmem<E>*>(smem_raw);
   auto mma = make_chunk_mma<E>();
@@ -153,13 +221,14 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
   const int valid = int(min(i64(kC), s.eos - c0));
   const ChunkSlot<E> out = chunk_slot<E>(ws, slot, h, p.Hv);
 
-  // 1. Stage the chunk (zero padded), G = cumsum(g).
-  for (int e = tid; e < kC * kKt; e += kThreads) {
-    const int i = e / kKt, col = e % kKt;
-    const bool ok = i < valid && col < p.K;
-    sm.k[e] = E(ok ? load<X>(p.k, p.sk, s.b, hk, c0 + i, col) : 0.0f);
-    sm.q[e] = E(ok ? load<X>(p.q, p.sq, s.b, hk, c0 + i, col) : 0.0f);
-  }
+  // 1. Stage the chunk (zero padded): K and Q as two copy groups, beta and g by the first 64
+  //    threads meanwhile; G = cumsum(g).
+  stage_tile<kC, kKt>(sm.k, static_cast<const E*>(p.k) + s.b * p.sk.b + hk * p.sk.h + c0 * p.sk.t, p.sk.t, valid,
+                      int(p.K), st.qk);
+  cp_async_fence();
+  stage_tile<kC, kKt>(sm.q, static_cast<const E*>(p.q) + s.b * p.sq.b + hk * p.sq.h + c0 * p.sq.t, p.sq.t, valid,
+                      int(p.K), st.qk);
+  cp_async_fence();
   if (tid < kC) {
     sm.beta[tid] = tid < valid ? load<X>(p.beta, p.sbeta, s.b, h, c0 + tid) : 0.0f;
     sm.g[tid] = tid < valid ? chunked_log_decay(p.g[s.b * p.sg.b + h * p.sg.h + (c0 + tid) * p.sg.t]) : 0.0f;
@@ -169,6 +238,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
     float cum = 0.0f;
     for (int i = 0; i < kC; ++i) sm.g[i] = cum += sm.g[i];
   }
+  cp_async_wait<1>();  // K has landed (Q may still be in flight)
   __syncthreads();
   if (tid < kC) out.g[tid] = sm.g[tid];
 
@@ -183,6 +253,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
       const int r = get<0>(coord_cc(i)), c = get<1>(coord_cc(i));
       sm.l[r * kC + c] = c < r ? sm.beta[r] * expf(sm.g[r] - sm.g[c]) * acc(i) : 0.0f;
     }
+    cp_async_wait<0>();  // Q has landed
+    __syncthreads();
     clear(acc);
     mma_from_smem(mma, rows_view<kC, kKt>(sm.q), rows_view<kC, kKt>(sm.k), acc);
     CUTE_UNROLL
@@ -191,7 +263,21 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
       out.p[r * kC + c] = E(c <= r ? p.scale * expf(sm.g[r] - sm.g[c]) * acc(i) : 0.0f);
     }
   }
-  __syncthreads();
+  __syncthreads();  // every warp is done with Q
+
+  // Q's space holds up to kVSlots value tiles [C][BV] (V in rounds of kVSlots tiles); the first
+  // round streams in during the triangular solve.
+  constexpr int kVSlots = kKt / kBV;
+  E* vbuf = sm.q;
+  const E* v_rows = static_cast<const E*>(p.v) + s.b * p.sv.b + h * p.sv.h + c0 * p.sv.t;
+  auto issue_values = [&](i64 vt0) {
+    for (int j = 0; j < kVSlots && vt0 + j < vtiles; ++j) {
+      const i64 col0 = (vt0 + j) * kBV;
+      stage_tile<kC, kBV>(vbuf + j * kC * kBV, v_rows + col0, p.sv.t, valid, int(min(i64(kBV), p.V - col0)), st.v);
+    }
+    cp_async_fence();
+  };
+  issue_values(0);
 
   // 3. T = (I + L)^-1 in 16 x 16 blocks (the dependency chain is 16 long, not 64): the diagonal
   //    blocks by forward substitution, one column per thread, then the blocks at distance
@@ -208,19 +294,21 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
   for (int e = tid; e < kC * kC; e += kThreads)
     if ((e % kC) / kB > (e / kC) / kB) sm.t[e] = 0.0f;
   __syncthreads();
+  float* const y = reinterpret_cast<float*>(sm.tb);
+  static_assert((kNB - 1) * kB * kB * sizeof(float) <= sizeof(sm.tb), "the block products fit in tb");
   for (int d = 1; d < kNB; ++d) {
     const int count = (kNB - d) * kB * kB;  // the blocks (a, b = a - d)
     for (int e = tid; e < count; e += kThreads) {
       const int b = e / (kB * kB), r = (e / kB) % kB, c = e % kB, a = b + d;
       float acc = 0.0f;
       for (int m = b * kB; m < a * kB; ++m) acc += sm.l[(a * kB + r) * kC + m] * sm.t[m * kC + b * kB + c];
-      sm.y[e] = acc;
+      y[e] = acc;
     }
     __syncthreads();
     for (int e = tid; e < count; e += kThreads) {
       const int b = e / (kB * kB), r = (e / kB) % kB, c = e % kB, a = b + d;
       float acc = 0.0f;
-      for (int m = 0; m < kB; ++m) acc -= sm.t[(a * kB + r) * kC + a * kB + m] * sm.y[b * kB * kB + m * kB + c];
+      for (int m = 0; m < kB; ++m) acc -= sm.t[(a * kB + r) * kC + a * kB + m] * y[b * kB * kB + m * kB + c];
       sm.t[(a * kB + r) * kC + b * kB + c] = acc;
     }
     __syncthreads();
@@ -244,35 +332,35 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
     for (int i = 0; i < size(acc_w); ++i) out.w[get<0>(coord_ck(i)) * kKt + get<1>(coord_ck(i))] = E(-acc_w(i));
   }
 
-  // 5. U' = T (diag(beta) V), one value tile at a time, to the workspace.
+  // 5. U' = T (diag(beta) V), to the workspace, kVSlots value tiles per round.
   auto coord_cv = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kBV>>{}));
-  for (i64 vt = 0; vt < vtiles; ++vt) {
-    const i64 v0 = vt * kBV;
-    for (int e = tid; e < kC * kBV; e += kThreads) {
-      const int i = e / kBV, col = e % kBV;
-      const bool ok = i < valid && v0 + col < p.V;
-      sm.v[e] = E(ok ? sm.beta[i] * load<X>(p.v, p.sv, s.b, h, c0 + i, v0 + col) : 0.0f);
-    }
+  for (i64 vt0 = 0; vt0 < vtiles; vt0 += kVSlots) {
+    if (vt0 > 0) issue_values(vt0);
+    cp_async_wait<0>();  // this round's value tiles have landed
     __syncthreads();
-    auto acc_u = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
-    clear(acc_u);
-    mma_from_smem(mma, rows_view<kC, kC>(sm.tb), cols_view<kBV, kC>(sm.v), acc_u);
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_u); ++i)
-      out.u[get<0>(coord_cv(i)) * ws.vp + v0 + get<1>(coord_cv(i))] = E(acc_u(i));
-    __syncthreads();  // sm.v is restaged for the next tile
+    const int tiles = int(min(i64(kVSlots), vtiles - vt0));
+    for (int e = tid; e < tiles * kC * kBV; e += kThreads) vbuf[e] = E(sm.beta[e / kBV % kC] * float(vbuf[e]));
+    __syncthreads();
+    for (int j = 0; j < tiles; ++j) {
+      const i64 v0 = (vt0 + j) * kBV;
+      auto acc_u = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
+      clear(acc_u);
+      mma_from_smem(mma, rows_view<kC, kC>(sm.tb), cols_view<kBV, kC>(vbuf + j * kC * kBV), acc_u);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_u); ++i)
+        out.u[get<0>(coord_cv(i)) * ws.vp + v0 + get<1>(coord_cv(i))] = E(acc_u(i));
+    }
+    __syncthreads();  // the next round overwrites the tiles
   }
 }
 
 // Stage 2: one CTA per (sequence, value head, 32 value columns), the chunks in order.
 template <class E>
-__global__ void __launch_bounds__(kThreads) chunk_state_kernel(Params p, ChunkWorkspace ws, i64 vtiles) {
+__global__ void __launch_bounds__(kThreads) chunk_state_kernel(Params p, ChunkWorkspace ws, i64 vtiles, Staging st) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<StateSmem<E>*>(smem_raw);
   auto mma = make_chunk_mma<E>();
   auto thr = mma.get_thread_slice(threadIdx.x);
-  const int tid = threadIdx.x;
-  using X = StorageOf<E>;
 
   i64 id = blockIdx.x;
   const i64 vt = id % vtiles;
@@ -293,29 +381,55 @@ __global__ void __launch_bounds__(kThreads) chunk_state_kernel(Params p, ChunkWo
   }
   auto coord_cv = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kBV>>{}));
 
-  for (i64 c0 = s.bos, slot = slot0; c0 < s.eos; c0 += kC, ++slot) {
-    const int valid = int(min(i64(kC), s.eos - c0));
-    const ChunkSlot<E> in = chunk_slot<E>(ws, slot, h, p.Hv);
-
-    // 1. Stage K, Q, -W, P, G and the operand copy of S0; U' straight into the accumulators.
-    for (int e = tid; e < kC * kKt; e += kThreads) {
-      const int i = e / kKt, col = e % kKt;
-      const bool ok = i < valid && col < p.K;
-      sm.k[e] = E(ok ? load<X>(p.k, p.sk, s.b, hk, c0 + i, col) : 0.0f);
-      sm.q[e] = E(ok ? load<X>(p.q, p.sq, s.b, hk, c0 + i, col) : 0.0f);
-      sm.w[e] = in.w[e];
+  // The copies of chunk (c0, slot)'s tiles, four cp.async groups in the order they are read:
+  // -W; G and U'; Q and P; K. Every issue commits a group, empty past the last chunk, so each
+  // thread's groups stay in step with the waits below.
+  const E* k_rows = static_cast<const E*>(p.k) + s.b * p.sk.b + hk * p.sk.h;
+  const E* q_rows = static_cast<const E*>(p.q) + s.b * p.sq.b + hk * p.sq.h;
+  auto valid_rows = [&](i64 c0) { return int(min(i64(kC), s.eos - c0)); };
+  auto issue_w = [&](i64 c0, i64 slot) {
+    if (c0 < s.eos) stage_tile<kC, kKt>(sm.w, chunk_slot<E>(ws, slot, h, p.Hv).w, kKt, kC, kKt, st.ws);
+    cp_async_fence();
+  };
+  auto issue_g_u = [&](i64 c0, i64 slot) {
+    if (c0 < s.eos) {
+      const ChunkSlot<E> in = chunk_slot<E>(ws, slot, h, p.Hv);
+      stage_tile<1, kC>(sm.g, in.g, 0, 1, kC, st.ws);
+      stage_tile<kC, kBV>(sm.u, in.u + v0, ws.vp, kC, kBV, st.ws);  // U' into U's buffer
     }
-    for (int e = tid; e < kC * kC; e += kThreads) sm.p[e] = in.p[e];
-    if (tid < kC) sm.g[tid] = in.g[tid];
-    auto acc_u = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_u); ++i) acc_u(i) = float(in.u[get<0>(coord_cv(i)) * ws.vp + v0 + get<1>(coord_cv(i))]);
+    cp_async_fence();
+  };
+  auto issue_q_p = [&](i64 c0, i64 slot) {
+    if (c0 < s.eos) {
+      stage_tile<kC, kKt>(sm.q, q_rows + c0 * p.sq.t, p.sq.t, valid_rows(c0), int(p.K), st.qk);
+      stage_tile<kC, kC>(sm.p, chunk_slot<E>(ws, slot, h, p.Hv).p, kC, kC, kC, st.ws);
+    }
+    cp_async_fence();
+  };
+  auto issue_k = [&](i64 c0) {
+    if (c0 < s.eos) stage_tile<kC, kKt>(sm.k, k_rows + c0 * p.sk.t, p.sk.t, valid_rows(c0), int(p.K), st.qk);
+    cp_async_fence();
+  };
+  issue_w(s.bos, slot0);
+  issue_g_u(s.bos, slot0);
+  issue_q_p(s.bos, slot0);
+  issue_k(s.bos);
+
+  for (i64 c0 = s.bos, slot = slot0; c0 < s.eos; c0 += kC, ++slot) {
+    const int valid = valid_rows(c0);
+
+    // 1. The operand copy of S0 (each thread its own accumulator elements).
     auto s_view = thr.partition_C(rows_view<kKt, kBV>(sm.s));
     CUTE_UNROLL
     for (int i = 0; i < size(acc_s); ++i) s_view(i) = E(acc_s(i));
+    cp_async_wait<2>();  // -W, G and U' of this chunk have landed (Q, P and K may be in flight)
     __syncthreads();
 
-    // 2. U = U' - W S0; keep U and e^(G_last - G_j) U_j as operands.
+    // 2. U = U' - W S0; keep U and e^(G_last - G_j) U_j as operands. U' is read and U written
+    //    at each thread's own accumulator elements.
+    auto acc_u = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_u); ++i) acc_u(i) = float(sm.u[get<0>(coord_cv(i)) * kBV + get<1>(coord_cv(i))]);
     mma_from_smem(mma, rows_view<kC, kKt>(sm.w), cols_view<kBV, kKt>(sm.s), acc_u);
     const float g_last = sm.g[kC - 1];
     CUTE_UNROLL
@@ -324,7 +438,9 @@ __global__ void __launch_bounds__(kThreads) chunk_state_kernel(Params p, ChunkWo
       sm.u[r * kBV + c] = E(acc_u(i));
       sm.ud[r * kBV + c] = E(expf(g_last - sm.g[r]) * acc_u(i));
     }
-    __syncthreads();
+    cp_async_wait<1>();  // Q and P have landed
+    __syncthreads();     // U is complete; every warp is done with -W
+    issue_w(c0 + kC, slot + 1);
 
     // 3. O = scale e^G (Q S0) + P U, stored for the valid rows and columns.
     {
@@ -342,14 +458,20 @@ __global__ void __launch_bounds__(kThreads) chunk_state_kernel(Params p, ChunkWo
           static_cast<E*>(p.out)[s.b * p.sout.b + h * p.sout.h + (c0 + r) * p.sout.t + col] = E(acc_o(i));
       }
     }
+    cp_async_wait<1>();  // K has landed (the next chunk's -W may be in flight)
+    __syncthreads();     // every warp is done with Q, P, G and U
+    issue_g_u(c0 + kC, slot + 1);
+    issue_q_p(c0 + kC, slot + 1);
 
     // 4. S = e^(G_last) S0 + K^T (e^(G_last - G) U), accumulated in float32 registers.
     const float chunk_decay = expf(g_last);
     CUTE_UNROLL
     for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= chunk_decay;
     mma_from_smem(mma, cols_view<kKt, kC>(sm.k), cols_view<kBV, kC>(sm.ud), acc_s);
-    __syncthreads();  // the next chunk overwrites every shared array
+    __syncthreads();  // every warp is done with K, U_d and S0's copy
+    issue_k(c0 + kC);
   }
+  cp_async_wait<0>();  // only empty groups remain
 
   CUTE_UNROLL
   for (int i = 0; i < size(acc_s); ++i) {
@@ -392,18 +514,19 @@ void chunked_forward(const Params& params, const Problem& problem, void* workspa
   ws.vp = l.vp;
   ws.chunks_per_batch = l.chunks_per_batch;
   const i64 prep_blocks = l.slots * params.Hv, state_blocks = params.N * params.Hv * l.vtiles;
+  const Staging st = staging_for(params, workspace);
   auto run = [&](auto tag) {
     using E = typename decltype(tag)::type;
     if (prep_blocks > 0) {
       const int smem = int(sizeof(PrepSmem<E>));
       RUDNN_CUDA_CHECK(cudaFuncSetAttribute(chunk_prep_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      chunk_prep_kernel<E><<<unsigned(prep_blocks), kThreads, smem, stream>>>(params, ws, l.vtiles);
+      chunk_prep_kernel<E><<<unsigned(prep_blocks), kThreads, smem, stream>>>(params, ws, l.vtiles, st);
       RUDNN_CUDA_CHECK_LAUNCH(chunk_prep_kernel);
     }
     if (state_blocks > 0) {
       const int smem = int(sizeof(StateSmem<E>));
       RUDNN_CUDA_CHECK(cudaFuncSetAttribute(chunk_state_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      chunk_state_kernel<E><<<unsigned(state_blocks), kThreads, smem, stream>>>(params, ws, l.vtiles);
+      chunk_state_kernel<E><<<unsigned(state_blocks), kThreads, smem, stream>>>(params, ws, l.vtiles, st);
       RUDNN_CUDA_CHECK_LAUNCH(chunk_state_kernel);
     }
   };
