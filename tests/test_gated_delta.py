@@ -293,3 +293,22 @@ def test_backward_varlen(device, entry):
     dout = torch.randn(v.shape, generator=gen).to(device)
     dfinal = torch.randn(state.shape, generator=gen).to(device)
     check_backward(entry, q, k, v, beta, g, state, dout, dfinal, 0.5, cu_seqlens=cu.to(device))
+
+
+def test_last_algorithm_names_the_backend_that_ran():
+    q, k, v = (torch.randn(1, 2, 9, 8) for _ in range(3))
+    beta, g = torch.rand(1, 2, 9), -torch.rand(1, 2, 9)
+    rudnn.chunk_gated_delta_rule(q, k, v, beta, g, scale=0.3)
+    assert rudnn.gated_delta_last_algorithm() == "cpu"
+
+
+@pytest.mark.cuda
+def test_last_algorithm_on_cuda():
+    def run(dtype):
+        q, k, v = (torch.randn(1, 2, 130, 64, device="cuda").to(dtype) for _ in range(3))
+        beta, g = torch.rand(1, 2, 130, device="cuda").to(dtype), -torch.rand(1, 2, 130, device="cuda")
+        rudnn.chunk_gated_delta_rule(q, k, v, beta, g, scale=0.3)
+        return rudnn.gated_delta_last_algorithm()
+
+    assert run(torch.bfloat16) == "chunked"  # the tensor-core chunked kernels take 16-bit inputs
+    assert run(torch.float32) == "recurrent"

@@ -1,9 +1,11 @@
 // Bindings of the gated delta rule family (rudnn._C.gated_delta_*).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "families.hpp"
 #include "rudnn/gated_delta.hpp"
@@ -69,6 +71,9 @@ GatedDeltaForwardArgs forward_args(int algo, const In& q, const In& k, const In&
 }
 
 void register_gated_delta(nb::module_& m) {
+  m.def("gated_delta_last_algorithm", [] { return std::string(gated_delta_last_algorithm()); },
+        "What the last gated delta forward or backward on this thread ran.");
+
   m.def(
       "gated_delta_forward",
       [](int algo, const In& q, const In& k, const In& v, const In& beta, const In& g, const OptIn& initial,

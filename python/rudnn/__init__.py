@@ -10,8 +10,8 @@ from .conv import conv, conv_bias_backward, conv_data_backward, conv_last_algori
 from .ctc import ctc_loss, ctc_loss_backward
 from .grid_sample import grid_sample, grid_sample_backward
 from .interpolate import interpolate, interpolate_backward
-from .gated_delta import (chunk_gated_delta_rule, chunk_gated_delta_rule_backward, gated_delta_rule,
-                          gated_delta_rule_backward)
+from .gated_delta import (chunk_gated_delta_rule, chunk_gated_delta_rule_backward, gated_delta_last_algorithm,
+                          gated_delta_rule, gated_delta_rule_backward)
 from .norm import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward, softmax, softmax_backward
 from .pooling import (adaptive_avg_pool, adaptive_avg_pool_backward, adaptive_max_pool, adaptive_max_pool_backward,
                       avg_pool, avg_pool_backward, max_pool, max_pool_backward)
@@ -35,6 +35,7 @@ __all__ = [
     "attention", "attention_backward", "attention_last_algorithm",
     "moe", "paged",
     "chunk_gated_delta_rule", "gated_delta_rule", "chunk_gated_delta_rule_backward", "gated_delta_rule_backward",
+    "gated_delta_last_algorithm",
     "max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool", "max_pool_backward", "avg_pool_backward",
     "adaptive_avg_pool_backward", "adaptive_max_pool_backward",
     "ctc_loss", "ctc_loss_backward",

@@ -169,3 +169,10 @@ def gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None
                                                 scale=scale, cu_seqlens=cu_seqlens)
     return _backward("gated_delta_rule_backward", _RECURRENT, dout, q, k, v, beta, log_decay, initial_state,
                      dfinal_state, scale, 64, cu_seqlens, stream)
+
+
+def gated_delta_last_algorithm() -> str:
+    """What the last gated delta forward or backward on this thread ran: "cpu", "chunked" (the
+    tensor-core chunked CUDA kernels), "recurrent" (the token-by-token CUDA kernel) or
+    "recurrent_backward" ("none" before any)."""
+    return _C.gated_delta_last_algorithm()

@@ -74,4 +74,8 @@ struct GatedDeltaBackwardArgs {
 std::size_t gated_delta_backward_workspace_bytes(const GatedDeltaBackwardArgs& args);
 void gated_delta_backward(const GatedDeltaBackwardArgs& args, Stream stream = nullptr);
 
+// What the last forward or backward on this thread ran: "cpu", "chunked", "recurrent" or
+// "recurrent_backward" ("none" before any).
+const char* gated_delta_last_algorithm();
+
 }  // namespace rudnn

@@ -70,7 +70,7 @@ std::size_t forward_workspace_bytes_cuda(const GatedDeltaForwardArgs& a, const P
   return std::size_t(l.g_bytes + l.p_bytes + l.w_bytes + l.u_bytes);
 }
 
-void forward_cuda(const GatedDeltaForwardArgs& a, const Problem& p, Stream stream) {
+const char* forward_cuda(const GatedDeltaForwardArgs& a, const Problem& p, Stream stream) {
   cuda::check_grid(p, "gated_delta_forward");
   cuda::Params params = cuda::make_params(p, a.q, a.k, a.v, a.beta, a.log_decay, a.initial_state, a.cu_seqlens);
   params.out = a.out.data;
@@ -79,11 +79,13 @@ void forward_cuda(const GatedDeltaForwardArgs& a, const Problem& p, Stream strea
   params.sfinal = p.final_state;
   // Chunked prefill on tensor cores where the chunked kernel covers the case; otherwise (decode,
   // float32, other chunk sizes, K > 128) the recurrent kernel, which computes the same function.
-  if (use_chunked(a, p))
+  if (use_chunked(a, p)) {
     cuda::chunked_forward(params, p, a.workspace ? a.workspace->data : nullptr, p.dtype,
                           static_cast<cudaStream_t>(stream));
-  else
-    cuda::recurrent_forward(params, p.dtype, static_cast<cudaStream_t>(stream));
+    return "chunked";
+  }
+  cuda::recurrent_forward(params, p.dtype, static_cast<cudaStream_t>(stream));
+  return "recurrent";
 }
 
 std::size_t backward_workspace_bytes_cuda(const Problem& p) {

@@ -9,6 +9,8 @@ namespace rudnn {
 
 namespace {
 
+thread_local const char* last_algorithm = "none";
+
 }  // namespace
 
 std::size_t gated_delta_forward_workspace_bytes(const GatedDeltaForwardArgs& args) {
@@ -21,11 +23,17 @@ std::size_t gated_delta_forward_workspace_bytes(const GatedDeltaForwardArgs& arg
 
 void gated_delta_forward(const GatedDeltaForwardArgs& args, Stream stream) {
   const gated_delta::Problem p = gated_delta::validate_forward(args);
-  core::on_device(args.q.device, "gated_delta_forward", [&] { gated_delta::forward_cpu(args, p); },
-            [&] {
-              core::expect_workspace(args.workspace, args.q, "q", gated_delta::forward_workspace_bytes_cuda(args, p), "gated_delta_forward");
-              gated_delta::forward_cuda(args, p, stream);
-            });
+  core::on_device(
+      args.q.device, "gated_delta_forward",
+      [&] {
+        gated_delta::forward_cpu(args, p);
+        last_algorithm = "cpu";
+      },
+      [&] {
+        core::expect_workspace(args.workspace, args.q, "q", gated_delta::forward_workspace_bytes_cuda(args, p),
+                               "gated_delta_forward");
+        last_algorithm = gated_delta::forward_cuda(args, p, stream);
+      });
 }
 
 std::size_t gated_delta_backward_workspace_bytes(const GatedDeltaBackwardArgs& args) {
@@ -38,11 +46,20 @@ std::size_t gated_delta_backward_workspace_bytes(const GatedDeltaBackwardArgs& a
 
 void gated_delta_backward(const GatedDeltaBackwardArgs& args, Stream stream) {
   const gated_delta::Problem p = gated_delta::validate_backward(args);
-  core::on_device(args.q.device, "gated_delta_backward", [&] { gated_delta::backward_cpu(args, p); },
-            [&] {
-              core::expect_workspace(args.workspace, args.q, "q", gated_delta::backward_workspace_bytes_cuda(p), "gated_delta_backward");
-              gated_delta::backward_cuda(args, p, stream);
-            });
+  core::on_device(
+      args.q.device, "gated_delta_backward",
+      [&] {
+        gated_delta::backward_cpu(args, p);
+        last_algorithm = "cpu";
+      },
+      [&] {
+        core::expect_workspace(args.workspace, args.q, "q", gated_delta::backward_workspace_bytes_cuda(p),
+                               "gated_delta_backward");
+        gated_delta::backward_cuda(args, p, stream);
+        last_algorithm = "recurrent_backward";
+      });
 }
+
+const char* gated_delta_last_algorithm() { return last_algorithm; }
 
 }  // namespace rudnn

@@ -157,7 +157,8 @@ def _prefill(spec, device):
                 compare("final_state", final, final_ref, p[1] if p else None, expect_dtype=a.torch.float32,
                         floor=1e-5)]
 
-    return Prepared(run=run, peer=peer, check=check, bytes=a.bytes, flops=a.flops, flush_l2=a.bytes < _L2_BYTES)
+    return Prepared(run=run, peer=peer, check=check, bytes=a.bytes, flops=a.flops, flush_l2=a.bytes < _L2_BYTES,
+                    algorithm=_algorithm)
 
 
 def _decode(spec, device):
@@ -181,7 +182,7 @@ def _decode(spec, device):
 
     B, T, _, hv, K, V = a.shape
     # decode is the recurrence: three K x V products per token and head (S^T k, k u^T, S^T q)
-    return Prepared(run=run, peer=peer, check=check, bytes=a.bytes, flops=6 * B * T * hv * K * V)
+    return Prepared(run=run, peer=peer, check=check, bytes=a.bytes, flops=6 * B * T * hv * K * V, algorithm=_algorithm)
 
 
 def _fwd_bwd(spec, device):
@@ -228,7 +229,13 @@ def _fwd_bwd(spec, device):
                 for n, g, r, s, d in zip(names, grads, ref, same, dtypes)]
 
     return Prepared(run=run, peer=peer, check=check, bytes=3 * a.bytes, flops=3 * a.flops,
-                    flush_l2=a.bytes < _L2_BYTES)
+                    flush_l2=a.bytes < _L2_BYTES, algorithm=_algorithm)
+
+
+def _algorithm():
+    import rudnn
+
+    return rudnn.gated_delta_last_algorithm()
 
 
 def _lazy(make):
