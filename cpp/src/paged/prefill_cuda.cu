@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(PrefillConfig<Element, kHeadDim>::kThreads, 1)
     for (int i = begin; i < end; ++i) n_visible = visible_s[i] > n_visible ? visible_s[i] : n_visible;
     int min_visible = n_visible;  // ... that every row of the run sees
     for (int i = begin; i < end; ++i) min_visible = visible_s[i] < min_visible ? visible_s[i] : min_visible;
-    const int n_tiles = (n_visible + BN - 1) / BN;
+    const int n_tiles = int((i64(n_visible) + BN - 1) / BN);  // (no int overflow near 2^31)
 
     float row_max[kRows], row_sum[kRows];  // maxima in raw-dot units
     CUTE_UNROLL
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(PrefillConfig<Element, kHeadDim>::kThreads, 1)
       bool all_present = true;
       CUTE_UNROLL
       for (int w = 0; w < BN / 8; ++w) all_present = all_present && present_words[w] == 0x0101010101010101ull;
-      if (n0 + BN > min_visible || !all_present) {
+      if (i64(n0) + BN > min_visible || !all_present) {
         auto acc_s_rc = cute::make_tensor(acc_s.data(), flash::rowcol(acc_s.layout()));
         auto tScS_rc = cute::make_tensor(tScS.data(), flash::rowcol(tScS.layout()));
         CUTE_UNROLL
