@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from test_attention import CASES, _grads, _inputs, _oracle, _same_dtype
-from util import ROOT, emu_array_bits, emu_array_from_file, assert_close_to_oracle, build_emulator, rand
+from util import FLASH_SM80_EDITS, ROOT, emu_array_bits, emu_array_from_file, assert_close_to_oracle, build_emulator, rand
 
 
 def _kernels_source():
@@ -171,13 +171,8 @@ def _check_fallback_backward(emulator, tmp_path, name, dtype, through_lse=False)
 
 # ---- the flash sm80 kernels (CuTe, mma.sync) ------------------------------------------------
 
-# The hardware atoms' names in the kernel text and their host stand-ins (emu_sm80_atoms.hpp).
-FLASH_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "unsigned char* smem_raw = emu_smem;"),
-               ("SM80_16x8x16_F32F16F16F32_TN", "EmuMmaF16"), ("SM80_16x8x16_F32BF16BF16F32_TN", "EmuMmaBF16"),
-               ("SM75_U32x4_LDSM_N", "EmuLdsmN"), ("SM75_U16x8_LDSM_T", "EmuLdsmT"),
-               ("SM80_CP_ASYNC_CACHEGLOBAL_ZFILL", "EmuCpAsyncZfill"),
-               ("SM80_CP_ASYNC_CACHEGLOBAL<", "EmuCpAsync<"), ("cp_async_fence()", "emu_cp_async_fence()"),
-               ("cp_async_wait<", "emu_cp_async_wait<")]
+# The hardware atoms' names in the kernel text and their host stand-ins (util.py).
+FLASH_EDITS = FLASH_SM80_EDITS
 
 
 # ... and the sm90a kernel's (emu_sm90_atoms.hpp); its body is compiled for sm_90a only.

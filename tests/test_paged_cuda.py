@@ -2,7 +2,9 @@
 devices): the default path's split choice from the history length and SM count (its workspace
 allocated by torch), corrupted device tables that must stay inside the caches (bench/gpu_check.sh
 runs this file under compute-sanitizer too), a CUDA graph captured over plan.attention replayed
-with a new schedule uploaded in place, the torch wrapper on CUDA. Skipped without a GPU."""
+with a new schedule uploaded in place, the torch wrapper on CUDA, and the tensor-core prefill
+kernel (prefill_cuda.cu) beside the decode kernel in prefill-only and mixed batches. Skipped
+without a GPU."""
 
 import pytest
 import torch
@@ -29,7 +31,8 @@ def operands(sched, Hq, Hkv, D, Dv, dtype, seed=0):
 @pytest.mark.parametrize("lengths,nq,expected", [
     pytest.param([8192], [1], "cuda_decode_split", id="one-long-row-splits"),
     pytest.param([3000, 700], [1, 1], "cuda_decode_split", id="two-rows-split"),
-    pytest.param([300] * 64, [1] * 64, "cuda_decode", id="many-short-rows-no-split"),
+    # bf16 D = 128 with 16+ rows: the prefill kernel is launched too and finds no prefill run
+    pytest.param([300] * 64, [1] * 64, "cuda_mixed", id="many-short-rows-no-split"),
 ])
 def test_default_path_picks_splits(lengths, nq, expected):
     sched = schedule(lengths, nq, 16, seed=5)
@@ -114,3 +117,74 @@ def test_append_on_cuda_equals_the_cpu():
     assert rudnn.paged.last_algorithm() == "cuda_append"
     for cpu, gpu in zip(caches, on_gpu):
         assert torch.equal(cpu, gpu.cpu())
+
+
+def grouped(sched):
+    """The schedule with its rows ordered by (sequence, position), as servers pack prefill rows:
+    the runs of consecutive rows the prefill kernel takes (cuda_common.cuh)."""
+    page_size, pages, tables, lengths, seq_ids, positions = sched
+    rows = sorted(zip(seq_ids, positions))
+    return page_size, pages, tables, lengths, [s for s, _ in rows], [t for _, t in rows]
+
+
+# Prefill (a whole sequence), chunked prefill (the last 20 positions of 130), decode rows and a
+# run too short for the prefill kernel (5 rows) in one call; page sizes 1/16/64, GQA 1/4/8, both
+# head dims and dtypes the prefill kernel has, causal by absolute position and not.
+PREFILL_CASES = [
+    pytest.param(16, 8, 2, 128, torch.bfloat16, True, id="page16-gqa4-d128-bf16-causal"),
+    pytest.param(1, 8, 8, 64, torch.float16, True, id="page1-gqa1-d64-f16-causal"),
+    pytest.param(64, 8, 1, 64, torch.bfloat16, False, id="page64-gqa8-d64-bf16"),
+    pytest.param(16, 4, 1, 128, torch.float16, False, id="page16-gqa4-d128-f16"),
+]
+
+
+@pytest.mark.parametrize("page_size,Hq,Hkv,D,dtype,causal", PREFILL_CASES)
+def test_prefill_and_mixed_batches(page_size, Hq, Hkv, D, dtype, causal):
+    sched = grouped(schedule([300, 7, 130, 40, 5], [300, 1, 20, 1, 5], page_size, seed=21))
+    q, k, v = operands(sched, Hq, Hkv, D, D, dtype, seed=3)
+    plan = plan_of(sched, q.cuda())
+    out, lse = plan.attention(q.cuda(), k.cuda(), v.cuda(), causal=causal, return_lse=True)
+    assert rudnn.paged.last_algorithm() == "cuda_mixed"
+    o64, l64 = ref.attention(ref_sched(sched), q, k, v, scale=D ** -0.5, causal=causal)
+    o_same, l_same = ref.attention(ref_sched(sched), q, k, v, scale=D ** -0.5, causal=causal, dtype=dtype)
+    assert_close_to_oracle(out.cpu(), o_same, o64, "out")
+    assert_close_to_oracle(lse.cpu(), l_same.float(), l64, "lse", dtype=torch.float32)
+
+
+def test_prefill_rows_with_splits_equal_unsplit():
+    """With a split workspace the prefill kernel writes its rows as split 0 (the other splits'
+    lse -inf) and the merge returns them unchanged; the decode rows split."""
+    sched = grouped(schedule([200, 3000, 64], [200, 1, 1], 16, seed=22))
+    q, k, v = (t.cuda() for t in operands(sched, 8, 2, 64, 64, torch.bfloat16, seed=4))
+    plan = plan_of(sched, q)
+    ws = SplitWorkspace(q, len(sched[4]), 8, 64, 4)
+    split, split_lse = plan.attention(q, k, v, causal=True, workspace=ws, return_lse=True)
+    assert rudnn.paged.last_algorithm() == "cuda_mixed_split"
+    plain, plain_lse = plan.attention(q, k, v, causal=True, return_lse=True)
+    prefill_rows = [r for r, s in enumerate(sched[4]) if s == 0]
+    assert torch.equal(split[prefill_rows], plain[prefill_rows])  # the same kernel, merged exactly
+    torch.testing.assert_close(split, plain, rtol=8e-3, atol=8e-3)
+    torch.testing.assert_close(split_lse, plain_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_corrupted_device_tables_under_prefill_rows():
+    """The prefill kernel's page lookups are bounded as the decode kernel's: a sequence whose
+    pages are all out of range gives its prefill rows out 0 and lse -inf, the other rows are
+    unchanged (the same kernels on the same data: bitwise)."""
+    sched = grouped(schedule([40, 70, 9], [40, 70, 1], 16, seed=23))
+    q, k, v = (t.cuda() for t in operands(sched, 4, 2, 64, 64, torch.bfloat16, seed=5))
+    plan = plan_of(sched, q)
+    good, good_lse = plan.attention(q, k, v, causal=True, return_lse=True)
+    assert rudnn.paged.last_algorithm() == "cuda_mixed"
+    tables, _, seq_ids, _ = plan._buffers
+    bad = [-7, sched[1], 2 ** 31 - 1, -(2 ** 31), 5000, -1, 3 * sched[1]]
+    tables[0] = torch.tensor([bad[j % len(bad)] for j in range(tables.shape[1])], dtype=torch.int32, device="cuda")
+    row_of_seq2 = [r for r, s in enumerate(sched[4]) if s == 2]
+    seq_ids[row_of_seq2[0]] = 1000
+    out, lse = plan.attention(q, k, v, causal=True, return_lse=True)
+    torch.cuda.synchronize()
+    lost = [r for r, s in enumerate(sched[4]) if s in (0, 2)]
+    kept = [r for r in range(len(sched[4])) if r not in lost]
+    assert torch.equal(out[lost], torch.zeros_like(out[lost]))
+    assert torch.isneginf(lse[lost]).all()
+    assert torch.equal(out[kept], good[kept]) and torch.equal(lse[kept], good_lse[kept])

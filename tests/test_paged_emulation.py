@@ -8,13 +8,19 @@ which test_paged.py checks against the float64 reference: GQA 1/4/8 and MQA over
 page sizes 1/16/64, decode and prefill rows, causal, D != Dv, D = Dv = 1024, MLA (DeepSeek's
 R = 512, P = 64 included), splits 2..32 (empty chunks included), lse, the 16-byte and the scalar
 staging, append, and corrupted device metadata (page ids, sequence ids, a length) staying inside
-NaN-guarded caches. Skipped when g++ (C++20), the CUDA toolkit's headers or CUTLASS's headers are
+NaN-guarded caches. The tensor-core prefill kernel (cpp/src/paged/prefill_cuda.cu, with the text
+of attention/flash_sm80.cuh it builds on and the MMA, ldmatrix and cp.async stand-ins of
+emu_sm80_atoms.hpp, written from the PTX ISA) runs in the same calls as forward_cuda launches it:
+prefill-only and mixed batches (the decode kernel skipping the prefill runs' rows), D = 64 and
+128, f16 and bf16, page sizes 1/16/64, GQA 1/2/4/8, causal by absolute position (chunked
+prefill: the last rows of a longer history), splits, and corrupted page tables, sequence ids
+and lengths. Skipped when g++ (C++20), the CUDA toolkit's headers or CUTLASS's headers are
 missing."""
 
 import os
 import subprocess
 
-from util import ROOT, build_emulator
+from util import FLASH_SM80_EDITS, ROOT, build_emulator
 
 SRC = os.path.join(ROOT, "cpp", "src", "paged")
 MARKER = "// ---- emulated from here (tests/test_paged_emulation.py) ----\n"
@@ -25,18 +31,33 @@ EDITS = [("cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<", "EmuCpAsyncZfill<"),
          ("extern __shared__ __align__(128) unsigned char smem_raw[];", "unsigned char* smem_raw = emu_smem;")]
 
 
+# ... and those of the prefill kernel's own ldmatrix copies (the rest of its atoms are flash_sm80.cuh's).
+PREFILL_EDITS = [("cute::SM75_U32x4_LDSM_N", "EmuLdsmN"), ("cute::SM75_U16x8_LDSM_T", "EmuLdsmT")]
+
+
+def _anonymous_namespace(name):
+    text = open(os.path.join(SRC, name)).read()
+    start = text.index("namespace {\n") + len("namespace {\n")
+    return text[start:text.index("}  // namespace\n", start)]
+
+
 def _kernels_source():
+    """flash_sm80.cuh's kernels (atoms renamed), then cuda_common.cuh from its marker with the
+    anonymous namespaces of forward_cuda.cu and prefill_cuda.cu in namespace emu_k."""
+    flash = open(os.path.join(ROOT, "cpp", "src", "attention", "flash_sm80.cuh")).read()
+    flash = flash[flash.index("namespace rudnn::attention::flash {"):flash.index('#include "core/cuda_check.hpp"')]
+    for old, new in FLASH_SM80_EDITS:  # (the plain cp.async atom is the backward's, not here)
+        assert old in flash or old == "SM80_CP_ASYNC_CACHEGLOBAL<", f"emulation edit no longer applies: {old}"
+        flash = flash.replace(old, new)
     common = open(os.path.join(SRC, "cuda_common.cuh")).read()
     common = common[common.index(MARKER) + len(MARKER):]  # ends with the namespace's closing brace
-    fwd = open(os.path.join(SRC, "forward_cuda.cu")).read()
-    start = fwd.index("namespace {\n") + len("namespace {\n")
-    kernels = fwd[start:fwd.index("}  // namespace\n", start)]
+    kernels = _anonymous_namespace("forward_cuda.cu") + _anonymous_namespace("prefill_cuda.cu")
     common = common[:common.rindex("}")] + "namespace emu_k {\n" + kernels + "}  // namespace emu_k\n}\n"
     text = "namespace rudnn::paged::cuda {\n" + common
-    for old, new in EDITS:
+    for old, new in EDITS + PREFILL_EDITS:
         assert old in text, f"emulation edit no longer applies: {old}"
         text = text.replace(old, new)
-    return text
+    return flash + text
 
 
 def test_paged_kernels_match_the_cpu_backend():
@@ -49,4 +70,15 @@ def test_paged_kernels_match_the_cpu_backend():
         assert any(f"staging={staging}" in line for line in lines), f"no case staged with {staging}"
     for groups in (2, 16):  # both accumulator variants of the decode kernel ran
         assert any(f"acc_groups={groups} " in line for line in lines), f"no case ran with {groups} groups"
-    assert sum(line.startswith("append") for line in lines) == 3 and len(lines) == 18, result.stdout
+    # The prefill kernel ran: rows of prefill runs only (prefill_rows=queries), and mixed with the
+    # decode kernel in one call; at both head dims, with splits and on corrupted tables.
+    def field(line, key):
+        return next(int(w.split("=")[1]) for w in line.split() if w.startswith(key + "="))
+    prefill = [line for line in lines if " prefill_rows=" in line and field(line, "prefill_rows") > 0]
+    assert any(field(line, "prefill_rows") == field(line, "queries") for line in prefill), result.stdout
+    assert sum(0 < field(line, "prefill_rows") < field(line, "queries") for line in prefill) >= 4, result.stdout
+    for d in (64, 128):
+        assert any(field(line, "d") == d for line in prefill), f"no prefill case with D = {d}"
+    assert any(field(line, "splits") > 1 for line in prefill), "no prefill case with splits"
+    assert sum(line.startswith("corrupt") for line in prefill) >= 3, "the prefill kernel met no corrupted table"
+    assert sum(line.startswith("append") for line in lines) == 3 and len(lines) == 25, result.stdout

@@ -97,6 +97,16 @@ def cutlass_include():
     return inc if os.path.exists(os.path.join(inc, "cute", "tensor.hpp")) else None
 
 
+# The hardware atoms' names in the kernel text and their host stand-ins (emu_sm80_atoms.hpp), applied to
+# flash_sm80.cuh's text by the emulators that run it (attention's and the paged prefill kernel's).
+FLASH_SM80_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "unsigned char* smem_raw = emu_smem;"),
+                    ("SM80_16x8x16_F32F16F16F32_TN", "EmuMmaF16"), ("SM80_16x8x16_F32BF16BF16F32_TN", "EmuMmaBF16"),
+                    ("SM75_U32x4_LDSM_N", "EmuLdsmN"), ("SM75_U16x8_LDSM_T", "EmuLdsmT"),
+                    ("SM80_CP_ASYNC_CACHEGLOBAL_ZFILL", "EmuCpAsyncZfill"),
+                    ("SM80_CP_ASYNC_CACHEGLOBAL<", "EmuCpAsync<"), ("cp_async_fence()", "emu_cp_async_fence()"),
+                    ("cp_async_wait<", "emu_cp_async_wait<")]
+
+
 def build_emulator(source, kernels_inc, needs_cutlass=False, defines=(), extra_includes=None):
     """Compiles tests/emulation/<source> with the extracted kernel text `kernels_inc` (and more
     extracted texts `extra_includes`: {file name: text}, beside kernels.inc) and the

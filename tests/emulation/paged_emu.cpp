@@ -1,9 +1,11 @@
 // Host emulator of the paged family's CUDA kernels (tests/test_paged_emulation.py builds and runs
 // it). The kernels' own source runs on the CPU through emu_runtime.hpp (a std::thread per CUDA
 // thread, barriers for __syncthreads and the warp shuffles): cpp/src/paged/cuda_common.cuh from
-// its marker line and the anonymous namespace of cpp/src/paged/forward_cuda.cu, extracted by the
-// test into kernels.inc with cp.async replaced by the stand-ins of emu_sm80_atoms.hpp (copies
-// land only when waited for, so a tile read too early reads poison) and the shared-memory pointer.
+// its marker line and the anonymous namespaces of cpp/src/paged/forward_cuda.cu and
+// prefill_cuda.cu (with the kernels of attention/flash_sm80.cuh the prefill kernel builds on),
+// extracted by the test into kernels.inc with cp.async, ldmatrix and mma.sync replaced by the
+// stand-ins of emu_sm80_atoms.hpp (copies land only when waited for, so a tile read too early
+// reads poison) and the shared-memory pointer.
 //
 // Each case builds a paged schedule (shuffled physical pages, optionally a shared prefix page),
 // validates it with the C++ core's validation, runs the CPU backend (the reference here, which
@@ -39,6 +41,7 @@ using namespace rudnn;
 using namespace rudnn::paged;
 using i64 = std::int64_t;
 namespace K = rudnn::paged::cuda::emu_k;
+namespace PC = rudnn::paged::cuda;
 
 std::uint32_t next_random(std::uint32_t& state) { return state = state * 1664525u + 1013904223u; }
 
@@ -101,7 +104,8 @@ struct Case {
   bool causal, lse;
   int splits;
   std::vector<i64> lengths;
-  std::vector<std::pair<i64, i64>> rows;  // (sequence, position); position -1: every position of it
+  std::vector<std::pair<i64, i64>> rows;  // (sequence, position); position -1: every position of it,
+                                          // -n < -1: its last n positions (chunked prefill)
   bool shared_prefix = false;
   enum Corrupt { none, pages, sequence, length } corrupt = none;
 };
@@ -118,7 +122,7 @@ Schedule_ build_schedule(const Case& c, std::uint32_t seed) {
     if (pos >= 0)
       rows.push_back({seq, pos});
     else
-      for (i64 t = 0; t < c.lengths[std::size_t(seq)]; ++t) rows.push_back({seq, t});
+      for (i64 len = c.lengths[std::size_t(seq)], t = pos == -1 ? 0 : len + pos; t < len; ++t) rows.push_back({seq, t});
   const i64 n = i64(c.lengths.size());
   std::vector<i64> counts;
   for (i64 len : c.lengths) {
@@ -156,10 +160,54 @@ PagedMetadata metadata(const Case& c, const Schedule_& s) {
   return PagedMetadata{c.page_size, s.tables.t, s.lengths.t, s.seqs.t, s.positions.t};
 }
 
+// prefill_cuda's launch, through the emulator: whether the prefill kernel serves p.
+template <class T>
+bool run_prefill(const Problem& p, float* part_out, float* part_lse) {
+  if constexpr (std::is_same_v<T, float>) {
+    return false;
+  } else {
+    if (!K::prefill_serves(p)) return false;
+    using Element = std::conditional_t<std::is_same_v<T, __half>, cute::half_t, cute::bfloat16_t>;
+    auto launch = [&](auto head_dim) {
+      constexpr int D = decltype(head_dim)::value;
+      using Cfg = K::PrefillConfig<Element, D>;
+      emu_launch(EmuDim3{unsigned((p.sched.queries + PC::kPrefillRows - 1) / PC::kPrefillRows), unsigned(p.hq), 1},
+                 Cfg::kThreads, 1, K::prefill_smem_bytes<Cfg>(),
+                 [&] { K::paged_prefill_kernel<Element, D>(p, part_out, part_lse); });
+    };
+    if (p.d == 64)
+      launch(cute::Int<64>{});
+    else
+      launch(cute::Int<128>{});
+    return true;
+  }
+}
+
+// The rows the prefill kernel takes (cuda_common.cuh's rule on the host, on the ids the device sees).
+std::vector<bool> prefill_row_mask(const Problem& p) {
+  std::vector<bool> taken(std::size_t(p.sched.queries), false);
+  for (i64 w0 = 0; w0 < p.sched.queries; w0 += PC::kPrefillRows) {
+    int seq[PC::kPrefillRows];
+    for (int i = 0; i < PC::kPrefillRows; ++i) PC::load_window_sequences(p.sched, w0, seq, i);
+    for (int i = 0; i < PC::kPrefillRows && w0 + i < p.sched.queries; ++i)
+      taken[std::size_t(w0 + i)] = PC::in_prefill_run(p.sched, seq, i);
+  }
+  return taken;
+}
+
+// The prefill kernel's extra error: like the dense flash kernels it rounds the probabilities P_t
+// (at most 1) to the 16-bit dtype before O += P V (the CPU backend and the decode kernel keep them
+// in float32) while the row sum l adds the unrounded ones, so out moves by at most
+// |sum_t dP_t v_t| / l <= u sum_t P_t |v_t| / l <= u max|v|, u the dtype's unit roundoff.
+float p_rounding_bound(DType dtype, float v_max) {
+  return (dtype == DType::bf16 ? 1.0f / 256 : dtype == DType::f16 ? 1.0f / 2048 : 0.0f) * v_max;
+}
+
 // forward_cuda's launches, through the emulator.
 template <class T>
 void run_kernels(const Problem& p, float* part_out, float* part_lse) {
-  const K::DecodeShape sh = K::decode_shape<T>(p);
+  K::DecodeShape sh = K::decode_shape<T>(p);
+  sh.skip_prefill_rows = run_prefill<T>(p, part_out, part_lse);
   emu_launch(EmuDim3{unsigned(p.sched.queries), unsigned(p.hkv * sh.head_blocks), unsigned(p.splits)},
              K::kThreads, 1, sh.smem, [&] {
                if (sh.acc_groups == K::kSmallAccGroups)
@@ -240,6 +288,11 @@ bool run_forward(const Case& c) {
     run_kernels<T>(p_emu, part_out, part_lse);
   });
 
+  const bool prefill = c.dtype != DType::f32 && K::prefill_serves(p_emu);
+  const std::vector<bool> by_prefill = prefill ? prefill_row_mask(p_emu) : std::vector<bool>(std::size_t(Q), false);
+  float v_max = 0.0f;  // of the value cache's data (the guards are NaN)
+  for (i64 i = 0, n = s.pages * ps * kv_heads * (c.mla ? c.d2 : c.dv); i < n && !c.mla; ++i)
+    v_max = std::max(v_max, std::fabs(at(v.t, i)));
   bool ok = emu_hazards.load() == 0;
   int shown = 0;
   for (i64 r = 0; r < Q; ++r)
@@ -248,7 +301,8 @@ bool run_forward(const Case& c) {
       bool good = true;
       for (i64 e = 0; e < dv; ++e) {
         const float got = at(out_emu.t, i * dv + e), want = lost[std::size_t(r)] ? 0.0f : at(out_cpu.t, i * dv + e);
-        if (unchecked[std::size_t(r)] ? !std::isfinite(got) : !(std::fabs(got - want) <= tolerance(c.dtype, want)))
+        const float tol = tolerance(c.dtype, want) + (by_prefill[std::size_t(r)] ? p_rounding_bound(c.dtype, v_max) : 0.0f);
+        if (unchecked[std::size_t(r)] ? !std::isfinite(got) : !(std::fabs(got - want) <= tol))
           good = false;
         if (!good && shown++ < 4)
           std::printf("  row %lld head %lld value %lld: kernel %.8g, cpu %.8g\n", (long long)r, (long long)h,
@@ -269,9 +323,9 @@ bool run_forward(const Case& c) {
     }
   const K::DecodeShape sh = core::dispatch_float<__half, __nv_bfloat16>(
       c.dtype, [&](auto tag) { return K::decode_shape<typename decltype(tag)::type>(p_emu); });
-  std::printf("%s queries=%lld tile=%d heads=%d head_blocks=%d acc_groups=%d staging=%s %s\n", c.name,
-              (long long)Q, sh.tile, sh.heads, sh.head_blocks, sh.acc_groups, sh.k_vec ? "cp.async" : "scalar",
-              ok ? "ok" : "MISMATCH");
+  std::printf("%s queries=%lld d=%lld splits=%d tile=%d heads=%d head_blocks=%d acc_groups=%d staging=%s prefill_rows=%lld %s\n",
+              c.name, (long long)Q, (long long)c.d, c.splits, sh.tile, sh.heads, sh.head_blocks, sh.acc_groups,
+              sh.k_vec ? "cp.async" : "scalar", (long long)std::count(by_prefill.begin(), by_prefill.end(), true), ok ? "ok" : "MISMATCH");
   return ok;
 }
 
@@ -344,10 +398,29 @@ int main(int argc, char** argv) {
       {"corrupt_sequence_ids", f32, false, 16, 4, 2, 32, 32, 0, true, true, 2, {40, 9}, {{0, 39}, {1, 8}, {1, 3}}},
       {"corrupt_length", f32, false, 16, 4, 2, 8, 8, 0, false, true, 1, {20, 9}, {{0, 19}, {1, 8}}},
       {"attn_zero_queries", f32, false, 16, 4, 2, 8, 8, 0, false, true, 1, {20}, {}},
+      // The tensor-core prefill kernel (prefill_cuda.cu) beside the decode kernel: two windows of
+      // one sequence; a mixed batch whose short runs (6 rows of sequence 0 in the second window,
+      // single decode rows) stay with the decode kernel; chunked prefill (the last 20 positions
+      // of 150) with splits; GQA 8 without causal; then corrupted tables under prefill runs.
+      {"prefill_bf16_d128_page16_causal", bf16, false, 16, 2, 1, 128, 128, 0, true, true, 1, {100}, {{0, -1}}},
+      {"mixed_f16_d64_page1_gqa4_causal", f16, false, 1, 8, 2, 64, 64, 0, true, true, 1, {70, 5, 33, 12},
+       {{0, -1}, {1, 4}, {2, -1}, {3, 11}}},
+      {"chunked_bf16_d64_page64_split3", bf16, false, 64, 4, 4, 64, 64, 0, true, true, 3, {150, 40},
+       {{0, -20}, {1, 39}}},
+      {"prefill_f16_d128_gqa8_shared_prefix", f16, false, 16, 8, 1, 128, 128, 0, false, false, 1, {40, 20},
+       {{0, -1}, {1, 19}}, true},
+      {"corrupt_pages_prefill", bf16, false, 16, 2, 1, 64, 64, 0, false, true, 1, {40, 40, 9},
+       {{0, -1}, {1, -1}, {2, 8}}},
+      {"corrupt_sequence_ids_prefill_split2", f16, false, 16, 2, 2, 64, 64, 0, true, true, 2, {40, 20},
+       {{0, -1}, {1, -1}}},
+      {"corrupt_length_prefill", bf16, false, 16, 2, 1, 64, 64, 0, false, true, 1, {20, 30}, {{0, -1}, {1, -1}}},
   };
   forward[11].corrupt = C::pages;
   forward[12].corrupt = C::sequence;
   forward[13].corrupt = C::length;
+  forward[19].corrupt = C::pages;
+  forward[20].corrupt = C::sequence;
+  forward[21].corrupt = C::length;
   std::vector<Case> append = {
       {"append_bf16_page16_decode", bf16, false, 16, 0, 2, 64, 32, 0, false, false, 1, {17, 33, 1}, {{0, 16}, {1, 32}, {2, 0}}},
       {"append_f32_page1_prefill_d5", f32, false, 1, 0, 3, 5, 3, 0, false, false, 1, {7}, {{0, -1}}},

@@ -1,4 +1,4 @@
-// The CUDA backend of the paged family (forward_cuda.cu, backward_cuda.cu): what dispatch.cpp calls for CUDA
+// The CUDA backend of the paged family (forward_cuda.cu, prefill_cuda.cu, backward_cuda.cu): what dispatch.cpp calls for CUDA
 // tensors, with the device made current. Each returns the name of the kernel path it ran
 // (paged_last_algorithm).
 #pragma once
@@ -13,6 +13,10 @@ namespace rudnn::paged::cuda {
 
 // Attention or MLA forward; `workspace` is the split workspace when p.splits > 1.
 const char* forward_cuda(const Problem& p, const Tensor* workspace, cudaStream_t stream);
+// The tensor-core prefill kernel (prefill_cuda.cu) over the rows of prefill runs (cuda_common.cuh),
+// launched when it serves p; returns whether it was (the decode kernel must then skip those rows).
+// part_out / part_lse: the split workspace's partials when p.splits > 1, else null.
+bool prefill_cuda(const Problem& p, float* part_out, float* part_lse, cudaStream_t stream);
 // paged_attention_default_splits on CUDA (the device current).
 int default_splits_cuda(const Problem& p, std::int64_t max_length);
 // The append kernel. The duplicate-slot refusal happened before (the host plan's check).

@@ -147,6 +147,39 @@ __device__ __forceinline__ void chunk_as_float(const unsigned char* chunk, float
   for (int l = 0; l < kChunkElems<T>; ++l) out[l] = core::to_float(pack[l]);
 }
 
+// Which query rows the tensor-core prefill kernel (prefill_cuda.cu) computes and the decode kernel
+// leaves to it, decided on the device from the sequence ids alone so that no host plan data is
+// needed and both kernels agree row for row whatever the device tables hold: the query rows are
+// cut into windows of kPrefillRows (the flash tile's M), and a run (the maximal consecutive rows of
+// one window with one sequence id) of at least kPrefillMinRun rows of a valid sequence is a
+// prefill run. Rows past the last query read as sequence -1 (never valid).
+constexpr int kPrefillRows = 64;
+constexpr int kPrefillMinRun = 16;
+
+// Threads 0 .. kPrefillRows - 1 store the sequence ids of the window's rows [w0, w0 + kPrefillRows);
+// the caller synchronizes before reading them.
+__device__ __forceinline__ void load_window_sequences(const Schedule& s, i64 w0, int* seq_s, int tid) {
+  if (tid < kPrefillRows) seq_s[tid] = w0 + tid < s.queries ? s.sequence(w0 + tid) : -1;
+}
+
+// The end of the run that starts at window row `begin`.
+__device__ __forceinline__ int window_run_end(const int* seq_s, int begin) {
+  int end = begin + 1;
+  while (end < kPrefillRows && seq_s[end] == seq_s[begin]) ++end;
+  return end;
+}
+
+__device__ __forceinline__ bool is_prefill_run(const Schedule& s, const int* seq_s, int begin, int end) {
+  return end - begin >= kPrefillMinRun && seq_s[begin] >= 0 && seq_s[begin] < s.num_seqs;
+}
+
+// Whether window row i lies in a prefill run.
+__device__ __forceinline__ bool in_prefill_run(const Schedule& s, const int* seq_s, int i) {
+  int begin = i;
+  while (begin > 0 && seq_s[begin - 1] == seq_s[i]) --begin;
+  return is_prefill_run(s, seq_s, begin, window_run_end(seq_s, begin));
+}
+
 // Butterfly reductions over aligned groups of `width` lanes (a power of two <= 32): every lane of
 // the group receives the result. Every lane of the warp must call them.
 __device__ __forceinline__ float group_max(float v, int width) {

@@ -18,9 +18,11 @@
 // (layout of paged_split_workspace_bytes: out [splits, queries, Hq, Dv], then lse [splits,
 // queries, Hq]) and merge_splits_kernel combines them by log-sum-exp as the CPU backend does.
 //
-// Every row is computed on its own, so prefill rows (many rows of one sequence) are correct but
-// re-read their history per row: the tensor-core prefill path over page-gathered tiles is a
-// later milestone.
+// Rows of prefill runs (cuda_common.cuh: 16 or more consecutive rows of one sequence within a
+// 64-row window) are the tensor-core prefill kernel's (prefill_cuda.cu) where it serves the
+// problem (f16/bf16, D = Dv in {64, 128}); this kernel then skips them (DecodeShape::
+// skip_prefill_rows, the same test on the same device ids) and computes every other row on its
+// own.
 #include <algorithm>
 #include <string>
 
@@ -56,7 +58,8 @@ struct DecodeShape {
   int q_elems = 0;                 // floats of a staged query row, laid out as the score row
   bool k_vec = false, k2_vec = false, v_vec = false;
   int acc_groups = kAccGroups;     // output groups per thread the block needs: kSmallAccGroups or kAccGroups
-  int off_p = 0, off_stats = 0, off_tiles = 0;  // dynamic shared memory: q rows, then these
+  bool skip_prefill_rows = false;  // rows of prefill runs are the prefill kernel's (cuda_common.cuh)
+  int off_p = 0, off_stats = 0, off_window = 0, off_tiles = 0;  // dynamic shared memory: q rows, then these
   std::size_t smem = 0;
 };
 
@@ -81,7 +84,8 @@ DecodeShape decode_shape(const Problem& p) {
   while (sh.tile > 1 && 2 * sh.tile * (sh.k_pitch + sh.v_pitch) > kTileBudget) sh.tile /= 2;
   sh.off_p = align16(std::size_t(sh.heads) * sh.q_elems * sizeof(float));
   sh.off_stats = sh.off_p + align16(std::size_t(sh.heads) * sh.tile * sizeof(float));
-  sh.off_tiles = sh.off_stats + align16(3 * kMaxHeads * sizeof(float));
+  sh.off_window = sh.off_stats + align16(3 * kMaxHeads * sizeof(float));
+  sh.off_tiles = sh.off_window + align16(kPrefillRows * sizeof(int));
   sh.smem = std::size_t(sh.off_tiles) + 2 * std::size_t(sh.tile) * (sh.k_pitch + sh.v_pitch);
   return sh;
 }
@@ -107,6 +111,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const i64 h0 = hk * p.group + in_group;
   const int heads = int(p.group - in_group < sh.heads ? p.group - in_group : sh.heads);
   const int split = blockIdx.z;
+
+  if (sh.skip_prefill_rows) {  // the same test as the prefill kernel's, on the same device ids
+    int* seq_s = reinterpret_cast<int*>(smem_raw + sh.off_window);
+    const i64 w0 = r / kPrefillRows * kPrefillRows;
+    load_window_sequences(p.sched, w0, seq_s, tid);
+    __syncthreads();
+    if (in_prefill_run(p.sched, seq_s, int(r - w0))) return;  // uniform over the block
+  }
 
   const RowHistory hist = row_history(p, r);
   i64 t_begin = 0, t_end = hist.visible;
@@ -341,9 +353,11 @@ const char* forward_cuda(const Problem& p, const Tensor* workspace, cudaStream_t
   const char* algorithm = p.splits > 1 ? "cuda_decode_split" : "cuda_decode";
   if (p.sched.queries == 0) return algorithm;
   const std::string op = p.mla ? "paged_mla" : "paged_attention";
+  float* part_out = p.splits > 1 ? workspace->ptr<float>() : nullptr;
+  float* part_lse = part_out ? part_out + i64(p.splits) * p.sched.queries * p.hq * p.dv : nullptr;
   core::dispatch_float<__half, __nv_bfloat16>(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const DecodeShape sh = decode_shape<T>(p);
+    DecodeShape sh = decode_shape<T>(p);
     const i64 head_blocks = p.hkv * sh.head_blocks;
     if (p.sched.queries > 0x7fffffff || head_blocks > 65535)
       core::fail(ErrorKind::unsupported, op + ": " + std::to_string(p.sched.queries) + " query rows x " +
@@ -353,11 +367,12 @@ const char* forward_cuda(const Problem& p, const Tensor* workspace, cudaStream_t
       core::fail(ErrorKind::unsupported, op + ": the decode kernel needs " + std::to_string(sh.smem) +
                                              " bytes of shared memory for these head dims, the device has " +
                                              std::to_string(props.max_smem_per_block_optin));
+    // The rows of prefill runs (cuda_common.cuh) go to the tensor-core kernel where it serves p.
+    sh.skip_prefill_rows = prefill_cuda(p, part_out, part_lse, stream);
+    if (sh.skip_prefill_rows) algorithm = p.splits > 1 ? "cuda_mixed_split" : "cuda_mixed";
     auto kernel = sh.acc_groups == kSmallAccGroups ? paged_decode_kernel<T, kSmallAccGroups>
                                                    : paged_decode_kernel<T, kAccGroups>;
     RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sh.smem)));
-    float* part_out = p.splits > 1 ? workspace->ptr<float>() : nullptr;
-    float* part_lse = part_out ? part_out + i64(p.splits) * p.sched.queries * p.hq * p.dv : nullptr;
     const dim3 grid(unsigned(p.sched.queries), unsigned(head_blocks), unsigned(p.splits));
     kernel<<<grid, kThreads, sh.smem, stream>>>(p, sh, part_out, part_lse);
     RUDNN_CUDA_CHECK_LAUNCH("paged_decode_kernel");
