@@ -4,9 +4,6 @@ error budget: at most twice the error of the same computation done by torch in t
 dtype. CUDA variants are the same tests with device "cuda" (all strategies)."""
 
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +12,7 @@ import torch.nn.functional as F
 
 import rudnn
 from reference import attention as ref
-from util import DEVICES, DTYPES, assert_close_to_oracle, rand
+from util import DEVICES, DTYPES, assert_close_to_oracle, rand, run_with_autotune_cache
 
 CUDA_STRATEGIES = ["auto", "fallback", "flash", "autotune"]
 
@@ -734,12 +731,9 @@ def test_autotune_choices_persist_across_processes(tmp_path):
     this build and the device; a later process takes the recorded pick without timing (a line
     edited to 'fallback' is what it then runs, and it adds no line)."""
     path = tmp_path / "autotune.tsv"
-    env = {**os.environ, "RUDNN_AUTOTUNE_CACHE": str(path)}
 
     def run():
-        done = subprocess.run([sys.executable, "-c", _AUTOTUNE_ONE_CALL], env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
+        return run_with_autotune_cache(_AUTOTUNE_ONE_CALL, path)
 
     first = run()
     lines = path.read_text().splitlines()

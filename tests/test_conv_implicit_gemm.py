@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import rudnn
 from rudnn import _C
+from util import run_with_autotune_cache
 
 BF16 = torch.bfloat16
 FWD, DGRAD, WGRAD = 0, 1, 2
@@ -394,17 +395,10 @@ def test_cuda_autotune_times_once_and_the_recorded_choice_persists(tmp_path):
     """"autotune" times the plan's kernel against direct once per shape; with RUDNN_AUTOTUNE_CACHE
     the winner lands in the file under a key naming the build, the device and the shape, and a
     later process runs what the file says (a line edited to 'direct') without adding a line."""
-    import os
-    import subprocess
-    import sys
-
     path = tmp_path / "autotune.tsv"
-    env = {**os.environ, "RUDNN_AUTOTUNE_CACHE": str(path)}
 
     def run():
-        done = subprocess.run([sys.executable, "-c", _CONV_AUTOTUNE_ONE_CALL], env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
+        return run_with_autotune_cache(_CONV_AUTOTUNE_ONE_CALL, path)
 
     first = run()
     assert first.startswith("implicit_gemm_sm") or first in ("direct", "direct_packed")

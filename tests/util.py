@@ -4,6 +4,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -164,3 +165,12 @@ def emu_array_from_file(path, shape, dtype):
     if dtype == torch.bfloat16:
         return torch.from_numpy(np.fromfile(path, np.uint16).astype(np.int16)).view(torch.bfloat16).reshape(shape)
     return torch.from_numpy(np.fromfile(path, np.float32)).reshape(shape)
+
+
+def run_with_autotune_cache(code, path):
+    """Runs Python `code` in a fresh process with RUDNN_AUTOTUNE_CACHE=<path>; its stdout, stripped
+    (the tests of the on-disk autotune cache: what one process records, the next reads)."""
+    env = {**os.environ, "RUDNN_AUTOTUNE_CACHE": str(path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
