@@ -18,7 +18,7 @@ const char* forward_cuda(const Problem& p, const Tensor* workspace, cudaStream_t
 // part_out / part_lse: the split workspace's partials when p.splits > 1, else null.
 bool prefill_cuda(const Problem& p, float* part_out, float* part_lse, cudaStream_t stream);
 // The tensor-core MLA decode kernel (mla_decode_cuda.cu): whether it serves p (f16/bf16, R = 512,
-// P = 64, 16-byte rows, sm_80+; the device current), its CTAs per query row and split, and its
+// P = 64, 16-byte rows, sm_80+ with 162 KB of shared memory per CTA; the device current), its CTAs per query row and split, and its
 // launch (every row of p; part_out / part_lse as for prefill_cuda; the caller merges splits).
 bool mla_decode_serves_cuda(const Problem& p);
 int mla_decode_head_blocks(const Problem& p);

@@ -22,8 +22,9 @@
 //       only one chunk's V fragments are live beside it (the whole row's spilled on sm_90a).
 // Outputs as the decode kernel writes them: out [queries, H, R] and lse without splits; with
 // splits each split's normalized partial and lse in the float32 workspace, which the decode
-// path's merge kernel combines. Other R / P, float32, and rows or caches not 16-byte aligned
-// keep the decode kernel (mla_decode_serves). No wgmma (sm90a) version yet; mma.sync runs on
+// path's merge kernel combines. Other R / P, float32, rows or caches not 16-byte aligned, and
+// GPUs without 162 KB of shared memory per CTA (sm_86, sm_89) keep the decode kernel
+// (mla_decode_serves_cuda). No wgmma (sm90a) version yet; mma.sync runs on
 // Hopper too.
 #include <string>
 
@@ -295,7 +296,11 @@ __global__ void __launch_bounds__(MlaConfig<Element>::kThreads, 1)
 }  // namespace
 
 bool mla_decode_serves_cuda(const Problem& p) {
-  return mla_decode_serves(p) && core::device_props(core::current_device()).cc_major >= 8;  // mma.sync bf16, cp.async
+  if (!mla_decode_serves(p)) return false;
+  // mma.sync bf16 and cp.async (sm_80+), and the 162 KB of shared memory per CTA, which sm_80 and
+  // sm_90 have and sm_86 / sm_89 (99 KB) do not: those keep the decode kernel.
+  const auto& props = core::device_props(core::current_device());
+  return props.cc_major >= 8 && props.max_smem_per_block_optin >= MlaConfig<cute::bfloat16_t>::kSmemBytes;
 }
 
 int mla_decode_head_blocks(const Problem& p) {
