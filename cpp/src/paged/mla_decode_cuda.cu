@@ -270,7 +270,8 @@ __global__ void __launch_bounds__(MlaConfig<Element>::kThreads, 1)
     for (int c = 0; c < kChunks; ++c) {
       auto acc_rc = rows_cols(acc_o[c]);
       CUTE_UNROLL
-      for (int j = 0; j < cute::size<1>(acc_rc); ++j) o_s[m * R + c * CW + cute::get<1>(tOcO_rc(i, j))] = acc_rc(i, j) * inv;
+      for (int j = 0; j < cute::size<1>(acc_rc); ++j)
+        o_s[m * R + c * CW + cute::get<1>(tOcO_rc(i, j))] = acc_rc(i, j) * inv;
     }
     if (half == 0 && tid % 4 == 0) lse_s[m] = sum > 0.0f ? row_max[i] * (to_log2 * kLn2) + logf(sum) : -INFINITY;
   }

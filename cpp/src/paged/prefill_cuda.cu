@@ -164,7 +164,8 @@ __global__ void __launch_bounds__(PrefillConfig<Element, kHeadDim>::kThreads, 1)
       __syncthreads();  // ... for every warp; every warp is done with sV (tile n - 1's P V)
       v_gather.gather(v_cache, slots(n).b_off, cute::raw_pointer_cast(sV.data()));
       stage_commit();
-      if (n + 1 < n_tiles && tid < BN) locate_slot(s, p.pages, p.k_at, hk, p.v_at, hk, seq, n0 + BN, n_visible, slots(n + 1), tid);
+      if (n + 1 < n_tiles && tid < BN)
+        locate_slot(s, p.pages, p.k_at, hk, p.v_at, hk, seq, n0 + BN, n_visible, slots(n + 1), tid);
       const unsigned char* present = slots(n).present;
 
       auto acc_s = cute::partition_fragment_C(mma, cute::Shape<cute::Int<BM>, cute::Int<BN>>{});
