@@ -2,9 +2,9 @@
 devices): the default path's split choice from the history length and SM count (its workspace
 allocated by torch), corrupted device tables that must stay inside the caches (bench/gpu_check.sh
 runs this file under compute-sanitizer too), a CUDA graph captured over plan.attention replayed
-with a new schedule uploaded in place, the torch wrapper on CUDA, and the tensor-core prefill
-kernel (prefill_cuda.cu) beside the decode kernel in prefill-only and mixed batches. Skipped
-without a GPU."""
+with a new schedule uploaded in place, the torch wrapper on CUDA, the tensor-core prefill
+kernel (prefill_cuda.cu) beside the decode kernel in prefill-only and mixed batches, and the
+tensor-core MLA decode kernel (mla_decode_cuda.cu) at DeepSeek's shapes. Skipped without a GPU."""
 
 import pytest
 import torch
@@ -13,7 +13,7 @@ import rudnn
 import rudnn.torch.paged  # noqa: F401  (rudnn.torch.paged.attention)
 from rudnn.paged import DevicePlan, HostPlan, SplitWorkspace
 from reference import paged as ref
-from test_paged import plan_of, ref_sched, schedule
+from test_paged import mla_case, plan_of, ref_sched, schedule
 from util import assert_close_to_oracle, rand
 
 pytestmark = pytest.mark.cuda
@@ -187,4 +187,83 @@ def test_corrupted_device_tables_under_prefill_rows():
     kept = [r for r in range(len(sched[4])) if r not in lost]
     assert torch.equal(out[lost], torch.zeros_like(out[lost]))
     assert torch.isneginf(lse[lost]).all()
+    assert torch.equal(out[kept], good[kept]) and torch.equal(lse[kept], good_lse[kept])
+
+
+# The tensor-core MLA decode kernel (mla_decode_cuda.cu): DeepSeek's shapes (H = 128 over two
+# 64-head blocks, R = 512, P = 64, page 64), decode rows and several rows of one sequence, histories
+# that are no multiple of its 32-slot tile, an empty one, f16 and bf16, causal and not.
+MLA_TC_CASES = [
+    pytest.param(torch.bfloat16, True, id="bf16-causal"),
+    pytest.param(torch.float16, False, id="f16"),
+]
+
+
+def mla_deepseek(dtype, seed, lengths=(1000, 130, 64, 37, 0), nq=(4, 1, 2, 1, 0), H=128):
+    return mla_case(list(lengths), list(nq), 64, H, 512, 64, dtype, seed=seed)
+
+
+@pytest.mark.parametrize("dtype,causal", MLA_TC_CASES)
+def test_mla_tensor_cores_at_deepseek_shapes(dtype, causal):
+    sched, q, qp, latent, kp = mla_deepseek(dtype, seed=31)
+    scale = (128 + 64) ** -0.5
+    plan = plan_of(sched, q.cuda())
+    out, lse = plan.mla(q.cuda(), qp.cuda(), latent.cuda(), kp.cuda(), scale, causal, return_lse=True)
+    assert rudnn.paged.last_algorithm() == "cuda_mla"
+    o64, l64 = ref.mla(ref_sched(sched), q, qp, latent, kp, scale=scale, causal=causal)
+    o_same, l_same = ref.mla(ref_sched(sched), q, qp, latent, kp, scale=scale, causal=causal, dtype=dtype)
+    assert_close_to_oracle(out.cpu(), o_same, o64, "out")
+    assert_close_to_oracle(lse.cpu(), l_same.float(), l64, "lse", dtype=torch.float32)
+    # the CPU backend on the same inputs, within the emulator's bound: one rounding of the dtype
+    # plus u max|latent| (the kernel rounds P to the dtype before P V, u its unit roundoff)
+    cpu_out, cpu_lse = plan_of(sched, q).mla(q, qp, latent, kp, scale, causal, return_lse=True)
+    u = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    torch.testing.assert_close(out.cpu().float(), cpu_out.float(), rtol=2 * u,
+                               atol=u * latent.abs().max().item() + 2 * u * 1e-2)
+    torch.testing.assert_close(lse.cpu(), cpu_lse, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("splits", [3, 32])
+def test_mla_tensor_cores_with_splits(splits):
+    """Split partials of the MLA kernel through the decode path's merge kernel: equal to the
+    unsplit kernel within float32 merging, and the float64 oracle's budget."""
+    sched, q, qp, latent, kp = mla_deepseek(torch.bfloat16, seed=32, lengths=(3000, 200, 5), nq=(1, 2, 1))
+    q, qp, latent, kp = (t.cuda() for t in (q, qp, latent, kp))
+    plan = plan_of(sched, q)
+    ws = SplitWorkspace(q, q.shape[0], 128, 512, splits)
+    split, split_lse = plan.mla(q, qp, latent, kp, 0.07, True, workspace=ws, return_lse=True)
+    assert rudnn.paged.last_algorithm() == "cuda_mla_split"
+    plain, plain_lse = plan.mla(q, qp, latent, kp, 0.07, True, return_lse=True)
+    assert rudnn.paged.last_algorithm() == "cuda_mla"
+    torch.testing.assert_close(split, plain, rtol=8e-3, atol=8e-3)
+    torch.testing.assert_close(split_lse, plain_lse, rtol=1e-5, atol=1e-5)
+    o64, _ = ref.mla(ref_sched(sched), *(t.cpu() for t in (q, qp, latent, kp)), scale=0.07, causal=True)
+    o_same, _ = ref.mla(ref_sched(sched), *(t.cpu() for t in (q, qp, latent, kp)), scale=0.07, causal=True,
+                        dtype=torch.bfloat16)
+    assert_close_to_oracle(split.cpu(), o_same, o64, "out")
+
+
+def test_mla_other_shapes_keep_the_decode_kernel():
+    sched, q, qp, latent, kp = mla_case([70], [1], 16, 16, 256, 64, torch.bfloat16, seed=33)  # R = 256
+    q, qp, latent, kp = (t.cuda() for t in (q, qp, latent, kp))
+    plan_of(sched, q).mla(q, qp, latent, kp, 0.1, False)
+    assert rudnn.paged.last_algorithm() == "cuda_decode"
+
+
+def test_corrupted_device_tables_under_the_mla_kernel():
+    """The MLA kernel's page lookups are bounded: a sequence whose pages are all out of range gets
+    out 0 and lse -inf, the other rows are unchanged (bitwise: the same kernel on the same data)."""
+    sched, q, qp, latent, kp = mla_deepseek(torch.bfloat16, seed=34, lengths=(300, 70), nq=(1, 2))
+    q, qp, latent, kp = (t.cuda() for t in (q, qp, latent, kp))
+    plan = plan_of(sched, q)
+    good, good_lse = plan.mla(q, qp, latent, kp, 0.1, True, return_lse=True)
+    assert rudnn.paged.last_algorithm() == "cuda_mla"
+    tables, _, _, _ = plan._buffers
+    bad = [-7, sched[1], 2 ** 31 - 1, -(2 ** 31), 5000]
+    tables[0] = torch.tensor([bad[j % len(bad)] for j in range(tables.shape[1])], dtype=torch.int32, device="cuda")
+    out, lse = plan.mla(q, qp, latent, kp, 0.1, True, return_lse=True)
+    torch.cuda.synchronize()
+    lost = [r for r, s in enumerate(sched[4]) if s == 0]
+    kept = [r for r in range(len(sched[4])) if r not in lost]
+    assert torch.equal(out[lost], torch.zeros_like(out[lost])) and torch.isneginf(lse[lost]).all()
     assert torch.equal(out[kept], good[kept]) and torch.equal(lse[kept], good_lse[kept])

@@ -14,8 +14,12 @@ emu_sm80_atoms.hpp, written from the PTX ISA) runs in the same calls as forward_
 prefill-only and mixed batches (the decode kernel skipping the prefill runs' rows), D = 64 and
 128, f16 and bf16, page sizes 1/16/64, GQA 1/2/4/8, causal by absolute position (chunked
 prefill: the last rows of a longer history), splits, and corrupted page tables, sequence ids
-and lengths. Skipped when g++ (C++20), the CUDA toolkit's headers or CUTLASS's headers are
-missing."""
+and lengths. The tensor-core MLA decode kernel (cpp/src/paged/mla_decode_cuda.cu, R = 512,
+P = 64; with gather_sm80.cuh, the page gather it shares with the prefill kernel) runs where
+forward_cuda sends MLA calls: f16 and bf16, H = 16/20/64/128 (one, a partial and two 64-head
+blocks), page sizes 1/16/64, histories no multiple of its 32-slot tile and an empty one, several
+rows of one sequence, causal and not, splits 2/3/32 through the merge kernel, a corrupted page
+table. Skipped when g++ (C++20), the CUDA toolkit's headers or CUTLASS's headers are missing."""
 
 import os
 import subprocess
@@ -42,8 +46,9 @@ def _anonymous_namespace(name):
 
 
 def _kernels_source():
-    """flash_sm80.cuh's kernels (atoms renamed), then cuda_common.cuh from its marker with the
-    anonymous namespaces of forward_cuda.cu and prefill_cuda.cu in namespace emu_k."""
+    """flash_sm80.cuh's kernels (atoms renamed), then cuda_common.cuh and gather_sm80.cuh from
+    their markers with the anonymous namespaces of forward_cuda.cu, prefill_cuda.cu and
+    mla_decode_cuda.cu in namespace emu_k."""
     flash = open(os.path.join(ROOT, "cpp", "src", "attention", "flash_sm80.cuh")).read()
     flash = flash[flash.index("namespace rudnn::attention::flash {"):flash.index('#include "core/cuda_check.hpp"')]
     for old, new in FLASH_SM80_EDITS:  # (the plain cp.async atom is the backward's, not here)
@@ -51,8 +56,12 @@ def _kernels_source():
         flash = flash.replace(old, new)
     common = open(os.path.join(SRC, "cuda_common.cuh")).read()
     common = common[common.index(MARKER) + len(MARKER):]  # ends with the namespace's closing brace
-    kernels = _anonymous_namespace("forward_cuda.cu") + _anonymous_namespace("prefill_cuda.cu")
-    common = common[:common.rindex("}")] + "namespace emu_k {\n" + kernels + "}  // namespace emu_k\n}\n"
+    gather = open(os.path.join(SRC, "gather_sm80.cuh")).read()
+    gather = gather[gather.index(MARKER) + len(MARKER):]
+    kernels = "".join(_anonymous_namespace(name) for name in ("forward_cuda.cu", "prefill_cuda.cu",
+                                                               "mla_decode_cuda.cu"))
+    common = (common[:common.rindex("}")] + gather[:gather.rindex("}")] + "namespace emu_k {\n" + kernels +
+              "}  // namespace emu_k\n}\n")
     text = "namespace rudnn::paged::cuda {\n" + common
     for old, new in EDITS + PREFILL_EDITS:
         assert old in text, f"emulation edit no longer applies: {old}"
@@ -81,4 +90,11 @@ def test_paged_kernels_match_the_cpu_backend():
         assert any(field(line, "d") == d for line in prefill), f"no prefill case with D = {d}"
     assert any(field(line, "splits") > 1 for line in prefill), "no prefill case with splits"
     assert sum(line.startswith("corrupt") for line in prefill) >= 3, "the prefill kernel met no corrupted table"
-    assert sum(line.startswith("append") for line in lines) == 3 and len(lines) == 25, result.stdout
+    # The tensor-core MLA decode kernel ran: f16 and bf16, causal and not, with splits (3 and 32),
+    # over two head blocks and a partial one, on a corrupted table.
+    mla = [line for line in lines if " mla_tc=1 " in line]
+    assert len(mla) == 6, result.stdout
+    assert any(line.startswith("mla_tc_f16") for line in mla) and any("_bf16_" in line for line in mla)
+    assert {field(line, "splits") for line in mla} >= {1, 3, 32}, result.stdout
+    assert any(line.startswith("corrupt") for line in mla) and any("causal" in line for line in mla)
+    assert sum(line.startswith("append") for line in lines) == 3 and len(lines) == 30, result.stdout

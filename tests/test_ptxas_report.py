@@ -273,3 +273,23 @@ def test_gated_delta_chunked_kernels_stage_with_cp_async():
         ldgsts = sum(bool(re.search(r"\bLDGSTS\.\S*\.128\b", line)) for line in lines)
         hmma = sum(bool(re.search(r"\bHMMA\.", line)) for line in lines)
         assert ldgsts > 0 and hmma > 0, (kernel, ldgsts, hmma)
+
+
+# ---- paged ------------------------------------------------------------------------------------
+# The tensor-core MLA decode kernel (cpp/src/paged/mla_decode_cuda.cu, compiled for both
+# architectures: mma.sync runs on Hopper too): for f16 and bf16 on sm_80 and sm_90a it gathers its
+# tiles with 16-byte cp.async (LDGSTS ... .128), multiplies on mma.sync (HMMA, no HGMMA), and spills
+# nothing (its 64 x 512 float32 accumulator is 128 registers of each of 256 threads).
+@pytest.mark.parametrize("arch", ["80", "90a"])
+def test_paged_mla_decode_kernel_on_tensor_cores(arch):
+    report, sass = _ptxas_report("mla_decode_cuda.cu", family="paged", arch=arch)
+    spills = {k: v for k, v in _spills(report).items() if "paged_mla_decode_kernel" in k}
+    assert len(spills) == 2 and not any(spills.values()), spills
+    kernels = {k: v for k, v in _sass_by_kernel(sass).items() if "paged_mla_decode_kernel" in k}
+    assert set(kernels) == set(spills), (sorted(kernels), spills)
+    for kernel, lines in kernels.items():
+        ldgsts = sum(bool(re.search(r"\bLDGSTS\.\S*\.128\b", line)) for line in lines)
+        hmma = sum(bool(re.search(r"\bHMMA\.", line)) for line in lines)
+        hgmma = sum(bool(re.search(r"\bHGMMA\.", line)) for line in lines)
+        assert ldgsts > 0 and hmma > 0 and hgmma == 0, (kernel, ldgsts, hmma, hgmma)
+        assert not any(re.search(r"\b(STL|LDL)\b", line) for line in lines), kernel  # no local memory

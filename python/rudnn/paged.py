@@ -636,5 +636,6 @@ def last_algorithm() -> str:
     """The path the last paged call on this thread ran: "cpu", "cuda_decode",
     "cuda_decode_split", "cuda_mixed" / "cuda_mixed_split" (the tensor-core prefill kernel was
     launched beside the decode kernel: it takes the rows of prefill runs, if any, see README),
-    "cuda_append", or a backward's ("cpu_ordered", "cuda_atomic", "cuda_ordered")."""
+    "cuda_mla" / "cuda_mla_split" (MLA with R = 512, P = 64 in f16/bf16 on the tensor-core MLA
+    decode kernel), "cuda_append", or a backward's ("cpu_ordered", "cuda_atomic", "cuda_ordered")."""
     return _C.paged_last_algorithm()

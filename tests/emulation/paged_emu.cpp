@@ -203,9 +203,31 @@ float p_rounding_bound(DType dtype, float v_max) {
   return (dtype == DType::bf16 ? 1.0f / 256 : dtype == DType::f16 ? 1.0f / 2048 : 0.0f) * v_max;
 }
 
+// The tensor-core MLA decode kernel's launch (mla_decode_cuda), through the emulator: whether it
+// serves p (it then computes every row).
+template <class T>
+bool run_mla(const Problem& p, float* part_out, float* part_lse) {
+  if constexpr (std::is_same_v<T, float>) {
+    return false;
+  } else {
+    if (!K::mla_decode_serves(p)) return false;
+    using Element = std::conditional_t<std::is_same_v<T, __half>, cute::half_t, cute::bfloat16_t>;
+    using Cfg = K::MlaConfig<Element>;
+    emu_launch(EmuDim3{unsigned(p.sched.queries), unsigned((p.hq + Cfg::kHeads - 1) / Cfg::kHeads), unsigned(p.splits)},
+               Cfg::kThreads, 1, Cfg::kSmemBytes, [&] { K::paged_mla_decode_kernel<Element>(p, part_out, part_lse); });
+    return true;
+  }
+}
+
 // forward_cuda's launches, through the emulator.
 template <class T>
 void run_kernels(const Problem& p, float* part_out, float* part_lse) {
+  if (run_mla<T>(p, part_out, part_lse)) {
+    if (p.splits > 1)
+      emu_launch(EmuDim3{unsigned(p.sched.queries * p.hq), 1, 1}, K::kMergeThreads, 1, 0,
+                 [&] { K::merge_splits_kernel<T>(p, part_out, part_lse); });
+    return;
+  }
   K::DecodeShape sh = K::decode_shape<T>(p);
   sh.skip_prefill_rows = run_prefill<T>(p, part_out, part_lse);
   emu_launch(EmuDim3{unsigned(p.sched.queries), unsigned(p.hkv * sh.head_blocks), unsigned(p.splits)},
@@ -289,10 +311,12 @@ bool run_forward(const Case& c) {
   });
 
   const bool prefill = c.dtype != DType::f32 && K::prefill_serves(p_emu);
-  const std::vector<bool> by_prefill = prefill ? prefill_row_mask(p_emu) : std::vector<bool>(std::size_t(Q), false);
-  float v_max = 0.0f;  // of the value cache's data (the guards are NaN)
-  for (i64 i = 0, n = s.pages * ps * kv_heads * (c.mla ? c.d2 : c.dv); i < n && !c.mla; ++i)
-    v_max = std::max(v_max, std::fabs(at(v.t, i)));
+  const bool mla_tc = c.dtype != DType::f32 && K::mla_decode_serves(p_emu);  // every row on tensor cores
+  std::vector<bool> by_prefill = prefill ? prefill_row_mask(p_emu) : std::vector<bool>(std::size_t(Q), false);
+  std::vector<bool> rounds_p = mla_tc ? std::vector<bool>(std::size_t(Q), true) : by_prefill;
+  float v_max = 0.0f;  // of the value cache's data (MLA: the latent; the guards are NaN)
+  for (i64 i = 0, n = s.pages * ps * kv_heads * (c.mla ? c.d : c.dv); i < n; ++i)
+    v_max = std::max(v_max, std::fabs(at(c.mla ? k.t : v.t, i)));
   bool ok = emu_hazards.load() == 0;
   int shown = 0;
   for (i64 r = 0; r < Q; ++r)
@@ -301,7 +325,7 @@ bool run_forward(const Case& c) {
       bool good = true;
       for (i64 e = 0; e < dv; ++e) {
         const float got = at(out_emu.t, i * dv + e), want = lost[std::size_t(r)] ? 0.0f : at(out_cpu.t, i * dv + e);
-        const float tol = tolerance(c.dtype, want) + (by_prefill[std::size_t(r)] ? p_rounding_bound(c.dtype, v_max) : 0.0f);
+        const float tol = tolerance(c.dtype, want) + (rounds_p[std::size_t(r)] ? p_rounding_bound(c.dtype, v_max) : 0.0f);
         if (unchecked[std::size_t(r)] ? !std::isfinite(got) : !(std::fabs(got - want) <= tol))
           good = false;
         if (!good && shown++ < 4)
@@ -323,9 +347,10 @@ bool run_forward(const Case& c) {
     }
   const K::DecodeShape sh = core::dispatch_float<__half, __nv_bfloat16>(
       c.dtype, [&](auto tag) { return K::decode_shape<typename decltype(tag)::type>(p_emu); });
-  std::printf("%s queries=%lld d=%lld splits=%d tile=%d heads=%d head_blocks=%d acc_groups=%d staging=%s prefill_rows=%lld %s\n",
+  std::printf("%s queries=%lld d=%lld splits=%d tile=%d heads=%d head_blocks=%d acc_groups=%d staging=%s prefill_rows=%lld mla_tc=%d %s\n",
               c.name, (long long)Q, (long long)c.d, c.splits, sh.tile, sh.heads, sh.head_blocks, sh.acc_groups,
-              sh.k_vec ? "cp.async" : "scalar", (long long)std::count(by_prefill.begin(), by_prefill.end(), true), ok ? "ok" : "MISMATCH");
+              sh.k_vec ? "cp.async" : "scalar", (long long)std::count(by_prefill.begin(), by_prefill.end(), true),
+              int(mla_tc), ok ? "ok" : "MISMATCH");
   return ok;
 }
 
@@ -414,6 +439,21 @@ int main(int argc, char** argv) {
       {"corrupt_sequence_ids_prefill_split2", f16, false, 16, 2, 2, 64, 64, 0, true, true, 2, {40, 20},
        {{0, -1}, {1, -1}}},
       {"corrupt_length_prefill", bf16, false, 16, 2, 1, 64, 64, 0, false, true, 1, {20, 30}, {{0, -1}, {1, -1}}},
+      // The tensor-core MLA decode kernel (mla_decode_cuda.cu: R = 512, P = 64, f16/bf16; the
+      // DeepSeek case above runs on it too): histories that are no multiple of its 32-slot tile,
+      // several rows of one sequence (the last positions of a history, causal), H = 128 over two
+      // 64-head blocks, H = 20 (a partial block), page sizes 1/16/64, an empty history, splits
+      // (3, and 32 with empty chunks), corrupted page tables.
+      {"mla_tc_bf16_h64_page64_rows_causal", bf16, true, 64, 64, 1, 512, 512, 64, true, true, 1, {100, 37},
+       {{0, 99}, {0, 40}, {1, -3}}},
+      {"mla_tc_f16_h128_page16_split3", f16, true, 16, 128, 1, 512, 512, 64, false, true, 3, {75, 20},
+       {{0, 74}, {1, 19}}},
+      {"mla_tc_bf16_h20_page1_empty", bf16, true, 1, 20, 1, 512, 512, 64, false, true, 1, {33, 0, 5},
+       {{0, 32}, {2, 4}}},
+      {"mla_tc_f16_h16_split32_causal", f16, true, 16, 16, 1, 512, 512, 64, true, true, 32, {45, 9},
+       {{0, 44}, {1, 8}}},
+      {"corrupt_pages_mla_tc", bf16, true, 16, 16, 1, 512, 512, 64, false, true, 2, {40, 40, 9},
+       {{0, 39}, {1, 39}, {2, 8}}},
   };
   forward[11].corrupt = C::pages;
   forward[12].corrupt = C::sequence;
@@ -421,6 +461,7 @@ int main(int argc, char** argv) {
   forward[19].corrupt = C::pages;
   forward[20].corrupt = C::sequence;
   forward[21].corrupt = C::length;
+  forward[26].corrupt = C::pages;
   std::vector<Case> append = {
       {"append_bf16_page16_decode", bf16, false, 16, 0, 2, 64, 32, 0, false, false, 1, {17, 33, 1}, {{0, 16}, {1, 32}, {2, 0}}},
       {"append_f32_page1_prefill_d5", f32, false, 1, 0, 3, 5, 3, 0, false, false, 1, {7}, {{0, -1}}},

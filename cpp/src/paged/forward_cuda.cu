@@ -22,7 +22,9 @@
 // 64-row window) are the tensor-core prefill kernel's (prefill_cuda.cu) where it serves the
 // problem (f16/bf16, D = Dv in {64, 128}); this kernel then skips them (DecodeShape::
 // skip_prefill_rows, the same test on the same device ids) and computes every other row on its
-// own.
+// own. MLA calls with R = 512 and P = 64 in f16/bf16 (DeepSeek's shapes) run on the tensor-core
+// MLA decode kernel instead (mla_decode_cuda.cu; this file's merge kernel combines its splits);
+// other MLA shapes, float32 and unaligned rows stay here.
 #include <algorithm>
 #include <string>
 
@@ -340,7 +342,8 @@ int default_splits_cuda(const Problem& p, i64 max_length) {
   constexpr i64 kMinChunk = 256;  // positions: below this a split's fixed cost dominates
   const i64 dv_groups = (p.dv + 3) / 4;
   const i64 heads = std::min<i64>(std::min<i64>(p.group, kMaxHeads), kThreads * kAccGroups / dv_groups);
-  const i64 blocks = p.sched.queries * p.hkv * ((p.group + heads - 1) / heads);
+  const i64 blocks = p.sched.queries * (mla_decode_serves_cuda(p) ? i64(mla_decode_head_blocks(p))
+                                                                  : p.hkv * ((p.group + heads - 1) / heads));
   const i64 target = 2 * i64(core::device_props(core::current_device()).sm_count);
   if (blocks == 0 || blocks >= target || max_length < 2 * kMinChunk) return 1;
   i64 splits = std::min<i64>({32, (target + blocks - 1) / blocks, max_length / kMinChunk});
@@ -355,8 +358,26 @@ const char* forward_cuda(const Problem& p, const Tensor* workspace, cudaStream_t
   const std::string op = p.mla ? "paged_mla" : "paged_attention";
   float* part_out = p.splits > 1 ? workspace->ptr<float>() : nullptr;
   float* part_lse = part_out ? part_out + i64(p.splits) * p.sched.queries * p.hq * p.dv : nullptr;
+  const auto merge = [&](auto tag) {  // the split partials into out and lse
+    using T = typename decltype(tag)::type;
+    if (p.splits <= 1) return;
+    const i64 blocks = p.sched.queries * p.hq;
+    if (blocks > 0x7fffffff)
+      core::fail(ErrorKind::unsupported, op + ": " + std::to_string(blocks) + " (row, head) pairs exceed the CUDA grid");
+    merge_splits_kernel<T><<<unsigned(blocks), kMergeThreads, 0, stream>>>(p, part_out, part_lse);
+    RUDNN_CUDA_CHECK_LAUNCH("merge_splits_kernel");
+  };
+  const bool mla_tensor_cores = mla_decode_serves_cuda(p);
+  if (mla_tensor_cores) {  // every row on the tensor-core MLA kernel (mla_decode_cuda.cu)
+    mla_decode_cuda(p, part_out, part_lse, stream);
+    algorithm = p.splits > 1 ? "cuda_mla_split" : "cuda_mla";
+  }
   core::dispatch_float<__half, __nv_bfloat16>(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if (mla_tensor_cores) {
+      merge(tag);
+      return;
+    }
     DecodeShape sh = decode_shape<T>(p);
     const i64 head_blocks = p.hkv * sh.head_blocks;
     if (p.sched.queries > 0x7fffffff || head_blocks > 65535)
@@ -376,13 +397,7 @@ const char* forward_cuda(const Problem& p, const Tensor* workspace, cudaStream_t
     const dim3 grid(unsigned(p.sched.queries), unsigned(head_blocks), unsigned(p.splits));
     kernel<<<grid, kThreads, sh.smem, stream>>>(p, sh, part_out, part_lse);
     RUDNN_CUDA_CHECK_LAUNCH("paged_decode_kernel");
-    if (p.splits > 1) {
-      const i64 blocks = p.sched.queries * p.hq;
-      if (blocks > 0x7fffffff)
-        core::fail(ErrorKind::unsupported, op + ": " + std::to_string(blocks) + " (row, head) pairs exceed the CUDA grid");
-      merge_splits_kernel<T><<<unsigned(blocks), kMergeThreads, 0, stream>>>(p, part_out, part_lse);
-      RUDNN_CUDA_CHECK_LAUNCH("merge_splits_kernel");
-    }
+    merge(tag);
   });
   return algorithm;
 }

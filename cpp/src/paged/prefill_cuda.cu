@@ -30,12 +30,11 @@
 #include "core/device.hpp"
 #include "paged/cuda_backend.hpp"
 #include "paged/cuda_common.cuh"
+#include "paged/gather_sm80.cuh"  // TileSlots, locate_slot, PageGather
 
 namespace rudnn::paged::cuda {
 
 namespace {
-
-namespace flash = attention::flash;
 
 template <class Element, int kHeadDim>
 using PrefillConfig = flash::Sm80Config<Element, kHeadDim, kHeadDim>;
@@ -49,55 +48,6 @@ constexpr int prefill_smem_bytes() {
   return Cfg::kSmemBytes + 2 * kPrefillRows * int(sizeof(int)) + 2 * 2 * Cfg::kBlockN * int(sizeof(i64)) +
          2 * Cfg::kBlockN;
 }
-
-// Where the rows of one K/V tile come from: per slot, element offsets of its K and V rows in the
-// caches (-1: no row, a zero row is staged) and whether its scores take part.
-struct TileSlots {
-  i64* k_off;
-  i64* v_off;
-  unsigned char* present;
-};
-
-// Slot t0 + tid of sequence seq (threads tid < kBlockN, one slot each: one table read per slot,
-// the 32-bit division of a slot by the page size; slots are below a row's visible count and the
-// page size below 2^31, prefill_serves): the page lookup of cuda_common.cuh bounded to the caches.
-__device__ __forceinline__ void locate_slot(const Problem& p, i64 seq, i64 hk, int t0, int end, const TileSlots& out,
-                                            int tid) {
-  const unsigned t = unsigned(t0 + tid), page_size = unsigned(p.sched.page_size), j = t / page_size;
-  i64 page = -1;
-  if (t0 + tid < end) {
-    page = p.sched.page(seq, j);
-    page = page < p.pages ? page : -1;  // negative ids stay negative
-  }
-  const unsigned slot = t - j * page_size;
-  out.k_off[tid] = page >= 0 ? p.k_at.at(page, slot, hk) : -1;
-  out.v_off[tid] = page >= 0 ? p.v_at.at(page, slot, hk) : -1;
-  out.present[tid] = page >= 0;
-}
-
-// The flash TileLoader's thread-to-chunk map and shared-memory steps, reading each tile row from
-// the row offset its slot was given (locate_slot) instead of one strided run of rows.
-template <class Element, class SmemLayout, int kThreads, int kThreadsPerRow>
-struct PageGather : flash::TileLoader<Element, SmemLayout, kThreads, kThreadsPerRow> {
-  using Base = flash::TileLoader<Element, SmemLayout, kThreads, kThreadsPerRow>;
-  __device__ explicit PageGather(int tid) : Base(tid) {}
-
-  // The tile's rows into `tile`: row i from base + offset[i], a zero row where the offset is -1
-  // (src-size 0: nothing read).
-  __device__ __forceinline__ void gather(const Element* base, const i64* offset, Element* tile) const {
-    Element* to = &cute::make_tensor(cute::make_smem_ptr(tile), SmemLayout{})(this->row, this->col);
-    CUTE_UNROLL
-    for (int i = 0; i < Base::kRowSteps; ++i) {
-      const i64 off = offset[this->row + i * Base::kRowStep];
-      const Element* from = base + (off >= 0 ? off : 0) + this->col;
-      CUTE_UNROLL
-      for (int j = 0; j < Base::kColSteps; ++j)
-        cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
-            *reinterpret_cast<const cute::uint128_t*>(from + j * Base::kColStep),
-            *reinterpret_cast<cute::uint128_t*>(to + i * Base::kSmemRowStep + j * Base::kSmemColStep), off >= 0);
-    }
-  }
-};
 
 // Whether the prefill kernel serves p (the host's part of the decision; which rows it takes is
 // the device's, cuda_common.cuh): attention in f16/bf16 with D = Dv in {64, 128}, enough rows for
@@ -204,17 +154,18 @@ __global__ void __launch_bounds__(PrefillConfig<Element, kHeadDim>::kThreads, 1)
     // The slots of tile n + 1 are located while tile n is used, into the other buffer: every read
     // of that buffer (tile n - 1's) came before the barrier at the top of tile n, and the barrier
     // in accumulate_pv publishes it before K of tile n + 1 is gathered.
-    if (tid < BN) locate_slot(p, seq, hk, 0, n_visible, slots(0), tid);
+    if (tid < BN) locate_slot(s, p.pages, p.k_at, hk, p.v_at, hk, seq, 0, n_visible, slots(0), tid);
     __syncthreads();
-    if (n_tiles > 0) k_gather.gather(k_cache, slots(0).k_off, cute::raw_pointer_cast(sK.data()));
+    if (n_tiles > 0) k_gather.gather(k_cache, slots(0).a_off, cute::raw_pointer_cast(sK.data()));
     stage_commit();
     for (int n = 0; n < n_tiles; ++n) {
       const int n0 = n * BN;
       stage_wait<0>();  // K of tile n (and Q) has landed
       __syncthreads();  // ... for every warp; every warp is done with sV (tile n - 1's P V)
-      v_gather.gather(v_cache, slots(n).v_off, cute::raw_pointer_cast(sV.data()));
+      v_gather.gather(v_cache, slots(n).b_off, cute::raw_pointer_cast(sV.data()));
       stage_commit();
-      if (n + 1 < n_tiles && tid < BN) locate_slot(p, seq, hk, n0 + BN, n_visible, slots(n + 1), tid);
+      if (n + 1 < n_tiles && tid < BN)
+        locate_slot(s, p.pages, p.k_at, hk, p.v_at, hk, seq, n0 + BN, n_visible, slots(n + 1), tid);
       const unsigned char* present = slots(n).present;
 
       auto acc_s = cute::partition_fragment_C(mma, cute::Shape<cute::Int<BM>, cute::Int<BN>>{});
@@ -250,7 +201,7 @@ __global__ void __launch_bounds__(PrefillConfig<Element, kHeadDim>::kThreads, 1)
       flash::online_softmax_step(acc_s, acc_o_rc, row_max, row_sum, to_log2);
       flash::accumulate_pv<Element>(acc_s, mma, copy_v, tOsVt, tOrVt_view, tOrVt, acc_o, [&] {
         if (n + 1 < n_tiles) {
-          k_gather.gather(k_cache, slots(n + 1).k_off, cute::raw_pointer_cast(sK.data()));
+          k_gather.gather(k_cache, slots(n + 1).a_off, cute::raw_pointer_cast(sK.data()));
           stage_commit();
         }
       });
