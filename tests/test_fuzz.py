@@ -16,7 +16,7 @@ def test_fuzz_suite():
     report = proc.stdout + proc.stderr
     assert proc.returncode == 0, report[-6000:]
     for family in ("norm", "pooling", "interpolate", "attention", "moe", "conv", "grid_sample", "ctc", "backward",
-                   "gated_delta", "paged", "moe_dispatch", "moe_experts", "moe_router", "gated_delta_backward", "paged_backward",
-                   "paged_append"):
+                   "gated_delta", "paged", "moe_dispatch", "moe_experts", "moe_router", "gated_delta_backward",
+                   "paged_backward", "paged_append"):
         assert f"fuzz {family}: " in proc.stdout, report[-2000:]
     print(proc.stdout)
