@@ -163,7 +163,8 @@ class DispatchedTokens:
         dy of a row no slot names is 0; dweights of a slot of no row is NaN. Each row of y may be
         named by one slot at most (as a dispatch makes them): host row_of_slot naming a row twice
         is an ArgumentError (dy would need both slots' sum); device rows are not read on the host,
-        and there a row named twice gets one slot's gradient."""
+        so there distinct rows are the caller's promise: a row named twice gets, element by element,
+        one of its slots' gradients, not their sum."""
         code = _choice(_COMBINE_STRATEGIES, strategy, "moe.combine_backward", "strategy")
         if fw.is_jax(y) or fw.is_jax(dout):
             return _rj().combine_backward(y, dout, self.row_of_slot, self.plan.weights, strategy)

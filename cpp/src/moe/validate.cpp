@@ -302,8 +302,8 @@ CombineProblem validate_combine_backward(const MoeCombineBackwardArgs& a) {
   CombineProblem p = check_combine_common(a.y, a.row_of_slot, &a.weights, op);
   // dy[r] is written (not accumulated) by the one slot that names row r, so host rows must be
   // distinct, as a dispatch makes them (two slots on one row would need the sum of both
-  // gradients). Device rows are not read on the host; there a row named twice is the caller's
-  // error (see DispatchedTokens.combine_backward).
+  // gradients). Device rows are not read on the host; there distinct rows are the caller's
+  // promise (see DispatchedTokens.combine_backward).
   if (!a.row_of_slot.device.is_cuda()) {
     const std::int32_t* r = a.row_of_slot.ptr<std::int32_t>();
     const std::int64_t k = p.top_k;
