@@ -667,8 +667,8 @@ def often(data, n):
 
 
 def mostly_dense(data, shape, ref):
-    """Like `like`, but dense in ref's dtype three times in four (the paged caches: else most
-    cases stop at a layout check)."""
+    """Like `like`, but dense in ref's dtype three times in four (for arrays that must be dense,
+    the MoE expert weights and the paged caches: else most cases stop at a layout check)."""
     if often(data, 3):
         return _values(shape, ref.dtype, data.draw(st.integers(0, 2**16)))
     return like(data, shape, ref)
