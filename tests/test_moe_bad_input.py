@@ -111,6 +111,34 @@ def test_combine_refuses_rows_outside_y():
         moe._combine_backward(y, torch.randn(3, H), rows, w, 0, None)
 
 
+def test_combine_backward_refuses_a_row_named_twice():
+    # Found by the fuzz suite (tests/fuzz/driver.py, family moe_experts): combine_backward writes
+    # dy[r] from the one slot naming row r, so two slots on one row gave the gradient of one of
+    # them (the CPU backend: the last; 9.5 off torch autograd) instead of their sum. Host rows
+    # must be distinct, as every dispatch makes them; nothing is written on refusal.
+    y, w, dout = torch.randn(6, H), torch.rand(3, 2), torch.randn(3, H)
+    rows = torch.tensor([[0, 1], [2, 3], [4, 1]], dtype=torch.int32)
+    plan = moe.RoutingPlan(torch.zeros(3, 2, dtype=torch.int32), w, E, scoring="softmax", renormalize=True, scale=1.0)
+    d = moe.DispatchedTokens(plan, y, None, None, rows)
+    for strategy in ("plane", "serial"):
+        with pytest.raises(rudnn.ArgumentError) as info:
+            d.combine_backward(y, dout, strategy)
+        assert str(info.value) == ("moe.combine_backward: row_of_slot[2, 1]: row 1 of y is already named by "
+                                   "row_of_slot[0, 1] (the rows of a dispatch are distinct)")
+    # combine and dispatch_backward are gathers: a repeated row is summed, as torch autograd says
+    yy = y.double().requires_grad_()
+    ref = (w.double()[:, :, None] * yy[rows.long()]).sum(1)
+    torch.testing.assert_close(d.combine(y).double(), ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(d.dispatch_backward(y).double(), yy[rows.long()].sum(1), rtol=1e-6, atol=1e-6)
+    # distinct rows: dy and dweights are torch autograd's
+    rows[2, 1] = 5
+    dy, dweights = d.combine_backward(y, dout, "serial")
+    ww = w.double().requires_grad_()
+    gy, gw = torch.autograd.grad((ww[:, :, None] * yy[rows.long()]).sum(1), (yy, ww), dout.double())
+    torch.testing.assert_close(dy.double(), gy, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dweights.double(), gw, rtol=1e-6, atol=1e-6)
+
+
 def test_the_torch_and_jax_moe_modules_have_the_same_functions():
     # issue 27 usability: rudnn.torch.moe lacked the backward steps rudnn.jax.moe has
     import rudnn.jax as rj

@@ -88,3 +88,34 @@ def test_dispatch_plan_kernels_match_the_cpu_backend():
 def test_dispatch_plan_emulator_catches_a_planted_bug(mutation):
     result, lines = _run_plan_emulator(mutation, quick=True)
     assert result.returncode == 1 and any(line.endswith(" MISMATCH") for line in lines), result.stdout + result.stderr
+
+
+# ---- expert ids outside [0, E) through the whole chain ------------------------------------------
+
+def _run_invalid_ids_emulator(combine_mutation=None):
+    exe = build_emulator("moe_invalid_ids_emu.cpp", _plan_source(),
+                         extra_includes={"combine.inc": _kernels_source(combine_mutation)})
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    return result, result.stdout.strip().splitlines()
+
+
+def test_invalid_expert_ids_give_nan_tokens_on_the_cuda_kernels():
+    """Device expert ids are not read on the host, so the CUDA kernels define the result of an id
+    outside [0, E): the dispatch plan, gather, combine, dispatch_backward and combine_backward
+    kernels' own source, run on planted ids (-1, E, E + 1000; int32, int64, uint32; one slot, a
+    whole token, every slot, across chunk edges): the slot gets no row, every token with such a
+    slot comes out of combine and dispatch_backward NaN in every column, every other token exact,
+    dweights NaN exactly at those slots, dy zero on the rows of no token."""
+    result, lines = _run_invalid_ids_emulator()
+    assert result.returncode == 0 and len(lines) == 5 and all(line.endswith(" ok") for line in lines), \
+        result.stdout + result.stderr
+    assert any("nan_tokens=3 " in line and "all_invalid" in line for line in lines), result.stdout
+    for lanes in ("lanes=1", "lanes=8", "lanes=4"):
+        assert any(lanes in line for line in lines), result.stdout
+
+
+def test_invalid_ids_emulator_catches_a_combine_that_skips_bad_slots():
+    """A planted bug: combine skipping a slot with no row instead of making its token NaN (the
+    silently wrong finite sum the definition rules out)."""
+    result, lines = _run_invalid_ids_emulator(("        bad = true;\n        continue;", "        continue;"))
+    assert result.returncode == 1 and any("is not NaN" in line for line in lines), result.stdout + result.stderr

@@ -89,10 +89,15 @@ class RoutingPlan:
 
     def dispatch(self, x, *, stream=None):
         """Copies the rows of x [T, H] into expert-grouped order: a DispatchedTokens.
-        Expert ids outside [0, E) are an ArgumentError when the ids are host
-        arrays; device ids are not read on the host (no synchronization), so there such a slot gets
-        no row (its row_of_slot is -1, offsets[E] < T * top_k tells it) and its token comes out NaN
-        from combine and dispatch_backward (its dweights too) instead of silently losing the slot."""
+
+        Expert ids outside [0, E) are an ArgumentError when the ids are host arrays. Device ids
+        are not read on the host (that would synchronize), so on CUDA the kernels define the
+        result, the same on every run: such a slot gets no row (its row_of_slot is -1; offsets[E]
+        counts the valid slots, and the rows from offsets[E] on belong to no token: token_of_row
+        -1, gathered as zeros, zero expert outputs); every token with such a slot comes out of
+        `combine` and `dispatch_backward` as NaN in every column (never a finite sum that lost a
+        slot), the other tokens are exact; `combine_backward` gives NaN dweights at exactly those
+        slots and a zero dy on the rows of no token. No kernel reads out of bounds."""
         T, k, E = self.num_tokens, self.top_k, self.num_experts
         if len(x.shape) != 2 or int(x.shape[0]) != T:
             from .errors import ShapeError
@@ -144,14 +149,22 @@ class DispatchedTokens:
         return self.plan.num_tokens
 
     def combine(self, y, *, stream=None):
-        """out[t] = sum_j weights[t, j] * y[row of (t, j)]: float32 accumulation, y's dtype."""
+        """out[t] = sum_j weights[t, j] * y[row of (t, j)]: float32 accumulation, y's dtype.
+        A token with a slot of no row (row_of_slot outside [0, N): a device expert id outside
+        [0, E), see RoutingPlan.dispatch) is NaN in every column; host row_of_slot outside [0, N)
+        is an ArgumentError."""
         if fw.is_jax(y):
             return _rj().combine(y, self.row_of_slot, self.plan.weights)
         stream = self.stream if stream is None else stream
         return _combine("moe.combine", y, self.row_of_slot, self.plan.weights, self.num_tokens, stream)
 
     def combine_backward(self, y, dout, strategy="plane", *, stream=None):
-        """Gradients of `combine`: (dy [N, H] in y's dtype, dweights float32 [T, top_k])."""
+        """Gradients of `combine`: (dy [N, H] in y's dtype, dweights float32 [T, top_k]).
+        dy of a row no slot names is 0; dweights of a slot of no row is NaN. Each row of y may be
+        named by one slot at most (as a dispatch makes them): host row_of_slot naming a row twice
+        is an ArgumentError (dy would need both slots' sum); device rows are not read on the host,
+        so there distinct rows are the caller's promise: a row named twice gets, element by element,
+        one of its slots' gradients, not their sum."""
         code = _choice(_COMBINE_STRATEGIES, strategy, "moe.combine_backward", "strategy")
         if fw.is_jax(y) or fw.is_jax(dout):
             return _rj().combine_backward(y, dout, self.row_of_slot, self.plan.weights, strategy)
@@ -159,7 +172,8 @@ class DispatchedTokens:
         return _combine_backward(y, dout, self.row_of_slot, self.plan.weights, code, stream)
 
     def dispatch_backward(self, dx_dispatched, *, stream=None):
-        """Gradient of `dispatch`: dx[t] = sum_j dx_dispatched[row of (t, j)], [T, H]."""
+        """Gradient of `dispatch`: dx[t] = sum_j dx_dispatched[row of (t, j)], [T, H] (NaN for a
+        token with a slot of no row, as in `combine`)."""
         if fw.is_jax(dx_dispatched):
             return _rj().dispatch_backward(dx_dispatched, self.row_of_slot)
         stream = self.stream if stream is None else stream

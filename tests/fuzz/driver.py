@@ -4,9 +4,12 @@ subprocess so that a crash fails the test instead of killing pytest.
 For every case, drawn by hypothesis (derandomized: the same cases on every run), the call must
 either match an independent oracle (torch in float64 on the CPU) or raise a rudnn.Error whose
 message starts with the op's name, and in both cases leave every input's storage byte for byte as
-it was. Outputs given with out= are poisoned (NaN) first, so memory nobody wrote shows. The cases
+it was. Outputs given with out= are poisoned (NaN) first, and so is every array rudnn allocates for
+a call (outputs, workspaces: NaN, or 0x5a bytes for integers), so memory nobody wrote shows. The cases
 mix valid and invalid shapes, dtypes, layouts (transposed, sliced, expanded, overlapping), scalars
-and out= arrays that alias inputs.
+and out= arrays that alias inputs; metadata (MoE offsets and row_of_slot, paged schedules) valid or
+broken in one place, where a break must be refused (must_refuse), and paged append's caches, which
+a failed call must leave as they were.
 
     python tests/fuzz/driver.py [--examples N] [--family NAME ...]
 
@@ -20,6 +23,7 @@ import collections
 import math
 import os
 import sys
+import time
 import traceback
 import warnings
 
@@ -31,6 +35,7 @@ import rudnn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the references
 from reference import gated_delta as ref_gated_delta  # noqa: E402
+from reference import moe as ref_moe  # noqa: E402
 from reference import paged as ref_paged  # noqa: E402
 
 F = torch.nn.functional
@@ -110,6 +115,25 @@ def out_for(draw, inputs, shape, dtype):
 
 # ---- the properties ----------------------------------------------------------------------------------
 
+def _poison_outputs():
+    """Every array rudnn allocates for a call (outputs, workspaces) starts as NaN (float) or
+    0x5a bytes (integer), so memory a call leaves unwritten shows in its results."""
+    from rudnn import _frameworks
+
+    plain = _frameworks.Call.empty
+
+    def empty(self, shape, dtype):
+        a = plain(self, shape, dtype)
+        if isinstance(a, torch.Tensor) and a.numel():
+            if a.dtype.is_floating_point:
+                a.fill_(float("nan"))
+            else:
+                a.view(torch.uint8).fill_(0x5A) if a.dtype != torch.bool else a.fill_(True)
+        return a
+
+    _frameworks.Call.empty = empty
+
+
 def _storage_bytes(t):
     s = t.untyped_storage()
     snap = torch.empty(s.nbytes(), dtype=torch.uint8)
@@ -117,10 +141,20 @@ def _storage_bytes(t):
     return snap
 
 
-def check_call(family, op, call, oracle, inputs, out=None):
-    """Runs call(); checks the properties; records the outcome under `family`."""
+def check_call(family, op, call, oracle, inputs, out=None, written=(), must_refuse=None, tol_dtype=None,
+               nan_exact=False):
+    """Runs call(); checks the properties; records the outcome under `family`.
+
+    written: arrays the op writes in place (paged append's caches): untouched when it fails.
+    must_refuse: a reason the call has to raise a rudnn.Error (broken metadata), or None.
+    tol_dtype: the dtype whose tolerance applies (default: each result's own; float32 weight
+    gradients computed from float16 inputs and pre-activations take float16's).
+    nan_exact: NaN exactly where the oracle is NaN (a documented NaN result), not only no NaN
+    where the oracle is finite."""
     kept = [(t, _storage_bytes(t)) for t in inputs
-            if isinstance(t, torch.Tensor) and (out is None or not _shares(t, out))]
+            if isinstance(t, torch.Tensor) and (out is None or not _shares(t, out))
+            and not any(_shares(t, w) for w in written)]
+    kept_written = [(t, _storage_bytes(t)) for t in written]
     try:
         result = call()
     except rudnn.Error as e:
@@ -132,7 +166,10 @@ def check_call(family, op, call, oracle, inputs, out=None):
     for t, snap in kept:
         assert torch.equal(_storage_bytes(t), snap), f"{op}: an input's storage changed"
     if result is None:
+        for t, snap in kept_written:
+            assert torch.equal(_storage_bytes(t), snap), f"{op}: a failed call wrote into an array"
         return
+    assert must_refuse is None, f"{op}: accepted {must_refuse}"
     stats[family]["ok"] += 1
     try:
         expected = oracle()
@@ -141,14 +178,19 @@ def check_call(family, op, call, oracle, inputs, out=None):
         return
     results = result if isinstance(result, tuple) else (result,)
     expects = expected if isinstance(expected, tuple) else (expected,)
+    assert len(results) == len(expects), f"{op}: {len(results)} results, the oracle has {len(expects)}"
     for got, want in zip(results, expects):
+        if got is None or want is None:
+            assert got is None and want is None, f"{op}: a result is None where the oracle has one (or back)"
+            continue
         assert tuple(got.shape) == tuple(want.shape), f"{op}: shape {tuple(got.shape)} != {tuple(want.shape)}"
         if got.numel() == 0:
             continue
         g, w = got.double(), want.double()
         bad_nan = torch.isnan(g) & ~torch.isnan(w)
         assert not bad_nan.any(), f"{op}: NaN where the oracle is finite (unwritten or wrong memory)"
-        tol = TOL.get(got.dtype, 1e-4)
+        assert not (nan_exact and (torch.isnan(w) & ~torch.isnan(g)).any()), f"{op}: a number where NaN is documented"
+        tol = TOL.get(tol_dtype or got.dtype, 1e-4)
         finite = torch.isfinite(w)
         err = (g[finite] - w[finite]).abs().max().item() if finite.any() else 0.0
         scale = max(1.0, w[finite].abs().max().item() if finite.any() else 1.0)
@@ -616,10 +658,499 @@ def fuzz_moe_dispatch(examples):
     case()
 
 
+# ---- MoE experts and the training chain ---------------------------------------------------------
+
+def often(data, n):
+    """True n times in n + 1 (hypothesis draws small integers more often than uniformly, so
+    `integers(0, n)` is 0 far more often than 1 in n + 1)."""
+    return data.draw(st.sampled_from([True] * n + [False]))
+
+
+def mostly_dense(data, shape, ref):
+    """Like `like`, but dense in ref's dtype three times in four (for arrays that must be dense,
+    the MoE expert weights and the paged caches: else most cases stop at a layout check)."""
+    if often(data, 3):
+        return _values(shape, ref.dtype, data.draw(st.integers(0, 2**16)))
+    return like(data, shape, ref)
+
+
+def _partition(g, rows, E):
+    """int32 offsets [E + 1] cutting `rows` into E segments (some empty)."""
+    cuts = sorted(torch.randint(0, rows + 1, (E - 1,), generator=g).tolist()) if E > 1 else []
+    return torch.tensor([0] + cuts + [rows], dtype=torch.int32)
+
+
+def _break_offsets(kind, offsets, rows):
+    """offsets broken in one way (each must be refused where the offsets are host arrays)."""
+    o = offsets.clone()
+    E = o.numel() - 1
+    if kind == "start":
+        o[0] = 1
+    elif kind == "negative":
+        o[0] = -1
+    elif kind == "decreasing" and E >= 2:
+        o[1] = o[2] + 1
+    elif kind == "short":
+        o[E] = rows - 1
+    elif kind == "long":
+        o[E] = rows + 1
+    elif kind == "length":
+        return o[:E]
+    elif kind == "dtype":
+        return o.long()
+    else:
+        return None  # this kind cannot break these offsets: no case
+    return o
+
+
+def _segment_expert_rows(x, offsets, gate, up, down):
+    """The experts' outputs [N, H] row by row in float64 (tests/reference/moe.expert), with the
+    expert of each row read from the offsets: differentiable in x and the weights."""
+    o = [int(v) for v in offsets]
+    rows = []
+    for e in range(len(o) - 1):
+        for r in range(o[e], o[e + 1]):
+            rows.append(ref_moe.expert(x[r], gate[e], up[e], down[e]))
+    return torch.stack(rows) if rows else torch.zeros(0, x.shape[1], dtype=torch.float64)
+
+
+def _combine_ref(y, row_of_slot, weights, T):
+    """out[t] = sum_j w[t, j] y[row_of_slot[t, j]] (weights None: 1), float64, differentiable."""
+    outs = []
+    for t in range(T):
+        acc = torch.zeros(y.shape[1], dtype=torch.float64)
+        for j in range(row_of_slot.shape[1]):
+            w = 1.0 if weights is None else weights[t, j]
+            acc = acc + w * y[int(row_of_slot[t, j])]
+        outs.append(acc)
+    return torch.stack(outs) if outs else torch.zeros(0, y.shape[1], dtype=torch.float64)
+
+
+def _grads(fn, wrt, douts):
+    """Gradients of sum_i <fn(*wrt)[i], douts[i]> with respect to wrt, in float64 (zeros for
+    arrays the result does not depend on)."""
+    xs = [t.double().detach().requires_grad_() for t in wrt]
+    with torch.enable_grad():
+        ys = fn(*xs)
+        ys = ys if isinstance(ys, tuple) else (ys,)
+        pairs = [(y, d.double()) for y, d in zip(ys, douts) if d is not None and y.requires_grad]
+        if not pairs:
+            return tuple(torch.zeros_like(x) for x in xs)
+        gs = torch.autograd.grad([y for y, _ in pairs], xs, [d for _, d in pairs], allow_unused=True)
+    return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(xs, gs))
+
+
+def fuzz_moe_experts(examples):
+    """SwiGluExperts.forward_dispatched, forward_dispatched_training + MoeTrainingCache.backward,
+    DispatchedTokens.combine_backward and dispatch_backward, on dispatched rows from a real dispatch
+    or drawn directly, with offsets and row_of_slot valid or broken in one way (every host-side
+    break must be refused), against tests/reference/moe.py and torch autograd in float64."""
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        T, E = data.draw(st.integers(0, 4)), data.draw(st.integers(1, 3))
+        H, I = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+        k = data.draw(st.integers(1, E))
+        g = torch.Generator().manual_seed(data.draw(st.integers(0, 9999)))
+        N = T * k
+        op = data.draw(st.sampled_from(["forward_dispatched", "forward_dispatched_training", "backward",
+                                        "combine_backward", "dispatch_backward"]))
+        indices = (torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]) if T
+                   else torch.zeros(0, k, dtype=torch.int64)).to(torch.int32)
+        weights = like(data, (T, k), torch.zeros(0))
+        plan = rudnn.moe.RoutingPlan(indices, weights, E, scoring="softmax", renormalize=True, scale=1.0)
+        if data.draw(st.booleans()):  # the metadata of a real dispatch
+            d = plan.dispatch(torch.zeros(T, H))
+            offsets, token_of_row, row_of_slot = d.offsets, d.token_of_row, d.row_of_slot
+        else:  # drawn: any partition of the rows, any permutation of the slots
+            offsets = _partition(g, N, E)
+            row_of_slot = torch.randperm(N, generator=g).to(torch.int32).reshape(T, k)
+            token_of_row = torch.full((N,), -1, dtype=torch.int32)
+        broken = data.draw(st.sampled_from([None] * 8 + ["start", "negative", "decreasing", "short", "long",
+                                                         "length", "dtype", "row high", "row negative",
+                                                         "row duplicate", "few rows", "shape"]))
+        must_refuse = None
+        if broken in ("start", "negative", "decreasing", "short", "long", "length", "dtype"):
+            if op not in ("forward_dispatched", "forward_dispatched_training", "backward"):
+                return
+            offsets = _break_offsets(broken, offsets, N)
+            if offsets is None:
+                return
+            must_refuse = f"offsets broken ({broken}): {offsets.tolist()} for {N} rows"
+        elif broken in ("row high", "row negative", "row duplicate"):
+            if op not in ("combine_backward", "dispatch_backward") or N < 2:
+                return
+            row_of_slot = row_of_slot.clone()
+            row_of_slot[0, 0] = N if broken == "row high" else -1 if broken == "row negative" else \
+                int(row_of_slot.flatten()[-1])
+            if broken != "row duplicate" or op == "combine_backward":  # dispatch_backward sums a repeated row
+                must_refuse = f"row_of_slot {row_of_slot.tolist()} for {N} rows"
+        rows_n = N - 1 if broken == "few rows" and N else N
+        if rows_n < N and op in ("forward_dispatched", "forward_dispatched_training", "backward"):
+            must_refuse = f"offsets {offsets.tolist()} ending past x's {rows_n} rows"
+        d = rudnn.moe.DispatchedTokens(plan, None, offsets, token_of_row, row_of_slot)
+        gate = mostly_dense(data, (E, I, H), torch.zeros(0, dtype=data.draw(st.sampled_from(FLOATS))))
+        up, down = mostly_dense(data, (E, I, H), gate), mostly_dense(data, (E, H + (broken == "shape"), I), gate)
+        x = mostly_dense(data, (rows_n, H), gate)
+        d.x = x
+        strategy = data.draw(st.sampled_from(["auto", "scalar", "auto", "scalar", "tensor_core", "fast"]))
+        experts = None
+        if op in ("forward_dispatched", "forward_dispatched_training", "backward"):
+            try:
+                experts = rudnn.moe.SwiGluExperts(gate, up, down)
+            except rudnn.Error as e:
+                stats["moe_experts"][type(e).__name__] += 1
+                assert str(e).startswith("SwiGluExperts"), e
+                return
+        if op == "forward_dispatched":
+            call = lambda: experts.forward_dispatched(d, strategy)
+            oracle = lambda: _segment_expert_rows(x.double(), offsets, gate.double(), up.double(), down.double())
+            check_call("moe_experts", "SwiGluExperts.forward_dispatched", call, oracle, [x, offsets, gate, up, down],
+                       must_refuse=must_refuse)
+        elif op == "forward_dispatched_training":
+            def call():
+                return experts.forward_dispatched_training(d, strategy)[0]
+
+            oracle = lambda: _segment_expert_rows(x.double(), offsets, gate.double(), up.double(), down.double())
+            check_call("moe_experts", "SwiGluExperts.forward_dispatched_training", call, oracle,
+                       [x, offsets, gate, up, down], must_refuse=must_refuse)
+        elif op == "backward":
+            good = rudnn.moe.DispatchedTokens(plan, x, _partition(g, rows_n, E) if must_refuse else offsets,
+                                              token_of_row, row_of_slot)
+            try:  # the cache of a valid forward; the broken offsets (if any) are planted into it
+                _, cache = experts.forward_dispatched_training(good, "scalar")
+            except rudnn.Error as e:
+                stats["moe_experts"][type(e).__name__] += 1
+                return
+            cache.dispatched = d
+            dy_shape = (rows_n, H) if often(data, 7) else (rows_n, H + 1)
+            dy = like(data, dy_shape, x)
+
+            def call():
+                return cache.backward(dy, strategy)
+
+            oracle = lambda: _grads(lambda *a: _segment_expert_rows(*a[:1], offsets, *a[1:]), [x, gate, up, down],
+                                    [dy])
+            check_call("moe_experts", "MoeTrainingCache.backward", call, oracle,
+                       [x, offsets, gate, up, down, dy, cache.gate_pre, cache.up_pre], must_refuse=must_refuse,
+                       tol_dtype=x.dtype)
+        elif op == "combine_backward":
+            y = x
+            dout = like(data, (T, H) if often(data, 7) else (T, H + 1), y)
+            strat = data.draw(st.sampled_from(["plane", "serial", "plane", "serial", "fast"]))
+            if broken == "few rows" and N:
+                must_refuse = f"y with {rows_n} rows for row_of_slot {row_of_slot.tolist()}"
+
+            def call():
+                return d.combine_backward(y, dout, strat)
+
+            oracle = lambda: _grads(lambda yy, ww: _combine_ref(yy, row_of_slot, ww, T), [y, weights], [dout])
+            check_call("moe_experts", "moe.combine_backward", call, oracle, [y, dout, row_of_slot, weights],
+                       must_refuse=must_refuse)
+        else:
+            if broken == "few rows" and N:
+                must_refuse = f"dx_dispatched with {rows_n} rows for row_of_slot {row_of_slot.tolist()}"
+
+            def call():
+                return d.dispatch_backward(x)
+
+            oracle = lambda: _combine_ref(x.double(), row_of_slot, None, T)
+            check_call("moe_experts", "moe.dispatch_backward", call, oracle, [x, row_of_slot],
+                       must_refuse=must_refuse)
+
+    case()
+
+
+def fuzz_moe_router(examples):
+    """selected_router_weights and selected_router_backward (softmax or sigmoid scores, renormalized
+    or not, scaled) against tests/reference/moe.selected_weights and its torch autograd in float64;
+    an expert index outside [0, E) must make its row NaN (SPEC section 4), exactly that row."""
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        T, E = data.draw(st.integers(0, 4)), data.draw(st.integers(1, 5))
+        k = data.draw(st.integers(1, E))
+        logits = data.draw(arrays((T, E)))
+        g = torch.Generator().manual_seed(data.draw(st.integers(0, 9999)))
+        indices = torch.stack([torch.randint(0, E, (k,), generator=g) for _ in range(T)]) if T else \
+            torch.zeros(0, k, dtype=torch.int64)  # repeated indices gather (allowed)
+        if T and not often(data, 4):
+            indices[-1, 0] = data.draw(st.sampled_from([E, -1, 2**31 + 5]))
+        indices = indices.to(data.draw(st.sampled_from([torch.int32, torch.int64, torch.uint32, torch.float32])))
+        scoring = data.draw(st.sampled_from(["softmax", "sigmoid"] * 3 + ["relu"]))
+        renorm = data.draw(st.sampled_from([True, False] * 3 + ["yes"]))
+        scale = data.draw(st.sampled_from([1.0, 2.5] * 5 + SCALARS))
+        ids = indices.to(torch.int64).tolist() if indices.dtype != torch.float32 else []
+        bad_rows = [t for t, row in enumerate(ids) if any(e < 0 or e >= E for e in row)]
+
+        def weights(lg):
+            rows = []
+            for t in range(T):
+                if t in bad_rows:
+                    rows.append(torch.full((k,), float("nan"), dtype=torch.float64))
+                else:
+                    rows.append(ref_moe.selected_weights(lg[t], ids[t], scoring, renorm, scale))
+            return torch.stack(rows) if rows else torch.zeros(0, k, dtype=torch.float64)
+
+        if often(data, 1):
+            op = "moe.selected_router_weights"
+            call = lambda: rudnn.moe.selected_router_weights(logits, indices, scoring, renorm, scale)  # noqa: E731
+            oracle = lambda: weights(logits.double())  # noqa: E731
+            inputs = [logits, indices]
+        else:
+            op = "moe.selected_router_backward"
+            grad = like(data, (T, k) if often(data, 7) else (T, k + 1), torch.zeros(0))
+
+            def oracle():
+                d = _grads(weights, [logits], [grad])[0]
+                d[bad_rows] = float("nan")
+                return d
+
+            call = lambda: rudnn.moe.selected_router_backward(logits, indices, grad, scoring, renorm, scale)  # noqa
+            inputs = [logits, indices, grad]
+        check_call("moe_router", op, call, oracle, inputs, nan_exact=True,
+                   must_refuse="float32 indices" if indices.dtype == torch.float32 else None)
+
+    case()
+
+
+# ---- gated delta backward ----------------------------------------------------------------------------
+
+def fuzz_gated_delta_backward(examples):
+    """chunk_gated_delta_rule_backward and gated_delta_rule_backward against torch autograd through
+    the float64 recurrence of tests/reference/gated_delta.py."""
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        B, T = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 5))
+        Hk, K, V = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+        Hv = Hk * data.draw(st.sampled_from([1, 1, 2])) + data.draw(st.sampled_from([0] * 8 + [1]))
+        q = data.draw(arrays((B, Hk, T, K)))
+        k = like(data, (B, Hk, T, K), q)
+        v = like(data, (B, Hv, T, V), q)
+        beta = like(data, (B, Hv, T), q)
+        if beta.dtype.is_floating_point and often(data, 7):
+            beta = beta.float().sigmoid().to(beta.dtype)
+        log_decay = like(data, (B, Hv, T), torch.zeros(0))  # float32
+        if log_decay.dtype.is_floating_point:
+            log_decay = -log_decay.abs()
+        state = like(data, (B, Hv, K, V), torch.zeros(0)) if data.draw(st.booleans()) else None
+        dout = like(data, (B, Hv, T, V) if often(data, 9) else (B, Hv, T + 1, V), q)
+        dfinal = like(data, (B, Hv, K, V), torch.zeros(0)) if data.draw(st.booleans()) else None
+        scale = data.draw(st.sampled_from([0.5] * 20 + SCALARS))
+        chunk = data.draw(st.sampled_from([64] * 4 + [2, 3, 1] * 2 + [0, -1, 2**40, 4.0]))
+        op = data.draw(st.sampled_from(["chunk_gated_delta_rule_backward", "gated_delta_rule_backward"]))
+        if op == "chunk_gated_delta_rule_backward":
+            call = lambda: rudnn.chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, state, dfinal,
+                                                                 scale=scale, chunk_size=chunk)
+        else:
+            call = lambda: rudnn.gated_delta_rule_backward(dout, q, k, v, beta, log_decay, state, dfinal, scale=scale)
+
+        def oracle():
+            wrt = [q, k, v, beta, log_decay] + ([state] if state is not None else [])
+            fn = lambda *a: ref_gated_delta.gated_delta_rule(*a[:5], scale, a[5] if len(a) > 5 else None)  # noqa: E731
+            grads = _grads(fn, wrt, [dout, dfinal])
+            return tuple(grads) + ((None,) if state is None else ())
+
+        def run():
+            return call()
+
+        check_call("gated_delta_backward", op, run, oracle, [dout, q, k, v, beta, log_decay, state, dfinal])
+
+    case()
+
+
+# ---- paged: MLA, the backward functions, append ----------------------------------------------------
+
+@st.composite
+def paged_schedules(draw, broken_rate=10):
+    """((page_size, pages, tables, lengths, sequence_ids, positions), broken): mostly valid; one
+    in `broken_rate` broken in one place (named by `broken`: HostPlan must refuse it)."""
+    page_size, pages = draw(st.sampled_from([1, 2, 4])), draw(st.integers(1, 5))
+    S = draw(st.integers(1, 3))
+    lengths = [draw(st.integers(0, 3 * page_size)) for _ in range(S)]
+    width = max(1, max(-(-n // page_size) for n in lengths))
+    tables = [[draw(st.integers(0, pages - 1)) for _ in range(width)] for _ in range(S)]
+    seq_ids, positions = [], []
+    for s in range(S):
+        for _ in range(draw(st.integers(0, 2)) if lengths[s] else 0):
+            seq_ids.append(s)
+            positions.append(draw(st.integers(0, lengths[s] - 1)))
+    broken = None
+    if seq_ids and draw(st.integers(0, broken_rate - 1)) == 0:
+        broken = draw(st.sampled_from(["page", "position", "sequence"]))
+        if broken == "page":
+            tables[seq_ids[0]][0] = pages
+        elif broken == "position":
+            positions[-1] = lengths[seq_ids[-1]]
+        else:
+            seq_ids[-1] = S
+    return (page_size, pages, tables, lengths, seq_ids, positions), broken
+
+
+def _upload(sched, q):
+    page_size, pages, tables, lengths, seq_ids, positions = sched
+    host = rudnn.paged.HostPlan(page_size, pages, tables, lengths, seq_ids, positions)
+    return rudnn.paged.DevicePlan.upload(host, q)
+
+
+_PAGED_OPS = ("HostPlan", "DevicePlan.upload")
+
+
+def fuzz_paged_more(examples):
+    """plan.mla, plan.attention_backward and plan.mla_backward against torch autograd through
+    tests/reference/paged.py in float64 (need= subsets included), on valid and broken schedules."""
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        sched, broken = data.draw(paged_schedules())
+        page_size, pages, tables, lengths, seq_ids, positions = sched
+        Q = len(seq_ids)
+        if Q == 0:
+            return
+        ref_sched = (page_size, tables, lengths, seq_ids, positions)
+        op = data.draw(st.sampled_from(["paged_mla", "paged_attention_backward", "paged_mla_backward"]))
+        causal = data.draw(st.sampled_from([False, True] * 3 + [1]))
+        scale = data.draw(st.sampled_from([0.5] * 20 + SCALARS))
+        if op == "paged_attention_backward":
+            Hkv = data.draw(st.integers(1, 2))
+            Hq = Hkv * data.draw(st.sampled_from([1, 2])) + data.draw(st.sampled_from([0] * 8 + [1]))
+            D, Dv = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+            q = data.draw(arrays((Q, Hq, D)))
+            kc = mostly_dense(data, (pages, page_size, Hkv, D), q)
+            vc = mostly_dense(data, (pages, page_size, Hkv, Dv), q)
+            dout = like(data, (Q, Hq, Dv) if often(data, 9) else (Q, Hq, Dv + 1), q)
+            names = ("dq", "dk", "dv")
+            need = tuple(n for n in names if data.draw(st.integers(0, 3))) or names
+            if not often(data, 19):
+                need = data.draw(st.sampled_from(["dq", ("dx",), (1,)]))
+            inputs = [q, kc, vc, dout]
+
+            def call():
+                plan = _upload(sched, q)
+                return plan.attention_backward(q, kc, vc, dout, scale, causal, need=need)
+
+            def oracle():
+                if Hq % Hkv:
+                    raise ValueError("no oracle")
+                fn = lambda a, b, c: ref_paged.attention(ref_sched, a, b, c, scale=scale, causal=causal)[0]  # noqa
+                return tuple(gr if n in need else None for n, gr in zip(names, _grads(fn, [q, kc, vc], [dout])))
+        else:
+            H = data.draw(st.integers(1, 2))
+            R, P = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 3))
+            q = data.draw(arrays((Q, H, R)))
+            qp = like(data, (Q, H, P), q)
+            latent = mostly_dense(data, (pages, page_size, data.draw(st.sampled_from([1] * 9 + [2])), R), q)
+            kp = mostly_dense(data, (pages, page_size, 1, P + (0 if often(data, 9) else 1)), q)
+            inputs = [q, qp, latent, kp]
+            fn = lambda a, b, c, d: ref_paged.mla(ref_sched, a, b, c, d, scale=scale, causal=causal)[0]  # noqa
+            if op == "paged_mla":
+                def call():
+                    plan = _upload(sched, q)
+                    return plan.mla(q, qp, latent, kp, scale, causal)
+
+                oracle = lambda: fn(q, qp, latent, kp)
+            else:
+                dout = like(data, (Q, H, R) if often(data, 9) else (Q, H, R + 1), q)
+                inputs.append(dout)
+                names = ("dq", "dqp", "dlatent", "dkp")
+                need = tuple(n for n in names if data.draw(st.integers(0, 3))) or names
+
+                def call():
+                    plan = _upload(sched, q)
+                    return plan.mla_backward(q, qp, latent, kp, dout, scale, causal, need=need)
+
+                def oracle():
+                    grads = _grads(fn, [q, qp, latent, kp], [dout])
+                    return tuple(gr if n in need else None for n, gr in zip(names, grads))
+        check_call("paged_backward", _PAGED_OPS + (op,), call, oracle, inputs,
+                   must_refuse=broken and f"a broken schedule ({broken})")
+
+    case()
+
+
+def fuzz_paged_append(examples):
+    """plan.append: each query row's k/v row lands in its slot (the slot of its position in its
+    sequence's pages), nothing else changes; two rows naming one physical slot (shared pages or
+    repeated positions), wrong shapes or dtypes, and k/v that overlap the caches are refused with
+    nothing written; after an append, plan.attention over the caches equals the dense reference."""
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        sched, broken = data.draw(paged_schedules())
+        page_size, pages, tables, lengths, seq_ids, positions = sched
+        Q = len(seq_ids)
+        if Q == 0:
+            return
+        if not often(data, 4):  # a repeated (sequence, position): one slot written twice
+            seq_ids, positions = seq_ids + [seq_ids[0]], positions + [positions[0]]
+            sched = (page_size, pages, tables, lengths, seq_ids, positions)
+            Q += 1
+        Hkv = data.draw(st.integers(1, 2))
+        D, Dv = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+        kc = data.draw(arrays((pages, page_size, Hkv, D), dtypes=FLOATS * 3 + DTYPES))
+        if often(data, 2):
+            kc = _values(tuple(kc.shape), kc.dtype, data.draw(st.integers(0, 2**16)))
+        vc = mostly_dense(data, (pages, page_size, Hkv, Dv), kc)
+        if often(data, 5):  # else the drawn layouts stay (expanded or overlapping caches)
+            kc, vc = kc.clone(), vc.clone()
+        kind = data.draw(st.sampled_from(["fresh"] * 6 + ["k_in_cache", "wrong_shape"]))
+        if kind == "k_in_cache" and kc.is_contiguous() and kc.numel() >= Q * Hkv * D:
+            k = kc.view(-1)[: Q * Hkv * D].view(Q, Hkv, D)  # overlaps the cache it is written into
+        else:
+            k = mostly_dense(data, (Q, Hkv + (kind == "wrong_shape"), D), kc)
+        v = mostly_dense(data, (Q, Hkv, Dv), kc)
+        slot = lambda r: (int(tables[seq_ids[r]][positions[r] // page_size]), positions[r] % page_size)  # noqa
+        try:
+            slots = [slot(r) for r in range(Q)]
+        except IndexError:
+            slots = None  # a broken schedule: HostPlan refuses it
+        must_refuse = broken and f"a broken schedule ({broken})"
+        if not broken and len(set(slots)) < len(slots):
+            must_refuse = f"two rows writing one slot ({slots})"
+
+        def call():
+            plan = _upload(sched, kc)
+            return plan.append(k, v, kc, vc)
+
+        def oracle():
+            ek, ev = kc_before.double(), vc_before.double()
+            for r, (p, o) in enumerate(slots):
+                ek[p, o], ev[p, o] = k_before[r].double(), v_before[r].double()
+            return ek, ev
+
+        kc_before, vc_before, k_before, v_before = kc.clone(), vc.clone(), k.clone(), v.clone()
+        outcome = stats["paged_append"]["ok"]
+        check_call("paged_append", _PAGED_OPS + ("paged_append",), call, oracle, [k, v], written=[kc, vc],
+                   must_refuse=must_refuse)
+        if stats["paged_append"]["ok"] == outcome or not kc.dtype.is_floating_point:
+            return
+        # append then attend: the dense reference over the expected caches
+        q = like(data, (Q, Hkv, D), kc)
+        ek, ev = oracle()
+        ref_sched = (page_size, tables, lengths, seq_ids, positions)
+        call2 = lambda: _upload(sched, q).attention(q, kc, vc, 0.5, True)  # noqa: E731
+        oracle2 = lambda: ref_paged.attention(ref_sched, q, ek, ev, scale=0.5, causal=True)[0]  # noqa: E731
+        check_call("paged_append", _PAGED_OPS + ("paged_attention",), call2, oracle2, [q, kc, vc])
+
+    case()
+
+
 FAMILIES = {"norm": fuzz_norm, "pooling": fuzz_pooling, "interpolate": fuzz_interpolate,
             "attention": fuzz_attention, "moe": fuzz_moe, "conv": fuzz_conv, "grid_sample": fuzz_grid_sample,
             "ctc": fuzz_ctc, "backward": fuzz_backward, "gated_delta": fuzz_gated_delta, "paged": fuzz_paged,
-            "moe_dispatch": fuzz_moe_dispatch}
+            "moe_dispatch": fuzz_moe_dispatch, "moe_experts": fuzz_moe_experts, "moe_router": fuzz_moe_router,
+            "gated_delta_backward": fuzz_gated_delta_backward, "paged_backward": fuzz_paged_more,
+            "paged_append": fuzz_paged_append}
+
+# The families whose cases cost most (autograd through the naive loops) run half the examples, so
+# that the whole suite stays near a minute of CPU.
+SHARE = {"gated_delta_backward": 0.5, "paged_backward": 0.5, "paged_append": 0.5}
 
 
 def main(argv=None):
@@ -627,16 +1158,19 @@ def main(argv=None):
     ap.add_argument("--examples", type=int, default=200)
     ap.add_argument("--family", nargs="*", default=list(FAMILIES))
     args = ap.parse_args(argv)
+    _poison_outputs()
     failed = []
     for name in args.family:
+        start = time.process_time()
         try:
-            FAMILIES[name](args.examples)
+            FAMILIES[name](max(1, int(args.examples * SHARE.get(name, 1.0))))
         except Exception:  # noqa: BLE001 (hypothesis re-raises the shrunk failing case)
             failed.append(name)
             print(f"FAIL {name}:\n{traceback.format_exc()}", file=sys.stderr)
         s = stats[name]
         cases = sum(v for k, v in s.items() if k != "no oracle")
-        print(f"fuzz {name}: {cases} calls, " + ", ".join(f"{k} {v}" for k, v in sorted(s.items())))
+        print(f"fuzz {name}: {cases} calls, " + ", ".join(f"{k} {v}" for k, v in sorted(s.items())) +
+              f" ({time.process_time() - start:.1f} s CPU)")
     return 1 if failed else 0
 
 

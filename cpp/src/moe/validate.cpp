@@ -2,6 +2,7 @@
 // Python name of the operation ("moe.route: top_k: ...").
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "core/aliasing.hpp"
 #include "core/check.hpp"
@@ -299,6 +300,23 @@ CombineProblem validate_combine(const MoeCombineArgs& a) {
 CombineProblem validate_combine_backward(const MoeCombineBackwardArgs& a) {
   const std::string op = "moe.combine_backward";
   CombineProblem p = check_combine_common(a.y, a.row_of_slot, &a.weights, op);
+  // dy[r] is written (not accumulated) by the one slot that names row r, so host rows must be
+  // distinct, as a dispatch makes them (two slots on one row would need the sum of both
+  // gradients). Device rows are not read on the host; there distinct rows are the caller's
+  // promise (see DispatchedTokens.combine_backward).
+  if (!a.row_of_slot.device.is_cuda()) {
+    const std::int32_t* r = a.row_of_slot.ptr<std::int32_t>();
+    const std::int64_t k = p.top_k;
+    std::vector<std::int64_t> slot_of_row(std::size_t(p.rows), -1);
+    for (std::int64_t i = 0; i < p.tokens * k; ++i) {
+      std::int64_t& first = slot_of_row[std::size_t(r[i])];
+      if (first >= 0)
+        fail(ErrorKind::value, op + ": row_of_slot[" + str(i / k) + ", " + str(i % k) + "]: row " + str(r[i]) +
+                                   " of y is already named by row_of_slot[" + str(first / k) + ", " +
+                                   str(first % k) + "] (the rows of a dispatch are distinct)");
+      first = i;
+    }
+  }
   check_input_matrix(a.dout, a.y, "y", a.y.dtype, "y", shape_of(p.tokens, p.hidden), "[T, H]", op + ": dout");
   core::expect_same_device(a.dy, a.y, op + ": dy", "y");
   expect_like_dtype(a.dy, a.y.dtype, op + ": dy", "y");

@@ -231,7 +231,9 @@ torch.library.register_autograd("rudnn::moe_combine", _combine_autograd, setup_c
 
 
 def combine(y, row_of_slot, weights):
-    """out[t] = sum_j weights[t, j] * y[row_of_slot[t, j]]; differentiable in y and weights."""
+    """out[t] = sum_j weights[t, j] * y[row_of_slot[t, j]]; differentiable in y and weights (as
+    rudnn.moe.DispatchedTokens.combine: a slot of no row makes its token NaN; its backward takes
+    each row named by one slot at most)."""
     return _combine(y, row_of_slot, weights)
 
 
@@ -321,7 +323,9 @@ def dispatch_backward(dx_dispatched, row_of_slot):
 
 
 def combine_backward(y, dout, row_of_slot, weights, strategy="plane"):
-    """Gradients of combine: (dy [N, H] in y's dtype, dweights float32 [T, k])."""
+    """Gradients of combine: (dy [N, H] in y's dtype, dweights float32 [T, k]); see
+    rudnn.moe.DispatchedTokens.combine_backward (a host row_of_slot naming a row twice is an
+    ArgumentError)."""
     code = _moe._choice(_moe._COMBINE_STRATEGIES, strategy, "moe.combine_backward", "strategy")
     return _combine_backward(y, dout, row_of_slot, weights, code)
 
