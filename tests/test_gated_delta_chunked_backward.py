@@ -107,6 +107,15 @@ def chunked_backward(q, k, v, beta, g, scale, state, dout, dfinal, C, cu=None, p
                       - bc * gamma * (dX * KS).sum(1) + (dL * L).sum(1) - (dL * L).sum(0) - dw)
                 dG[-1] += torch.exp(G[-1]) * (dSC * S0).sum() + dw.sum()
                 dg_c = torch.flip(torch.cumsum(torch.flip(dG, [0]), 0), [0])
+                # the kernel's form of the same sum: the pairs (i, j >= t) that cancel left out
+                E = dP * P + dL * L
+                r = scale * gamma * (dO * QS).sum(1) - bc * gamma * (dX * KS).sum(1)
+                after = torch.flip(torch.cumsum(torch.flip(r, [0]), 0), [0])
+                before = torch.cumsum(dw, 0) - dw
+                cross = torch.stack([E[t:, :t].sum() for t in range(C)])
+                dg_kernel = after + before + cross + torch.exp(G[-1]) * (dSC * S0).sum()
+                assert torch.allclose(dg_kernel, dg_c, rtol=1e-9, atol=1e-9 * max(1.0, float(dg_c.abs().max())))
+                dg_c = dg_kernel
                 c0, c1 = c["c0"], c["c1"]
                 m = c1 - c0
                 dq[b, hk, c0:c1] += dq_c[:m]
@@ -179,3 +188,76 @@ def test_planted_error_in_the_algorithm_is_caught():
     assert float((good[0] - oracle[0]).abs().max()) < 1e-9
     bad = chunked_backward(q, k, v, beta, g, 0.37, state, dout, None, 8, planted_bug=True)
     assert max(float((x - y).abs().max()) for x, y in zip(bad[:5], oracle[:5])) > 1e-3
+
+
+# ---- The library's backward entry: strategy= and the CUDA chunked kernels (chunked_backward.cu) ----
+
+import rudnn  # noqa: E402
+from util import DTYPES, assert_close_to_oracle  # noqa: E402
+
+
+def test_backward_strategy_is_checked_and_the_cpu_computes_the_same_function():
+    q, k, v, beta, g, state = make_inputs(1, 1, 2, 20, 8, 8, torch.float32, seed=12)
+    dout = torch.randn(v.shape, generator=torch.Generator().manual_seed(13))
+    with pytest.raises(ValueError, match="strategy"):
+        rudnn.chunk_gated_delta_rule_backward(dout, q, k, v, beta, g, state, scale=0.3, strategy="fast")
+    runs = [rudnn.chunk_gated_delta_rule_backward(dout, q, k, v, beta, g, state, scale=0.3, strategy=s)
+            for s in ("auto", "chunked", "recurrent")]
+    assert rudnn.gated_delta_last_algorithm() == "cpu"
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+
+
+# (B, Hk, Hv, T, K, V, chunk_size, cu_seqlens, layout): several chunks with a partial last one,
+# grouped value heads, V over several 32-column slices, varlen, the [B, T, H, X] layout.
+CUDA_CASES = [(1, 1, 1, 300, 64, 64, 64, None, "bhtk"), (2, 2, 4, 261, 32, 72, 64, None, "bhtk"),
+              (1, 1, 2, 200, 16, 24, 16, None, "bthk"), (1, 2, 4, 333, 128, 128, 64, [0, 100, 100, 101, 333], "bhtk"),
+              (1, 1, 2, 150, 48, 40, 32, [0, 7, 150], "bthk")]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: "x".join(map(str, c[:7])) + ("_varlen" if c[7] else "")
+                         + "_" + c[8])
+def test_cuda_chunked_backward_against_autograd_and_cpu(case, dtype):
+    B, Hk, Hv, T, K, V, C, cu, layout = case
+    q, k, v, beta, g, state = make_inputs(B, Hk, Hv, T, K, V, dtype, "cuda", decay=1.0, layout=layout, seed=T,
+                                          cu_seqlens=cu)
+    gen = torch.Generator().manual_seed(T + 1)
+    dout = torch.randn(v.shape, generator=gen).to(dtype).to("cuda")
+    dfinal = torch.randn(state.shape, generator=gen).to("cuda")
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device="cuda")
+    run = lambda strategy: rudnn.chunk_gated_delta_rule_backward(dout, q, k, v, beta, g, state, dfinal, scale=K ** -0.5,
+                                                                 chunk_size=C, cu_seqlens=cu_t, strategy=strategy)
+    ours = run("chunked")
+    assert rudnn.gated_delta_last_algorithm() == "chunked_backward"
+    again = run("chunked")
+    for a, b in zip(ours, again):  # fixed-order sums: bitwise reproducible
+        assert torch.equal(a, b)
+    g64 = oracle_grads(q, k, v, beta, g, state, dout, dfinal, K ** -0.5, cu, torch.float64)
+    g32 = oracle_grads(q, k, v, beta, g, state, dout, dfinal, K ** -0.5, cu, torch.float32)
+    cpu = rudnn.chunk_gated_delta_rule_backward(*(t.cpu() for t in (dout, q, k, v, beta, g, state, dfinal)),
+                                                scale=K ** -0.5, chunk_size=C, cu_seqlens=None if cu is None else
+                                                torch.tensor(cu, dtype=torch.int32))
+    for name, mine, o64, o32, ref_cpu, x in zip(NAMES, ours, g64, g32, cpu, (q, k, v, beta, g, state)):
+        assert mine.dtype == x.dtype and mine.shape == x.shape, name
+        assert_close_to_oracle(mine, o32.to(x.dtype), o64, f"{name} {case}")
+        assert_close_to_oracle(ref_cpu, o32.to(x.dtype), o64, f"cpu {name} {case}")
+
+
+@pytest.mark.cuda
+def test_cuda_backward_auto_picks_by_length_and_strategy_forces_either():
+    def run(T, strategy="auto", K=64):
+        q, k, v, beta, g, state = make_inputs(1, 1, 2, T, K, 32, torch.bfloat16, "cuda", seed=T)
+        dout = torch.randn(v.shape, device="cuda").to(torch.bfloat16)
+        rudnn.chunk_gated_delta_rule_backward(dout, q, k, v, beta, g, state, scale=0.2, strategy=strategy)
+        return rudnn.gated_delta_last_algorithm()
+
+    assert run(64) == "recurrent_backward"
+    assert run(300) == "chunked_backward"
+    assert run(300, "recurrent") == "recurrent_backward"
+    assert run(64, "chunked") == "chunked_backward"
+    assert run(300, K=192) == "recurrent_backward"  # K > 128: the chunked backward does not apply
+    with pytest.raises(NotImplementedError, match="chunked backward"):
+        run(300, "chunked", K=192)
