@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import rudnn
 from test_gated_delta import make_inputs, oracle_grads
 from reference import gated_delta as ref
 from util import ROOT, emu_array_bits, emu_array_from_file, assert_close_to_oracle, build_emulator
@@ -252,11 +253,14 @@ def _check_chunked_backward(exe, tmp_path, case, dtype, seed=7, decay=0.0, extre
                 bthk=layout == "bthk", chunk_size=C)
     g64 = oracle_grads(q, k, v, beta, g, state, dout, dfinal, 0.3, cu, torch.float64)
     g32 = oracle_grads(q, k, v, beta, g, state, dout, dfinal, 0.3, cu, torch.float32)
-    for name, mine, o64, o32, x in zip(["dq", "dk", "dv", "dbeta", "dlog_decay", "dinitial_state"], ours, g64, g32,
-                                       (q, k, v, beta, g, state)):
+    cpu = rudnn.chunk_gated_delta_rule_backward(dout, q, k, v, beta, g, state, dfinal, scale=0.3, chunk_size=C,
+                                                cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32))
+    for name, mine, o64, o32, peer, x in zip(["dq", "dk", "dv", "dbeta", "dlog_decay", "dinitial_state"], ours, g64,
+                                             g32, cpu, (q, k, v, beta, g, state)):
         if x is None:
             continue
         assert_close_to_oracle(mine, o32.to(x.dtype), o64, f"{name} {case}")
+        assert_close_to_oracle(mine, peer, o64, f"{name} {case} (CPU backend as the peer)")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

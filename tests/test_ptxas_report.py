@@ -273,3 +273,14 @@ def test_gated_delta_chunked_kernels_stage_with_cp_async():
         ldgsts = sum(bool(re.search(r"\bLDGSTS\.\S*\.128\b", line)) for line in lines)
         hmma = sum(bool(re.search(r"\bHMMA\.", line)) for line in lines)
         assert ldgsts > 0 and hmma > 0, (kernel, ldgsts, hmma)
+
+
+# The chunked backward (cpp/src/gated_delta/chunked_backward.cu), for both architectures: its four
+# kernels, one per dtype, spill nothing (an earlier version of the local kernel kept dX rows in a
+# register array and spilled on sm_80). They are plain float32 FMA kernels: no HMMA yet.
+@pytest.mark.parametrize("arch", ["80", "90a"])
+def test_gated_delta_chunked_backward_does_not_spill(arch):
+    report, sass = _ptxas_report("chunked_backward.cu", family="gated_delta", arch=arch)
+    spills = {k: v for k, v in _spills(report).items() if "bwd_" in k}
+    assert len(spills) == 12 and not any(spills.values()), spills
+    assert set(_sass_by_kernel(sass)) == set(spills), (sorted(_sass_by_kernel(sass)), spills)
