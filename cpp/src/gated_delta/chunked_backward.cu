@@ -78,14 +78,13 @@ __device__ __forceinline__ i64 bwd_first_slot(const Params& p, const ChunkedBack
   return p.cu_seqlens ? s.bos / ws.C + n : n * ws.chunks_per_batch;
 }
 
-// The sequence and first token of a slot, or c0 >= eos for a slot no chunk uses (also when there
-// is no sequence at all: device-side cu_seqlens of one element are not checked on the host).
+// The sequence and first token of a slot, or c0 >= eos for a slot no chunk uses. Needs N > 0 (the
+// kernels return at once without a sequence: device-side cu_seqlens are not checked on the host).
 struct SlotChunk {
   i64 n, c0;
   Sequence s;
 };
 __device__ __forceinline__ SlotChunk bwd_slot_chunk(const Params& p, const ChunkedBackwardWorkspace& ws, i64 slot) {
-  if (p.N == 0) return {0, 0, Sequence{0, 0, 0}};
   i64 n = 0;
   if (p.cu_seqlens) {  // bwd_first_slot is increasing in n: binary search
     i64 lo = 0, hi = p.N - 1;
@@ -135,6 +134,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, Chunked
   float* tm = lm + C * C;      // [C][C] T
   float* bs = tm + C * C;      // [C] beta
 
+  if (p.N == 0) return;
   const i64 slot = blockIdx.x / p.Hv, h = blockIdx.x % p.Hv, hk = h / p.group;
   const SlotChunk sc = bwd_slot_chunk(p, ws, slot);
   if (sc.c0 >= sc.s.eos) return;
@@ -369,6 +369,7 @@ __global__ void __launch_bounds__(kBwdThreads)
   float* red = dwa + C;            // [4] per-warp partials, [4] <dS_C, S0>
   float* xg = red + 8;             // [C] sum over i >= t > j of E_ij
 
+  if (p.N == 0) return;
   const i64 slot = blockIdx.x / p.Hk, hk = blockIdx.x % p.Hk;
   const SlotChunk sc = bwd_slot_chunk(p, ws, slot);
   if (sc.c0 >= sc.s.eos) return;
