@@ -16,6 +16,8 @@ Stages, per (sequence, value head), chunks of C tokens (the last one padded with
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -261,3 +263,25 @@ def test_cuda_backward_auto_picks_by_length_and_strategy_forces_either():
     assert run(300, K=192) == "recurrent_backward"  # K > 128: the chunked backward does not apply
     with pytest.raises(NotImplementedError, match="chunked backward"):
         run(300, "chunked", K=192)
+
+
+def test_backward_strategy_in_the_torch_and_jax_entries():
+    """rudnn.torch takes the same strategy= (a custom-op argument); JAX arrays take "auto" only."""
+    import rudnn.torch as rt
+
+    q, k, v, beta, g, state = make_inputs(1, 1, 2, 12, 8, 8, torch.float32, seed=14)
+    dout = torch.randn(v.shape, generator=torch.Generator().manual_seed(15))
+    want = rudnn.chunk_gated_delta_rule_backward(dout, q, k, v, beta, g, state, scale=0.3)
+    for strategy in ("auto", "chunked", "recurrent"):
+        got = rt.chunk_gated_delta_rule_backward(dout, q, k, v, beta, g, state, scale=0.3, strategy=strategy)
+        for a, b in zip(want, got):
+            assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="strategy"):
+        rt.chunk_gated_delta_rule_backward(dout, q, k, v, beta, g, state, scale=0.3, strategy="fast")
+    jnp = pytest.importorskip("jax.numpy")
+    args = [jnp.asarray(t.numpy()) for t in (dout, q, k, v, beta, g, state)]
+    got = rudnn.chunk_gated_delta_rule_backward(*args, scale=0.3)
+    for a, b in zip(want, got):
+        assert np.allclose(np.asarray(b), a.numpy(), rtol=1e-6, atol=1e-6)
+    with pytest.raises(NotImplementedError, match="only 'auto'"):
+        rudnn.chunk_gated_delta_rule_backward(*args, scale=0.3, strategy="chunked")

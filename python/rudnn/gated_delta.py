@@ -32,7 +32,7 @@ from __future__ import annotations
 from . import _C
 from . import _frameworks as fw
 from ._args import float32_number, integer
-from .errors import ArgumentError, UnsupportedError
+from .errors import ArgumentError
 
 _CHUNKED, _RECURRENT = 0, 1
 STRATEGIES = {"auto": 0, "chunked": 1, "recurrent": 2}  # the kernel attribute of libruDNN
@@ -164,11 +164,9 @@ def chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_stat
     "auto"."""
     kernel = kernel_code("chunk_gated_delta_rule_backward", strategy)
     if fw.is_jax(q):
-        if kernel != 0:  # the XLA FFI backward takes no kernel attribute yet
-            raise UnsupportedError(f"chunk_gated_delta_rule_backward: strategy={strategy!r} with JAX arrays: only "
-                                   "'auto' is supported")
         return _jax().chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state, dfinal_state,
-                                                      scale=scale, chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+                                                      scale=scale, chunk_size=chunk_size, cu_seqlens=cu_seqlens,
+                                                      strategy=strategy)
     return _backward("chunk_gated_delta_rule_backward", _CHUNKED, dout, q, k, v, beta, log_decay, initial_state,
                      dfinal_state, scale, chunk_size, cu_seqlens, stream, kernel)
 
