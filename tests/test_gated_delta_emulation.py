@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import rudnn
 from test_gated_delta import make_inputs, oracle_grads
 from reference import gated_delta as ref
 from util import ROOT, emu_array_bits, emu_array_from_file, assert_close_to_oracle, build_emulator
@@ -40,7 +41,11 @@ CHUNK_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "u
                 "  emu_noted_copy(thr.partition_A(sA), rA);\n  emu_noted_copy(thr.partition_B(sB), rB);")]
 
 
-def _kernels_source(extra_edits=()):
+# The chunked backward's dynamic shared memory is the emulator's block buffer.
+CB_EDITS = [("extern __shared__ __align__(16) unsigned char bwd_smem_raw[];", "unsigned char* bwd_smem_raw = emu_smem;")]
+
+
+def _kernels_source(extra_edits=(), cb_edits=()):
     read = lambda f: open(os.path.join(SRC, f)).read()
     fwd = _namespace_block(read("recurrent_forward.cu"), "emu_rf")
     bwd_src = read("recurrent_backward.cu")
@@ -54,7 +59,15 @@ def _kernels_source(extra_edits=()):
     for old, new in list(extra_edits) + CHUNK_EDITS:  # planted bugs use the original text
         assert old in chunk, f"emulation edit no longer applies: {old}"
         chunk = chunk.replace(old, new)
-    return "namespace rudnn::gated_delta::cuda {\n" + fwd + bwd + chunk + "}\n"
+    cb_src = read("chunked_backward.cu")
+    cb = _namespace_block(cb_src, "emu_cb")
+    layout = re.search(r"ChunkedBackwardLayout chunked_backward_layout\(const Problem& p\) \{.*?\n\}\n", cb_src,
+                       re.S).group(0)
+    cb = cb[:-2] + layout + "}\n"
+    for old, new in list(cb_edits) + CB_EDITS:
+        assert old in cb, f"emulation edit no longer applies: {old}"
+        cb = cb.replace(old, new)
+    return "namespace rudnn::gated_delta::cuda {\n" + fwd + bwd + chunk + cb + "}\n"
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +75,8 @@ def emulator():
     return build_emulator("gated_delta_emu.cpp", _kernels_source(), needs_cutlass=True)
 
 
-def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=None, dfinal=None, bthk=False):
+def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=None, dfinal=None, bthk=False,
+         chunk_size=64):
     """bthk: the forward's q k v beta g and out in memory as [B, T, H, ...] (the kernels read them
     through those strides); every tensor is given and returned as [B, H, T, ...]."""
     B, Hk, T, K = q.shape
@@ -70,7 +84,7 @@ def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=No
     N = B if cu is None else len(cu) - 1
     bf16 = q.dtype == torch.bfloat16
     meta = [B, T, Hk, Hv, K, V, N, int(state is not None), int(cu is not None), int(dfinal is not None), int(bf16)]
-    (tmp_path / "meta.txt").write_text(" ".join(map(str, meta)) + f" {scale!r} {int(bthk)}\n")
+    (tmp_path / "meta.txt").write_text(" ".join(map(str, meta)) + f" {scale!r} {int(bthk)} {chunk_size}\n")
     stored = (lambda t: t.transpose(1, 2)) if bthk else (lambda t: t)
     for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta), ("dout", dout)):
         if t is not None:
@@ -83,7 +97,7 @@ def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=No
     result = subprocess.run([str(exe), kernel, str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     f = lambda name, shape, dtype: emu_array_from_file(tmp_path / f"{name}.bin", shape, dtype)
-    if kernel != "recurrent_backward":
+    if not kernel.endswith("_backward"):
         out = f("out", (B, T, Hv, V), q.dtype).transpose(1, 2) if bthk else f("out", (B, Hv, T, V), q.dtype)
         return out, f("final", (N, Hv, K, V), torch.float32)
     grads = [f("dq", q.shape, q.dtype), f("dk", k.shape, q.dtype), f("dv", v.shape, q.dtype),
@@ -210,3 +224,75 @@ def test_emulator_catches_planted_staging_bug(tmp_path, bug):
     with pytest.raises(AssertionError):
         assert_close_to_oracle(out, o_peer.to(torch.bfloat16), o64, "out")
         assert_close_to_oracle(final, s_peer.float(), s64, "final_state")
+
+
+# The chunked backward (chunked_backward.cu) against the same oracle as the recurrent one: torch
+# autograd through the float64 recurrence, with twice the float32 recurrence's error as budget.
+# (B, Hk, Hv, T, K, V, chunk_size, cu_seqlens, layout): one chunk, several with a partial last one,
+# grouped heads, V over two 32-column slices, K and V not multiples of anything, varlen with empty
+# and one-token sequences, the [B, T, H, X] layout, K = 128 with C = 64 (the largest shared memory).
+CB_CASES = [(1, 1, 1, 16, 8, 8, 16, None, "bhtk"), (2, 1, 2, 37, 12, 40, 16, None, "bhtk"),
+            (1, 2, 4, 70, 16, 12, 8, None, "bhtk"), (1, 1, 2, 93, 16, 8, 64, None, "bhtk"),
+            (1, 2, 4, 57, 8, 8, 8, [0, 5, 5, 6, 40, 57], "bhtk"), (2, 1, 3, 29, 8, 36, 8, None, "bthk"),
+            (1, 1, 2, 70, 128, 40, 64, None, "bhtk")]  # the largest tiles: K = 128, C = 64
+
+
+def _check_chunked_backward(exe, tmp_path, case, dtype, seed=7, decay=0.0, extreme=False, initial=True):
+    B, Hk, Hv, T, K, V, C, cu, layout = case
+    q, k, v, beta, g, state = make_inputs(B, Hk, Hv, T, K, V, dtype, seed=seed, decay=decay, cu_seqlens=cu,
+                                          initial=initial)
+    if extreme:
+        g = g.clone()
+        g[..., 1] = -30.0
+        g[..., 5] = float("-inf")
+        g[..., -1] = -200.0
+    gen = torch.Generator().manual_seed(seed + 1)
+    dout = torch.randn(v.shape, generator=gen).to(dtype)
+    N = B if cu is None else len(cu) - 1
+    dfinal = torch.randn((N, Hv, K, V), generator=gen)
+    ours = _run(exe, tmp_path, "chunked_backward", q, k, v, beta, g, state, 0.3, cu, dout, dfinal,
+                bthk=layout == "bthk", chunk_size=C)
+    g64 = oracle_grads(q, k, v, beta, g, state, dout, dfinal, 0.3, cu, torch.float64)
+    g32 = oracle_grads(q, k, v, beta, g, state, dout, dfinal, 0.3, cu, torch.float32)
+    cpu = rudnn.chunk_gated_delta_rule_backward(dout, q, k, v, beta, g, state, dfinal, scale=0.3, chunk_size=C,
+                                                cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32))
+    for name, mine, o64, o32, peer, x in zip(["dq", "dk", "dv", "dbeta", "dlog_decay", "dinitial_state"], ours, g64,
+                                             g32, cpu, (q, k, v, beta, g, state)):
+        if x is None:
+            continue
+        assert_close_to_oracle(mine, o32.to(x.dtype), o64, f"{name} {case}")
+        assert_close_to_oracle(mine, peer, o64, f"{name} {case} (CPU backend as the peer)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", CB_CASES, ids=lambda c: "x".join(map(str, c[:7])) + ("_varlen" if c[7] else "")
+                         + "_" + c[8])
+def test_chunked_backward_kernels(emulator, tmp_path, case, dtype):
+    _check_chunked_backward(emulator, tmp_path, case, dtype)
+
+
+def test_chunked_backward_kernels_minus_inf_log_decays_without_initial_state(emulator, tmp_path):
+    _check_chunked_backward(emulator, tmp_path, (1, 1, 2, 40, 8, 8, 16, None, "bhtk"), torch.float32, seed=11,
+                            extreme=True, initial=False)
+
+
+# Planted bugs in the chunked backward that the cases above must catch: the reverse pass
+# forgetting the W^T dU term, the local kernel dropping the dS_C part of dk, dlog_decay missing
+# e^(G_last) <dS_C, S0> or the E_ij pairs across t, and the local kernel skipping the second value
+# head of a group.
+PLANTED_CB_BUGS = {
+    "reverse_without_w_du": ("- wb[i * K + x] * dus[i * kBwdCols + f];", ";"),
+    "dk_without_ds_c": ("dka[e] += wv[i] * u - bs[i] * gam[i] * c;", "dka[e] += - bs[i] * gam[i] * c;"),
+    "dg_without_state_term": ("const float state_term = expf(float(gs[C - 1])) * red[4];",
+                              "const float state_term = 0.0f;"),
+    "dg_without_cross_pairs": ("xg[t] = cross;", "xg[t] = 0.0f;"),
+    "group_stops_after_first_head": ("for (i64 h = hk * p.group; h < (hk + 1) * p.group; ++h) {",
+                                     "for (i64 h = hk * p.group; h < hk * p.group + 1; ++h) {"),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED_CB_BUGS))
+def test_emulator_catches_planted_chunked_backward_bug(tmp_path, bug):
+    exe = build_emulator("gated_delta_emu.cpp", _kernels_source(cb_edits=[PLANTED_CB_BUGS[bug]]), needs_cutlass=True)
+    with pytest.raises(AssertionError):
+        _check_chunked_backward(exe, tmp_path, (1, 2, 4, 70, 16, 12, 8, None, "bhtk"), torch.float32)

@@ -275,6 +275,17 @@ def test_gated_delta_chunked_kernels_stage_with_cp_async():
         assert ldgsts > 0 and hmma > 0, (kernel, ldgsts, hmma)
 
 
+# The chunked backward (cpp/src/gated_delta/chunked_backward.cu), for both architectures: its four
+# kernels, one per dtype, spill nothing (an earlier version of the local kernel kept dX rows in a
+# register array and spilled on sm_80). They are plain float32 FMA kernels: no HMMA yet.
+@pytest.mark.parametrize("arch", ["80", "90a"])
+def test_gated_delta_chunked_backward_does_not_spill(arch):
+    report, sass = _ptxas_report("chunked_backward.cu", family="gated_delta", arch=arch)
+    spills = {k: v for k, v in _spills(report).items() if "bwd_" in k}
+    assert len(spills) == 12 and not any(spills.values()), spills
+    assert set(_sass_by_kernel(sass)) == set(spills), (sorted(_sass_by_kernel(sass)), spills)
+
+
 # ---- paged ------------------------------------------------------------------------------------
 # The tensor-core MLA decode kernel (cpp/src/paged/mla_decode_cuda.cu, compiled for both
 # architectures: mma.sync runs on Hopper too): for f16 and bf16 on sm_80 and sm_90a it gathers its

@@ -98,11 +98,12 @@ void register_gated_delta(nb::module_& m) {
       [](int algo, const In& q, const In& k, const In& v, const In& beta, const In& g, const OptIn& initial,
          const OptIn& cu_seqlens, float scale, int chunk_size, const In& dout, const OptIn& dfinal, const Out& dq,
          const Out& dk, const Out& dv, const Out& dbeta, const Out& dg, const OptOut& dinitial,
-         const OptOut& workspace, std::uintptr_t stream, const nb::object& workspace_alloc) {
+         const OptOut& workspace, std::uintptr_t stream, const nb::object& workspace_alloc, int kernel) {
         std::optional<Tensor> keep[5];
         std::optional<Out> held;
         GatedDeltaBackwardArgs a = backward_args(algo, q, k, v, beta, g, initial, cu_seqlens, scale, chunk_size, dout,
                                                  dfinal, dq, dk, dv, dbeta, dg, dinitial, keep);
+        a.kernel = as_kernel(kernel);
         a.workspace = workspace_from(workspace, workspace_alloc, [&] { return gated_delta_backward_workspace_bytes(a); },
                                      held, keep[4]);
         nb::gil_scoped_release release;
@@ -112,7 +113,7 @@ void register_gated_delta(nb::module_& m) {
       nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("scale"), nb::arg("chunk_size"),
       nb::arg("dout"), nb::arg("dfinal_state").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
       nb::arg("dbeta"), nb::arg("dlog_decay"), nb::arg("dinitial_state").none(), nb::arg("workspace").none(),
-      nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
+      nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none(), nb::arg("kernel") = 0);
 }
 
 }  // namespace rudnn::bindings

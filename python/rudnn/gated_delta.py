@@ -128,7 +128,7 @@ def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_
 
 
 def _backward(op, algo, dout, q, k, v, beta, log_decay, initial_state, dfinal_state, scale, chunk_size, cu_seqlens,
-              stream):
+              stream, kernel=0):
     scale, chunk_size = _numbers(op, scale, chunk_size)
     call = fw.Call(op, {"dout": dout, "q": q, "k": k, "v": v, "beta": beta, "log_decay": log_decay,
                         "initial_state": initial_state, "dfinal_state": dfinal_state, "cu_seqlens": cu_seqlens},
@@ -145,20 +145,30 @@ def _backward(op, algo, dout, q, k, v, beta, log_decay, initial_state, dfinal_st
     _C.gated_delta_backward(algo, call.arg(q), call.arg(k), call.arg(v), call.arg(beta), call.arg(log_decay),
                             call.arg(initial_state), call.arg(cu_seqlens), scale, chunk_size, call.arg(dout),
                             call.arg(dfinal_state), call.arg(dq), call.arg(dk), call.arg(dv), call.arg(dbeta),
-                            call.arg(dlog_decay), call.arg(dinitial), None, call.stream, call.workspace_alloc)
+                            call.arg(dlog_decay), call.arg(dinitial), None, call.stream, call.workspace_alloc,
+                            kernel=int(kernel))
     return dq, dk, dv, dbeta, dlog_decay, dinitial
 
 
 def chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None, dfinal_state=None, *,
-                                    scale, chunk_size=64, cu_seqlens=None, stream=None):
+                                    scale, chunk_size=64, cu_seqlens=None, strategy="auto", stream=None):
     """Gradients of chunk_gated_delta_rule given d(out) and optionally d(final_state):
     (dq, dk, dv, dbeta, dlog_decay, dinitial_state). dq/dk/dv/dbeta take q's dtype,
-    dlog_decay and dinitial_state are float32; dinitial_state is None without initial_state."""
+    dlog_decay and dinitial_state are float32; dinitial_state is None without initial_state.
+
+    strategy (CUDA; the CPU computes the same function either way): "auto" (the chunked backward
+    for T >= 256 where it applies, else token by token), "chunked" (states checkpointed every
+    chunk_size tokens, the state gradient carried backwards over chunks, each chunk's gradients
+    in parallel; needs chunk_size <= 64 and K <= 128, UnsupportedError otherwise) or "recurrent"
+    (token by token). Both are deterministic (fixed-order sums, no atomics). With JAX arrays only
+    "auto"."""
+    kernel = kernel_code("chunk_gated_delta_rule_backward", strategy)
     if fw.is_jax(q):
         return _jax().chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state, dfinal_state,
-                                                      scale=scale, chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+                                                      scale=scale, chunk_size=chunk_size, cu_seqlens=cu_seqlens,
+                                                      strategy=strategy)
     return _backward("chunk_gated_delta_rule_backward", _CHUNKED, dout, q, k, v, beta, log_decay, initial_state,
-                     dfinal_state, scale, chunk_size, cu_seqlens, stream)
+                     dfinal_state, scale, chunk_size, cu_seqlens, stream, kernel)
 
 
 def gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None, dfinal_state=None, *, scale,
@@ -173,6 +183,6 @@ def gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None
 
 def gated_delta_last_algorithm() -> str:
     """What the last gated delta forward or backward on this thread ran: "cpu", "chunked" (the
-    tensor-core chunked CUDA kernels), "recurrent" (the token-by-token CUDA kernel) or
-    "recurrent_backward" ("none" before any)."""
+    tensor-core chunked CUDA kernels), "recurrent" (the token-by-token CUDA kernel),
+    "recurrent_backward" or "chunked_backward" (the CUDA backwards; "none" before any)."""
     return _C.gated_delta_last_algorithm()

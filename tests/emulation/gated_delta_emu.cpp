@@ -13,12 +13,13 @@
 // chunked forward writes <dir>/staging.txt: which of its tiles took 16-byte cp.async
 // ("qk v ws", 1 or 0 each, staging_for).
 //
-//   gated_delta_emu <recurrent_forward|chunked_forward|recurrent_backward> <dir>
-// reads <dir>/meta.txt ("B T Hk Hv K V N has_initial has_cu has_dfinal bf16 scale [bthk]") and
+//   gated_delta_emu <recurrent_forward|chunked_forward|recurrent_backward|chunked_backward> <dir>
+// reads <dir>/meta.txt ("B T Hk Hv K V N has_initial has_cu has_dfinal bf16 scale [bthk [chunk_size]]") and
 // raw little-endian arrays (q k v beta: float32 or bfloat16 bits; g, initial, dfinal: float32;
 // cu: int32), all dense [B, H, T, X] / [N, Hv, K, V], or with bthk = 1 the forward's q k v beta g
-// and out as dense [B, T, H, X]; writes out/final (forward) or dq dk dv dbeta dg dinit
-// (backward) in the same formats.
+// and out as dense [B, T, H, X] (the chunked backward: q k v beta g dout; its gradients stay
+// dense [B, H, T, X]); writes out/final (forward) or dq dk dv dbeta dg dinit (backward) in the
+// same formats. The chunked backward's workspace starts as NaN.
 #include "emu_sm80_atoms.hpp"
 
 #include <cute/atom/mma_atom.hpp>
@@ -131,8 +132,43 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
     write(dir + "/final.bin", fin);
     return emu_hazards > 0 ? 3 : 0;
   }
-  // recurrent_backward
   auto dout = read<Bits>(dir + "/dout.bin", B * Hv * T_ * V);
+  if (which == "chunked_backward") {
+    // Inputs through their (possibly [B, T, H, X]) strides, gradients dense [B, H, T, X].
+    auto dfinal = has_dfinal ? read<float>(dir + "/dfinal.bin", N * Hv * K * V) : std::vector<float>();
+    std::vector<Bits> dq(B * Hk * T_ * K), dk(B * Hk * T_ * K), dv(B * Hv * T_ * V), dbeta(B * Hv * T_);
+    std::vector<float> dg(B * Hv * T_, NAN), dinit(N * Hv * K * V, NAN);
+    p.dout = dout.data(), p.dfinal = has_dfinal ? dfinal.data() : nullptr;
+    p.out = dv.data(), p.sout = dense(Hv, T_, V), p.final_state = dinit.data();
+    const ChunkedBackwardLayout l = emu_cb::chunked_backward_layout(pr);
+    // Every region poisoned with NaN: a read of anything the kernels did not write shows.
+    auto region = [](i64 n) { return std::vector<float>(std::size_t(n), NAN); };
+    auto wg = region(l.g), wt = region(l.t), wp = region(l.p), ww = region(l.w), wu = region(l.u), wdu = region(l.du),
+         ws0 = region(l.s0), wdsc = region(l.dsc), wdq = region(l.dq_acc), wdk = region(l.dk_acc);
+    ChunkedBackwardWorkspace ws;
+    ws.g = reinterpret_cast<double*>(wg.data()), ws.t = wt.data(), ws.p = wp.data(), ws.w = ww.data(), ws.u = wu.data(), ws.du = wdu.data();
+    ws.s0 = ws0.data(), ws.dsc = wdsc.data(), ws.dq_acc = wdq.data(), ws.dk_acc = wdk.data();
+    ws.C = pr.chunk_size;
+    ws.chunks_per_batch = l.chunks_per_batch;
+    const emu_cb::BwdSmem smem = emu_cb::bwd_smem_bytes(ws.C, K);
+    const i64 vtiles = (V + 31) / 32;
+    launch(l.slots * Hv, emu_cb::kBwdThreads, 1, smem.prep, [&] { emu_cb::bwd_prep_kernel<T>(p, ws); });
+    launch(N * Hv * vtiles, emu_cb::kBwdThreads, 1, smem.forward, [&] { emu_cb::bwd_forward_kernel<T>(p, ws); });
+    launch(N * Hv * vtiles, emu_cb::kBwdThreads, 1, smem.reverse, [&] { emu_cb::bwd_reverse_kernel<T>(p, ws); });
+    launch(l.slots * Hk, emu_cb::kBwdThreads, 1, smem.local, [&] {
+      emu_cb::bwd_local_kernel<T>(p, ws, reinterpret_cast<T*>(dq.data()), dense(Hk, T_, K),
+                                  reinterpret_cast<T*>(dk.data()), dense(Hk, T_, K),
+                                  reinterpret_cast<T*>(dbeta.data()), dense(Hv, T_, 1), dg.data(), dense(Hv, T_, 1));
+    });
+    write(dir + "/dq.bin", dq);
+    write(dir + "/dk.bin", dk);
+    write(dir + "/dv.bin", dv);
+    write(dir + "/dbeta.bin", dbeta);
+    write(dir + "/dg.bin", dg);
+    write(dir + "/dinit.bin", dinit);
+    return 0;
+  }
+  // recurrent_backward
   auto dfinal = has_dfinal ? read<float>(dir + "/dfinal.bin", N * Hv * K * V) : std::vector<float>();
   std::vector<Bits> dq(B * Hk * T_ * K), dk(B * Hk * T_ * K), dv(B * Hv * T_ * V), dbeta(B * Hv * T_);
   std::vector<float> dg(B * Hv * T_), dinit(N * Hv * K * V, NAN);
@@ -172,6 +208,7 @@ int main(int argc, char** argv) {
       pr.scale;
   if (!meta) return 2;
   if (!(meta >> bthk)) bthk = 0;
+  if (!(meta >> pr.chunk_size)) pr.chunk_size = 64;
   if (bf16) return run<__nv_bfloat16, std::uint16_t>(argv[1], argv[2], pr, has_init, has_cu, has_dfinal, bthk);
   return run<float, float>(argv[1], argv[2], pr, has_init, has_cu, has_dfinal, bthk);
 }

@@ -58,6 +58,11 @@ void gated_delta_forward(const GatedDeltaForwardArgs& args, Stream stream = null
 // dq, dk, dv, dbeta take the dtype of their input; dlog_decay and dinitial_state are float32.
 struct GatedDeltaBackwardArgs {
   GatedDeltaAlgo algo = GatedDeltaAlgo::chunked;
+  // automatic: the CUDA chunked backward from T >= 256 where it applies (chunk_size <= 64, K <= 128,
+  // its shared memory fits), else the token-by-token one; chunked: the chunked one
+  // (UnsupportedError where it does not apply); recurrent: token by token. The CPU backend
+  // computes the same function either way.
+  GatedDeltaKernel kernel = GatedDeltaKernel::automatic;
   Tensor q, k, v, beta, log_decay;
   const Tensor* initial_state = nullptr;
   const Tensor* cu_seqlens = nullptr;
@@ -74,8 +79,8 @@ struct GatedDeltaBackwardArgs {
 std::size_t gated_delta_backward_workspace_bytes(const GatedDeltaBackwardArgs& args);
 void gated_delta_backward(const GatedDeltaBackwardArgs& args, Stream stream = nullptr);
 
-// What the last forward or backward on this thread ran: "cpu", "chunked", "recurrent" or
-// "recurrent_backward" ("none" before any).
+// What the last forward or backward on this thread ran: "cpu", "chunked", "recurrent",
+// "recurrent_backward" or "chunked_backward" ("none" before any).
 const char* gated_delta_last_algorithm();
 
 }  // namespace rudnn

@@ -147,6 +147,30 @@ struct ChunkLayout {
 ChunkLayout chunked_forward_layout(const Problem& p);
 bool chunked_forward_supported(const Problem& p, int max_smem_per_block);
 void chunked_forward(const Params& params, const Problem& problem, void* workspace, DType dtype, cudaStream_t stream);
+// The chunked backward (chunked_backward.cu): chunk_size <= 64, K <= 128, every dtype, float32
+// FMAs. Its workspace (float32, carved from the caller's buffer), per (chunk slot, value head):
+// G [C] (float64: e^(G_i - G_j) stays accurate where the cumulative sums are large), T and P [C][C], W [C][K], U and dU [C][V], the chunk's start state S0 and the gradient of
+// its end state dS_C [K][V]; per (chunk slot, q/k head): dq and dk accumulators [C][K].
+struct ChunkedBackwardWorkspace {
+  double* g = nullptr;
+  float *t = nullptr, *p = nullptr, *w = nullptr, *u = nullptr, *du = nullptr, *s0 = nullptr,
+        *dsc = nullptr, *dq_acc = nullptr, *dk_acc = nullptr;
+  i64 C = 64;                // chunk size
+  i64 chunks_per_batch = 0;  // ceil(T / C) without varlen
+};
+// Sizes in floats (G: two per value) of the regions above, in order; slots: ceil(T / C) per batch row, or T / C + N
+// with varlen.
+struct ChunkedBackwardLayout {
+  i64 g, t, p, w, u, du, s0, dsc, dq_acc, dk_acc, slots, chunks_per_batch;
+};
+ChunkedBackwardLayout chunked_backward_layout(const Problem& p);
+bool chunked_backward_supported(const Problem& p, int max_smem_per_block);
+void chunked_backward(const Params& params, const ChunkedBackwardWorkspace& ws, DType dtype, void* dq, SeqStrides sdq,
+                      void* dk, SeqStrides sdk, void* dbeta, SeqStrides sdbeta, float* dg, SeqStrides sdg,
+                      i64 slots, cudaStream_t stream);
+// The backward runs the chunked kernels from this many tokens on (strategy "auto"; a guess, not
+// measured: below it the token-by-token kernel's 64-token chain is short anyway).
+constexpr i64 kChunkedBackwardMinT = 256;
 void recurrent_backward(const Params& params, const BackwardWorkspace& ws, DType dtype, void* dq, SeqStrides sdq,
                         void* dk, SeqStrides sdk, void* dbeta, SeqStrides sdbeta, float* dg, SeqStrides sdg,
                         cudaStream_t stream);

@@ -1,5 +1,6 @@
 // Host side of the gated delta CUDA backend: kernel parameters from the validated problem,
 // workspace carving, and the choice of kernel.
+#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -88,33 +89,81 @@ const char* forward_cuda(const GatedDeltaForwardArgs& a, const Problem& p, Strea
   return "recurrent";
 }
 
-std::size_t backward_workspace_bytes_cuda(const Problem& p) {
+namespace {
+
+// Whether the backward runs the chunked kernels (after the strategy check).
+bool use_chunked_backward(const GatedDeltaBackwardArgs& a, const Problem& p) {
+  const int max_smem = core::device_props(a.q.device.index).max_smem_per_block_optin;
+  const bool fits = cuda::chunked_backward_supported(p, max_smem);
+  if (p.kernel == GatedDeltaKernel::chunked && !fits)
+    core::fail(ErrorKind::unsupported,
+               "chunk_gated_delta_rule_backward: the CUDA chunked backward needs chunk_size <= 64 and K <= 128 (and "
+               "its shared memory within the device's limit), got chunk_size " + std::to_string(p.chunk_size) +
+                   ", K " + std::to_string(p.K) + ", " + dtype_name(p.dtype));
+  if (p.kernel == GatedDeltaKernel::recurrent || !fits) return false;
+  return p.kernel == GatedDeltaKernel::chunked || p.T >= cuda::kChunkedBackwardMinT;
+}
+
+cuda::i64 chunked_backward_floats(const cuda::ChunkedBackwardLayout& l) {
+  using cuda::aligned;
+  return aligned(l.g) + aligned(l.t) + aligned(l.p) + aligned(l.w) + aligned(l.u) + aligned(l.du) + aligned(l.s0) +
+         aligned(l.dsc) + aligned(l.dq_acc) + aligned(l.dk_acc);
+}
+
+}  // namespace
+
+std::size_t backward_workspace_bytes_cuda(const GatedDeltaBackwardArgs& a, const Problem& p) {
+  if (use_chunked_backward(a, p))
+    return std::size_t(chunked_backward_floats(cuda::chunked_backward_layout(p))) * sizeof(float);
   const cuda::BackwardLayout l = cuda::backward_layout(p);
   const cuda::i64 floats = cuda::aligned(l.checkpoints) + cuda::aligned(l.chunk_states) + cuda::aligned(l.dq_part) +
                            cuda::aligned(l.dk_part) + cuda::aligned(l.dbeta_part) + cuda::aligned(l.dg_part);
   return std::size_t(floats) * sizeof(float);
 }
 
-void backward_cuda(const GatedDeltaBackwardArgs& a, const Problem& p, Stream stream) {
+const char* backward_cuda(const GatedDeltaBackwardArgs& a, const Problem& p, Stream stream) {
   cuda::check_grid(p, "gated_delta_backward");
   cuda::Params params = cuda::make_params(p, a.q, a.k, a.v, a.beta, a.log_decay, a.initial_state, a.cu_seqlens);
   params.dout = a.dout.data;
   params.sdout = p.dout;
   params.dfinal = a.dfinal_state ? a.dfinal_state->ptr<float>() : nullptr;
   params.sdfinal = p.dfinal;
-  params.out = a.dv.data;  // the backward kernel writes dv where the forward writes out
+  params.out = a.dv.data;  // the backward kernels write dv where the forward writes out
   params.sout = p.dv;
   params.final_state = a.dinitial_state ? a.dinitial_state->ptr<float>() : nullptr;
   params.sfinal = p.dinitial;
 
-  const cuda::BackwardLayout l = cuda::backward_layout(p);
-  cuda::BackwardWorkspace ws;
   float* at = a.workspace ? a.workspace->ptr<float>() : nullptr;
   auto take = [&](cuda::i64 floats) {
     float* region = at;
     at += cuda::aligned(floats);
     return region;
   };
+  if (use_chunked_backward(a, p)) {
+    const cuda::ChunkedBackwardLayout l = cuda::chunked_backward_layout(p);
+    if (l.slots * std::max(p.Hv, p.Hk) > INT_MAX)
+      core::fail(ErrorKind::unsupported, "gated_delta_backward: " + std::to_string(l.slots * p.Hv) +
+                                             " thread blocks (chunks * Hv) exceed the CUDA grid limit");
+    cuda::ChunkedBackwardWorkspace ws;
+    ws.g = reinterpret_cast<double*>(take(l.g));
+    ws.t = take(l.t);
+    ws.p = take(l.p);
+    ws.w = take(l.w);
+    ws.u = take(l.u);
+    ws.du = take(l.du);
+    ws.s0 = take(l.s0);
+    ws.dsc = take(l.dsc);
+    ws.dq_acc = take(l.dq_acc);
+    ws.dk_acc = take(l.dk_acc);
+    ws.C = p.chunk_size;
+    ws.chunks_per_batch = l.chunks_per_batch;
+    cuda::chunked_backward(params, ws, p.dtype, a.dq.data, p.dq, a.dk.data, p.dk, a.dbeta.data, p.dbeta,
+                           a.dlog_decay.ptr<float>(), p.dg, l.slots, static_cast<cudaStream_t>(stream));
+    return "chunked_backward";
+  }
+
+  const cuda::BackwardLayout l = cuda::backward_layout(p);
+  cuda::BackwardWorkspace ws;
   ws.checkpoints = take(l.checkpoints);
   ws.chunk_states = take(l.chunk_states);
   ws.dq_part = take(l.dq_part);
@@ -125,6 +174,7 @@ void backward_cuda(const GatedDeltaBackwardArgs& a, const Problem& p, Stream str
   ws.chunks_per_batch = l.chunks_per_batch;
   cuda::recurrent_backward(params, ws, p.dtype, a.dq.data, p.dq, a.dk.data, p.dk, a.dbeta.data, p.dbeta,
                            a.dlog_decay.ptr<float>(), p.dg, static_cast<cudaStream_t>(stream));
+  return "recurrent_backward";
 }
 
 }  // namespace rudnn::gated_delta

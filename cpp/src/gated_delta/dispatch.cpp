@@ -40,7 +40,7 @@ std::size_t gated_delta_backward_workspace_bytes(const GatedDeltaBackwardArgs& a
   const gated_delta::Problem p = gated_delta::validate_backward(args);
   std::size_t bytes = 0;
   core::on_device(args.q.device, "gated_delta_backward", [] {},
-            [&] { bytes = gated_delta::backward_workspace_bytes_cuda(p); });
+            [&] { bytes = gated_delta::backward_workspace_bytes_cuda(args, p); });
   return bytes;
 }
 
@@ -53,10 +53,9 @@ void gated_delta_backward(const GatedDeltaBackwardArgs& args, Stream stream) {
         last_algorithm = "cpu";
       },
       [&] {
-        core::expect_workspace(args.workspace, args.q, "q", gated_delta::backward_workspace_bytes_cuda(p),
+        core::expect_workspace(args.workspace, args.q, "q", gated_delta::backward_workspace_bytes_cuda(args, p),
                                "gated_delta_backward");
-        gated_delta::backward_cuda(args, p, stream);
-        last_algorithm = "recurrent_backward";
+        last_algorithm = gated_delta::backward_cuda(args, p, stream);
       });
 }
 

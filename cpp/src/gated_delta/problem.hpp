@@ -66,9 +66,10 @@ void backward_cpu(const GatedDeltaBackwardArgs& args, const Problem& p);
 
 // CUDA backend (gated_delta_*.cu). The caller has made the tensors' device current.
 std::size_t forward_workspace_bytes_cuda(const GatedDeltaForwardArgs& args, const Problem& p);
-std::size_t backward_workspace_bytes_cuda(const Problem& p);
+std::size_t backward_workspace_bytes_cuda(const GatedDeltaBackwardArgs& args, const Problem& p);
 // Returns the kernel it ran: "chunked" or "recurrent".
 const char* forward_cuda(const GatedDeltaForwardArgs& args, const Problem& p, Stream stream);
-void backward_cuda(const GatedDeltaBackwardArgs& args, const Problem& p, Stream stream);
+// Returns the kernel it ran: "chunked_backward" or "recurrent_backward".
+const char* backward_cuda(const GatedDeltaBackwardArgs& args, const Problem& p, Stream stream);
 
 }  // namespace rudnn::gated_delta

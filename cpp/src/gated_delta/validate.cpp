@@ -191,6 +191,7 @@ Problem validate_backward(const GatedDeltaBackwardArgs& a, bool read_offsets) {
   const std::string op = op_name(a.algo, true);
   Problem p = check_inputs(op, a.algo, a.q, a.k, a.v, a.beta, a.log_decay, a.initial_state, a.cu_seqlens, a.scale,
                            a.chunk_size, read_offsets);
+  p.kernel = a.kernel;
   check_seq4(a.dout, a.q, {p.B, p.Hv, p.T, p.V}, op + ": dout", "[B, Hv, T, V] (the shape of out)");
   if (a.dfinal_state) {
     check_state(*a.dfinal_state, a.q, p, op + ": dfinal_state");

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _C
+from ..errors import UnsupportedError
 from ..gated_delta import kernel_code
 from . import _ffi
 
@@ -149,9 +150,13 @@ def _backward(op, algo, dout, q, k, v, beta, log_decay, initial_state, dfinal_st
 
 @_ffi.raises_rudnn_errors
 def chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None, dfinal_state=None, *, scale,
-                                    chunk_size=64, cu_seqlens=None, stream=None):
-    """(dq, dk, dv, dbeta, dlog_decay, dinitial_state); dinitial_state is None without initial_state."""
+                                    chunk_size=64, cu_seqlens=None, strategy="auto", stream=None):
+    """(dq, dk, dv, dbeta, dlog_decay, dinitial_state); dinitial_state is None without initial_state.
+    strategy: only "auto" (the XLA FFI backward takes no kernel attribute yet)."""
     del stream
+    if kernel_code("chunk_gated_delta_rule_backward", strategy) != 0:
+        raise UnsupportedError(f"chunk_gated_delta_rule_backward: strategy={strategy!r} with JAX arrays: only "
+                               "'auto' is supported")
     return _backward("chunk_gated_delta_rule_backward", _CHUNKED, dout, q, k, v, beta, log_decay, initial_state,
                      dfinal_state, scale, chunk_size, cu_seqlens)
 

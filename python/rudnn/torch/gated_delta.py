@@ -41,16 +41,18 @@ def _(q, k, v, beta, log_decay, initial_state, cu_seqlens, scale, chunk_size, al
 @torch.library.custom_op("rudnn::gated_delta_backward", mutates_args=())
 def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor,
               initial_state: Optional[Tensor], dfinal_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
-              scale: float, chunk_size: int, algo: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+              scale: float, chunk_size: int, algo: int,
+              strategy_code: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Returns (dq, dk, dv, dbeta, dlog_decay, dinitial_state or an empty placeholder)."""
     grads = _gd._backward("rudnn.torch.gated_delta_backward", algo, dout, q, k, v, beta, log_decay, initial_state,
-                          dfinal_state, scale, chunk_size, cu_seqlens, None)
+                          dfinal_state, scale, chunk_size, cu_seqlens, None, strategy_code)
     dinitial = grads[5] if grads[5] is not None else q.new_empty((0,), dtype=torch.float32)
     return (*grads[:5], dinitial)
 
 
 @_backward.register_fake
-def _(dout, q, k, v, beta, log_decay, initial_state, dfinal_state, cu_seqlens, scale, chunk_size, algo):
+def _(dout, q, k, v, beta, log_decay, initial_state, dfinal_state, cu_seqlens, scale, chunk_size, algo,
+      strategy_code=0):
     dinitial = (initial_state.new_empty(initial_state.shape) if initial_state is not None
                 else q.new_empty((0,), dtype=torch.float32))
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta),
@@ -104,16 +106,17 @@ def gated_delta_rule(q, k, v, beta, log_decay, initial_state=None, *, scale, cu_
 
 
 def chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None, dfinal_state=None, *, scale,
-                                    chunk_size=64, cu_seqlens=None, stream=None):
+                                    chunk_size=64, cu_seqlens=None, strategy="auto", stream=None):
     """rudnn.chunk_gated_delta_rule_backward as a torch custom op: torch.compile-able, the same arguments and
     results (no double backward)."""
     if stream is not None:
         return _gd.chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state, dfinal_state,
                                                    scale=scale, chunk_size=chunk_size, cu_seqlens=cu_seqlens,
-                                                   stream=stream)
+                                                   strategy=strategy, stream=stream)
+    code = _gd.kernel_code("chunk_gated_delta_rule_backward", strategy)
     scale, chunk_size = _gd._numbers("chunk_gated_delta_rule_backward", scale, chunk_size)
     grads = _backward(dout, q, k, v, beta, log_decay, initial_state, dfinal_state, cu_seqlens, scale, chunk_size,
-                      _CHUNKED)
+                      _CHUNKED, code)
     return (*grads[:5], grads[5] if initial_state is not None else None)
 
 

@@ -1,0 +1,600 @@
+// Chunked backward of the gated delta rule on CUDA (issue 26 item 2): states checkpointed at
+// chunk boundaries, the state gradient carried backwards across chunk boundaries, and the
+// gradients of each chunk's tokens from its checkpoints alone, all chunks in parallel. This
+// first version computes in float32 with plain FMAs (no tensor cores yet): the structure and the
+// workspace are the point; its speed has not been measured (no GPU was available).
+//
+// The math. Per value head, a chunk of C tokens (the last one padded with k = q = v = beta =
+// g = 0, which changes nothing), start state S0 [K, V], log decays g raised to -80
+// (chunked_log_decay), G = cumsum(g), gamma = e^G, w = e^(G_last - G),
+// Gam_ij = e^(G_i - G_j) for j <= i (0 above). The forward (cpu.cpp's chunked form):
+//   L = strict_lower(diag(beta) (Gam * K K^T)),  T = (I + L)^-1,
+//   W = T diag(beta gamma) K,  U' = T diag(beta) V,  U = U' - W S0   [(I + L) U = X,
+//   X = diag(beta) (V - diag(gamma) K S0)],  P = scale Gam * Q K^T,
+//   O = scale diag(gamma) Q S0 + P U,  S_C = e^(G_last) S0 + K^T diag(w) U.
+// U feeds only O and S_C, so with dS_C = dL/dS_C (the chunk's end state) its full gradient is
+//   dU = P^T dO + diag(w) K dS_C,
+// and the gradient of the chunk's start state (= the previous chunk's dS_C) is
+//   dS0 = e^(G_last) dS_C + scale (diag(gamma) Q)^T dO - W^T dU        (W^T dU: through X).
+// That is the reverse pass over chunks; it needs P, W, K, Q, G and dO, not the states. Given S0,
+// dS_C, U and dU every chunk's local gradients follow without any other chunk:
+//   dX = T^T dU (from (I + L) U = X),  dv = diag(beta) dX,  dL = -strict_lower(dX U^T),
+//   dP = lower(dO U^T),  dA = scale Gam * dP  (A = Q K^T),  D = diag(beta) Gam * dL,
+//   dq = scale diag(gamma) dO S0^T + dA K,
+//   dk = dA^T Q + diag(w) U dS_C^T - diag(beta gamma) dX S0^T + (D + D^T) K,
+//   dbeta_i = dX_i . (v_i - gamma_i (S0^T k_i)) + sum_j dL_ij Gam_ij k_i.k_j,
+//   dG_i = scale gamma_i dO_i . (S0^T q_i) - beta_i gamma_i dX_i . (S0^T k_i) - dw_i
+//          + sum_j (dP_ij P_ij + dL_ij L_ij) - sum_j (dP_ji P_ji + dL_ji L_ji),
+//   dw_i = w_i (K dS_C)_i . U_i,  dG_last += e^(G_last) <dS_C, S0> + sum_i dw_i,
+//   dg = the reverse cumulative sum of dG over the chunk (padding rows included: their G is G_last).
+// Summed as written, dg_t adds +E_ij and -E_ij (E = dP * P + dL * L) for every pair i, j >= t,
+// which cancel in exact arithmetic but not in float32 (errors growing with C); the kernel sums
+// only what survives:
+//   dg_t = sum_{i >= t} r_i + sum_{j < t} dw_j + e^(G_last) <dS_C, S0> + sum_{i >= t > j} E_ij,
+//   r_i = scale gamma_i dO_i . (S0^T q_i) - beta_i gamma_i dX_i . (S0^T k_i).
+// G is kept in float64 (workspace and shared memory) and only the differences G_i - G_j, G_last - G_i
+// and G_i itself are rounded to float32 before their exp: with float32 cumulative sums a chunk
+// after a -inf (-80) decay loses ~1e-5 relative accuracy in every decay factor.
+// tests/test_gated_delta_chunked_backward.py checks exactly these stages in float64 against torch
+// autograd through the token-by-token recurrence (several C, partial chunks, -inf decays, varlen).
+//
+// Kernels (128 threads each; f32 in shared memory; storage T = float, half or bfloat16):
+//  1. bwd_prep_kernel,    one CTA per (chunk slot, value head): G, T, P, W and U' to the workspace.
+//  2. bwd_forward_kernel, one CTA per (sequence, value head, 32 value columns), chunks in order:
+//     S0 of every chunk to the workspace (checkpoints), U = U' - W S0 in place of U'.
+//  3. bwd_reverse_kernel, same grid, chunks backwards: dS_C of every chunk and dU to the
+//     workspace, dinitial_state at the end.
+//  4. bwd_local_kernel,   one CTA per (chunk slot, q/k head): for each value head of the group in
+//     order the local gradients above; dq and dk accumulate in a float32 workspace tile that only
+//     its own thread touches (no atomics, fixed order), then go out in q's dtype.
+// Nothing here synchronizes or allocates; the workspace is carved from the caller's buffer
+// (chunked_backward_layout sizes it).
+#include <algorithm>
+#include <cstdint>
+
+#include "core/cuda_check.hpp"
+#include "gated_delta/cuda_common.cuh"
+
+namespace rudnn::gated_delta::cuda {
+
+namespace {
+
+constexpr int kBwdThreads = 128;
+constexpr int kBwdMaxC = 64;    // chunk_size <= 64
+constexpr int kBwdMaxK = 128;   // K <= 128
+constexpr int kBwdCols = 32;    // value columns per slice (a warp's lanes)
+constexpr unsigned kBwdFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float bwd_warp_sum(float x) {
+#pragma unroll
+  for (int step = 16; step >= 1; step /= 2) x += __shfl_xor_sync(kBwdFullMask, x, step);
+  return x;
+}
+
+// First workspace slot of sequence n (its chunk ch is slot first + ch): ceil(T / C) per batch row,
+// or bos / C + n with varlen, which never overlaps the previous sequence's slots.
+__device__ __forceinline__ i64 bwd_first_slot(const Params& p, const ChunkedBackwardWorkspace& ws, i64 n,
+                                              const Sequence& s) {
+  return p.cu_seqlens ? s.bos / ws.C + n : n * ws.chunks_per_batch;
+}
+
+// The sequence and first token of a slot, or c0 >= eos for a slot no chunk uses. Needs N > 0 (the
+// kernels return at once without a sequence: device-side cu_seqlens are not checked on the host).
+struct SlotChunk {
+  i64 n, c0;
+  Sequence s;
+};
+__device__ __forceinline__ SlotChunk bwd_slot_chunk(const Params& p, const ChunkedBackwardWorkspace& ws, i64 slot) {
+  i64 n = 0;
+  if (p.cu_seqlens) {  // bwd_first_slot is increasing in n: binary search
+    i64 lo = 0, hi = p.N - 1;
+    while (lo < hi) {
+      const i64 mid = (lo + hi + 1) / 2;
+      if (bwd_first_slot(p, ws, mid, sequence(p, mid)) <= slot) lo = mid; else hi = mid - 1;
+    }
+    n = lo;
+  } else {
+    n = slot / ws.chunks_per_batch;
+  }
+  const Sequence s = sequence(p, n);
+  return {n, s.bos + (slot - bwd_first_slot(p, ws, n, s)) * ws.C, s};
+}
+
+// Workspace tiles of one (slot, value head).
+struct BwdUnit {
+  double* g;
+  float *t, *pm, *w, *u, *du, *s0, *dsc;
+};
+__device__ __forceinline__ BwdUnit bwd_unit(const Params& p, const ChunkedBackwardWorkspace& ws, i64 slot, i64 h) {
+  const i64 i = slot * p.Hv + h, C = ws.C;
+  return {ws.g + i * C, ws.t + i * C * C, ws.p + i * C * C, ws.w + i * C * p.K, ws.u + i * C * p.V,
+          ws.du + i * C * p.V, ws.s0 + i * p.K * p.V, ws.dsc + i * p.K * p.V};
+}
+
+// Rows [c0, c0 + C) of a [B, H, T, X] tensor into a dense f32 [C][X] tile, zeros past `valid`.
+template <class T>
+__device__ __forceinline__ void bwd_stage_rows(float* dst, const void* src, const SeqStrides& st, i64 b, i64 h, i64 c0,
+                                               int C, int valid, i64 col0, int cols, i64 X) {
+  for (int e = threadIdx.x; e < C * cols; e += kBwdThreads) {
+    const int r = e / cols, c = e % cols;
+    dst[e] = (r < valid && col0 + c < X) ? load<T>(src, st, b, h, c0 + r, col0 + c) : 0.0f;
+  }
+}
+
+// ---- 1. prep: per (chunk slot, value head) ----
+template <class T>
+__global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, ChunkedBackwardWorkspace ws) {
+  extern __shared__ __align__(16) unsigned char bwd_smem_raw[];
+  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x;
+  double* gs = reinterpret_cast<double*>(bwd_smem_raw);  // [C] G
+  float* sm = reinterpret_cast<float*>(gs + C);
+  float* ks = sm;                              // [C][K]
+  float* qs = ks + C * K;                      // [C][K]; later value slices [C][32]
+  float* lm = qs + C * max(K, kBwdCols);       // [C][C] L
+  float* tm = lm + C * C;      // [C][C] T
+  float* bs = tm + C * C;      // [C] beta
+
+  if (p.N == 0) return;
+  const i64 slot = blockIdx.x / p.Hv, h = blockIdx.x % p.Hv, hk = h / p.group;
+  const SlotChunk sc = bwd_slot_chunk(p, ws, slot);
+  if (sc.c0 >= sc.s.eos) return;
+  const int valid = int(min(i64(C), sc.s.eos - sc.c0));
+  const i64 b = sc.s.b;
+  const BwdUnit out = bwd_unit(p, ws, slot, h);
+
+  bwd_stage_rows<T>(ks, p.k, p.sk, b, hk, sc.c0, C, valid, 0, K, p.K);
+  bwd_stage_rows<T>(qs, p.q, p.sq, b, hk, sc.c0, C, valid, 0, K, p.K);
+  if (tid < C) {
+    bs[tid] = tid < valid ? load<T>(p.beta, p.sbeta, b, h, sc.c0 + tid) : 0.0f;
+    gs[tid] = tid < valid ? chunked_log_decay(p.g[b * p.sg.b + h * p.sg.h + (sc.c0 + tid) * p.sg.t]) : 0.0f;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    double cum = 0.0;
+    for (int i = 0; i < C; ++i) gs[i] = cum += gs[i];
+  }
+  __syncthreads();
+  if (tid < C) out.g[tid] = gs[tid];
+  // L (strictly lower) and P (lower, scale included).
+  for (int e = tid; e < C * C; e += kBwdThreads) {
+    const int i = e / C, j = e % C;
+    float kk = 0.0f, qk = 0.0f;
+    if (j <= i)
+      for (int x = 0; x < K; ++x) {
+        kk += ks[i * K + x] * ks[j * K + x];
+        qk += qs[i * K + x] * ks[j * K + x];
+      }
+    const float decay = j <= i ? expf(float(gs[i] - gs[j])) : 0.0f;
+    lm[e] = j < i ? bs[i] * decay * kk : 0.0f;
+    out.pm[e] = p.scale * decay * qk;
+  }
+  __syncthreads();
+  // T = (I + L)^-1 by forward substitution, one column per thread.
+  if (tid < C) {
+    const int j = tid;
+    for (int i = 0; i < C; ++i) {
+      float acc = i == j ? 1.0f : 0.0f;
+      for (int m = j; m < i; ++m) acc -= lm[i * C + m] * tm[m * C + j];
+      tm[i * C + j] = i >= j ? acc : 0.0f;
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < C * C; e += kBwdThreads) out.t[e] = tm[e];
+  // W = T diag(beta gamma) K.
+  for (int e = tid; e < C * K; e += kBwdThreads) {
+    const int i = e / K, x = e % K;
+    float acc = 0.0f;
+    for (int j = 0; j <= i; ++j) acc += tm[i * C + j] * bs[j] * expf(float(gs[j])) * ks[j * K + x];
+    out.w[e] = acc;
+  }
+  // U' = T diag(beta) V, 32 value columns at a time through qs's space.
+  for (i64 f0 = 0; f0 < p.V; f0 += kBwdCols) {
+    __syncthreads();  // qs / the previous slice is no longer read
+    bwd_stage_rows<T>(qs, p.v, p.sv, b, h, sc.c0, C, valid, f0, kBwdCols, p.V);
+    __syncthreads();
+    for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
+      const int i = e / kBwdCols, f = e % kBwdCols;
+      float acc = 0.0f;
+      for (int j = 0; j <= i; ++j) acc += tm[i * C + j] * bs[j] * qs[j * kBwdCols + f];
+      if (f0 + f < p.V) out.u[i * p.V + f0 + f] = acc;
+    }
+  }
+}
+
+// The (sequence, value head, value slice) of a state-pass CTA.
+struct StateBlock {
+  i64 n, h, hk, f0;
+  Sequence s;
+  i64 slot0;
+};
+__device__ __forceinline__ StateBlock bwd_state_block(const Params& p, const ChunkedBackwardWorkspace& ws) {
+  const i64 vtiles = (p.V + kBwdCols - 1) / kBwdCols;
+  i64 id = blockIdx.x;
+  StateBlock sb;
+  sb.f0 = (id % vtiles) * kBwdCols;
+  id /= vtiles;
+  sb.h = id % p.Hv;
+  sb.n = id / p.Hv;
+  sb.hk = sb.h / p.group;
+  sb.s = sequence(p, sb.n);
+  sb.slot0 = bwd_first_slot(p, ws, sb.n, sb.s);
+  return sb;
+}
+
+// ---- 2. forward over chunks: checkpoints S0 and U = U' - W S0 ----
+template <class T>
+__global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, ChunkedBackwardWorkspace ws) {
+  extern __shared__ __align__(16) unsigned char bwd_smem_raw[];
+  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x;
+  double* gs = reinterpret_cast<double*>(bwd_smem_raw);  // [C] G
+  float* sm = reinterpret_cast<float*>(gs + C);
+  float* ss = sm;                  // [K][32] the state slice
+  float* buf = ss + K * kBwdCols;  // [C][K] W, then K
+  float* us = buf + C * K;         // [C][32] U
+  const StateBlock sb = bwd_state_block(p, ws);
+  const int cols = int(min(i64(kBwdCols), p.V - sb.f0));
+
+  for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
+    const int x = e / kBwdCols, f = e % kBwdCols;
+    ss[e] = (p.initial && f < cols) ? p.initial[sb.n * p.sinit.n + sb.h * p.sinit.h + x * p.sinit.k + sb.f0 + f] : 0.0f;
+  }
+  for (i64 c0 = sb.s.bos, slot = sb.slot0; c0 < sb.s.eos; c0 += C, ++slot) {
+    const BwdUnit un = bwd_unit(p, ws, slot, sb.h);
+    const int valid = int(min(i64(C), sb.s.eos - c0));
+    __syncthreads();  // ss is complete; buf, us and gs are no longer read
+    for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
+      const int x = e / kBwdCols, f = e % kBwdCols;
+      if (f < cols) un.s0[x * p.V + sb.f0 + f] = ss[e];
+    }
+    for (int e = tid; e < C * K; e += kBwdThreads) buf[e] = un.w[e];
+    if (tid < C) gs[tid] = un.g[tid];
+    __syncthreads();
+    // U = U' - W S0 (U' read and U written at each thread's own elements).
+    for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
+      const int i = e / kBwdCols, f = e % kBwdCols;
+      float acc = 0.0f;
+      if (f < cols) {
+        acc = un.u[i * p.V + sb.f0 + f];
+        for (int x = 0; x < K; ++x) acc -= buf[i * K + x] * ss[x * kBwdCols + f];
+        un.u[i * p.V + sb.f0 + f] = acc;
+      }
+      us[e] = acc;
+    }
+    __syncthreads();  // every thread is done with W
+    bwd_stage_rows<T>(buf, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K);
+    __syncthreads();
+    // S = e^(G_last) S0 + K^T diag(w) U; element e is only ever touched by this thread.
+    const double g_last = gs[C - 1];
+    for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
+      const int x = e / kBwdCols, f = e % kBwdCols;
+      float acc = expf(float(g_last)) * ss[e];
+      for (int i = 0; i < C; ++i) acc += buf[i * K + x] * expf(float(g_last - gs[i])) * us[i * kBwdCols + f];
+      ss[e] = acc;
+    }
+  }
+}
+
+// ---- 3. reverse over chunks: dS_C of every chunk, dU, dinitial_state ----
+template <class T>
+__global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, ChunkedBackwardWorkspace ws) {
+  extern __shared__ __align__(16) unsigned char bwd_smem_raw[];
+  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x;
+  double* gs = reinterpret_cast<double*>(bwd_smem_raw);  // [C] G
+  float* sm = reinterpret_cast<float*>(gs + C);
+  float* ds = sm;                  // [K][32] dS slice
+  float* kq = ds + K * kBwdCols;   // [C][K] K, then Q
+  float* wb = kq + C * K;          // [C][K] W
+  float* pm = wb + C * K;          // [C][C] P
+  float* dos = pm + C * C;         // [C][32] dO
+  float* dus = dos + C * kBwdCols; // [C][32] dU
+  const StateBlock sb = bwd_state_block(p, ws);
+  const int cols = int(min(i64(kBwdCols), p.V - sb.f0));
+  const i64 chunks = (sb.s.eos - sb.s.bos + C - 1) / C;
+
+  for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
+    const int x = e / kBwdCols, f = e % kBwdCols;
+    ds[e] = (p.dfinal && f < cols) ? p.dfinal[sb.n * p.sdfinal.n + sb.h * p.sdfinal.h + x * p.sdfinal.k + sb.f0 + f]
+                                   : 0.0f;
+  }
+  for (i64 ch = chunks - 1; ch >= 0; --ch) {
+    const i64 c0 = sb.s.bos + ch * C;
+    const BwdUnit un = bwd_unit(p, ws, sb.slot0 + ch, sb.h);
+    const int valid = int(min(i64(C), sb.s.eos - c0));
+    __syncthreads();  // ds is complete; the tiles are no longer read
+    for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
+      const int x = e / kBwdCols, f = e % kBwdCols;
+      if (f < cols) un.dsc[x * p.V + sb.f0 + f] = ds[e];
+    }
+    for (int e = tid; e < C * C; e += kBwdThreads) pm[e] = un.pm[e];
+    bwd_stage_rows<T>(dos, p.dout, p.sdout, sb.s.b, sb.h, c0, C, valid, sb.f0, kBwdCols, p.V);
+    bwd_stage_rows<T>(kq, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K);
+    for (int e = tid; e < C * K; e += kBwdThreads) wb[e] = un.w[e];
+    if (tid < C) gs[tid] = un.g[tid];
+    __syncthreads();
+    const double g_last = gs[C - 1];
+    // dU = P^T dO + diag(w) K dS_C.
+    for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
+      const int i = e / kBwdCols, f = e % kBwdCols;
+      float a = 0.0f, b = 0.0f;
+      for (int j = i; j < C; ++j) a += pm[j * C + i] * dos[j * kBwdCols + f];
+      for (int x = 0; x < K; ++x) b += kq[i * K + x] * ds[x * kBwdCols + f];
+      const float du = a + expf(float(g_last - gs[i])) * b;
+      dus[e] = du;
+      if (f < cols) un.du[i * p.V + sb.f0 + f] = du;
+    }
+    __syncthreads();  // every thread is done with K and dS_C
+    bwd_stage_rows<T>(kq, p.q, p.sq, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K);
+    __syncthreads();
+    // dS0 = e^(G_last) dS_C + scale (diag(gamma) Q)^T dO - W^T dU; element e only touched by this thread.
+    for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
+      const int x = e / kBwdCols, f = e % kBwdCols;
+      float acc = expf(float(g_last)) * ds[e];
+      for (int i = 0; i < C; ++i)
+        acc += p.scale * expf(float(gs[i])) * kq[i * K + x] * dos[i * kBwdCols + f] - wb[i * K + x] * dus[i * kBwdCols + f];
+      ds[e] = acc;
+    }
+  }
+  if (p.final_state)  // dinitial_state (element e was last written by this thread)
+    for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
+      const int x = e / kBwdCols, f = e % kBwdCols;
+      if (f < cols) p.final_state[sb.n * p.sfinal.n + sb.h * p.sfinal.h + x * p.sfinal.k + sb.f0 + f] = ds[e];
+    }
+}
+
+// ---- 4. local gradients: per (chunk slot, q/k head), the value heads of the group in order ----
+template <class T>
+__global__ void __launch_bounds__(kBwdThreads)
+    bwd_local_kernel(Params p, ChunkedBackwardWorkspace ws, T* dq, SeqStrides sdq, T* dk, SeqStrides sdk, T* dbeta,
+                     SeqStrides sdbeta, float* dg, SeqStrides sdg) {
+  extern __shared__ __align__(16) unsigned char bwd_smem_raw[];
+  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  double* gs = reinterpret_cast<double*>(bwd_smem_raw);  // [C] G
+  float* sm = reinterpret_cast<float*>(gs + C);
+  float* qs = sm;                  // [C][K]
+  float* ks = qs + C * K;          // [C][K]
+  float* tm = ks + C * K;          // [C][C] T, then E = dP * P + dL * L
+  float* da = tm + C * C;          // [C][C] dO U^T accumulated, then dA
+  float* dd = da + C * C;          // [C][C] dX U^T accumulated, then D
+  float* ff = dd + C * C;          // [C][C] F = dL * Gam * K K^T
+  float* us = ff + C * C;          // [C][32] U slice
+  float* dus = us + C * kBwdCols;  // [C][32] dU slice
+  float* dxs = dus + C * kBwdCols; // [C][32] dX slice
+  float* dos = dxs + C * kBwdCols; // [C][32] dO slice
+  float* bs = dos + C * kBwdCols;  // [C] beta
+  float* gam = bs + C;             // [C] e^G
+  float* wv = gam + C;             // [C] e^(G_last - G)
+  float* dga = wv + C;             // [C] dG
+  float* dba = dga + C;            // [C] dbeta
+  float* dwa = dba + C;            // [C] dw
+  float* red = dwa + C;            // [4] per-warp partials, [4] <dS_C, S0>
+  float* xg = red + 8;             // [C] sum over i >= t > j of E_ij
+
+  if (p.N == 0) return;
+  const i64 slot = blockIdx.x / p.Hk, hk = blockIdx.x % p.Hk;
+  const SlotChunk sc = bwd_slot_chunk(p, ws, slot);
+  if (sc.c0 >= sc.s.eos) return;
+  const int valid = int(min(i64(C), sc.s.eos - sc.c0));
+  const i64 b = sc.s.b;
+  float* dqa = ws.dq_acc + (slot * p.Hk + hk) * C * K;  // this thread's elements only
+  float* dka = ws.dk_acc + (slot * p.Hk + hk) * C * K;
+
+  bwd_stage_rows<T>(qs, p.q, p.sq, b, hk, sc.c0, C, valid, 0, K, p.K);
+  bwd_stage_rows<T>(ks, p.k, p.sk, b, hk, sc.c0, C, valid, 0, K, p.K);
+  for (int e = tid; e < C * K; e += kBwdThreads) dqa[e] = dka[e] = 0.0f;
+
+  for (i64 h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+    const BwdUnit un = bwd_unit(p, ws, slot, h);
+    __syncthreads();  // the previous head is done with every tile
+    for (int e = tid; e < C * C; e += kBwdThreads) {
+      tm[e] = un.t[e];
+      da[e] = dd[e] = 0.0f;
+    }
+    if (tid < C) {
+      gs[tid] = un.g[tid];
+      bs[tid] = tid < valid ? load<T>(p.beta, p.sbeta, b, h, sc.c0 + tid) : 0.0f;
+      dga[tid] = dba[tid] = dwa[tid] = 0.0f;
+    }
+    if (tid == 0) red[4] = 0.0f;
+    __syncthreads();
+    if (tid < C) {
+      gam[tid] = expf(float(gs[tid]));
+      wv[tid] = expf(float(gs[C - 1] - gs[tid]));
+    }
+    for (i64 f0 = 0; f0 < p.V; f0 += kBwdCols) {
+      const int cols = int(min(i64(kBwdCols), p.V - f0));
+      __syncthreads();  // gam / wv are complete; the previous slice's tiles are no longer read
+      for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
+        const int i = e / kBwdCols, f = e % kBwdCols;
+        us[e] = f < cols ? un.u[i * p.V + f0 + f] : 0.0f;
+        dus[e] = f < cols ? un.du[i * p.V + f0 + f] : 0.0f;
+      }
+      bwd_stage_rows<T>(dos, p.dout, p.sdout, b, h, sc.c0, C, valid, f0, kBwdCols, p.V);
+      __syncthreads();
+      // dX = T^T dU at (row i of this warp, column lane): read back by this thread only until the
+      // barrier below.
+      for (int i = warp; i < C; i += 4) {
+        float acc = 0.0f;
+        for (int j = i; j < C; ++j) acc += tm[j * C + i] * dus[j * kBwdCols + lane];
+        dxs[i * kBwdCols + lane] = acc;
+      }
+      const bool col_ok = lane < cols;
+      float s_part = 0.0f;  // <dS_C, S0> over this thread's (x, column) pairs
+      for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
+        const int x = e / kBwdCols;
+        if (col_ok) s_part += un.dsc[x * p.V + f0 + lane] * un.s0[x * p.V + f0 + lane];
+      }
+      for (int i = warp; i < C; i += 4) {  // rows of this warp (warp-uniform), column lane
+        const float dxv = dxs[i * kBwdCols + lane];  // written by this thread above
+        float ksv = 0.0f, qsv = 0.0f, kds = 0.0f;
+        if (col_ok)
+          for (int x = 0; x < K; ++x) {
+            const float s0 = un.s0[x * p.V + f0 + lane], dsc = un.dsc[x * p.V + f0 + lane];
+            ksv += ks[i * K + x] * s0;
+            qsv += qs[i * K + x] * s0;
+            kds += ks[i * K + x] * dsc;
+          }
+        const bool in = i < valid && col_ok;
+        const float v = in ? load<T>(p.v, p.sv, b, h, sc.c0 + i, f0 + lane) : 0.0f;
+        if (in) static_cast<T*>(p.out)[b * p.sout.b + h * p.sout.h + (sc.c0 + i) * p.sout.t + f0 + lane] =
+            from_float<T>(bs[i] * dxv);
+        const float u = us[i * kBwdCols + lane], dov = dos[i * kBwdCols + lane];
+        const float pb = bwd_warp_sum(dxv * (v - gam[i] * ksv));
+        const float pw = bwd_warp_sum(wv[i] * kds * u);
+        const float pg = bwd_warp_sum(p.scale * gam[i] * dov * qsv - bs[i] * gam[i] * dxv * ksv);
+        if (lane == 0) {
+          dba[i] += pb;
+          dwa[i] += pw;
+          dga[i] += pg;
+        }
+      }
+      s_part = bwd_warp_sum(s_part);
+      if (lane == 0) red[warp] = s_part;
+      __syncthreads();  // dX and the partials are complete
+      if (tid == 0) red[4] += red[0] + red[1] + red[2] + red[3];
+      // dO U^T and dX U^T, accumulated over the slices.
+      for (int e = tid; e < C * C; e += kBwdThreads) {
+        const int i = e / C, j = e % C;
+        float a = 0.0f, c = 0.0f;
+        for (int f = 0; f < kBwdCols; ++f) {
+          a += dos[i * kBwdCols + f] * us[j * kBwdCols + f];
+          c += dxs[i * kBwdCols + f] * us[j * kBwdCols + f];
+        }
+        da[e] += a;
+        dd[e] += c;
+      }
+      // dq += scale diag(gamma) dO S0^T;  dk += diag(w) U dS_C^T - diag(beta gamma) dX S0^T.
+      for (int e = tid; e < C * K; e += kBwdThreads) {
+        const int i = e / K, x = e % K;
+        float a = 0.0f, u = 0.0f, c = 0.0f;
+        for (int f = 0; f < cols; ++f) {
+          const float s0 = un.s0[x * p.V + f0 + f];
+          a += dos[i * kBwdCols + f] * s0;
+          u += us[i * kBwdCols + f] * un.dsc[x * p.V + f0 + f];
+          c += dxs[i * kBwdCols + f] * s0;
+        }
+        dqa[e] += p.scale * gam[i] * a;
+        dka[e] += wv[i] * u - bs[i] * gam[i] * c;
+      }
+    }
+    __syncthreads();  // the accumulations over the slices are complete; T is no longer read
+    // The [C][C] terms: dA = scale Gam * lower(dO U^T), dL = -strict_lower(dX U^T), D = beta Gam dL.
+    for (int e = tid; e < C * C; e += kBwdThreads) {
+      const int i = e / C, j = e % C;
+      const float decay = j <= i ? expf(float(gs[i] - gs[j])) : 0.0f;
+      float kk = 0.0f;
+      if (j < i)
+        for (int x = 0; x < K; ++x) kk += ks[i * K + x] * ks[j * K + x];
+      const float dp = j <= i ? da[e] : 0.0f;
+      const float dl = j < i ? -dd[e] : 0.0f;
+      tm[e] = dp * un.pm[e] + dl * bs[i] * decay * kk;  // dP * P + dL * L
+      ff[e] = dl * decay * kk;
+      da[e] = p.scale * decay * dp;
+      dd[e] = bs[i] * decay * dl;
+    }
+    __syncthreads();
+    if (tid < C) {  // the pairs that survive the reverse cumulative sum: E_ij with i >= t > j
+      const int t = tid;
+      float cross = 0.0f, fb = 0.0f;
+      for (int i = t; i < C; ++i)
+        for (int j = 0; j < t; ++j) cross += tm[i * C + j];
+      for (int j = 0; j < C; ++j) fb += ff[t * C + j];
+      xg[t] = cross;
+      dba[t] += fb;
+    }
+    __syncthreads();
+    if (tid == 0) {  // dg_t = sum_{i >= t} dG_i without the pairs that cancel; dbeta
+      const float state_term = expf(float(gs[C - 1])) * red[4];
+      float before = 0.0f;  // sum_{j < t} dw_j
+      for (int t = 0; t < C; ++t) {
+        const float here = dwa[t];
+        dwa[t] = before;
+        before += here;
+      }
+      float after = 0.0f;   // sum_{i >= t} of the per-row terms
+      for (int t = C - 1; t >= 0; --t) {
+        after += dga[t];
+        if (t < valid) {
+          dg[b * sdg.b + h * sdg.h + (sc.c0 + t) * sdg.t] = after + dwa[t] + xg[t] + state_term;
+          dbeta[b * sdbeta.b + h * sdbeta.h + (sc.c0 + t) * sdbeta.t] = from_float<T>(dba[t]);
+        }
+      }
+    }
+    // dq += dA K;  dk += dA^T Q + (D + D^T) K.
+    for (int e = tid; e < C * K; e += kBwdThreads) {
+      const int i = e / K, x = e % K;
+      float a = 0.0f, c = 0.0f;
+      for (int j = 0; j < C; ++j) {
+        a += da[i * C + j] * ks[j * K + x];
+        c += da[j * C + i] * qs[j * K + x] + (dd[i * C + j] + dd[j * C + i]) * ks[j * K + x];
+      }
+      dqa[e] += a;
+      dka[e] += c;
+    }
+  }
+  for (int e = tid; e < C * K; e += kBwdThreads) {
+    const int i = e / K, x = e % K;
+    if (i < valid) {
+      dq[b * sdq.b + hk * sdq.h + (sc.c0 + i) * sdq.t + x] = from_float<T>(dqa[e]);
+      dk[b * sdk.b + hk * sdk.h + (sc.c0 + i) * sdk.t + x] = from_float<T>(dka[e]);
+    }
+  }
+}
+
+// Shared-memory bytes of each kernel for chunk size C and key dimension K.
+struct BwdSmem {
+  std::size_t prep, forward, reverse, local;
+};
+inline BwdSmem bwd_smem_bytes(i64 C, i64 K) {
+  const i64 S = kBwdCols;
+  // G is double (first, 8-byte aligned); everything else float
+  return {std::size_t(C * K + C * std::max<i64>(K, S) + 2 * C * C + 3 * C) * 4,
+          std::size_t(S * K + C * K + S * C + 2 * C) * 4, std::size_t(S * K + 2 * C * K + C * C + 2 * S * C + 2 * C) * 4,
+          std::size_t(2 * C * K + 4 * C * C + 4 * S * C + 9 * C + 8) * 4};
+}
+
+}  // namespace
+
+ChunkedBackwardLayout chunked_backward_layout(const Problem& p) {
+  ChunkedBackwardLayout l{};
+  const i64 C = p.chunk_size;
+  l.chunks_per_batch = (p.T + C - 1) / C;
+  l.slots = p.varlen ? p.T / C + p.N : p.N * l.chunks_per_batch;
+  const i64 units = l.slots * p.Hv;
+  l.g = units * C * 2;  // float64
+  l.t = l.p = units * C * C;
+  l.w = units * C * p.K;
+  l.u = l.du = units * C * p.V;
+  l.s0 = l.dsc = units * p.K * p.V;
+  l.dq_acc = l.dk_acc = l.slots * p.Hk * C * p.K;
+  return l;
+}
+
+bool chunked_backward_supported(const Problem& p, int max_smem) {
+  if (p.chunk_size > kBwdMaxC || p.K > kBwdMaxK) return false;
+  const BwdSmem s = bwd_smem_bytes(p.chunk_size, p.K);
+  return std::max({s.prep, s.forward, s.reverse, s.local}) <= std::size_t(max_smem);
+}
+
+void chunked_backward(const Params& params, const ChunkedBackwardWorkspace& ws, DType dtype, void* dq, SeqStrides sdq,
+                      void* dk, SeqStrides sdk, void* dbeta, SeqStrides sdbeta, float* dg, SeqStrides sdg,
+                      i64 slots, cudaStream_t stream) {
+  const BwdSmem smem = bwd_smem_bytes(ws.C, params.K);
+  const i64 vtiles = (params.V + kBwdCols - 1) / kBwdCols;
+  const i64 unit_blocks = slots * params.Hv, local_blocks = slots * params.Hk, state_blocks = params.N * params.Hv * vtiles;
+  dispatch(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto launch = [&](auto kernel, i64 blocks, std::size_t bytes, auto... args) {
+      if (blocks <= 0) return;
+      RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+      kernel<<<unsigned(blocks), kBwdThreads, bytes, stream>>>(params, ws, args...);
+      RUDNN_CUDA_CHECK_LAUNCH(gated_delta_chunked_backward);
+    };
+    launch(bwd_prep_kernel<T>, unit_blocks, smem.prep);
+    launch(bwd_forward_kernel<T>, state_blocks, smem.forward);
+    launch(bwd_reverse_kernel<T>, state_blocks, smem.reverse);
+    launch(bwd_local_kernel<T>, local_blocks, smem.local, static_cast<T*>(dq), sdq, static_cast<T*>(dk), sdk,
+           static_cast<T*>(dbeta), sdbeta, dg, sdg);
+  });
+}
+
+}  // namespace rudnn::gated_delta::cuda
