@@ -540,26 +540,36 @@ def fuzz_backward(examples):
     case()
 
 
+def gated_delta_inputs(data, max_t, max_dim, *, decay_heads_off=True):
+    """The drawn arguments of a gated delta call, forward or backward: (q, k, v, beta, log_decay,
+    state, scale, chunk). Hv is sometimes not a multiple of Hk and, with decay_heads_off, log_decay
+    sometimes has one head too many; scale and chunk_size are sometimes invalid."""
+    B, T = data.draw(st.integers(1, 2)), data.draw(st.integers(0, max_t))
+    Hk, K, V = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, max_dim)),
+                data.draw(st.integers(1, max_dim)))
+    Hv = Hk * data.draw(st.sampled_from([1, 1, 2])) + data.draw(st.sampled_from([0] * 8 + [1]))
+    q = data.draw(arrays((B, Hk, T, K)))
+    k = like(data, (B, Hk, T, K), q)
+    v = like(data, (B, Hv, T, V), q)
+    beta = like(data, (B, Hv, T), q)
+    if beta.dtype.is_floating_point and often(data, 7):
+        beta = beta.float().sigmoid().to(beta.dtype)
+    extra_head = 1 if decay_heads_off and not often(data, 7) else 0
+    log_decay = like(data, (B, Hv + extra_head, T), torch.zeros(0))  # float32
+    if log_decay.dtype.is_floating_point:
+        log_decay = -log_decay.abs()  # a decay in (0, 1]
+    state = like(data, (B, Hv, K, V), torch.zeros(0)) if data.draw(st.booleans()) else None  # float32
+    scale = data.draw(st.sampled_from([0.5] * 20 + SCALARS))
+    chunk = data.draw(st.sampled_from([64] * 4 + [2, 3, 1] * 2 + [0, -1, 2**40, 4.0]))
+    return q, k, v, beta, log_decay, state, scale, chunk
+
+
 def fuzz_gated_delta(examples):
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
     @given(st.data())
     def case(data):
-        B, T = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 6))
-        Hk, K, V = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
-        Hv = Hk * data.draw(st.sampled_from([1, 1, 2])) + data.draw(st.sampled_from([0] * 8 + [1]))
-        q = data.draw(arrays((B, Hk, T, K)))
-        k = like(data, (B, Hk, T, K), q)
-        v = like(data, (B, Hv, T, V), q)
-        beta = like(data, (B, Hv, T), q)
-        if beta.dtype.is_floating_point and data.draw(st.integers(0, 7)):
-            beta = beta.float().sigmoid().to(beta.dtype)
-        log_decay = like(data, (B, Hv + (0 if data.draw(st.integers(0, 7)) else 1), T), torch.zeros(0))  # float32
-        if log_decay.dtype.is_floating_point:
-            log_decay = -log_decay.abs()  # a decay in (0, 1]
-        state = like(data, (B, Hv, K, V), torch.zeros(0)) if data.draw(st.booleans()) else None  # float32
-        scale = data.draw(st.sampled_from([0.5] * 20 + SCALARS))
-        chunk = data.draw(st.sampled_from([64] * 4 + [2, 3, 1] * 2 + [0, -1, 2**40, 4.0]))
+        q, k, v, beta, log_decay, state, scale, chunk = gated_delta_inputs(data, 6, 4)
         op = data.draw(st.sampled_from(["chunk_gated_delta_rule", "gated_delta_rule"]))
         if op == "chunk_gated_delta_rule":
             call = lambda: rudnn.chunk_gated_delta_rule(q, k, v, beta, log_decay, state, scale=scale, chunk_size=chunk)
@@ -925,23 +935,10 @@ def fuzz_gated_delta_backward(examples):
               suppress_health_check=list(HealthCheck))
     @given(st.data())
     def case(data):
-        B, T = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 5))
-        Hk, K, V = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
-        Hv = Hk * data.draw(st.sampled_from([1, 1, 2])) + data.draw(st.sampled_from([0] * 8 + [1]))
-        q = data.draw(arrays((B, Hk, T, K)))
-        k = like(data, (B, Hk, T, K), q)
-        v = like(data, (B, Hv, T, V), q)
-        beta = like(data, (B, Hv, T), q)
-        if beta.dtype.is_floating_point and often(data, 7):
-            beta = beta.float().sigmoid().to(beta.dtype)
-        log_decay = like(data, (B, Hv, T), torch.zeros(0))  # float32
-        if log_decay.dtype.is_floating_point:
-            log_decay = -log_decay.abs()
-        state = like(data, (B, Hv, K, V), torch.zeros(0)) if data.draw(st.booleans()) else None
+        q, k, v, beta, log_decay, state, scale, chunk = gated_delta_inputs(data, 5, 3, decay_heads_off=False)
+        B, Hv, T, V, K = v.shape[0], v.shape[1], v.shape[2], v.shape[3], q.shape[3]
         dout = like(data, (B, Hv, T, V) if often(data, 9) else (B, Hv, T + 1, V), q)
         dfinal = like(data, (B, Hv, K, V), torch.zeros(0)) if data.draw(st.booleans()) else None
-        scale = data.draw(st.sampled_from([0.5] * 20 + SCALARS))
-        chunk = data.draw(st.sampled_from([64] * 4 + [2, 3, 1] * 2 + [0, -1, 2**40, 4.0]))
         op = data.draw(st.sampled_from(["chunk_gated_delta_rule_backward", "gated_delta_rule_backward"]))
         if op == "chunk_gated_delta_rule_backward":
             call = lambda: rudnn.chunk_gated_delta_rule_backward(dout, q, k, v, beta, log_decay, state, dfinal,
