@@ -71,35 +71,6 @@ __device__ __forceinline__ float bwd_warp_sum(float x) {
   return x;
 }
 
-// First workspace slot of sequence n (its chunk ch is slot first + ch): ceil(T / C) per batch row,
-// or bos / C + n with varlen, which never overlaps the previous sequence's slots.
-__device__ __forceinline__ i64 bwd_first_slot(const Params& p, const ChunkedBackwardWorkspace& ws, i64 n,
-                                              const Sequence& s) {
-  return p.cu_seqlens ? s.bos / ws.C + n : n * ws.chunks_per_batch;
-}
-
-// The sequence and first token of a slot, or c0 >= eos for a slot no chunk uses. Needs N > 0 (the
-// kernels return at once without a sequence: device-side cu_seqlens are not checked on the host).
-struct SlotChunk {
-  i64 n, c0;
-  Sequence s;
-};
-__device__ __forceinline__ SlotChunk bwd_slot_chunk(const Params& p, const ChunkedBackwardWorkspace& ws, i64 slot) {
-  i64 n = 0;
-  if (p.cu_seqlens) {  // bwd_first_slot is increasing in n: binary search
-    i64 lo = 0, hi = p.N - 1;
-    while (lo < hi) {
-      const i64 mid = (lo + hi + 1) / 2;
-      if (bwd_first_slot(p, ws, mid, sequence(p, mid)) <= slot) lo = mid; else hi = mid - 1;
-    }
-    n = lo;
-  } else {
-    n = slot / ws.chunks_per_batch;
-  }
-  const Sequence s = sequence(p, n);
-  return {n, s.bos + (slot - bwd_first_slot(p, ws, n, s)) * ws.C, s};
-}
-
 // Workspace tiles of one (slot, value head).
 struct BwdUnit {
   double* g;
@@ -136,7 +107,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, Chunked
 
   if (p.N == 0) return;
   const i64 slot = blockIdx.x / p.Hv, h = blockIdx.x % p.Hv, hk = h / p.group;
-  const SlotChunk sc = bwd_slot_chunk(p, ws, slot);
+  const SlotChunk sc = slot_chunk(p, ws.C, ws.chunks_per_batch, slot);
   if (sc.c0 >= sc.s.eos) return;
   const int valid = int(min(i64(C), sc.s.eos - sc.c0));
   const i64 b = sc.s.b;
@@ -217,7 +188,7 @@ __device__ __forceinline__ StateBlock bwd_state_block(const Params& p, const Chu
   sb.n = id / p.Hv;
   sb.hk = sb.h / p.group;
   sb.s = sequence(p, sb.n);
-  sb.slot0 = bwd_first_slot(p, ws, sb.n, sb.s);
+  sb.slot0 = chunk_slot0(p, ws.C, ws.chunks_per_batch, sb.n, sb.s);
   return sb;
 }
 
@@ -371,7 +342,7 @@ __global__ void __launch_bounds__(kBwdThreads)
 
   if (p.N == 0) return;
   const i64 slot = blockIdx.x / p.Hk, hk = blockIdx.x % p.Hk;
-  const SlotChunk sc = bwd_slot_chunk(p, ws, slot);
+  const SlotChunk sc = slot_chunk(p, ws.C, ws.chunks_per_batch, slot);
   if (sc.c0 >= sc.s.eos) return;
   const int valid = int(min(i64(C), sc.s.eos - sc.c0));
   const i64 b = sc.s.b;

@@ -185,12 +185,6 @@ __device__ __forceinline__ ChunkSlot<E> chunk_slot(const ChunkWorkspace& ws, i64
           static_cast<E*>(ws.u) + i * kC * ws.vp};
 }
 
-// First workspace slot of sequence n (the slot of its chunk ch is first_slot + ch): ceil(T / C)
-// per batch row, or bos / C + n with varlen, which never overlaps the previous sequence's slots.
-__device__ __forceinline__ i64 first_slot(const Params& p, const ChunkWorkspace& ws, i64 n, const Sequence& s) {
-  return p.cu_seqlens ? s.bos / kC + n : n * ws.chunks_per_batch;
-}
-
 // Stage 1: one CTA per (chunk slot, value head); slots without a chunk return at once.
 template <class E>
 __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWorkspace ws, i64 vtiles, Staging st) {
@@ -203,20 +197,9 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
 
   if (p.N == 0) return;
   const i64 slot = blockIdx.x / p.Hv, h = blockIdx.x % p.Hv, hk = h / p.group;
-  // The sequence owning the slot: first_slot is increasing in n, so a binary search finds it.
-  i64 n = 0;
-  if (p.cu_seqlens) {
-    i64 lo = 0, hi = p.N - 1;
-    while (lo < hi) {
-      const i64 mid = (lo + hi + 1) / 2;
-      if (first_slot(p, ws, mid, sequence(p, mid)) <= slot) lo = mid; else hi = mid - 1;
-    }
-    n = lo;
-  } else {
-    n = slot / ws.chunks_per_batch;
-  }
-  const Sequence s = sequence(p, n);
-  const i64 c0 = s.bos + (slot - first_slot(p, ws, n, s)) * kC;
+  const SlotChunk sc = slot_chunk(p, kC, ws.chunks_per_batch, slot);
+  const Sequence& s = sc.s;
+  const i64 c0 = sc.c0;
   if (c0 >= s.eos) return;  // a slot no chunk uses (varlen slack)
   const int valid = int(min(i64(kC), s.eos - c0));
   const ChunkSlot<E> out = chunk_slot<E>(ws, slot, h, p.Hv);
@@ -368,7 +351,7 @@ __global__ void __launch_bounds__(kThreads) chunk_state_kernel(Params p, ChunkWo
   const i64 h = id % p.Hv, n = id / p.Hv, hk = h / p.group;
   const i64 v0 = vt * kBV;
   const Sequence s = sequence(p, n);
-  const i64 slot0 = first_slot(p, ws, n, s);
+  const i64 slot0 = chunk_slot0(p, kC, ws.chunks_per_batch, n, s);
 
   // The state tile [Kt][BV] in float32 accumulator registers.
   auto acc_s = partition_fragment_C(mma, Shape<Int<kKt>, Int<kBV>>{});

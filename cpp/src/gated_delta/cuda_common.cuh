@@ -69,6 +69,35 @@ __device__ __forceinline__ Sequence sequence(const Params& p, i64 n) {
   return {0, lo, hi};
 }
 
+// Workspace slots of the chunked kernels (forward and backward): the slot of sequence n's chunk ch
+// is chunk_slot0 + ch, with ceil(T / C) slots per batch row, or bos / C + n with varlen, which
+// never overlaps the previous sequence's slots.
+__device__ __forceinline__ i64 chunk_slot0(const Params& p, i64 C, i64 chunks_per_batch, i64 n, const Sequence& s) {
+  return p.cu_seqlens ? s.bos / C + n : n * chunks_per_batch;
+}
+
+// The sequence of a workspace slot and its chunk's first token c0 (c0 >= eos for a slot no chunk
+// uses: varlen slack). chunk_slot0 is increasing in n, so varlen finds n by a binary search.
+struct SlotChunk {
+  i64 n, c0;
+  Sequence s;
+};
+__device__ __forceinline__ SlotChunk slot_chunk(const Params& p, i64 C, i64 chunks_per_batch, i64 slot) {
+  i64 n = 0;
+  if (p.cu_seqlens) {
+    i64 lo = 0, hi = p.N - 1;
+    while (lo < hi) {
+      const i64 mid = (lo + hi + 1) / 2;
+      if (chunk_slot0(p, C, chunks_per_batch, mid, sequence(p, mid)) <= slot) lo = mid; else hi = mid - 1;
+    }
+    n = lo;
+  } else {
+    n = slot / chunks_per_batch;
+  }
+  const Sequence s = sequence(p, n);
+  return {n, s.bos + (slot - chunk_slot0(p, C, chunks_per_batch, n, s)) * C, s};
+}
+
 }  // namespace rudnn::gated_delta::cuda
 
 namespace rudnn::gated_delta::cuda {
