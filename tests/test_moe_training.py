@@ -201,3 +201,21 @@ def test_training_chain_numpy():
     grads = torch.autograd.grad(out, leaves, torch.ones(T, H, dtype=torch.float64))
     for ours, oracle in zip((dx, dl, dgate, dup, ddown), grads):
         torch.testing.assert_close(torch.from_numpy(ours).double(), oracle, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("index", [0, 1])
+def test_selected_router_backward_one_renormalized_slot_is_exactly_zero(device, index):
+    # With top_k = 1 and renormalization the weight is scale * p / p = scale whatever the logits, so
+    # the gradient is 0. The fuzzer found 8e4 at scale 2**40 (g * p / S rounded before subtracting
+    # from g left one ulp of g, times the scale); q = p / S formed as the forward forms it is 1
+    # exactly.
+    logits = torch.tensor([[1.3227, 0.5338]], device=device)
+    indices = torch.tensor([[index]], dtype=torch.int32, device=device)
+    grad = torch.tensor([[3.0820]], device=device)
+    dl = moe.selected_router_backward(logits, indices, grad, scoring="softmax", renormalize=True, scale=float(2**40))
+    l64 = logits.cpu().double().requires_grad_()
+    (oracle,) = torch.autograd.grad(_ref_router(l64, torch.tensor([[index]]), "softmax", True, float(2**40)), l64,
+                                    grad.cpu().double())
+    assert oracle.abs().max().item() < 1e-3  # float64 leaves at most a rounding of the scale
+    assert torch.equal(dl.cpu(), torch.zeros_like(dl.cpu())), dl

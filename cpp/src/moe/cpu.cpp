@@ -416,7 +416,8 @@ void selected_router_backward_cpu(const MoeSelectedRouterBackwardArgs& a, const 
     // d(weights_j)/d(p_m): scale * (delta_jm - q_j) / S with renormalization (q = p / S).
     float sum = 0.0f, gq = 0.0f;
     for (int j = 0; j < k; ++j) sum += s[idx[j]];
-    for (int j = 0; j < k; ++j) gq += g[j] * s[idx[j]] / sum;
+    // q_j = p_j / S as the forward forms it (k = 1: q = 1 exactly, so g - gq is exactly 0).
+    for (int j = 0; j < k; ++j) gq += g[j] * (s[idx[j]] / sum);
     std::fill(gp.begin(), gp.end(), 0.0f);
     for (int j = 0; j < k; ++j)
       gp[idx[j]] += a.renormalize ? a.scale * (g[j] - gq) / sum : a.scale * g[j];

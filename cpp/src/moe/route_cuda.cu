@@ -229,7 +229,9 @@ __global__ void __launch_bounds__(kThreads)
     // weights_j = scale * p_j / S (renormalized): d/dp_m = scale * (delta_jm - q_j) / S.
     float sum = 0.0f, gq = 0.0f;
     for (int j = 0; j < k; ++j) sum += score(to_float(row[sel[j]]), r, scoring);
-    for (int j = 0; j < k; ++j) gq += load_as_float(grad, grad_dtype, t * grad_stride + j) * score(to_float(row[sel[j]]), r, scoring) / sum;
+    // q_j = p_j / S as the forward forms it (k = 1: q = 1 exactly, so g - gq is exactly 0).
+    for (int j = 0; j < k; ++j)
+      gq += load_as_float(grad, grad_dtype, t * grad_stride + j) * (score(to_float(row[sel[j]]), r, scoring) / sum);
     for (int j = 0; j < k; ++j) {
       const float g = load_as_float(grad, grad_dtype, t * grad_stride + j);
       dp[j] = renormalize ? scale * (g - gq) / sum : scale * g;
