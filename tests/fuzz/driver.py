@@ -59,6 +59,15 @@ def _values(shape, dtype, seed):
     return base.to(dtype)
 
 
+def fuzz_cases(examples):
+    """The hypothesis settings of every family: `examples` derandomized cases (the same on every
+    run), no example database, no deadline, health checks off; the case draws from `st.data()`."""
+    def wrap(case):
+        return settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+                        suppress_health_check=list(HealthCheck))(given(st.data())(case))
+    return wrap
+
+
 @st.composite
 def arrays(draw, shape, dtypes=DTYPES, float_bias=True):
     """An array of `shape` in a drawn dtype and memory layout (a view of a larger storage)."""
@@ -186,14 +195,19 @@ def check_call(family, op, call, oracle, inputs, out=None, written=(), must_refu
         assert tuple(got.shape) == tuple(want.shape), f"{op}: shape {tuple(got.shape)} != {tuple(want.shape)}"
         if got.numel() == 0:
             continue
-        g, w = got.double(), want.double()
+        # The oracle rounded to the result's dtype: a value past that dtype's range is inf there,
+        # and the result must then be that same inf.
+        g, w = got.double(), (want.to(got.dtype) if got.dtype.is_floating_point else want).double()
+        overflow = torch.isinf(w) & torch.isfinite(want.double())
+        assert torch.equal(g[overflow], w[overflow]), f"{op}: not the inf of a value past the dtype's range"
         bad_nan = torch.isnan(g) & ~torch.isnan(w)
         assert not bad_nan.any(), f"{op}: NaN where the oracle is finite (unwritten or wrong memory)"
         assert not (nan_exact and (torch.isnan(w) & ~torch.isnan(g)).any()), f"{op}: a number where NaN is documented"
         tol = TOL.get(tol_dtype or got.dtype, 1e-4)
         finite = torch.isfinite(w)
         err = (g[finite] - w[finite]).abs().max().item() if finite.any() else 0.0
-        scale = max(1.0, w[finite].abs().max().item() if finite.any() else 1.0)
+        exact = want.double()  # the error scale is the oracle's own, overflowing values included
+        scale = max(1.0, exact[torch.isfinite(exact)].abs().max().item() if torch.isfinite(exact).any() else 1.0)
         assert err <= tol * scale, f"{op}: max error {err:.3g} > {tol * scale:.3g}"
 
 
@@ -204,9 +218,7 @@ def _shares(a, b):
 # ---- families ----------------------------------------------------------------------------------------
 
 def fuzz_norm(examples):
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         shape = data.draw(shapes())
         x = data.draw(arrays(shape))
@@ -232,9 +244,7 @@ def fuzz_norm(examples):
 
 
 def fuzz_pooling(examples):
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         shape = data.draw(shapes(min_rank=3, max_rank=4, max_side=7))
         x = data.draw(arrays(shape))
@@ -256,9 +266,7 @@ def fuzz_pooling(examples):
 
 
 def fuzz_interpolate(examples):
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         shape = data.draw(shapes(min_rank=4, max_rank=4, max_side=6))
         x = data.draw(arrays(shape))
@@ -275,9 +283,7 @@ def fuzz_interpolate(examples):
 
 
 def fuzz_attention(examples):
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         B, Hq, Sq, Sk, D = (data.draw(st.integers(1, 3)) for _ in range(5))
         Hk = data.draw(st.sampled_from([Hq, 1, Hq + 1]))
@@ -307,9 +313,7 @@ def _raise():
 
 
 def fuzz_moe(examples):
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         T, E = data.draw(st.integers(0, 5)), data.draw(st.integers(1, 6))
         logits = data.draw(arrays((T, E)))
@@ -333,9 +337,7 @@ def fuzz_moe(examples):
 def fuzz_conv(examples):
     warnings.filterwarnings("ignore", "Using padding='same'")  # torch's note on its own even kernels
 
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         shape = data.draw(shapes(min_rank=3, max_rank=4, max_side=6))
         x = data.draw(arrays(shape))
@@ -390,9 +392,7 @@ def fuzz_conv(examples):
 
 
 def fuzz_grid_sample(examples):
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         rank = data.draw(st.sampled_from([4, 4, 5]))
         N, C = data.draw(st.integers(0, 2)), data.draw(st.integers(1, 3))
@@ -412,9 +412,7 @@ def fuzz_grid_sample(examples):
 
 
 def fuzz_ctc(examples):
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         T, N, C = data.draw(st.integers(1, 8)), data.draw(st.integers(1, 3)), data.draw(st.integers(2, 5))
         log_probs = data.draw(arrays((T, N, C))).float().log_softmax(-1).to(
@@ -451,9 +449,7 @@ def _autograd(fn, wrt, dy):
 def fuzz_backward(examples):
     """The backward functions of norm, softmax, attention, pooling and interpolate against torch
     autograd in float64 (the forward's saved tensors come from rudnn's own forward)."""
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         op = data.draw(st.sampled_from(["layer_norm_backward", "rms_norm_backward", "softmax_backward",
                                         "attention_backward", "max_pool_backward", "avg_pool_backward",
@@ -565,9 +561,7 @@ def gated_delta_inputs(data, max_t, max_dim, *, decay_heads_off=True):
 
 
 def fuzz_gated_delta(examples):
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         q, k, v, beta, log_decay, state, scale, chunk = gated_delta_inputs(data, 6, 4)
         op = data.draw(st.sampled_from(["chunk_gated_delta_rule", "gated_delta_rule"]))
@@ -585,9 +579,7 @@ def fuzz_paged(examples):
     """HostPlan metadata (valid, and broken in one place: a page id out of range, a length past the
     table, a position past its length, a sequence id past the tables) and paged attention against
     the gather-then-softmax reference."""
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         page_size, pages = data.draw(st.sampled_from([1, 2, 4])), data.draw(st.integers(1, 6))
         S = data.draw(st.integers(1, 3))
@@ -640,9 +632,7 @@ def fuzz_paged(examples):
 def fuzz_moe_dispatch(examples):
     """dispatch then combine of random (valid or out-of-range) expert indices: each token comes
     back as the weighted sum of its rows."""
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         T, E, H = data.draw(st.integers(0, 5)), data.draw(st.integers(1, 5)), data.draw(st.integers(1, 4))
         k = data.draw(st.integers(1, E))
@@ -755,9 +745,7 @@ def fuzz_moe_experts(examples):
     DispatchedTokens.combine_backward and dispatch_backward, on dispatched rows from a real dispatch
     or drawn directly, with offsets and row_of_slot valid or broken in one way (every host-side
     break must be refused), against tests/reference/moe.py and torch autograd in float64."""
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         T, E = data.draw(st.integers(0, 4)), data.draw(st.integers(1, 3))
         H, I = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
@@ -876,9 +864,7 @@ def fuzz_moe_router(examples):
     """selected_router_weights and selected_router_backward (softmax or sigmoid scores, renormalized
     or not, scaled) against tests/reference/moe.selected_weights and its torch autograd in float64;
     an expert index outside [0, E) must make its row NaN (SPEC section 4), exactly that row."""
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         T, E = data.draw(st.integers(0, 4)), data.draw(st.integers(1, 5))
         k = data.draw(st.integers(1, E))
@@ -931,9 +917,7 @@ def fuzz_moe_router(examples):
 def fuzz_gated_delta_backward(examples):
     """chunk_gated_delta_rule_backward and gated_delta_rule_backward against torch autograd through
     the float64 recurrence of tests/reference/gated_delta.py."""
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         q, k, v, beta, log_decay, state, scale, chunk = gated_delta_inputs(data, 5, 3, decay_heads_off=False)
         B, Hv, T, V, K = v.shape[0], v.shape[1], v.shape[2], v.shape[3], q.shape[3]
@@ -1000,9 +984,7 @@ _PAGED_OPS = ("HostPlan", "DevicePlan.upload")
 def fuzz_paged_more(examples):
     """plan.mla, plan.attention_backward and plan.mla_backward against torch autograd through
     tests/reference/paged.py in float64 (need= subsets included), on valid and broken schedules."""
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         sched, broken = data.draw(paged_schedules())
         page_size, pages, tables, lengths, seq_ids, positions = sched
@@ -1075,9 +1057,7 @@ def fuzz_paged_append(examples):
     sequence's pages), nothing else changes; two rows naming one physical slot (shared pages or
     repeated positions), wrong shapes or dtypes, and k/v that overlap the caches are refused with
     nothing written; after an append, plan.attention over the caches equals the dense reference."""
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
+    @fuzz_cases(examples)
     def case(data):
         sched, broken = data.draw(paged_schedules())
         page_size, pages, tables, lengths, seq_ids, positions = sched
