@@ -23,7 +23,7 @@ TIMING = "host"
 # op -> the shape label of its tiny input (what _inputs builds)
 OPS = {"layer_norm": (4, 64), "softmax": (4, 64), "attention": (1, 2, 8, 64), "conv": (1, 8, 8, 8),
        "max_pool": (1, 8, 8, 8), "interpolate": (1, 8, 8, 8), "grid_sample": (1, 8, 8, 8), "ctc_loss": (12, 2, 6),
-       "moe_route": (4, 16)}
+       "moe_route": (4, 16), "torch.layer_norm": (4, 64), "torch.attention": (1, 2, 8, 64)}
 
 
 def cases(device: str, quick: bool) -> list:
@@ -32,11 +32,19 @@ def cases(device: str, quick: bool) -> list:
 
 
 def _inputs(op, dt, device):
-    """(rudnn call, torch call, float64 reference call) of `op` on tiny inputs."""
+    """(rudnn call, torch call, float64 reference call[, the inputs]) of `op` on tiny inputs;
+    "torch.<op>" is <op> called through rudnn.torch."""
     import torch
     import torch.nn.functional as F
 
     import rudnn
+    import rudnn.torch
+
+    if op.startswith("torch."):  # the same op through rudnn.torch's wrapper (its eager fast path)
+        plain = _inputs(op[len("torch."):], dt, device)
+        wrapped = {"torch.layer_norm": lambda x, w, b: rudnn.torch.layer_norm(x, w, b),
+                   "torch.attention": lambda q, k, v: rudnn.torch.attention(q, k, v, causal=True)}[op]
+        return (lambda: wrapped(*plain[3]),) + plain[1:3]
 
     def rnd(*shape):
         return torch.randn(*shape, device=device).to(dt)
@@ -44,7 +52,7 @@ def _inputs(op, dt, device):
     if op == "layer_norm":
         x, w, b = rnd(4, 64), rnd(64), rnd(64)
         return (lambda: rudnn.layer_norm(x, w, b), lambda: F.layer_norm(x, (64,), w, b),
-                lambda: F.layer_norm(x.double(), (64,), w.double(), b.double()))
+                lambda: F.layer_norm(x.double(), (64,), w.double(), b.double()), (x, w, b))
     if op == "softmax":
         x = rnd(4, 64)
         return lambda: rudnn.softmax(x), lambda: torch.softmax(x, -1), lambda: torch.softmax(x.double(), -1)
@@ -52,7 +60,7 @@ def _inputs(op, dt, device):
         q, k, v = rnd(1, 2, 8, 64), rnd(1, 2, 8, 64), rnd(1, 2, 8, 64)
         sdpa = F.scaled_dot_product_attention
         return (lambda: rudnn.attention(q, k, v, causal=True), lambda: sdpa(q, k, v, is_causal=True),
-                lambda: sdpa(q.double(), k.double(), v.double(), is_causal=True))
+                lambda: sdpa(q.double(), k.double(), v.double(), is_causal=True), (q, k, v))
     if op == "conv":
         x, w = rnd(1, 8, 8, 8), rnd(8, 8, 3, 3)
         return (lambda: rudnn.conv(x, w, padding=1), lambda: F.conv2d(x, w, padding=1),
@@ -91,7 +99,7 @@ def _inputs(op, dt, device):
 
 def prepare(spec: CaseSpec, device: str) -> Prepared:
     dt = torch_dtype(spec.dtype)
-    ours, theirs, ref = _inputs(spec.op, dt, device)
+    ours, theirs, ref = _inputs(spec.op, dt, device)[:3]
 
     def check():
         return [compare("y", ours(), ref(), theirs())]

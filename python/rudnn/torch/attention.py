@@ -14,6 +14,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._op import custom_op
+
 from ..attention import attention as _attention_eager
 from ..attention import attention_backward as _attention_backward_eager
 from .._args import flag as _flag
@@ -26,7 +28,7 @@ def _window(left: int, right: int):
     return (None if left < 0 else left, None if right < 0 else right)
 
 
-@torch.library.custom_op("rudnn::attention_forward", mutates_args=())
+@custom_op("rudnn::attention_forward", mutates_args=())
 def _forward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], bias: Optional[Tensor], scale: Optional[float],
              causal: bool, window_left: int, window_right: int, softcap: Optional[float],
              cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], strategy: str) -> tuple[Tensor, Tensor]:
@@ -43,7 +45,7 @@ def _(q, k, v, mask, bias, scale, causal, window_left, window_right, softcap, cu
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
-@torch.library.custom_op("rudnn::attention_backward", mutates_args=())
+@custom_op("rudnn::attention_backward", mutates_args=())
 def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, mask: Optional[Tensor],
               bias: Optional[Tensor], scale: Optional[float], causal: bool, window_left: int, window_right: int,
               softcap: Optional[float], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], strategy: str,

@@ -14,6 +14,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._op import custom_op
+
 from ..pooling import allocate as _allocate, channels_last_result as _channels_last_result
 
 # The module rudnn.conv (the package attribute of that name is the function rudnn.conv).
@@ -33,7 +35,7 @@ def _options(stride, pad_before, pad_after, dilation, groups, layout, strategy):
                              strategy)
 
 
-@torch.library.custom_op("rudnn::conv_forward", mutates_args=())
+@custom_op("rudnn::conv_forward", mutates_args=())
 def _conv_forward(x: Tensor, w: Tensor, bias: Optional[Tensor], stride: list[int], pad_before: list[int],
                   pad_after: list[int], dilation: list[int], groups: int, layout: int, strategy: int) -> Tensor:
     o = _options(stride, pad_before, pad_after, dilation, groups, layout, strategy)
@@ -47,7 +49,7 @@ def _(x, w, bias, stride, pad_before, pad_after, dilation, groups, layout, strat
     return _fake(x, shape, _channels_last_result(x, o.dims, layout))
 
 
-@torch.library.custom_op("rudnn::conv_data_backward", mutates_args=())
+@custom_op("rudnn::conv_data_backward", mutates_args=())
 def _conv_data_backward(dy: Tensor, w: Tensor, x_shape: list[int], stride: list[int], pad_before: list[int],
                         pad_after: list[int], dilation: list[int], groups: int, layout: int,
                         strategy: int) -> Tensor:
@@ -60,7 +62,7 @@ def _(dy, w, x_shape, stride, pad_before, pad_after, dilation, groups, layout, s
     return _fake(dy, x_shape, _channels_last_result(dy, len(stride), layout, len(x_shape)))
 
 
-@torch.library.custom_op("rudnn::conv_weight_backward", mutates_args=())
+@custom_op("rudnn::conv_weight_backward", mutates_args=())
 def _conv_weight_backward(dy: Tensor, x: Tensor, w_shape: list[int], stride: list[int], pad_before: list[int],
                           pad_after: list[int], dilation: list[int], groups: int, layout: int,
                           strategy: int) -> Tensor:
@@ -73,7 +75,7 @@ def _(dy, x, w_shape, stride, pad_before, pad_after, dilation, groups, layout, s
     return dy.new_empty(tuple(w_shape))
 
 
-@torch.library.custom_op("rudnn::conv_bias_backward", mutates_args=())
+@custom_op("rudnn::conv_bias_backward", mutates_args=())
 def _conv_bias_backward(dy: Tensor, layout: int) -> Tensor:
     return _conv.run_bias_backward("rudnn.torch.conv_bias_backward", dy, layout)
 

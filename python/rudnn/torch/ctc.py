@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._op import custom_op
+
 from .. import ctc as _ctc
 
 
@@ -32,7 +34,7 @@ def _loss_shape(log_probs: Tensor, reduction: str):
     return (log_probs.shape[1],) if reduction == "none" and log_probs.dim() == 3 else ()
 
 
-@torch.library.custom_op("rudnn::ctc_loss_forward", mutates_args=())
+@custom_op("rudnn::ctc_loss_forward", mutates_args=())
 def _ctc_loss_forward(log_probs: Tensor, targets: Tensor, input_lengths: Tensor, target_lengths: Tensor, blank: int,
                       reduction: str, zero_infinity: bool) -> Tensor:
     return _ctc.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
@@ -43,7 +45,7 @@ def _(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_
     return log_probs.new_empty(_loss_shape(log_probs, reduction))
 
 
-@torch.library.custom_op("rudnn::ctc_loss_backward", mutates_args=())
+@custom_op("rudnn::ctc_loss_backward", mutates_args=())
 def _ctc_loss_backward(dloss: Tensor, log_probs: Tensor, targets: Tensor, input_lengths: Tensor,
                        target_lengths: Tensor, blank: int, reduction: str, zero_infinity: bool) -> Tensor:
     return _ctc.ctc_loss_backward(dloss, log_probs, targets, input_lengths, target_lengths, blank=blank,

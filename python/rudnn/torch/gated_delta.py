@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._op import custom_op
+
 from .. import gated_delta as _gd
 
 _CHUNKED, _RECURRENT = _gd._CHUNKED, _gd._RECURRENT
@@ -22,7 +24,7 @@ def _state_shape(q, v, cu_seqlens):
     return (N, v.shape[1], q.shape[3], v.shape[3])
 
 
-@torch.library.custom_op("rudnn::gated_delta_forward", mutates_args=())
+@custom_op("rudnn::gated_delta_forward", mutates_args=())
 def _forward(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor, initial_state: Optional[Tensor],
              cu_seqlens: Optional[Tensor], scale: float, chunk_size: int, algo: int,
              strategy_code: int = 0) -> tuple[Tensor, Tensor]:
@@ -38,7 +40,7 @@ def _(q, k, v, beta, log_decay, initial_state, cu_seqlens, scale, chunk_size, al
     return out, q.new_empty(_state_shape(q, v, cu_seqlens), dtype=torch.float32)
 
 
-@torch.library.custom_op("rudnn::gated_delta_backward", mutates_args=())
+@custom_op("rudnn::gated_delta_backward", mutates_args=())
 def _backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, log_decay: Tensor,
               initial_state: Optional[Tensor], dfinal_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
               scale: float, chunk_size: int, algo: int,

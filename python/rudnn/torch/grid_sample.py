@@ -15,6 +15,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._op import custom_op
+
 from .. import pooling as _pool
 from .._args import flag
 
@@ -31,7 +33,7 @@ def _like(t: Tensor, shape, channels_last: bool) -> Tensor:
 
 
 # `deterministic` is the backward's (CUDA dx without atomics), carried by the forward for autograd.
-@torch.library.custom_op("rudnn::grid_sample_forward", mutates_args=())
+@custom_op("rudnn::grid_sample_forward", mutates_args=())
 def _forward(x: Tensor, grid: Tensor, mode: int, padding_mode: int, align_corners: bool, layout: int,
              deterministic: bool) -> Tensor:
     return _gs.run_grid_sample("rudnn.torch.grid_sample", x, grid, _opts(mode, padding_mode, align_corners), layout)
@@ -44,7 +46,7 @@ def _(x, grid, mode, padding_mode, align_corners, layout, deterministic):
     return _like(x, shape, _pool.channels_last_result(x, x.dim() - 2, layout))
 
 
-@torch.library.custom_op("rudnn::grid_sample_backward", mutates_args=())
+@custom_op("rudnn::grid_sample_backward", mutates_args=())
 def _backward(dy: Tensor, x: Tensor, grid: Tensor, mode: int, padding_mode: int, align_corners: bool, layout: int,
               deterministic: bool, want_dx: bool, want_dgrid: bool) -> tuple[Tensor, Tensor]:
     # Custom ops return tensors: a slot not asked for comes back empty (and is dropped by the callers).

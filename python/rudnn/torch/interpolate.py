@@ -13,6 +13,8 @@ import importlib
 import torch
 from torch import Tensor
 
+from ._op import custom_op
+
 from .. import pooling as _pool
 
 # The module: the package attribute rudnn.interpolate is the function of the same name.
@@ -27,7 +29,7 @@ def _fake(like: Tensor, shape, channels_last: bool) -> Tensor:
     return _pool.allocate(lambda s, _: like.new_empty(tuple(s)), tuple(shape), None, channels_last)
 
 
-@torch.library.custom_op("rudnn::interpolate_forward", mutates_args=())
+@custom_op("rudnn::interpolate_forward", mutates_args=())
 def _forward(x: Tensor, mode: int, layout: int, size: list[int], scale_factor: list[float], align_corners: int,
              recompute_scale_factor: int, antialias: bool) -> Tensor:
     opts = _opts(mode, size, scale_factor, align_corners, recompute_scale_factor, antialias)
@@ -41,7 +43,7 @@ def _(x, mode, layout, size, scale_factor, align_corners, recompute_scale_factor
     return _fake(x, shape, _pool.channels_last_result(x, x.dim() - 2, layout))
 
 
-@torch.library.custom_op("rudnn::interpolate_backward", mutates_args=())
+@custom_op("rudnn::interpolate_backward", mutates_args=())
 def _backward(dy: Tensor, x_shape: list[int], mode: int, layout: int, size: list[int], scale_factor: list[float],
               align_corners: int, recompute_scale_factor: int, antialias: bool) -> Tensor:
     opts = _opts(mode, size, scale_factor, align_corners, recompute_scale_factor, antialias)

@@ -21,6 +21,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._op import custom_op
+
 from .._args import flag, float32_number, integer
 from .. import moe as _moe
 
@@ -31,7 +33,7 @@ _PLANE = _moe._COMBINE_STRATEGIES["plane"]
 
 # ---- routing ----------------------------------------------------------------------------------
 
-@torch.library.custom_op("rudnn::moe_route", mutates_args=())
+@custom_op("rudnn::moe_route", mutates_args=())
 def _route(logits: Tensor, top_k: int, renormalize: bool) -> tuple[Tensor, Tensor]:
     plan = _moe.route(logits, top_k, renormalize)
     return plan.expert_indices, plan.weights
@@ -43,7 +45,7 @@ def _(logits, top_k, renormalize):
     return logits.new_empty((T, top_k), dtype=torch.uint32), logits.new_empty((T, top_k))
 
 
-@torch.library.custom_op("rudnn::moe_route_sigmoid_grouped", mutates_args=())
+@custom_op("rudnn::moe_route_sigmoid_grouped", mutates_args=())
 def _route_sigmoid_grouped(logits: Tensor, bias: Optional[Tensor], top_k: int, groups: int, selected_groups: int,
                            group_top_two: bool, renormalize: bool, scale: float) -> tuple[Tensor, Tensor]:
     plan = _moe.route_sigmoid_grouped(logits, bias, top_k=top_k, groups=groups, selected_groups=selected_groups,
@@ -79,7 +81,7 @@ def route_sigmoid_grouped(logits, bias=None, *, top_k, groups, selected_groups, 
 
 # ---- differentiable router weights --------------------------------------------------------------
 
-@torch.library.custom_op("rudnn::moe_selected_router_weights", mutates_args=())
+@custom_op("rudnn::moe_selected_router_weights", mutates_args=())
 def _selected_router_weights(logits: Tensor, indices: Tensor, scoring: int, renormalize: bool,
                              scale: float) -> Tensor:
     name = {v: k for k, v in _SCORING.items()}[scoring]
@@ -91,7 +93,7 @@ def _(logits, indices, scoring, renormalize, scale):
     return logits.new_empty(tuple(indices.shape), dtype=torch.float32)
 
 
-@torch.library.custom_op("rudnn::moe_selected_router_backward", mutates_args=())
+@custom_op("rudnn::moe_selected_router_backward", mutates_args=())
 def _selected_router_backward(logits: Tensor, indices: Tensor, grad_weights: Tensor, scoring: int, renormalize: bool,
                               scale: float) -> Tensor:
     name = {v: k for k, v in _SCORING.items()}[scoring]
@@ -136,7 +138,7 @@ def selected_router_backward(logits, indices, grad_weights, scoring="softmax", r
 
 # ---- dispatch and combine ---------------------------------------------------------------------
 
-@torch.library.custom_op("rudnn::moe_dispatch_plan", mutates_args=())
+@custom_op("rudnn::moe_dispatch_plan", mutates_args=())
 def _dispatch_plan(indices: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
     from .. import _frameworks as fw
 
@@ -151,7 +153,7 @@ def _(indices, num_experts):
             indices.new_empty((T, k), dtype=i32))
 
 
-@torch.library.custom_op("rudnn::moe_gather_rows", mutates_args=())
+@custom_op("rudnn::moe_gather_rows", mutates_args=())
 def _gather_rows(x: Tensor, token_of_row: Tensor, row_of_slot: Tensor) -> Tensor:
     from .. import _frameworks as fw
 
@@ -163,7 +165,7 @@ def _(x, token_of_row, row_of_slot):
     return x.new_empty((token_of_row.shape[0], x.shape[1]))
 
 
-@torch.library.custom_op("rudnn::moe_dispatch_backward", mutates_args=())
+@custom_op("rudnn::moe_dispatch_backward", mutates_args=())
 def _dispatch_backward(dx_dispatched: Tensor, row_of_slot: Tensor) -> Tensor:
     return _moe._combine("moe.dispatch_backward", dx_dispatched, row_of_slot, None, int(row_of_slot.shape[0]), None)
 
@@ -195,7 +197,7 @@ def dispatch(x, expert_indices, num_experts=None):
     return _gather_rows(x, token_of_row, row_of_slot), offsets, token_of_row, row_of_slot
 
 
-@torch.library.custom_op("rudnn::moe_combine", mutates_args=())
+@custom_op("rudnn::moe_combine", mutates_args=())
 def _combine(y: Tensor, row_of_slot: Tensor, weights: Tensor) -> Tensor:
     return _moe._combine("moe.combine", y, row_of_slot, weights, int(row_of_slot.shape[0]), None)
 
@@ -205,7 +207,7 @@ def _(y, row_of_slot, weights):
     return y.new_empty((row_of_slot.shape[0], y.shape[1]))
 
 
-@torch.library.custom_op("rudnn::moe_combine_backward", mutates_args=())
+@custom_op("rudnn::moe_combine_backward", mutates_args=())
 def _combine_backward(y: Tensor, dout: Tensor, row_of_slot: Tensor, weights: Tensor,
                       strategy: int) -> tuple[Tensor, Tensor]:
     return _moe._combine_backward(y, dout, row_of_slot, weights, strategy, None)
@@ -239,7 +241,7 @@ def combine(y, row_of_slot, weights):
 
 # ---- SwiGLU experts ---------------------------------------------------------------------------
 
-@torch.library.custom_op("rudnn::moe_experts", mutates_args=())
+@custom_op("rudnn::moe_experts", mutates_args=())
 def _experts(x: Tensor, offsets: Tensor, gate: Tensor, up: Tensor, down: Tensor,
              strategy: int) -> tuple[Tensor, Tensor, Tensor]:
     """(y, a, b): the outputs and the gate/up pre-activations kept for the backward."""
@@ -253,7 +255,7 @@ def _(x, offsets, gate, up, down, strategy):
     return torch.empty_like(x), x.new_empty(inter), x.new_empty(inter)
 
 
-@torch.library.custom_op("rudnn::moe_experts_backward", mutates_args=())
+@custom_op("rudnn::moe_experts_backward", mutates_args=())
 def _experts_backward(dy: Tensor, x: Tensor, offsets: Tensor, gate: Tensor, up: Tensor, down: Tensor,
                       gate_pre: Tensor, up_pre: Tensor, strategy: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return _moe._experts_backward(gate, up, down, dy, x, offsets, gate_pre, up_pre, strategy, None)

@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._op import custom_op
+
 from .._args import flag, float32_number
 from .. import norm as _norm
 
@@ -29,7 +31,7 @@ def _placeholder(like: Tensor) -> Tensor:
 
 # ---- layer_norm / rms_norm ---------------------------------------------------------------
 
-@torch.library.custom_op("rudnn::norm_forward", mutates_args=())
+@custom_op("rudnn::norm_forward", mutates_args=())
 def _norm_forward(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], residual: Optional[Tensor],
                   eps: float, kind: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Returns (y, h or placeholder, mean or placeholder, rstd)."""
@@ -48,7 +50,7 @@ def _(x, weight, bias, residual, eps, kind):
     return torch.empty_like(x), h, mean, x.new_empty(stats, dtype=torch.float32)
 
 
-@torch.library.custom_op("rudnn::norm_backward", mutates_args=())
+@custom_op("rudnn::norm_backward", mutates_args=())
 def _norm_backward(dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Optional[Tensor], rstd: Tensor,
                    kind: int) -> tuple[Tensor, Tensor, Tensor]:
     """Returns (dx, dweight or placeholder, dbias or placeholder); weight grads float32."""
@@ -141,7 +143,7 @@ def rms_norm_backward(dy, x, weight, rstd, *, stream=None):
 
 # ---- softmax ------------------------------------------------------------------------------
 
-@torch.library.custom_op("rudnn::softmax_forward", mutates_args=())
+@custom_op("rudnn::softmax_forward", mutates_args=())
 def _softmax_forward(x: Tensor) -> Tensor:
     return _norm.softmax(x)
 
@@ -151,7 +153,7 @@ def _(x):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("rudnn::softmax_backward", mutates_args=())
+@custom_op("rudnn::softmax_backward", mutates_args=())
 def _softmax_backward(dy: Tensor, y: Tensor) -> Tensor:
     return _norm.softmax_backward(dy, y)
 

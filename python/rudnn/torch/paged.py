@@ -20,6 +20,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._op import custom_op
+
 from .. import paged as _paged
 from .._args import flag as _flag
 from .._args import number as _number
@@ -37,7 +39,7 @@ def _ws(q, splits, heads, value_dim):
     return None if splits == 1 else _paged.SplitWorkspace(q, q.shape[0], heads, value_dim, splits)
 
 
-@torch.library.custom_op("rudnn::paged_attention", mutates_args=())
+@custom_op("rudnn::paged_attention", mutates_args=())
 def _attention_op(tables: Tensor, lengths: Tensor, sequence_ids: Tensor, positions: Tensor, page_size: int, q: Tensor,
                   k_cache: Tensor, v_cache: Tensor, scale: float, causal: bool, splits: int) -> tuple[Tensor, Tensor]:
     plan = _plan(page_size, tables, lengths, sequence_ids, positions)
@@ -51,7 +53,7 @@ def _(tables, lengths, sequence_ids, positions, page_size, q, k_cache, v_cache, 
             q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32))
 
 
-@torch.library.custom_op("rudnn::paged_mla", mutates_args=())
+@custom_op("rudnn::paged_mla", mutates_args=())
 def _mla_op(tables: Tensor, lengths: Tensor, sequence_ids: Tensor, positions: Tensor, page_size: int, q: Tensor,
             qp: Tensor, latent: Tensor, kp: Tensor, scale: float, causal: bool, splits: int) -> tuple[Tensor, Tensor]:
     plan = _plan(page_size, tables, lengths, sequence_ids, positions)
@@ -64,7 +66,7 @@ def _(tables, lengths, sequence_ids, positions, page_size, q, qp, latent, kp, sc
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
 
 
-@torch.library.custom_op("rudnn::paged_append", mutates_args=("k_cache", "v_cache"))
+@custom_op("rudnn::paged_append", mutates_args=("k_cache", "v_cache"))
 def _append_op(tables: Tensor, lengths: Tensor, sequence_ids: Tensor, positions: Tensor, page_size: int, k: Tensor,
                v: Tensor, k_cache: Tensor, v_cache: Tensor) -> None:
     _paged._append(_plan(page_size, tables, lengths, sequence_ids, positions), k, v, k_cache, v_cache, None)
@@ -75,7 +77,7 @@ def _(tables, lengths, sequence_ids, positions, page_size, k, v, k_cache, v_cach
     return None
 
 
-@torch.library.custom_op("rudnn::paged_attention_backward", mutates_args=())
+@custom_op("rudnn::paged_attention_backward", mutates_args=())
 def _attention_backward_op(tables: Tensor, lengths: Tensor, sequence_ids: Tensor, positions: Tensor, page_size: int,
                            q: Tensor, k_cache: Tensor, v_cache: Tensor, dout: Tensor, scale: float,
                            causal: bool, dlse: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -89,7 +91,7 @@ def _(tables, lengths, sequence_ids, positions, page_size, q, k_cache, v_cache, 
     return q.new_empty(q.shape), k_cache.new_empty(k_cache.shape), v_cache.new_empty(v_cache.shape)
 
 
-@torch.library.custom_op("rudnn::paged_mla_backward", mutates_args=())
+@custom_op("rudnn::paged_mla_backward", mutates_args=())
 def _mla_backward_op(tables: Tensor, lengths: Tensor, sequence_ids: Tensor, positions: Tensor, page_size: int,
                      q: Tensor, qp: Tensor, latent: Tensor, kp: Tensor, dout: Tensor, scale: float,
                      causal: bool, dlse: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -13,6 +13,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._op import custom_op
+
 from .. import pooling as _pool
 from .._args import flag as _flag
 
@@ -43,7 +45,7 @@ def _no_indices(like: Tensor) -> Tensor:
 
 # ---- max pooling ---------------------------------------------------------------------------------
 
-@torch.library.custom_op("rudnn::max_pool_forward", mutates_args=())
+@custom_op("rudnn::max_pool_forward", mutates_args=())
 def _max_pool_forward(x: Tensor, kernel: list[int], stride: list[int], padding: list[int], dilation: list[int],
                       ceil_mode: bool, layout: int) -> tuple[Tensor, Tensor]:
     """(y, indices)."""
@@ -59,7 +61,7 @@ def _(x, kernel, stride, padding, dilation, ceil_mode, layout):
     return _fake(x, shape, x.dtype, cl), _fake(x, shape, torch.int64, cl)
 
 
-@torch.library.custom_op("rudnn::max_pool_backward", mutates_args=())
+@custom_op("rudnn::max_pool_backward", mutates_args=())
 def _max_pool_backward(dy: Tensor, x: Tensor, indices: Tensor, kernel: list[int], stride: list[int],
                        padding: list[int], dilation: list[int], ceil_mode: bool, layout: int) -> Tensor:
     w = _window(kernel, stride, padding, dilation, ceil_mode)
@@ -88,7 +90,7 @@ torch.library.register_autograd("rudnn::max_pool_forward", _max_pool_autograd_ba
 
 # ---- average pooling -----------------------------------------------------------------------------
 
-@torch.library.custom_op("rudnn::avg_pool_forward", mutates_args=())
+@custom_op("rudnn::avg_pool_forward", mutates_args=())
 def _avg_pool_forward(x: Tensor, kernel: list[int], stride: list[int], padding: list[int], ceil_mode: bool,
                       count_include_pad: bool, divisor_override: Optional[int], layout: int) -> Tensor:
     w = _avg_window(kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
@@ -102,7 +104,7 @@ def _(x, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
     return _fake(x, shape, x.dtype, _pool.channels_last_result(x, len(kernel), layout))
 
 
-@torch.library.custom_op("rudnn::avg_pool_backward", mutates_args=())
+@custom_op("rudnn::avg_pool_backward", mutates_args=())
 def _avg_pool_backward(dy: Tensor, x_shape: list[int], kernel: list[int], stride: list[int], padding: list[int],
                        ceil_mode: bool, count_include_pad: bool, divisor_override: Optional[int],
                        layout: int) -> Tensor:
@@ -130,7 +132,7 @@ torch.library.register_autograd("rudnn::avg_pool_forward", _avg_pool_autograd_ba
 
 # ---- adaptive pooling ----------------------------------------------------------------------------
 
-@torch.library.custom_op("rudnn::adaptive_pool_forward", mutates_args=())
+@custom_op("rudnn::adaptive_pool_forward", mutates_args=())
 def _adaptive_pool_forward(x: Tensor, output_size: list[int], kind: int, layout: int) -> tuple[Tensor, Tensor]:
     """(y, indices, or a placeholder for average pooling)."""
     out = _pool.run_adaptive_pool("rudnn.torch.adaptive_pool", kind, x, tuple(output_size), kind == _MAX, layout)
@@ -144,7 +146,7 @@ def _(x, output_size, kind, layout):
     return _fake(x, shape, x.dtype, cl), _fake(x, shape, torch.int64, cl) if kind == _MAX else _no_indices(x)
 
 
-@torch.library.custom_op("rudnn::adaptive_pool_backward", mutates_args=())
+@custom_op("rudnn::adaptive_pool_backward", mutates_args=())
 def _adaptive_pool_backward(dy: Tensor, x: Optional[Tensor], indices: Optional[Tensor], x_shape: list[int],
                             kind: int, dims: int, layout: int) -> Tensor:
     return _pool.run_adaptive_pool_backward("rudnn.torch.adaptive_pool_backward", kind, dy, x, indices,
