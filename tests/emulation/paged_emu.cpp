@@ -213,7 +213,8 @@ bool run_mla(const Problem& p, float* part_out, float* part_lse) {
     if (!K::mla_decode_serves(p)) return false;
     using Element = std::conditional_t<std::is_same_v<T, __half>, cute::half_t, cute::bfloat16_t>;
     using Cfg = K::MlaConfig<Element>;
-    emu_launch(EmuDim3{unsigned(p.sched.queries), unsigned((p.hq + Cfg::kHeads - 1) / Cfg::kHeads), unsigned(p.splits)},
+    // as mla_decode_cuda: a row's head blocks adjacent in x
+    emu_launch(EmuDim3{unsigned(p.sched.queries * ((p.hq + Cfg::kHeads - 1) / Cfg::kHeads)), 1, unsigned(p.splits)},
                Cfg::kThreads, 1, Cfg::kSmemBytes, [&] { K::paged_mla_decode_kernel<Element>(p, part_out, part_lse); });
     return true;
   }

@@ -100,7 +100,10 @@ __global__ void __launch_bounds__(MlaConfig<Element>::kThreads, 1)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int tid = threadIdx.x, half = tid / Cfg::kHalfThreads, htid = tid % Cfg::kHalfThreads;
   const Schedule& s = p.sched;
-  const i64 r = blockIdx.x, h0 = i64(blockIdx.y) * BM;
+  // blockIdx.x = row * head blocks + head block: the head blocks of a row are adjacent in launch
+  // order, so they run together and each tile comes from HBM once (the other CTAs hit L2).
+  const unsigned head_blocks = unsigned((p.hq + BM - 1) / BM);
+  const i64 r = blockIdx.x / head_blocks, h0 = i64(blockIdx.x % head_blocks) * BM;
   const int split = blockIdx.z;
   const int heads = int(p.hq - h0 < BM ? p.hq - h0 : BM);
 
@@ -314,7 +317,12 @@ void mla_decode_cuda(const Problem& p, float* part_out, float* part_lse, cudaStr
     using Cfg = MlaConfig<Element>;
     auto kernel = paged_mla_decode_kernel<Element>;
     RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-    const dim3 grid(unsigned(p.sched.queries), unsigned(mla_decode_head_blocks(p)), unsigned(p.splits));
+    const i64 blocks = p.sched.queries * mla_decode_head_blocks(p);
+    if (blocks > 0x7fffffff)
+      core::fail(ErrorKind::unsupported, "paged_mla: " + std::to_string(p.sched.queries) + " query rows x " +
+                                             std::to_string(mla_decode_head_blocks(p)) +
+                                             " head blocks exceed the CUDA grid");
+    const dim3 grid(unsigned(blocks), 1u, unsigned(p.splits));
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, part_out, part_lse);
     RUDNN_CUDA_CHECK_LAUNCH("paged_mla_decode_kernel");
   });
