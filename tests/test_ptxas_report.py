@@ -304,3 +304,68 @@ def test_paged_mla_decode_kernel_on_tensor_cores(arch):
         hgmma = sum(bool(re.search(r"\bHGMMA\.", line)) for line in lines)
         assert ldgsts > 0 and hmma > 0 and hgmma == 0, (kernel, ldgsts, hmma, hgmma)
         assert not any(re.search(r"\b(STL|LDL)\b", line) for line in lines), kernel  # no local memory
+
+
+# ---- norm ---------------------------------------------------------------------------------------
+# The LayerNorm / RMSNorm forward kernels (cpp/src/norm/norm_fwd_cuda.cu), for both architectures:
+# no kernel spills, and the 16-byte instantiations move rows in 128-bit accesses (LDG.E.128; every
+# row store STG.E.128, the only narrower stores being the per-row mean and rstd), so a regression to
+# 2-byte accesses or split stores fails here. The pipelined kernel (teams of <= 256 threads: weight
+# and bias in registers, the next row's loads issued before the current row's reductions) is checked
+# in its row loop, the backward branch spanning the most code: 128-bit loads (the next row) before
+# the first reduction shuffle, 128-bit stores, no local memory, and where a parameter chunk is one
+# 16-byte piece (16-bit parameters, or float32 ones with float32 rows) no global load after the
+# reductions, since the parameters were loaded once before the loop (norm_forward_regs loads them
+# there, per row and slot).
+
+
+def _row_loop(lines):
+    """The lines of a kernel's outermost loop: from the target of the backward branch that spans
+    the most code to that branch."""
+    def address(line):
+        return int(re.search(r"/\*([0-9a-f]{4,})\*/", line).group(1), 16)
+
+    lines = [line for line in lines if re.search(r"/\*[0-9a-f]{4,}\*/", line)]  # instructions, not encodings
+    best = None
+    for i, line in enumerate(lines):
+        branch = re.search(r"\bBRA (?:!?U?P\d, )?0x([0-9a-f]+)", line)
+        if branch and int(branch.group(1), 16) < address(line):
+            span = address(line) - int(branch.group(1), 16)
+            if best is None or span > best[0]:
+                best = (span, int(branch.group(1), 16), i)
+    assert best, "no backward branch"
+    _, target, end = best
+    start = next(i for i, line in enumerate(lines) if address(line) == target)
+    return lines[start:end + 1]
+
+
+@pytest.mark.parametrize("arch", ["80", "90a"])
+def test_norm_forward_kernels(arch):
+    report, sass = _ptxas_report("norm_fwd_cuda.cu", family="norm", arch=arch)
+    spills = _spills(report)
+    assert len(spills) == 25, sorted(spills)  # regs and stream: 5 dtype pairs x 2 chunk widths; pipelined: 5
+    assert not any(spills.values()), spills
+    kernels = _sass_by_kernel(sass)
+    # the 16-byte chunk instantiations: 8 elements of f16/bf16, 4 of float
+    wide = {k: v for k, v in kernels.items() if re.search(r"norm_forward_\w+?I\w+?Li[48]EE", k)}
+    assert len(wide) == 15, sorted(kernels)
+    for kernel, lines in wide.items():
+        accesses = _global_accesses(lines)
+        assert sum(a.startswith("LDG.E.128") for a in accesses) >= 4, (kernel, accesses)
+        stores = [a for a in accesses if a.startswith("STG")]
+        assert sum(a == "STG.E.128" for a in stores) >= 4, (kernel, stores)
+        assert all(a in ("STG.E.128", "STG.E") for a in stores), (kernel, stores)  # whole chunks, 32-bit stats
+    pipelined = {k: v for k, v in wide.items() if "pipelined" in k}
+    assert len(pipelined) == 5, sorted(wide)
+    for kernel, lines in pipelined.items():
+        loop = _row_loop(lines)
+        first_shuffle = next(i for i, line in enumerate(loop) if "SHFL.BFLY" in line)
+        before, after = _global_accesses(loop[:first_shuffle]), _global_accesses(loop[first_shuffle:])
+        assert sum(a == "LDG.E.128" for a in before) >= 4, (kernel, before)  # the next row's chunks
+        assert sum(a == "STG.E.128" for a in after) >= 4, (kernel, after)  # this row's y
+        assert not any(re.search(r"\b(STL|LDL)\b", line) for line in loop), kernel
+        cached = re.search(r"I(13__nv_bfloat16S3_|6__halfS3_|ffLi4)", kernel)  # P is T (or both float)
+        if cached:
+            assert not any(a.startswith("LDG") for a in after), (kernel, after)
+        else:  # float32 parameters of 16-bit rows: loaded per row, after the reductions
+            assert any(a == "LDG.E.128" for a in after), (kernel, after)

@@ -51,6 +51,8 @@ constexpr int kStreamUnroll = 4;       // chunks in flight per thread per step i
 constexpr int kPairStreamUnroll = 2;   // the same for kernels that read two row tensors
 constexpr int kStreamMinBlocks = 2;    // stream kernels: >= 2 blocks per SM (<= 64 registers)
 constexpr int kRegsBlockTarget = 256;  // threads per block for short rows (several teams per block)
+constexpr int kPipelinedMinBlocks = 2; // norm forward for teams of <= 256 threads: >= 2 such blocks per SM
+                                       // (<= 128 registers for the weight/bias cache and the next row)
 constexpr int kFusedBlockMax = 512;    // fused norm backward: two such blocks per SM at <= 64 registers
                                        // (a team of 1024 threads makes a block of its own)
 constexpr int kWgradColumns = 32;      // columns per block of the column-reduction kernel
@@ -140,6 +142,21 @@ template <class Piece>
 inline void st_global(Piece* p, const Piece& v) { *p = v; }
 #define RUDNN_NORM_ASSUME_GLOBAL(address) (void)(address)
 #endif
+
+// Makes the compiler forget what a register tensor holds, at no cost in instructions (an empty asm
+// that "rewrites" each 32-bit word). A loop that converts loop-invariant 16-bit values to float32
+// would otherwise hoist the conversions and keep the float32 copies live (twice the registers), and
+// a row converted once for its sum would be kept as float32 through its reductions.
+template <class RTensor>
+__device__ __forceinline__ void forget_values(RTensor& registers) {
+#ifndef RUDNN_HOST_EMULATOR
+  auto words = cute::recast<std::uint32_t>(registers);
+#pragma unroll
+  for (int i = 0; i < int(cute::size(words)); ++i) asm volatile("" : "+r"(words(i)));
+#else
+  (void)registers;
+#endif
+}
 
 // One chunk, global memory -> registers.
 template <class GTensor, class RTensor>
@@ -327,6 +344,13 @@ struct RowLaunch {
 // Team shape for a row of `chunks` chunks: each thread gets about `slot_target` chunks (at most
 // `max_slots`), teams of at most kMaxTeam threads; longer rows use the stream kernels.
 RowLaunch row_shape(i64 chunks, int slot_target, int max_slots);
+
+// Whether the norm forward runs norm_forward_regs_pipelined (weight/bias kept in registers, the next
+// row's loads in flight) rather than norm_forward_regs: register rows of `vec` > 1 element chunks
+// whose teams fit its kRegsBlockTarget-thread blocks, when every row tensor's leading axes collapse
+// to one (`collapsed`). RUDNN_NORM_PIPELINED=0 in the environment keeps norm_forward_regs (read at
+// each call), to compare the two on a GPU.
+bool forward_pipelined(const RowLaunch& launch, int vec, bool collapsed);
 
 // Blocks of `kernel` (with `block` threads, `smem` dynamic bytes) resident per SM; raises the
 // kernel's dynamic shared-memory limit first when smem > 48 KB. Cached per device and kernel.
