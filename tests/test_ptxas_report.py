@@ -369,3 +369,48 @@ def test_norm_forward_kernels(arch):
             assert not any(a.startswith("LDG") for a in after), (kernel, after)
         else:  # float32 parameters of 16-bit rows: loaded per row, after the reductions
             assert any(a == "LDG.E.128" for a in after), (kernel, after)
+
+
+def _ptx_entries(name, family):
+    """{entry: its PTX body} of one translation unit compiled to PTX for compute_90a (the source has
+    no architecture-dependent paths in the kernels checked with it)."""
+    nvcc, cutlass = shutil.which("nvcc"), cutlass_include()
+    if not (nvcc and cutlass):
+        pytest.skip("needs nvcc and CUTLASS's headers")
+    os.makedirs(os.path.join(ROOT, "build", "ptxas"), exist_ok=True)
+    out = os.path.join(ROOT, "build", "ptxas", name.replace(".cu", ".ptx"))
+    cmd = [nvcc, "-O3", "-DNDEBUG", "-std=c++17", "-arch=compute_90a", "--expt-relaxed-constexpr", "-DRUDNN_WITH_CUDA=1",
+           f"-I{os.path.join(ROOT, 'cpp', 'include')}", f"-I{os.path.join(ROOT, 'cpp', 'src')}", "-isystem", cutlass,
+           "-ptx", os.path.join(ROOT, "cpp", "src", family, name), "-o", out]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ptx = open(out).read()
+    parts = re.split(r"\.entry\s+(\S+?)\(", ptx)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def test_norm_stream_forward_l2_hints():
+    """The two-read forward (norm_forward_stream) keeps what its second pass reads again in L2:
+    pass 1 loads x alone with an evict_last policy and, with a residual, x and residual (read once)
+    evict_first and stores residual_out evict_last; pass 2 re-reads evict_first. The register
+    kernels read each row once and carry no hint."""
+    entries = _ptx_entries("norm_fwd_cuda.cu", "norm")
+    stream = {k: v for k, v in entries.items() if "norm_forward_stream" in k}
+    assert len(stream) == 10, sorted(entries)
+    for kernel, body in stream.items():
+        # each access's policy register, traced back to the createpolicy that made it
+        policy = {m.group(2): m.group(1) for m in re.finditer(r"createpolicy\.fractional\.L2::(evict_\w+)\.b64\s+(%rd\d+)", body)}
+        hinted = {}
+        for m in re.finditer(r"(ld|st)\.global\.L2::cache_hint(\S*)\s+[^;]*,\s*(%rd\d+);", body):
+            key = (m.group(1), policy.get(m.group(3), "unknown"))
+            hinted[key] = hinted.get(key, 0) + 1
+            if re.search(r"Li[48]EE", kernel):  # 16-byte chunks: whole 128-bit pieces
+                assert m.group(2) == ".v4.u32", (kernel, m.group(0))
+        # U = 4 chunks a step: pass 1 x alone evict_last; with a residual x and residual evict_first,
+        # residual_out stored evict_last; pass 2's re-read evict_first
+        assert hinted == {("ld", "evict_last"): 4, ("ld", "evict_first"): 12, ("st", "evict_last"): 4}, (kernel, hinted)
+        plain = re.findall(r"ld\.global\.(?!L2::cache_hint)\S+", body)
+        assert len(plain) <= 16, (kernel, plain)  # parameter chunks only: w, b of one step's 4 chunks
+    for kernel, body in entries.items():
+        if "norm_forward_regs" in kernel:
+            assert "cache_hint" not in body and "createpolicy" not in body, kernel

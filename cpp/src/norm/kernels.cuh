@@ -158,28 +158,100 @@ __device__ __forceinline__ void forget_values(RTensor& registers) {
 #endif
 }
 
-// One chunk, global memory -> registers.
-template <class GTensor, class RTensor>
+// L2 eviction priority of a stream kernel's row accesses (sm_80+: a createpolicy cache policy on
+// ld/st.global.L2::cache_hint). The two-read kernels mark what pass 2 reads again evict_last and
+// their last reads evict_first, so the rows in flight between the passes stay in L2 while the
+// stream of other lines goes first. Hints only: the data and the access order are those of the
+// plain accesses (weak, coherent; asm volatile with a memory clobber, so an in-place row's
+// loads and stores keep their program order).
+enum class L2Hint { none, evict_last, evict_first };
+
+#ifndef RUDNN_HOST_EMULATOR
+template <L2Hint kHint>
+__device__ __forceinline__ std::uint64_t l2_policy() {
+  std::uint64_t policy;
+  if constexpr (kHint == L2Hint::evict_last) {
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  }
+  return policy;
+}
+
+__device__ __forceinline__ void ld_global_hint(uint4& v, const uint4* p, std::uint64_t policy) {
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void ld_global_hint(uint2& v, const uint2* p, std::uint64_t policy) {
+  asm volatile("ld.global.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void ld_global_hint(unsigned& v, const unsigned* p, std::uint64_t policy) {
+  asm volatile("ld.global.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(policy) : "memory");
+}
+__device__ __forceinline__ void ld_global_hint(unsigned short& v, const unsigned short* p, std::uint64_t policy) {
+  asm volatile("ld.global.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(policy) : "memory");
+}
+__device__ __forceinline__ void st_global_hint(uint4* p, const uint4& v, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void st_global_hint(uint2* p, const uint2& v, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v2.u32 [%0], {%1, %2}, %3;" ::"l"(p), "r"(v.x), "r"(v.y), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void st_global_hint(unsigned* p, unsigned v, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.u32 [%0], %1, %2;" ::"l"(p), "r"(v), "l"(policy) : "memory");
+}
+__device__ __forceinline__ void st_global_hint(unsigned short* p, unsigned short v, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.u16 [%0], %1, %2;" ::"l"(p), "h"(v), "l"(policy) : "memory");
+}
+#else  // the host emulator: plain accesses
+template <L2Hint kHint>
+inline std::uint64_t l2_policy() { return 0; }
+template <class Piece>
+inline void ld_global_hint(Piece& v, const Piece* p, std::uint64_t) { v = *p; }
+template <class Piece>
+inline void st_global_hint(Piece* p, const Piece& v, std::uint64_t) { *p = v; }
+#endif
+
+// One chunk, global memory -> registers; kHint != none: with that L2 eviction priority.
+template <L2Hint kHint = L2Hint::none, class GTensor, class RTensor>
 __device__ __forceinline__ void load_chunk(const GTensor& global_chunk, RTensor&& registers) {
   using Piece = PieceFor<GTensor>;
   const auto src = cute::recast<const Piece>(global_chunk);
   auto dst = cute::recast<Piece>(registers);
+  if constexpr (kHint == L2Hint::none) {
 #pragma unroll
-  for (int i = 0; i < int(cute::size(dst)); ++i) {
-    const Piece* address = &src(i);
-    RUDNN_NORM_ASSUME_GLOBAL(address);
-    dst(i) = *address;
+    for (int i = 0; i < int(cute::size(dst)); ++i) {
+      const Piece* address = &src(i);
+      RUDNN_NORM_ASSUME_GLOBAL(address);
+      dst(i) = *address;
+    }
+  } else {
+    const std::uint64_t policy = l2_policy<kHint>();
+#pragma unroll
+    for (int i = 0; i < int(cute::size(dst)); ++i) ld_global_hint(dst(i), &src(i), policy);
   }
 }
 
-// One chunk, registers -> global memory.
-template <class RTensor, class GTensor>
+// One chunk, registers -> global memory; kHint != none: with that L2 eviction priority.
+template <L2Hint kHint = L2Hint::none, class RTensor, class GTensor>
 __device__ __forceinline__ void store_chunk(const RTensor& registers, GTensor&& global_chunk) {
   using Piece = PieceFor<RTensor>;
   const auto src = cute::recast<const Piece>(registers);
   auto dst = cute::recast<Piece>(global_chunk);
+  if constexpr (kHint == L2Hint::none) {
 #pragma unroll
-  for (int i = 0; i < int(cute::size(dst)); ++i) st_global(&dst(i), src(i));
+    for (int i = 0; i < int(cute::size(dst)); ++i) st_global(&dst(i), src(i));
+  } else {
+    const std::uint64_t policy = l2_policy<kHint>();
+#pragma unroll
+    for (int i = 0; i < int(cute::size(dst)); ++i) st_global_hint(&dst(i), src(i), policy);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

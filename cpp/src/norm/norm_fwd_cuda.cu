@@ -41,26 +41,54 @@ struct RowH {
   T* residual_out;
 };
 
+// Which read of a row an access belongs to, for its L2 eviction priority: the register kernels read
+// a row once (no hint); the two-read stream kernel keeps in L2 what its second pass reads again.
+enum class RowRead {
+  only,    // register kernels: plain accesses
+  first,   // stream pass 1: x alone evict_last (read again); with a residual, x and residual
+           // evict_first (read once) and residual_out, which pass 2 reads, evict_last
+  second,  // stream pass 2: the re-read of x or residual_out, evict_first (its last use)
+};
+
 // Issues the loads of one row's chunks: x into `x`, and with a residual, the residual into `r`.
-template <int VEC, int N, class T, class Regs, class Chunk>
+template <int VEC, RowRead kRead = RowRead::only, int N, class T, class Regs, class Chunk>
 __device__ __forceinline__ void load_row(const RowH<T>& src, i64 chunks, Regs& x, Regs& r, const bool (&valid)[N],
                                          Chunk chunk_of) {
   using cute::_;
   const auto gx = chunked_row<VEC>(src.x, chunks);
-#pragma unroll
-  for (int s = 0; s < N; ++s)
-    if (valid[s]) load_chunk(gx(_, chunk_of(s)), x(_, s));
-  if (src.residual == nullptr) return;
   const auto gr = chunked_row<VEC>(src.residual, chunks);
+  if constexpr (kRead == RowRead::only) {
 #pragma unroll
-  for (int s = 0; s < N; ++s)
-    if (valid[s]) load_chunk(gr(_, chunk_of(s)), r(_, s));
+    for (int s = 0; s < N; ++s)
+      if (valid[s]) load_chunk(gx(_, chunk_of(s)), x(_, s));
+    if (src.residual == nullptr) return;
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (valid[s]) load_chunk(gr(_, chunk_of(s)), r(_, s));
+  } else if constexpr (kRead == RowRead::first) {
+    if (src.residual == nullptr) {
+#pragma unroll
+      for (int s = 0; s < N; ++s)
+        if (valid[s]) load_chunk<L2Hint::evict_last>(gx(_, chunk_of(s)), x(_, s));
+      return;
+    }
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (valid[s]) load_chunk<L2Hint::evict_first>(gx(_, chunk_of(s)), x(_, s));
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (valid[s]) load_chunk<L2Hint::evict_first>(gr(_, chunk_of(s)), r(_, s));
+  } else {  // RowRead::second: src.x is the row to read again, no residual
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (valid[s]) load_chunk<L2Hint::evict_first>(gx(_, chunk_of(s)), x(_, s));
+  }
 }
 
 // h from the loaded x (and residual): with a residual, rounds x + residual to T and writes it to
 // residual_out. Each thread writes only the chunks it has read, so in-place aliasing of
 // residual_out with x or residual is safe. `h` may be `x` itself.
-template <int VEC, int N, class T, class Regs, class Chunk>
+template <int VEC, RowRead kRead = RowRead::only, int N, class T, class Regs, class Chunk>
 __device__ __forceinline__ void finish_h(const RowH<T>& src, i64 chunks, const Regs& x, const Regs& r, Regs& h,
                                          const bool (&valid)[N], Chunk chunk_of) {
   using cute::_;
@@ -77,17 +105,21 @@ __device__ __forceinline__ void finish_h(const RowH<T>& src, i64 chunks, const R
     if (!valid[s]) continue;
 #pragma unroll
     for (int v = 0; v < VEC; ++v) h(v, s) = from_float<T>(to_float(x(v, s)) + to_float(r(v, s)));
-    store_chunk(h(_, s), gout(_, chunk_of(s)));
+    if constexpr (kRead == RowRead::first) {
+      store_chunk<L2Hint::evict_last>(h(_, s), gout(_, chunk_of(s)));
+    } else {
+      store_chunk(h(_, s), gout(_, chunk_of(s)));
+    }
   }
 }
 
 // Loads h for the given chunks into registers (load_row, then finish_h in place).
-template <int VEC, int N, class T, class Regs, class Chunk>
+template <int VEC, RowRead kRead = RowRead::only, int N, class T, class Regs, class Chunk>
 __device__ __forceinline__ void load_h(const RowH<T>& src, i64 chunks, Regs& h, const bool (&valid)[N],
                                        Chunk chunk_of) {
   auto r = chunk_registers<T, VEC, N>();
-  load_row<VEC>(src, chunks, h, r, valid, chunk_of);
-  finish_h<VEC>(src, chunks, h, r, h, valid, chunk_of);
+  load_row<VEC, kRead>(src, chunks, h, r, valid, chunk_of);
+  finish_h<VEC, kRead>(src, chunks, h, r, h, valid, chunk_of);
 }
 
 // Row `row` of a tensor; kCollapsed: its indexer has at most one leading axis (ndims <= 1, checked
@@ -329,7 +361,8 @@ __global__ void __launch_bounds__(kRegsBlockTarget, kPipelinedMinBlocks) norm_fo
 // Rows too long for registers (one block per row at a time). Pass 1 reads h once and merges
 // per-step (count, mean, M2) statistics (Chan et al.; stable); pass 2 reads h again (from L2 when
 // the rows in flight fit there; from residual_out when a residual was added, which holds the
-// rounded h) and writes y.
+// rounded h) and writes y. L2 eviction hints (RowRead): what pass 2 reads again is marked
+// evict_last in pass 1 and evict_first in pass 2, lines read once evict_first.
 template <class T, class P, int VEC>
 __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_forward_stream(const ForwardParams<T, P> p) {
   constexpr int U = kStreamUnroll;
@@ -350,7 +383,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_forward
 #pragma unroll
       for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
       auto h = chunk_registers<T, VEC, U>();
-      load_h<VEC>(src, chunks, h, valid, chunk_of);
+      load_h<VEC, RowRead::first>(src, chunks, h, valid, chunk_of);
       if (p.layer) {
         // Exact two-pass statistics of this step's chunks, merged into the running ones.
         float n = 0.f, sum = 0.f;
@@ -404,7 +437,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_forward
 #pragma unroll
       for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
       auto h = chunk_registers<T, VEC, U>();
-      load_h<VEC>(again, chunks, h, valid, chunk_of);
+      load_h<VEC, RowRead::second>(again, chunks, h, valid, chunk_of);
       store_y<VEC>(p, y_row, chunks, h, valid, chunk_of, mean, rstd);
     }
   }
