@@ -166,6 +166,30 @@ def test_in_place(device):
     assert_close_to_oracle(x, same, expected, "in-place")
 
 
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind, dtype, param_dtype, shape, residual", [
+    ("layer", torch.bfloat16, "x", (37, 2048), True),   # teams of 64, several rows each
+    ("rms", torch.float16, "f32", (100, 512), True),    # float32 weights of 16-bit rows: not cached
+    ("layer", torch.float32, "f32", (23, 1000), False),  # a partial last slot
+    ("rms", torch.bfloat16, "x", (1000, 64), False),    # teams of 2
+    ("layer", torch.float16, "x", (3, 4, 8192), True),  # teams of 256, two leading axes collapsed to one
+])
+def test_pipelined_forward_is_bitwise_the_1024_thread_kernel(monkeypatch, kind, dtype, param_dtype, shape, residual):
+    """Rows of 16-byte chunks whose teams fit 256 threads run norm_forward_regs_pipelined (weights in
+    registers, the next row's loads in flight); RUDNN_NORM_PIPELINED=0 runs norm_forward_regs on the
+    same call. Same reduction order and arithmetic: every output has the same bits."""
+    x, r = rand(shape, dtype, "cuda", seed=5, scale=3.0), rand(shape, dtype, "cuda", seed=6)
+    w, b = _params(shape[-1], dtype, param_dtype, "cuda", bias=kind == "layer")
+    fn = (lambda: rudnn.layer_norm(x, w, b, residual=r if residual else None, return_stats=True)) \
+        if kind == "layer" else (lambda: rudnn.rms_norm(x, w, residual=r if residual else None, return_stats=True))
+    pipelined = fn()
+    monkeypatch.setenv("RUDNN_NORM_PIPELINED", "0")
+    plain = fn()
+    assert len(pipelined) == len(plain) >= 2
+    for a, e in zip(pipelined, plain):
+        assert torch.equal(a, e), (kind, dtype, shape)
+
 # ---- backward --------------------------------------------------------------------------------
 
 def _autograd(fn, dtype, dy, *inputs):

@@ -23,7 +23,10 @@ def test_norm_forward_kernels_match_the_cpu_backend():
     exe = build_emulator("norm_emu.cpp", kernels, needs_cutlass=True, extra_includes={"plan.inc": plan})
     result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     lines = result.stdout.strip().splitlines()
-    assert result.returncode == 0 and len(lines) == 7 and all(line.endswith(" ok") for line in lines), \
+    assert result.returncode == 0 and len(lines) == 14 and all(line.endswith(" ok") for line in lines), \
         result.stdout + result.stderr
-    for shape in ("stream", "regs", "vec=1", "team=2", "team=512"):  # the cases cover these launches
-        assert any(shape in line for line in lines), (shape, result.stdout)
+    for shape in ("stream", "regs]", "pipelined]", "vec=1", "team=2 ", "team=256", "team=512 block=512 grid=3"):
+        assert any(shape in line for line in lines), (shape, result.stdout)  # the cases cover these launches
+    # every pipelined launch was also run by norm_forward_regs and gave the same bits
+    pipelined = [line for line in lines if "pipelined]" in line]
+    assert len(pipelined) >= 9 and all("bitwise as regs1024" in line for line in pipelined), result.stdout

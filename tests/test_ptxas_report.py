@@ -304,3 +304,113 @@ def test_paged_mla_decode_kernel_on_tensor_cores(arch):
         hgmma = sum(bool(re.search(r"\bHGMMA\.", line)) for line in lines)
         assert ldgsts > 0 and hmma > 0 and hgmma == 0, (kernel, ldgsts, hmma, hgmma)
         assert not any(re.search(r"\b(STL|LDL)\b", line) for line in lines), kernel  # no local memory
+
+
+# ---- norm ---------------------------------------------------------------------------------------
+# The LayerNorm / RMSNorm forward kernels (cpp/src/norm/norm_fwd_cuda.cu), for both architectures:
+# no kernel spills, and the 16-byte instantiations move rows in 128-bit accesses (LDG.E.128; every
+# row store STG.E.128, the only narrower stores being the per-row mean and rstd), so a regression to
+# 2-byte accesses or split stores fails here. The pipelined kernel (teams of <= 256 threads: weight
+# and bias in registers, the next row's loads issued before the current row's reductions) is checked
+# in its row loop, the backward branch spanning the most code: 128-bit loads (the next row) before
+# the first reduction shuffle, 128-bit stores, no local memory, and where a parameter chunk is one
+# 16-byte piece (16-bit parameters, or float32 ones with float32 rows) no global load after the
+# reductions, since the parameters were loaded once before the loop (norm_forward_regs loads them
+# there, per row and slot).
+
+
+def _row_loop(lines):
+    """The lines of a kernel's outermost loop: from the target of the backward branch that spans
+    the most code to that branch."""
+    def address(line):
+        return int(re.search(r"/\*([0-9a-f]{4,})\*/", line).group(1), 16)
+
+    lines = [line for line in lines if re.search(r"/\*[0-9a-f]{4,}\*/", line)]  # instructions, not encodings
+    best = None
+    for i, line in enumerate(lines):
+        branch = re.search(r"\bBRA (?:!?U?P\d, )?0x([0-9a-f]+)", line)
+        if branch and int(branch.group(1), 16) < address(line):
+            span = address(line) - int(branch.group(1), 16)
+            if best is None or span > best[0]:
+                best = (span, int(branch.group(1), 16), i)
+    assert best, "no backward branch"
+    _, target, end = best
+    start = next(i for i, line in enumerate(lines) if address(line) == target)
+    return lines[start:end + 1]
+
+
+@pytest.mark.parametrize("arch", ["80", "90a"])
+def test_norm_forward_kernels(arch):
+    report, sass = _ptxas_report("norm_fwd_cuda.cu", family="norm", arch=arch)
+    spills = _spills(report)
+    assert len(spills) == 25, sorted(spills)  # regs and stream: 5 dtype pairs x 2 chunk widths; pipelined: 5
+    assert not any(spills.values()), spills
+    kernels = _sass_by_kernel(sass)
+    # the 16-byte chunk instantiations: 8 elements of f16/bf16, 4 of float
+    wide = {k: v for k, v in kernels.items() if re.search(r"norm_forward_\w+?I\w+?Li[48]EE", k)}
+    assert len(wide) == 15, sorted(kernels)
+    for kernel, lines in wide.items():
+        accesses = _global_accesses(lines)
+        assert sum(a.startswith("LDG.E.128") for a in accesses) >= 4, (kernel, accesses)
+        stores = [a for a in accesses if a.startswith("STG")]
+        assert sum(a == "STG.E.128" for a in stores) >= 4, (kernel, stores)
+        assert all(a in ("STG.E.128", "STG.E") for a in stores), (kernel, stores)  # whole chunks, 32-bit stats
+    pipelined = {k: v for k, v in wide.items() if "pipelined" in k}
+    assert len(pipelined) == 5, sorted(wide)
+    for kernel, lines in pipelined.items():
+        loop = _row_loop(lines)
+        first_shuffle = next(i for i, line in enumerate(loop) if "SHFL.BFLY" in line)
+        before, after = _global_accesses(loop[:first_shuffle]), _global_accesses(loop[first_shuffle:])
+        assert sum(a == "LDG.E.128" for a in before) >= 4, (kernel, before)  # the next row's chunks
+        assert sum(a == "STG.E.128" for a in after) >= 4, (kernel, after)  # this row's y
+        assert not any(re.search(r"\b(STL|LDL)\b", line) for line in loop), kernel
+        cached = re.search(r"I(13__nv_bfloat16S3_|6__halfS3_|ffLi4)", kernel)  # P is T (or both float)
+        if cached:
+            assert not any(a.startswith("LDG") for a in after), (kernel, after)
+        else:  # float32 parameters of 16-bit rows: loaded per row, after the reductions
+            assert any(a == "LDG.E.128" for a in after), (kernel, after)
+
+
+def _ptx_entries(name, family):
+    """{entry: its PTX body} of one translation unit compiled to PTX for compute_90a (the source has
+    no architecture-dependent paths in the kernels checked with it)."""
+    nvcc, cutlass = shutil.which("nvcc"), cutlass_include()
+    if not (nvcc and cutlass):
+        pytest.skip("needs nvcc and CUTLASS's headers")
+    os.makedirs(os.path.join(ROOT, "build", "ptxas"), exist_ok=True)
+    out = os.path.join(ROOT, "build", "ptxas", name.replace(".cu", ".ptx"))
+    cmd = [nvcc, "-O3", "-DNDEBUG", "-std=c++17", "-arch=compute_90a", "--expt-relaxed-constexpr", "-DRUDNN_WITH_CUDA=1",
+           f"-I{os.path.join(ROOT, 'cpp', 'include')}", f"-I{os.path.join(ROOT, 'cpp', 'src')}", "-isystem", cutlass,
+           "-ptx", os.path.join(ROOT, "cpp", "src", family, name), "-o", out]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ptx = open(out).read()
+    parts = re.split(r"\.entry\s+(\S+?)\(", ptx)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def test_norm_stream_forward_l2_hints():
+    """The two-read forward (norm_forward_stream) keeps what its second pass reads again in L2:
+    pass 1 loads x alone with an evict_last policy and, with a residual, x and residual (read once)
+    evict_first and stores residual_out evict_last; pass 2 re-reads evict_first. The register
+    kernels read each row once and carry no hint."""
+    entries = _ptx_entries("norm_fwd_cuda.cu", "norm")
+    stream = {k: v for k, v in entries.items() if "norm_forward_stream" in k}
+    assert len(stream) == 10, sorted(entries)
+    for kernel, body in stream.items():
+        # each access's policy register, traced back to the createpolicy that made it
+        policy = {m.group(2): m.group(1) for m in re.finditer(r"createpolicy\.fractional\.L2::(evict_\w+)\.b64\s+(%rd\d+)", body)}
+        hinted = {}
+        for m in re.finditer(r"(ld|st)\.global\.L2::cache_hint(\S*)\s+[^;]*,\s*(%rd\d+);", body):
+            key = (m.group(1), policy.get(m.group(3), "unknown"))
+            hinted[key] = hinted.get(key, 0) + 1
+            if re.search(r"Li[48]EE", kernel):  # 16-byte chunks: whole 128-bit pieces
+                assert m.group(2) == ".v4.u32", (kernel, m.group(0))
+        # U = 4 chunks a step: pass 1 x alone evict_last; with a residual x and residual evict_first,
+        # residual_out stored evict_last; pass 2's re-read evict_first
+        assert hinted == {("ld", "evict_last"): 4, ("ld", "evict_first"): 12, ("st", "evict_last"): 4}, (kernel, hinted)
+        plain = re.findall(r"ld\.global\.(?!L2::cache_hint)\S+", body)
+        assert len(plain) <= 16, (kernel, plain)  # parameter chunks only: w, b of one step's 4 chunks
+    for kernel, body in entries.items():
+        if "norm_forward_regs" in kernel:
+            assert "cache_hint" not in body and "createpolicy" not in body, kernel

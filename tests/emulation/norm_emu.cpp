@@ -9,7 +9,9 @@
 // float32 rounding, y to 2 ulps of its dtype plus float32 sum error relative to the largest |y| (the
 // kernels sum in float32 in a butterfly order, the CPU backend in double). Covers sub-warp and multi-warp teams, the two-read stream kernel, the
 // 16-byte and the single-element paths, weight and bias present or absent, f32/f16/bf16 and f32
-// parameters with 16-bit x. Prints one line per case; exits 1 on a mismatch.
+// parameters with 16-bit x. Where the planner picks norm_forward_regs_pipelined (16-byte chunks,
+// teams of <= 256 threads), the case also runs norm_forward_regs on the same inputs and requires
+// the same bits in every output. Prints one line per case; exits 1 on a mismatch.
 #include "emu_runtime.hpp"
 
 #include <cmath>
@@ -67,8 +69,12 @@ float ulp_of(DType dtype, float v) {
   return std::ldexp(std::max(std::fabs(v), 1e-3f), 1 - bits);
 }
 
+// Which register kernel runs: the planner's choice, or norm_forward_regs whatever it chose.
+enum class Pick { planner, regs1024 };
+
+// Runs the forward kernels on args' arrays; returns whether the pipelined kernel ran.
 template <class T, class P>
-void launch(const NormForwardArgs& args, const ForwardProblem& pr) {
+bool launch(const NormForwardArgs& args, const ForwardProblem& pr, Pick pick) {
   using namespace rudnn::norm_emu;
   const bool layer = args.kind == NormKind::layer;
   ForwardParams<T, P> p{};
@@ -85,27 +91,35 @@ void launch(const NormForwardArgs& args, const ForwardProblem& pr) {
   p.rows = pr.rows, p.hidden = pr.hidden, p.eps = args.eps, p.layer = layer;
   constexpr int kVec = kern::kVec16<T>;
   const bool vec = pr.hidden % kVec == 0;  // the arrays here are dense and 16-byte aligned
+  bool pipelined = false;
   auto run = [&](auto vec_tag) {
     constexpr int VEC = decltype(vec_tag)::value;
     plan::RowLaunch l = plan::row_shape(p.hidden / VEC, kern::kSlots, kern::kSlots);
+    pipelined = pick == Pick::planner && plan::forward_pipelined(l, VEC, rows_collapsed(p));
     const i64 teams = l.block / l.team;
     const i64 groups = (p.rows + teams - 1) / teams;
     const i64 blocks = std::min<i64>(groups, kSms);
     p.team = l.team;
     p.rows_per_block = (groups + blocks - 1) / blocks * teams;
     const unsigned grid = unsigned((p.rows + p.rows_per_block - 1) / p.rows_per_block);
-    std::printf("[vec=%d team=%d block=%d grid=%u %s] ", VEC, l.team, l.block, grid, l.stream ? "stream" : "regs");
+    if (pick == Pick::planner)
+      std::printf("[vec=%d team=%d block=%d grid=%u rows/block=%lld %s] ", VEC, l.team, l.block, grid,
+                  (long long)p.rows_per_block, l.stream ? "stream" : pipelined ? "pipelined" : "regs");
     emu_launch(EmuDim3{grid, 1, 1}, unsigned(l.block), 1, 0, [&] {
-      if (l.stream)
+      if (l.stream) {
         norm_forward_stream<T, P, VEC>(p);
-      else
+      } else if (pipelined) {
+        if constexpr (VEC > 1) norm_forward_regs_pipelined<T, P, VEC>(p);
+      } else {
         norm_forward_regs<T, P, VEC>(p);
+      }
     });
   };
   if (vec)
     run(std::integral_constant<int, kVec>{});
   else
     run(std::integral_constant<int, 1>{});
+  return pipelined;
 }
 
 bool run_case(const Case& c) {
@@ -116,7 +130,7 @@ bool run_case(const Case& c) {
     return std::array<emu::Array, 4>{emu::make(c.dtype, {R, H}, 0, false), emu::make(DType::f32, {R}, 0, false),
                                      emu::make(DType::f32, {R}, 0, false), emu::make(c.dtype, {R, H}, 0, false)};
   };
-  auto ref = outputs(), got = outputs();
+  auto ref = outputs(), got = outputs(), regs = outputs();
   auto args_of = [&](std::array<emu::Array, 4>& o) {
     NormForwardArgs a;
     a.kind = c.kind;
@@ -131,18 +145,27 @@ bool run_case(const Case& c) {
     a.eps = 1e-5f;
     return a;
   };
-  const NormForwardArgs ra = args_of(ref), ga = args_of(got);
+  const NormForwardArgs ra = args_of(ref), ga = args_of(got), na = args_of(regs);
   const ForwardProblem pr = validate_forward(ra);
   forward_cpu(ra, pr);
-  const ForwardProblem pg = validate_forward(ga);
+  const ForwardProblem pg = validate_forward(ga), pn = validate_forward(na);
   std::printf("%s ", c.name);
+  bool pipelined = false;
   core::dispatch_float<__half, __nv_bfloat16>(c.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (pg.param_dtype == DType::f32)
-      launch<T, float>(ga, pg);
-    else
-      launch<T, T>(ga, pg);
+    if (pg.param_dtype == DType::f32) {
+      pipelined = launch<T, float>(ga, pg, Pick::planner);
+      if (pipelined) launch<T, float>(na, pn, Pick::regs1024);
+    } else {
+      pipelined = launch<T, T>(ga, pg, Pick::planner);
+      if (pipelined) launch<T, T>(na, pn, Pick::regs1024);
+    }
   });
+  // The pipelined kernel must give norm_forward_regs's bits in every output (same reduction order
+  // and arithmetic per row).
+  bool identical = true;
+  if (pipelined)
+    for (int o = 0; o < 4; ++o) identical = identical && emu::same_bytes(got[o].t, regs[o].t);
   // y: 2 ulps of its dtype plus the float32 sums' error, relative to the largest |y| (an
   // element near zero after the mean's subtraction carries the mean's absolute error).
   float scale = 0;
@@ -164,6 +187,8 @@ bool run_case(const Case& c) {
   }
   if (c.residual)
     ok = ok && std::memcmp(got[3].t.data, ref[3].t.data, std::size_t(R * H) * dtype_size(c.dtype)) == 0;
+  if (pipelined) std::printf("%s ", identical ? "bitwise as regs1024" : "DIFFERS from regs1024");
+  ok = ok && identical;
   std::printf("worst y %.2f of the budget %s\n", worst, ok ? "ok" : "MISMATCH");
   return ok;
 }
@@ -181,6 +206,15 @@ int main() {
       {"rms_bf16_no_weight", S, bf16, bf16, 13, 512, false, false, false},
       {"layer_bf16_stream", L, bf16, bf16, 4, 40000, true, true, true},
       {"rms_f32_stream_scalar", S, f32, f32, 3, 17001, true, false, false},
+      // the pipelined kernel: several rows per team (the next row's loads cross rows), the last row
+      // of a block, blocks whose rows do not divide by their teams, a partial last slot, one row
+      {"layer_bf16_pipelined_rows", L, bf16, bf16, 29, 2048, true, true, true},
+      {"rms_f16_pipelined_f32_weight", S, f16, f32, 100, 512, true, false, true},
+      {"layer_f32_pipelined_partial_slot", L, f32, f32, 23, 1000, true, false, false},
+      {"layer_bf16_pipelined_f32_params", L, bf16, f32, 50, 1024, true, true, false},
+      {"rms_bf16_pipelined_subwarp_many_rows", S, bf16, bf16, 1000, 64, true, false, true},
+      {"layer_f16_pipelined_one_row", L, f16, f16, 1, 1024, true, true, true},
+      {"layer_bf16_team512_regs", L, bf16, bf16, 7, 16384, true, true, true},
   };
   bool ok = true;
   for (const Case& c : cases) ok = run_case(c) && ok;

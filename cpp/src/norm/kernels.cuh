@@ -51,6 +51,8 @@ constexpr int kStreamUnroll = 4;       // chunks in flight per thread per step i
 constexpr int kPairStreamUnroll = 2;   // the same for kernels that read two row tensors
 constexpr int kStreamMinBlocks = 2;    // stream kernels: >= 2 blocks per SM (<= 64 registers)
 constexpr int kRegsBlockTarget = 256;  // threads per block for short rows (several teams per block)
+constexpr int kPipelinedMinBlocks = 2; // norm forward for teams of <= 256 threads: >= 2 such blocks per SM
+                                       // (<= 128 registers for the weight/bias cache and the next row)
 constexpr int kFusedBlockMax = 512;    // fused norm backward: two such blocks per SM at <= 64 registers
                                        // (a team of 1024 threads makes a block of its own)
 constexpr int kWgradColumns = 32;      // columns per block of the column-reduction kernel
@@ -141,28 +143,115 @@ inline void st_global(Piece* p, const Piece& v) { *p = v; }
 #define RUDNN_NORM_ASSUME_GLOBAL(address) (void)(address)
 #endif
 
-// One chunk, global memory -> registers.
-template <class GTensor, class RTensor>
+// Makes the compiler forget what a register tensor holds, at no cost in instructions (an empty asm
+// that "rewrites" each 32-bit word). A loop that converts loop-invariant 16-bit values to float32
+// would otherwise hoist the conversions and keep the float32 copies live (twice the registers), and
+// a row converted once for its sum would be kept as float32 through its reductions.
+template <class RTensor>
+__device__ __forceinline__ void forget_values(RTensor& registers) {
+#ifndef RUDNN_HOST_EMULATOR
+  auto words = cute::recast<std::uint32_t>(registers);
+#pragma unroll
+  for (int i = 0; i < int(cute::size(words)); ++i) asm volatile("" : "+r"(words(i)));
+#else
+  (void)registers;
+#endif
+}
+
+// L2 eviction priority of a stream kernel's row accesses (sm_80+: a createpolicy cache policy on
+// ld/st.global.L2::cache_hint). The two-read kernels mark what pass 2 reads again evict_last and
+// their last reads evict_first, so the rows in flight between the passes stay in L2 while the
+// stream of other lines goes first. Hints only: the data and the access order are those of the
+// plain accesses (weak, coherent; asm volatile with a memory clobber, so an in-place row's
+// loads and stores keep their program order).
+enum class L2Hint { none, evict_last, evict_first };
+
+#ifndef RUDNN_HOST_EMULATOR
+template <L2Hint kHint>
+__device__ __forceinline__ std::uint64_t l2_policy() {
+  std::uint64_t policy;
+  if constexpr (kHint == L2Hint::evict_last) {
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  }
+  return policy;
+}
+
+__device__ __forceinline__ void ld_global_hint(uint4& v, const uint4* p, std::uint64_t policy) {
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void ld_global_hint(uint2& v, const uint2* p, std::uint64_t policy) {
+  asm volatile("ld.global.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void ld_global_hint(unsigned& v, const unsigned* p, std::uint64_t policy) {
+  asm volatile("ld.global.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(policy) : "memory");
+}
+__device__ __forceinline__ void ld_global_hint(unsigned short& v, const unsigned short* p, std::uint64_t policy) {
+  asm volatile("ld.global.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(policy) : "memory");
+}
+__device__ __forceinline__ void st_global_hint(uint4* p, const uint4& v, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void st_global_hint(uint2* p, const uint2& v, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v2.u32 [%0], {%1, %2}, %3;" ::"l"(p), "r"(v.x), "r"(v.y), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void st_global_hint(unsigned* p, unsigned v, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.u32 [%0], %1, %2;" ::"l"(p), "r"(v), "l"(policy) : "memory");
+}
+__device__ __forceinline__ void st_global_hint(unsigned short* p, unsigned short v, std::uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.u16 [%0], %1, %2;" ::"l"(p), "h"(v), "l"(policy) : "memory");
+}
+#else  // the host emulator: plain accesses
+template <L2Hint kHint>
+inline std::uint64_t l2_policy() { return 0; }
+template <class Piece>
+inline void ld_global_hint(Piece& v, const Piece* p, std::uint64_t) { v = *p; }
+template <class Piece>
+inline void st_global_hint(Piece* p, const Piece& v, std::uint64_t) { *p = v; }
+#endif
+
+// One chunk, global memory -> registers; kHint != none: with that L2 eviction priority.
+template <L2Hint kHint = L2Hint::none, class GTensor, class RTensor>
 __device__ __forceinline__ void load_chunk(const GTensor& global_chunk, RTensor&& registers) {
   using Piece = PieceFor<GTensor>;
   const auto src = cute::recast<const Piece>(global_chunk);
   auto dst = cute::recast<Piece>(registers);
+  if constexpr (kHint == L2Hint::none) {
 #pragma unroll
-  for (int i = 0; i < int(cute::size(dst)); ++i) {
-    const Piece* address = &src(i);
-    RUDNN_NORM_ASSUME_GLOBAL(address);
-    dst(i) = *address;
+    for (int i = 0; i < int(cute::size(dst)); ++i) {
+      const Piece* address = &src(i);
+      RUDNN_NORM_ASSUME_GLOBAL(address);
+      dst(i) = *address;
+    }
+  } else {
+    const std::uint64_t policy = l2_policy<kHint>();
+#pragma unroll
+    for (int i = 0; i < int(cute::size(dst)); ++i) ld_global_hint(dst(i), &src(i), policy);
   }
 }
 
-// One chunk, registers -> global memory.
-template <class RTensor, class GTensor>
+// One chunk, registers -> global memory; kHint != none: with that L2 eviction priority.
+template <L2Hint kHint = L2Hint::none, class RTensor, class GTensor>
 __device__ __forceinline__ void store_chunk(const RTensor& registers, GTensor&& global_chunk) {
   using Piece = PieceFor<RTensor>;
   const auto src = cute::recast<const Piece>(registers);
   auto dst = cute::recast<Piece>(global_chunk);
+  if constexpr (kHint == L2Hint::none) {
 #pragma unroll
-  for (int i = 0; i < int(cute::size(dst)); ++i) st_global(&dst(i), src(i));
+    for (int i = 0; i < int(cute::size(dst)); ++i) st_global(&dst(i), src(i));
+  } else {
+    const std::uint64_t policy = l2_policy<kHint>();
+#pragma unroll
+    for (int i = 0; i < int(cute::size(dst)); ++i) st_global_hint(&dst(i), src(i), policy);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -327,6 +416,13 @@ struct RowLaunch {
 // Team shape for a row of `chunks` chunks: each thread gets about `slot_target` chunks (at most
 // `max_slots`), teams of at most kMaxTeam threads; longer rows use the stream kernels.
 RowLaunch row_shape(i64 chunks, int slot_target, int max_slots);
+
+// Whether the norm forward runs norm_forward_regs_pipelined (weight/bias kept in registers, the next
+// row's loads in flight) rather than norm_forward_regs: register rows of `vec` > 1 element chunks
+// whose teams fit its kRegsBlockTarget-thread blocks, when every row tensor's leading axes collapse
+// to one (`collapsed`). RUDNN_NORM_PIPELINED=0 in the environment keeps norm_forward_regs (read at
+// each call), to compare the two on a GPU.
+bool forward_pipelined(const RowLaunch& launch, int vec, bool collapsed);
 
 // Blocks of `kernel` (with `block` threads, `smem` dynamic bytes) resident per SM; raises the
 // kernel's dynamic shared-memory limit first when smem > 48 KB. Cached per device and kernel.

@@ -2,6 +2,7 @@
 // alignment checks and the weight-gradient plan (kernels.cuh explains the kernel design).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -41,6 +42,12 @@ RowLaunch row_shape(i64 chunks, int slot_target, int max_slots) {
   launch.team = std::min(next_pow2(ceil_div(chunks, slot_target)), kern::kMaxTeam);
   launch.block = std::max(launch.team, kern::kRegsBlockTarget);
   return launch;
+}
+
+bool forward_pipelined(const RowLaunch& launch, int vec, bool collapsed) {
+  if (launch.stream || vec == 1 || !collapsed || launch.team > kern::kRegsBlockTarget) return false;
+  const char* env = std::getenv("RUDNN_NORM_PIPELINED");
+  return !(env != nullptr && env[0] == '0');
 }
 
 // (tests/emulation/norm_emu.cpp runs the planning above this line on the CPU.)

@@ -41,38 +41,118 @@ struct RowH {
   T* residual_out;
 };
 
-// Loads h for the given chunks into registers; with a residual, also rounds x + residual to T and
-// writes it to residual_out. Each thread writes only the chunks it has just read, so in-place
-// aliasing of residual_out with x or residual is safe.
-template <int VEC, int N, class T, class Regs, class Chunk>
-__device__ __forceinline__ void load_h(const RowH<T>& src, i64 chunks, Regs& h, const bool (&valid)[N],
-                                       Chunk chunk_of) {
+// Which read of a row an access belongs to, for its L2 eviction priority: the register kernels read
+// a row once (no hint); the two-read stream kernel keeps in L2 what its second pass reads again.
+enum class RowRead {
+  only,    // register kernels: plain accesses
+  first,   // stream pass 1: x alone evict_last (read again); with a residual, x and residual
+           // evict_first (read once) and residual_out, which pass 2 reads, evict_last
+  second,  // stream pass 2: the re-read of x or residual_out, evict_first (its last use)
+};
+
+// Issues the loads of one row's chunks: x into `x`, and with a residual, the residual into `r`.
+template <int VEC, RowRead kRead = RowRead::only, int N, class T, class Regs, class Chunk>
+__device__ __forceinline__ void load_row(const RowH<T>& src, i64 chunks, Regs& x, Regs& r, const bool (&valid)[N],
+                                         Chunk chunk_of) {
   using cute::_;
   const auto gx = chunked_row<VEC>(src.x, chunks);
-#pragma unroll
-  for (int s = 0; s < N; ++s)
-    if (valid[s]) load_chunk(gx(_, chunk_of(s)), h(_, s));
-  if (src.residual == nullptr) return;
   const auto gr = chunked_row<VEC>(src.residual, chunks);
-  auto gout = chunked_row<VEC>(src.residual_out, chunks);
-  auto r = chunk_registers<T, VEC, N>();
+  if constexpr (kRead == RowRead::only) {
 #pragma unroll
-  for (int s = 0; s < N; ++s)
-    if (valid[s]) load_chunk(gr(_, chunk_of(s)), r(_, s));
+    for (int s = 0; s < N; ++s)
+      if (valid[s]) load_chunk(gx(_, chunk_of(s)), x(_, s));
+    if (src.residual == nullptr) return;
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (valid[s]) load_chunk(gr(_, chunk_of(s)), r(_, s));
+  } else if constexpr (kRead == RowRead::first) {
+    if (src.residual == nullptr) {
+#pragma unroll
+      for (int s = 0; s < N; ++s)
+        if (valid[s]) load_chunk<L2Hint::evict_last>(gx(_, chunk_of(s)), x(_, s));
+      return;
+    }
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (valid[s]) load_chunk<L2Hint::evict_first>(gx(_, chunk_of(s)), x(_, s));
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (valid[s]) load_chunk<L2Hint::evict_first>(gr(_, chunk_of(s)), r(_, s));
+  } else {  // RowRead::second: src.x is the row to read again, no residual
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (valid[s]) load_chunk<L2Hint::evict_first>(gx(_, chunk_of(s)), x(_, s));
+  }
+}
+
+// h from the loaded x (and residual): with a residual, rounds x + residual to T and writes it to
+// residual_out. Each thread writes only the chunks it has read, so in-place aliasing of
+// residual_out with x or residual is safe. `h` may be `x` itself.
+template <int VEC, RowRead kRead = RowRead::only, int N, class T, class Regs, class Chunk>
+__device__ __forceinline__ void finish_h(const RowH<T>& src, i64 chunks, const Regs& x, const Regs& r, Regs& h,
+                                         const bool (&valid)[N], Chunk chunk_of) {
+  using cute::_;
+  if (src.residual == nullptr) {  // h = x (nothing to do when h is x)
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) h(v, s) = x(v, s);
+    return;
+  }
+  auto gout = chunked_row<VEC>(src.residual_out, chunks);
 #pragma unroll
   for (int s = 0; s < N; ++s) {
     if (!valid[s]) continue;
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) h(v, s) = from_float<T>(to_float(h(v, s)) + to_float(r(v, s)));
-    store_chunk(h(_, s), gout(_, chunk_of(s)));
+    for (int v = 0; v < VEC; ++v) h(v, s) = from_float<T>(to_float(x(v, s)) + to_float(r(v, s)));
+    if constexpr (kRead == RowRead::first) {
+      store_chunk<L2Hint::evict_last>(h(_, s), gout(_, chunk_of(s)));
+    } else {
+      store_chunk(h(_, s), gout(_, chunk_of(s)));
+    }
   }
 }
 
-template <class T, class P>
+// Loads h for the given chunks into registers (load_row, then finish_h in place).
+template <int VEC, RowRead kRead = RowRead::only, int N, class T, class Regs, class Chunk>
+__device__ __forceinline__ void load_h(const RowH<T>& src, i64 chunks, Regs& h, const bool (&valid)[N],
+                                       Chunk chunk_of) {
+  auto r = chunk_registers<T, VEC, N>();
+  load_row<VEC, kRead>(src, chunks, h, r, valid, chunk_of);
+  finish_h<VEC, kRead>(src, chunks, h, r, h, valid, chunk_of);
+}
+
+// Row `row` of a tensor; kCollapsed: its indexer has at most one leading axis (ndims <= 1, checked
+// by the host), so the offset is one multiply (ndims = 0 has stride 0), without the general path's
+// 64-bit divisions.
+template <bool kCollapsed, class T>
+__device__ __forceinline__ T* row_at(T* base, const core::RowIndexer& ix, i64 row) {
+  if constexpr (kCollapsed) {
+    return base + row * ix.strides[0];
+  } else {
+    return row_ptr(base, ix, row);
+  }
+}
+
+template <bool kCollapsed = false, class T, class P>
 __device__ __forceinline__ RowH<T> row_h(const ForwardParams<T, P>& p, i64 row) {
-  if (p.residual == nullptr) return RowH<T>{row_ptr(p.x, p.x_rows, row), nullptr, nullptr};
-  return RowH<T>{row_ptr(p.x, p.x_rows, row), row_ptr(p.residual, p.residual_rows, row),
-                 row_ptr(p.residual_out, p.residual_out_rows, row)};
+  if (p.residual == nullptr) return RowH<T>{row_at<kCollapsed>(p.x, p.x_rows, row), nullptr, nullptr};
+  return RowH<T>{row_at<kCollapsed>(p.x, p.x_rows, row), row_at<kCollapsed>(p.residual, p.residual_rows, row),
+                 row_at<kCollapsed>(p.residual_out, p.residual_out_rows, row)};
+}
+
+// y of one chunk, in place: T((h - mean) * rstd * w + b), w and b where present. The one
+// expression of both register kernels (so both round alike).
+template <int VEC, class T, class P, class HChunk, class WChunk>
+__device__ __forceinline__ void normalize_chunk(const ForwardParams<T, P>& p, HChunk&& h, const WChunk& w,
+                                                const WChunk& b, float mean, float rstd) {
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    float out = (to_float(h(v)) - mean) * rstd;
+    if (p.weight != nullptr) out *= to_float(w(v));
+    if (p.bias != nullptr) out += to_float(b(v));
+    h(v) = from_float<T>(out);
+  }
 }
 
 // y for the chunks in registers: normalizes in place, then stores. The parameters are loaded one
@@ -92,13 +172,7 @@ __device__ __forceinline__ void store_y(const ForwardParams<T, P>& p, T* y_row, 
     auto b = chunk_registers<P, VEC, 1>();
     if (p.weight != nullptr) load_chunk(gw(_, chunk_of(s)), w(_, 0));
     if (p.bias != nullptr) load_chunk(gb(_, chunk_of(s)), b(_, 0));
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      float out = (to_float(h(v, s)) - mean) * rstd;
-      if (p.weight != nullptr) out *= to_float(w(v, 0));
-      if (p.bias != nullptr) out += to_float(b(v, 0));
-      h(v, s) = from_float<T>(out);
-    }
+    normalize_chunk<VEC>(p, h(_, s), w(_, 0), b(_, 0), mean, rstd);
   }
   auto gy = chunked_row<VEC>(y_row, chunks);
 #pragma unroll
@@ -106,10 +180,54 @@ __device__ __forceinline__ void store_y(const ForwardParams<T, P>& p, T* y_row, 
     if (valid[s]) store_chunk(h(_, s), gy(_, chunk_of(s)));
 }
 
-template <class T, class P>
+template <bool kCollapsed = false, class T, class P>
 __device__ __forceinline__ void store_stats(const ForwardParams<T, P>& p, i64 row, float mean, float rstd) {
-  if (p.layer && p.mean != nullptr) *row_ptr(p.mean, p.mean_rows, row) = mean;
-  if (p.rstd != nullptr) *row_ptr(p.rstd, p.rstd_rows, row) = rstd;
+  if (p.layer && p.mean != nullptr) *row_at<kCollapsed>(p.mean, p.mean_rows, row) = mean;
+  if (p.rstd != nullptr) *row_at<kCollapsed>(p.rstd, p.rstd_rows, row) = rstd;
+}
+
+// Whether every row tensor of a forward call has at most one leading axis after collapsing (the
+// pipelined kernel's precondition).
+template <class T, class P>
+bool rows_collapsed(const ForwardParams<T, P>& p) {
+  for (const core::RowIndexer* ix : {&p.x_rows, &p.residual_rows, &p.y_rows, &p.residual_out_rows, &p.mean_rows,
+                                     &p.rstd_rows})
+    if (ix->ndims > 1) return false;
+  return true;
+}
+
+// mean and rstd of the row in registers `h` (chunks `valid`): the exact two-pass statistics (sum,
+// then the sum of squared deviations) with team all-reductions, which every thread of the block
+// must reach. The one reduction order of both register kernels.
+template <int VEC, int N, class T, class P, class Regs>
+__device__ __forceinline__ void row_statistics(const ForwardParams<T, P>& p, const Regs& h, const bool (&valid)[N],
+                                               const Team& team, float* scratch, float& mean, float& rstd) {
+  const float hidden = float(p.hidden);
+  float stat[1];
+  mean = 0.f;
+  if (p.layer) {
+    stat[0] = 0.f;
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (valid[s]) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) stat[0] += to_float(h(v, s));
+      }
+    team_allreduce(stat, team, scratch, SumOp{}, 0.f);
+    mean = stat[0] / hidden;
+  }
+  stat[0] = 0.f;
+#pragma unroll
+  for (int s = 0; s < N; ++s)
+    if (valid[s]) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        const float d = to_float(h(v, s)) - mean;
+        stat[0] += d * d;
+      }
+    }
+  team_allreduce(stat, team, scratch, SumOp{}, 0.f);
+  rstd = rsqrtf(stat[0] / hidden + p.eps);
 }
 
 // Rows of up to kSlots * team chunks: the row stays in registers between the two reductions
@@ -119,7 +237,6 @@ __global__ void __launch_bounds__(kMaxTeam) norm_forward_regs(const ForwardParam
   __shared__ float scratch[32];
   const Team team = make_team(p.team);
   const i64 chunks = p.hidden / VEC;
-  const float hidden = float(p.hidden);
   const auto chunk_of = [&](int s) { return slot_chunk(team, s); };
   const BlockRows mine = block_rows(p.rows, p.rows_per_block);
 
@@ -136,31 +253,8 @@ __global__ void __launch_bounds__(kMaxTeam) norm_forward_regs(const ForwardParam
     auto h = chunk_registers<T, VEC, kSlots>();
     if (active) load_h<VEC>(row_h(p, row), chunks, h, valid, chunk_of);
 
-    float stat[1];
-    float mean = 0.f;
-    if (p.layer) {
-      stat[0] = 0.f;
-#pragma unroll
-      for (int s = 0; s < kSlots; ++s)
-        if (valid[s]) {
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) stat[0] += to_float(h(v, s));
-        }
-      team_allreduce(stat, team, scratch, SumOp{}, 0.f);
-      mean = stat[0] / hidden;
-    }
-    stat[0] = 0.f;
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s)
-      if (valid[s]) {
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const float d = to_float(h(v, s)) - mean;
-          stat[0] += d * d;
-        }
-      }
-    team_allreduce(stat, team, scratch, SumOp{}, 0.f);
-    const float rstd = rsqrtf(stat[0] / hidden + p.eps);
+    float mean, rstd;
+    row_statistics<VEC>(p, h, valid, team, scratch, mean, rstd);
 
     if (!active) continue;  // no barrier follows in this iteration
     if (team.rank == 0) store_stats(p, row, mean, rstd);
@@ -168,10 +262,107 @@ __global__ void __launch_bounds__(kMaxTeam) norm_forward_regs(const ForwardParam
   }
 }
 
+// The same rows for teams of at most kRegsBlockTarget threads (blocks of that size), with two
+// changes that need registers the 1024-thread bound above does not leave:
+//   * a thread's weight and bias chunks (its columns are the same in every row) are loaded once,
+//     before the row loop, and stay in registers;
+//   * the loads of the team's next row are issued before the current row's reductions, so they
+//     are in flight while it reduces, normalizes and stores (software pipelining across the rows
+//     of a team: one row's x and residual in flight beside the row in work).
+// Per row the arithmetic and reduction order are those of norm_forward_regs (row_statistics,
+// normalize_chunk): both give the same bits for the same inputs. The planner
+// (plan::forward_pipelined) picks this kernel for 16-byte chunks, teams of <= 256 threads and row
+// tensors whose leading axes collapse to one (rows_collapsed: one multiply per row offset; the
+// general path's 64-bit divisions cost registers this kernel does not have).
+template <class T, class P, int VEC>
+__global__ void __launch_bounds__(kRegsBlockTarget, kPipelinedMinBlocks) norm_forward_regs_pipelined(
+    const ForwardParams<T, P> p) {
+  using cute::_;
+  __shared__ float scratch[32];
+  const Team team = make_team(p.team);
+  const i64 chunks = p.hidden / VEC;
+  const auto chunk_of = [&](int s) { return slot_chunk(team, s); };
+  const BlockRows mine = block_rows(p.rows, p.rows_per_block);
+
+  bool column[kSlots];  // this thread's slots that fall inside a row: the same for every row
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) column[s] = chunk_of(s) < chunks;
+
+  // Weight and bias stay in registers when a chunk of them is one 16-byte piece (16-bit
+  // parameters, or float32 ones with float32 x: 8 registers per slot); float32 parameters of 16-bit
+  // rows (32 bytes a chunk, 64 registers for all slots) are loaded per row from L1 as
+  // norm_forward_regs does.
+  constexpr bool kCache = VEC * int(sizeof(P)) <= 16;
+  constexpr int kCached = kCache ? kSlots : 1;
+  auto w = chunk_registers<P, VEC, kCached>();
+  auto b = chunk_registers<P, VEC, kCached>();
+  const auto gw = chunked_row<VEC>(p.weight, chunks);
+  const auto gb = chunked_row<VEC>(p.bias, chunks);
+  if constexpr (kCache) {
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      if (!column[s]) continue;
+      if (p.weight != nullptr) load_chunk(gw(_, chunk_of(s)), w(_, s));
+      if (p.bias != nullptr) load_chunk(gb(_, chunk_of(s)), b(_, s));
+    }
+  }
+
+  // x and residual of the team's next row, in flight.
+  auto x = chunk_registers<T, VEC, kSlots>();
+  auto r = chunk_registers<T, VEC, kSlots>();
+  i64 row = mine.begin + team.index;
+  if (row < mine.end) load_row<VEC>(row_h<true>(p, row), chunks, x, r, column, chunk_of);
+
+  // Every thread runs the same number of iterations (teams past the end idle), so the barriers
+  // inside team_allreduce are reached by the whole block.
+  for (i64 base = mine.begin; base < mine.end; base += team.count, row += team.count) {
+    const bool active = row < mine.end;
+    bool valid[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) valid[s] = active && column[s];
+
+    auto h = chunk_registers<T, VEC, kSlots>();
+    if (active) finish_h<VEC>(row_h<true>(p, row), chunks, x, r, h, valid, chunk_of);
+
+    // The next row's loads go out before this row's reductions.
+    const i64 next = row + team.count;
+    if (next < mine.end) load_row<VEC>(row_h<true>(p, next), chunks, x, r, column, chunk_of);
+
+    float mean, rstd;
+    row_statistics<VEC>(p, h, valid, team, scratch, mean, rstd);
+
+    if (!active) continue;  // no barrier follows in this iteration
+    if (team.rank == 0) store_stats<true>(p, row, mean, rstd);
+    if constexpr (kCache) {
+      // (converted to float32 here, in each row: hoisted, the float32 copies would need twice the
+      // registers)
+      forget_values(w);
+      forget_values(b);
+    }
+    forget_values(h);  // converted again here, not kept as float32 since the reductions
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      if (!valid[s]) continue;
+      if constexpr (kCache) {
+        normalize_chunk<VEC>(p, h(_, s), w(_, s), b(_, s), mean, rstd);
+      } else {
+        if (p.weight != nullptr) load_chunk(gw(_, chunk_of(s)), w(_, 0));
+        if (p.bias != nullptr) load_chunk(gb(_, chunk_of(s)), b(_, 0));
+        normalize_chunk<VEC>(p, h(_, s), w(_, 0), b(_, 0), mean, rstd);
+      }
+    }
+    auto gy = chunked_row<VEC>(row_at<true>(p.y, p.y_rows, row), chunks);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s)
+      if (valid[s]) store_chunk(h(_, s), gy(_, chunk_of(s)));
+  }
+}
+
 // Rows too long for registers (one block per row at a time). Pass 1 reads h once and merges
 // per-step (count, mean, M2) statistics (Chan et al.; stable); pass 2 reads h again (from L2 when
 // the rows in flight fit there; from residual_out when a residual was added, which holds the
-// rounded h) and writes y.
+// rounded h) and writes y. L2 eviction hints (RowRead): what pass 2 reads again is marked
+// evict_last in pass 1 and evict_first in pass 2, lines read once evict_first.
 template <class T, class P, int VEC>
 __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_forward_stream(const ForwardParams<T, P> p) {
   constexpr int U = kStreamUnroll;
@@ -192,7 +383,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_forward
 #pragma unroll
       for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
       auto h = chunk_registers<T, VEC, U>();
-      load_h<VEC>(src, chunks, h, valid, chunk_of);
+      load_h<VEC, RowRead::first>(src, chunks, h, valid, chunk_of);
       if (p.layer) {
         // Exact two-pass statistics of this step's chunks, merged into the running ones.
         float n = 0.f, sum = 0.f;
@@ -246,7 +437,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_forward
 #pragma unroll
       for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
       auto h = chunk_registers<T, VEC, U>();
-      load_h<VEC>(again, chunks, h, valid, chunk_of);
+      load_h<VEC, RowRead::second>(again, chunks, h, valid, chunk_of);
       store_y<VEC>(p, y_row, chunks, h, valid, chunk_of, mean, rstd);
     }
   }
@@ -257,18 +448,30 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_forward
 template <class T, class P, int VEC>
 void run_forward(ForwardParams<T, P> p, cudaStream_t stream) {
   plan::RowLaunch launch = plan::row_shape(p.hidden / VEC, kSlots, kSlots);
+  // The pipelined kernel exists for 16-byte chunks only (the VEC = 1 path is the fallback).
+  bool pipelined = false;
+  if constexpr (VEC > 1) pipelined = plan::forward_pipelined(launch, VEC, rows_collapsed(p));
   const void* kernel = launch.stream ? reinterpret_cast<const void*>(&norm_forward_stream<T, P, VEC>)
                                      : reinterpret_cast<const void*>(&norm_forward_regs<T, P, VEC>);
+  if constexpr (VEC > 1)
+    if (pipelined) kernel = reinterpret_cast<const void*>(&norm_forward_regs_pipelined<T, P, VEC>);
   plan::spread_rows(launch, p.rows, kernel);
   p.team = launch.team;
   p.rows_per_block = launch.rows_per_block;
   if (launch.stream) {
     norm_forward_stream<T, P, VEC><<<launch.grid, launch.block, 0, stream>>>(p);
     RUDNN_CUDA_CHECK_LAUNCH("norm_forward_stream");
-  } else {
-    norm_forward_regs<T, P, VEC><<<launch.grid, launch.block, 0, stream>>>(p);
-    RUDNN_CUDA_CHECK_LAUNCH("norm_forward_regs");
+    return;
   }
+  if constexpr (VEC > 1) {
+    if (pipelined) {
+      norm_forward_regs_pipelined<T, P, VEC><<<launch.grid, launch.block, 0, stream>>>(p);
+      RUDNN_CUDA_CHECK_LAUNCH("norm_forward_regs_pipelined");
+      return;
+    }
+  }
+  norm_forward_regs<T, P, VEC><<<launch.grid, launch.block, 0, stream>>>(p);
+  RUDNN_CUDA_CHECK_LAUNCH("norm_forward_regs");
 }
 
 template <class T, class P>
