@@ -2,6 +2,8 @@
 target lines of memory- and compute-bound families, and the MoE family's correctness check on a
 smaller layer of the same model than the one it times."""
 
+import os
+
 import torch
 
 from rudnn import bench
@@ -94,3 +96,29 @@ def test_gated_delta_chunk_flops_and_l2_flush():
         p = gd.prepare(spec, "cpu")
         assert p.flush_l2  # CPU-sized inputs fit any L2: the flag is set, the CPU timer ignores it
         assert all(c.ok for c in p.check())
+
+
+def test_norm_regs_rows_run_the_previous_kernel(monkeypatch):
+    """On a GPU the norm family times rms_norm and add_rms_norm also with RUDNN_NORM_PIPELINED=0
+    (the kernel before the pipelined one), set only while rudnn runs and checks."""
+    from rudnn.bench import norm as bnorm
+
+    regs = [c for c in bnorm.cases("cuda", quick=True) if c.op.endswith("[regs]")]
+    assert {c.op for c in regs} == {"rms_norm[regs]", "add_rms_norm[regs]"}
+    assert not [c for c in bnorm.cases("cpu", quick=True) if c.op.endswith("[regs]")]
+    monkeypatch.delenv("RUDNN_NORM_PIPELINED", raising=False)
+    seen = []
+    import rudnn
+    real = rudnn.rms_norm
+
+    def spy(*args, **kwargs):
+        seen.append(os.environ.get("RUDNN_NORM_PIPELINED"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rudnn, "rms_norm", spy)
+    p = bnorm.prepare(bench.CaseSpec("norm", "add_rms_norm[regs]", (64, 256), "bfloat16"), "cpu")
+    assert all(c.ok for c in p.check())
+    p.run()
+    p.peer()
+    assert seen and set(seen) == {"0"}
+    assert "RUDNN_NORM_PIPELINED" not in os.environ

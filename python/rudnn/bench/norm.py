@@ -38,6 +38,12 @@ _CPU_MORE = [((256, 1000), "float32")]  # a hidden size that is no multiple of a
 
 LN_EPS, RMS_EPS = 1e-5, 1e-6
 
+# "<op>[regs]": the op with RUDNN_NORM_PIPELINED=0, i.e. norm_forward_regs where the pipelined
+# register kernel would run (issue 25; bench/NOTES.md "the pipelined register forward"): the two
+# kernels side by side in one run decide which stays the default.
+_REGS = "[regs]"
+_REGS_SIZES = [((32768, 1024), "bfloat16"), ((16384, 4096), "bfloat16")]
+
 
 def cases(device: str, quick: bool) -> list:
     if device == "cuda":
@@ -46,11 +52,36 @@ def cases(device: str, quick: bool) -> list:
     else:
         sizes = _CPU if quick else _CPU + _CPU_MORE
         fused = [((512, 1024), "bfloat16"), ((16, 1024), "float32")]
+    regs = [CaseSpec(FAMILY, op + _REGS, shape, dt) for op in ("rms_norm", "add_rms_norm")
+            for shape, dt in _REGS_SIZES] if device == "cuda" else []
     return [CaseSpec(FAMILY, op, shape, dt) for op in OPS if op not in _FUSED for shape, dt in sizes] + \
-        [CaseSpec(FAMILY, op, shape, dt) for op in _FUSED for shape, dt in fused]
+        [CaseSpec(FAMILY, op, shape, dt) for op in _FUSED for shape, dt in fused] + regs
+
+
+def _without_pipelined(fn):
+    """fn run with RUDNN_NORM_PIPELINED=0 (read by the library on every call), restored after."""
+    import os
+
+    def run(*args):
+        old = os.environ.get("RUDNN_NORM_PIPELINED")
+        os.environ["RUDNN_NORM_PIPELINED"] = "0"
+        try:
+            return fn(*args)
+        finally:
+            if old is None:
+                del os.environ["RUDNN_NORM_PIPELINED"]
+            else:
+                os.environ["RUDNN_NORM_PIPELINED"] = old
+    return run
 
 
 def prepare(spec: CaseSpec, device: str) -> Prepared:
+    if spec.op.endswith(_REGS):
+        import dataclasses
+
+        prepared = prepare(dataclasses.replace(spec, op=spec.op[:-len(_REGS)]), device)
+        prepared.run, prepared.check = _without_pipelined(prepared.run), _without_pipelined(prepared.check)
+        return prepared
     prepared = _PREPARE[spec.op](spec, device)
     if spec.shape[0] <= _DECODE_ROWS:
         prepared.timing = "host"
