@@ -300,26 +300,39 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_prep_kernel(Params
   const int valid = int(min(i64(kC), s.eos - c0));
   const ChunkSlot<E> out = chunk_slot<E>(ws, slot, h, p.Hv);
 
-  // 1. Stage the chunk (zero padded): K and Q as two copy groups, beta and g by the first 64
-  //    threads meanwhile; G = cumsum(g).
+  // 1. Stage the chunk (zero padded): K and Q as two copy groups, beta by the first 64 threads
+  //    and G = cumsum(g) by the first warp meanwhile.
   stage_tile<KTile>(sm.k, static_cast<const E*>(p.k) + s.b * p.sk.b + hk * p.sk.h + c0 * p.sk.t, p.sk.t, valid,
                       int(p.K), st.qk);
   cp_async_fence();
   stage_tile<KTile>(sm.q, static_cast<const E*>(p.q) + s.b * p.sq.b + hk * p.sq.h + c0 * p.sq.t, p.sq.t, valid,
                       int(p.K), st.qk);
   cp_async_fence();
-  if (tid < kC) {
-    sm.beta[tid] = tid < valid ? load<X>(p.beta, p.sbeta, s.b, h, c0 + tid) : 0.0f;
-    sm.g[tid] = tid < valid ? chunked_log_decay(p.g[s.b * p.sg.b + h * p.sg.h + (c0 + tid) * p.sg.t]) : 0.0f;
-  }
-  __syncthreads();
-  if (tid == 0) {  // cumulative sum of 64 values: cheaper sequentially than a barrier-laden scan
-    float cum = 0.0f;
-    for (int i = 0; i < kC; ++i) sm.g[i] = cum += sm.g[i];
+  if (tid < kC) sm.beta[tid] = tid < valid ? load<X>(p.beta, p.sbeta, s.b, h, c0 + tid) : 0.0f;
+  if (tid < 32) {
+    // Lane l holds tokens 2l and 2l + 1: their sum's inclusive scan over the lanes (5 shuffle
+    // steps, no barrier), then the lane's own two from the scan of the lanes below it.
+    static_assert(kC == 64, "one warp, two tokens per lane");
+    const int i = 2 * tid;
+    auto log_decay = [&](int t) {
+      return t < valid ? chunked_log_decay(p.g[s.b * p.sg.b + h * p.sg.h + (c0 + t) * p.sg.t]) : 0.0f;
+    };
+    const float a = log_decay(i), b = log_decay(i + 1);
+    float cum = a + b;
+    CUTE_UNROLL
+    for (int d = 1; d < 32; d *= 2) {
+      const float below = __shfl_up_sync(0xffffffffu, cum, d);
+      if (tid >= d) cum += below;
+    }
+    const float before = __shfl_up_sync(0xffffffffu, cum, 1);
+    const float g0 = (tid > 0 ? before : 0.0f) + a, g1 = g0 + b;
+    sm.g[i] = g0;
+    sm.g[i + 1] = g1;
+    out.g[i] = g0;
+    out.g[i + 1] = g1;
   }
   cp_async_wait<1>();  // K has landed (Q may still be in flight)
   __syncthreads();
-  if (tid < kC) out.g[tid] = sm.g[tid];
 
   // 2. L = strict_lower(beta_i e^(G_i - G_j) k_i.k_j) to shared memory, P to the workspace.
   {
