@@ -1,12 +1,13 @@
 """The gated delta CUDA kernels' own source, run on the CPU by a host emulator
 (tests/emulation/gated_delta_emu.cpp: std::threads for CUDA threads, barriers for
-__syncthreads and warp shuffles, a scalar FMA atom in place of the SM80 MMA atom, the cp.async
-stand-ins of emu_sm80_atoms.hpp, which land a copy only when its group is waited for, and the
-shared-memory ordering check over the copies and the MMA operand reads), against the float64
-reference and torch autograd through it. It checks the kernels' indexing, 16-byte and scalar
-staging, barriers, padding, varlen handling, triangular solve and reductions without a GPU, and
-that planted staging bugs are caught; the MMA instructions themselves and timing are left to the
-GPU run. Skipped when g++ (C++20), the CUDA toolkit's headers or CUTLASS's headers are missing."""
+__syncthreads and warp shuffles, and for the chunked forward the stand-ins of emu_sm80_atoms.hpp:
+mma.sync and ldmatrix (.trans) with the PTX ISA's fragment layouts, cp.async that lands a copy
+only when its group is waited for, and the shared-memory ordering check over the copies and the
+ldmatrix reads), against the float64 reference and torch autograd through it. It checks the
+kernels' indexing, 16-byte and scalar staging into the swizzled tiles, the ldmatrix fragment
+mapping, barriers, padding, varlen handling, triangular solve and reductions without a GPU, and
+that planted staging and swizzle bugs are caught; timing is left to the GPU run. Skipped when
+g++ (C++20), the CUDA toolkit's headers or CUTLASS's headers are missing."""
 
 import os
 import re
@@ -31,14 +32,14 @@ def _namespace_block(src, name):
     return f"namespace {name} {{\n" + src[start + len("namespace {\n"):end] + "}\n"
 
 
-# The chunked kernels' cp.async atoms and MMA operand copies and their host stand-ins.
+# The chunked kernels' hardware atoms (mma.sync, ldmatrix, cp.async) and their host stand-ins
+# (emu_sm80_atoms.hpp: the PTX ISA's fragment layouts, so a swizzle or fragment mapping that
+# disagrees with the hardware's gives wrong numbers here).
 CHUNK_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "unsigned char* smem_raw = emu_smem;"),
-               ("return make_tiled_mma(typename MmaAtomFor<E>::type{}, Layout<Shape<_2, _2, _1>>{});",
-                "return make_tiled_mma(UniversalFMA<float, float, float, float>{}, Layout<Shape<_16, _8, _1>>{});"),
+               ("SM80_16x8x16_F32F16F16F32_TN", "EmuMmaF16"), ("SM80_16x8x16_F32BF16BF16F32_TN", "EmuMmaBF16"),
+               ("SM75_U32x4_LDSM_N", "EmuLdsmN"), ("SM75_U16x8_LDSM_T", "EmuLdsmT"),
                ("SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<", "EmuCpAsyncZfill<"),
-               ("cp_async_fence()", "emu_cp_async_fence()"), ("cp_async_wait<", "emu_cp_async_wait<"),
-               ("  copy(thr.partition_A(sA), rA);\n  copy(thr.partition_B(sB), rB);",
-                "  emu_noted_copy(thr.partition_A(sA), rA);\n  emu_noted_copy(thr.partition_B(sB), rB);")]
+               ("cp_async_fence()", "emu_cp_async_fence()"), ("cp_async_wait<", "emu_cp_async_wait<")]
 
 
 # The chunked backward's dynamic shared memory is the emulator's block buffer.
@@ -199,7 +200,8 @@ def test_chunked_forward_staging(emulator, tmp_path, case):
 
 # The emulator is only evidence if a broken staging fails in it: the state kernel reading Q and
 # P without waiting for their copies, refilling Q and P for the next chunk before every warp is
-# done with this chunk's, and the prep kernel computing P before Q has landed.
+# done with this chunk's, the prep kernel computing P before Q has landed, and a tile read
+# through another layout than the one it was staged with.
 PLANTED_STAGING_BUGS = {
     "state_q_read_before_its_copy_lands": ("    cp_async_wait<1>();  // Q and P have landed\n", ""),
     "state_q_refilled_before_every_warp_read_it": (
@@ -207,6 +209,15 @@ PLANTED_STAGING_BUGS = {
         "    issue_g_u(c0 + kC, slot + 1);\n    issue_q_p(c0 + kC, slot + 1);\n",
         "    issue_g_u(c0 + kC, slot + 1);\n    issue_q_p(c0 + kC, slot + 1);\n    __syncthreads();\n"),
     "prep_q_read_before_its_copy_lands": ("    cp_async_wait<0>();  // Q has landed\n", ""),
+    # tiles staged with one layout and read by ldmatrix with another: K in the prep kernel staged
+    # unswizzled; -W in the state kernel staged unswizzled; the transposed views (the .trans
+    # operands: V, S0, U, U_d) of 64-byte rows read with the 128-byte rows' swizzle
+    "prep_k_staged_unswizzled": ("stage_tile<KTile>(sm.k, static_cast<const E*>(p.k)",
+                                 "stage_tile<PlainRows<kC, kKt>>(sm.k, static_cast<const E*>(p.k)"),
+    "state_w_staged_unswizzled": ("stage_tile<KTile>(sm.w,", "stage_tile<PlainRows<kC, kKt>>(sm.w,"),
+    "transposed_views_read_with_another_swizzle": (
+        "composition(Swz{}, cute::Layout<Shape<Int<kCols>, Int<kRows>>, Stride<_1, Int<kCols>>>{})",
+        "composition(Swizzle<3, 3, kShift>{}, cute::Layout<Shape<Int<kCols>, Int<kRows>>, Stride<_1, Int<kCols>>>{})"),
 }
 
 

@@ -257,8 +257,9 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   return r;
 }
 
-inline int __shfl_up_sync(unsigned, int v, unsigned delta) {
-  int r = v;
+template <class T>
+T __shfl_up_sync(unsigned, T v, unsigned delta) {
+  T r = v;
   emu_warp_exchange(v, [&](auto lane_value) {
     if (emu_lane >= int(delta)) r = lane_value(emu_lane - int(delta));
   });

@@ -4,12 +4,13 @@
 // by the test into kernels.inc) runs on the CPU: every CUDA thread of a block is a std::thread,
 // __syncthreads is a block-wide std::barrier, __shfl_xor_sync a warp-wide exchange, __shared__
 // variables are shared by the block's threads (blocks run one after another). The chunked
-// kernel's SM80 MMA atom is replaced by a scalar FMA atom tiled over the same 128 threads, its
-// cp.async copies by the stand-ins of emu_sm80_atoms.hpp (a copy lands only when its group is
-// waited for, zero-filled pieces included) and its MMA operand copies out of shared memory by
-// emu_noted_copy (below: the ordering check of emu_runtime.hpp sees them as reads), so its
-// partitioning, staging, barriers, triangular solve and epilogues are the real code; a run
-// that meets a shared-memory ordering hazard exits with 3 (the hazards are on stderr). The
+// forward's hardware atoms are the stand-ins of emu_sm80_atoms.hpp: mma.sync and ldmatrix
+// (.trans) as warp-collective exchanges with the PTX ISA's fragment layouts, cp.async copies
+// that land only when their group is waited for (zero-filled pieces included); the ordering
+// check of emu_runtime.hpp sees the copies and every lane's ldmatrix row read. So its
+// partitioning, swizzled staging, fragment loads, barriers, triangular solve and epilogues are
+// the real code; a run that meets a shared-memory ordering hazard exits with 3 (the hazards are
+// on stderr). The
 // chunked forward writes <dir>/staging.txt: which of its tiles took 16-byte cp.async
 // ("qk v ws", 1 or 0 each, staging_for).
 //
@@ -38,20 +39,6 @@ inline i64 max(i64 a, i64 b) { return a > b ? a : b; }
 
 // cuda_common.cuh without its CUDA headers (already included above, before the macros).
 #include "gated_delta/cuda_common.cuh"
-
-// The chunked kernels' partition copy of an MMA operand out of shared memory, noted first as this
-// thread's read of every 16-byte chunk it touches, so that a copy issued over an operand another
-// thread may still be reading, or an operand read before its copy is ordered, is reported.
-template <class Src, class Dst>
-void emu_noted_copy(const Src& src, Dst&& dst) {
-  std::vector<std::size_t> chunks;
-  for (int i = 0; i < int(cute::size(src)); ++i)
-    chunks.push_back(std::size_t(reinterpret_cast<const unsigned char*>(&src(i)) - emu_smem) / 16);
-  std::sort(chunks.begin(), chunks.end());
-  chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
-  for (std::size_t c : chunks) emu_note_read(c * 16, emu_clock);
-  cute::copy(src, dst);
-}
 
 // namespace rudnn::gated_delta::cuda { namespace emu_rf {...} namespace emu_rb {...} namespace emu_ch {...} }
 #include "kernels.inc"

@@ -25,6 +25,18 @@
 // three (H100/H200; two on A100). The prep kernel issues K and Q at once and waits for K only
 // before K K^T, and streams the value tiles into Q's space (dead after P) during the
 // triangular solve.
+//
+// Every 16-bit tile in shared memory is row-major with its 16-byte pieces XOR-swizzled within
+// each row (SmemTile: piece j of row r at piece j ^ (r mod 8) of its 128-byte half, or of
+// (r / 2) mod 4 for 64-byte rows), so the 8 rows of one 8 x 8 ldmatrix matrix fall in 8
+// different bank groups; stage_tile writes its 16-byte cp.async pieces through that layout (a
+// piece is 8 aligned elements, below the bits the swizzle moves, so it stays whole). The MMA
+// operands come out of these tiles with ldmatrix.x4 (CuTe SM75 LDSM atoms through
+// make_tiled_copy_A/B), one k step of 16 at a time: .x4 without .trans where the operand's
+// contracted index runs along the stored rows (K K^T, Q K^T, T X, T V, W S, Q S, P U's A), and
+// .x4.trans where it runs down the columns (the stored tiles' transposes: X and V in prep, S0, U
+// and U_d as B, and K^T as the A of K^T U_d). The transposes are thereby free: no tile is staged
+// twice or transposed in shared memory, which would cost a copy and a barrier per chunk.
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/mma_traits_sm80.hpp>
@@ -50,6 +62,15 @@ constexpr int kBV = 32;   // value columns per CTA (B = 1, 32 value heads, V = 1
 constexpr int kB = 16;    // block size of the blocked triangular inverse
 constexpr int kNB = kC / kB;
 constexpr int kThreads = 128;
+// CTAs per SM that shared memory allows on H100/H200 (3 x (72.5 + 1) KB <= 228 KB), given to
+// ptxas as the occupancy to keep: up to 170 registers per thread (without it ptxas held the state
+// kernel at 128 on sm_90a and spilled).
+constexpr int kCtasPerSm = 3;
+
+// The ldmatrix atoms: an operand whose contracted index runs along the tile's rows (N), or down
+// its columns (T: ldmatrix .trans).
+using LdsmN = SM75_U32x4_LDSM_N;
+using LdsmT = SM75_U16x8_LDSM_T;
 
 template <class E> struct MmaAtomFor;
 template <> struct MmaAtomFor<cute::half_t> { using type = SM80_16x8x16_F32F16F16F32_TN; };
@@ -57,6 +78,58 @@ template <> struct MmaAtomFor<cute::bfloat16_t> { using type = SM80_16x8x16_F32B
 // The CUDA type of the same bits, for the global loads of cuda_common.cuh.
 template <class E>
 using StorageOf = std::conditional_t<std::is_same_v<E, cute::half_t>, __half, __nv_bfloat16>;
+
+// Layout of a [Rows][Cols] tile of 16-bit elements in shared memory: row-major, and within each
+// row the 16-byte pieces (8 elements: address bits 3-5 of an element offset) XORed with bits of
+// the row, r mod 8 for rows of 64 or 128 elements, (r / 2) mod 4 for rows of 32 (two 64-byte
+// rows share one 128-byte bank window). The 8 rows of an 8 x 8 ldmatrix matrix, and a cp.async
+// piece of each of 8 rows, then fall in 8 different bank groups. A row stays a row (only pieces
+// within it move), and the pattern repeats every 8 rows.
+template <int Rows, int Cols>
+struct SmemTile {
+  static constexpr int kRows = Rows, kCols = Cols;
+  static_assert(Cols == 32 || Cols == 64 || Cols == 128, "rows of 64, 128 or 256 bytes");
+  static constexpr int kShift = Cols == 128 ? 4 : 3;  // from the piece bits to the row bits
+  using Swz = Swizzle<Cols == 32 ? 2 : 3, 3, kShift>;
+  using Layout = decltype(composition(Swz{}, cute::Layout<Shape<Int<kRows>, Int<kCols>>, Stride<Int<kCols>, _1>>{}));
+  // The tile as [Rows][Cols], and its transpose [Cols][Rows] (the same memory).
+  template <class E>
+  static __device__ __forceinline__ auto view(E* p) {
+    return make_tensor(make_smem_ptr(p), Layout{});
+  }
+  template <class E>
+  static __device__ __forceinline__ auto view_t(E* p) {
+    return make_tensor(make_smem_ptr(p),
+                       composition(Swz{}, cute::Layout<Shape<Int<kCols>, Int<kRows>>, Stride<_1, Int<kCols>>>{}));
+  }
+  // What stage_tile and the element-wise passes rely on: the swizzle moves whole 16-byte pieces
+  // (8 elements from a multiple of 8) within their row, and element (r + 8, c) sits 8 rows after
+  // (r, c). Checked over the first 16 rows (the swizzle reads no row bit above the third).
+  static constexpr bool pieces_stay_in_rows_every_8() {
+    constexpr Layout l{};
+    for (int r = 0; r < (Rows < 16 ? Rows : 16); ++r)
+      for (int c = 0; c < Cols; ++c) {
+        const int at = l(r, c);
+        if (at / Cols != r || at != l(r, c / 8 * 8) + c % 8 || l(r, c / 8 * 8) % 8 != 0 ||
+            (r >= 8 && at != l(r - 8, c) + 8 * Cols))
+          return false;
+      }
+    return true;
+  }
+  static_assert(Rows % 8 == 0 && pieces_stay_in_rows_every_8(),
+                "the swizzled layout is not the one stage_tile steps through");
+};
+// Tiles of 32-bit elements (G) are never MMA operands: plain rows.
+template <int Rows, int Cols>
+struct PlainRows {
+  static constexpr int kRows = Rows, kCols = Cols;
+  using Layout = cute::Layout<Shape<Int<kRows>, Int<kCols>>, Stride<Int<kCols>, _1>>;
+};
+
+using KTile = SmemTile<kC, kKt>;   // K, Q, -W, diag(beta e^G) K
+using CTile = SmemTile<kC, kC>;    // P, T
+using VTile = SmemTile<kC, kBV>;   // value tiles, U' / U, U_d
+using STile = SmemTile<kKt, kBV>;  // S0
 
 // Shared memory of the prep kernel. f32 where the triangular solve needs it, E (half/bf16) for
 // MMA operands.
@@ -109,64 +182,87 @@ inline Staging staging_for(const Params& p, const void* workspace) {
   return st;
 }
 
-// Issues the copy of a [Rows][Cols] tile (dense rows in shared memory) whose row r is at
+// Issues the copy of a Tile (SmemTile or PlainRows: [Rows][Cols]) whose row r is at
 // src + r * row_stride; rows >= valid_rows and columns >= valid_cols become zeros (valid_cols a
 // multiple of a 16-byte piece when vec16). With vec16 every piece is one cp.async (the caller
 // commits and waits), otherwise element loads and one shared store (ordered by a barrier).
 // Thread t copies piece t % pieces of rows t / pieces, + kThreads / pieces, ...: the address math
-// is one pointer step per piece.
-template <int Rows, int Cols, class E>
+// is one pointer step per piece on both sides (the row step is a multiple of the swizzle's
+// 8-row period).
+template <class Tile, class E>
 __device__ __forceinline__ void stage_tile(E* dst, const E* src, i64 row_stride, int valid_rows, int valid_cols,
                                            bool vec16) {
+  constexpr int Rows = Tile::kRows, Cols = Tile::kCols;
   constexpr int kPer = 16 / int(sizeof(E));  // elements of a piece
   constexpr int kPieces = Cols / kPer;       // pieces of a row
   constexpr int kRowStep = kThreads / kPieces;
   static_assert(Cols % kPer == 0 && kThreads % kPieces == 0, "a row is whole pieces, threads are whole rows");
+  static_assert(Rows <= kRowStep || kRowStep % 8 == 0, "steps of whole swizzle periods");
   const int col = int(threadIdx.x) % kPieces * kPer;
   int r = int(threadIdx.x) / kPieces;
   const E* from = src + r * row_stride + col;
-  for (; r < Rows; r += kRowStep, from += kRowStep * row_stride) {
-    auto& to = *reinterpret_cast<cute::uint128_t*>(dst + r * Cols + col);
+  E* to = dst + typename Tile::Layout{}(r, col);  // this thread's first piece in the tile
+  for (; r < Rows; r += kRowStep, from += kRowStep * row_stride, to += kRowStep * Cols) {
+    auto& piece = *reinterpret_cast<cute::uint128_t*>(to);
     if (vec16) {
       const bool ok = r < valid_rows && col < valid_cols;  // src-size 0: nothing read, 16 zero bytes
       SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(*reinterpret_cast<const cute::uint128_t*>(ok ? from : src),
-                                                            to, ok);
+                                                            piece, ok);
     } else {
       E pack[kPer];
       CUTE_UNROLL
       for (int l = 0; l < kPer; ++l) pack[l] = r < valid_rows && col + l < valid_cols ? from[l] : E(0.0f);
-      memcpy(&to, pack, 16);
+      cute::uint128_t bits;
+      memcpy(&bits, pack, 16);
+      piece = bits;
     }
   }
 }
 
-// Row-major [rows][cols] view of a shared array.
-template <int Rows, int Cols, class E>
-__device__ __forceinline__ auto rows_view(E* p) {
-  return make_tensor(make_smem_ptr(p),
-                     make_layout(make_shape(Int<Rows>{}, Int<Cols>{}), make_stride(Int<Cols>{}, _1{})));
-}
-// The transpose of a row-major [Cols][Rows] array, seen as [Rows][Cols] (MN-major operand).
-template <int Rows, int Cols, class E>
-__device__ __forceinline__ auto cols_view(E* p) {
-  return make_tensor(make_smem_ptr(p),
-                     make_layout(make_shape(Int<Rows>{}, Int<Cols>{}), make_stride(_1{}, Int<Rows>{})));
-}
-
-// acc += A B^T with A (M, Kd) and B (N, Kd) in shared memory, any layouts.
-template <class Mma, class TA, class TB, class Acc>
+// acc += A B^T with A (M, Kd) and B (N, Kd) views of swizzled shared tiles, their fragments
+// loaded by ldmatrix (AtomA, AtomB: LdsmN or LdsmT) one k step of 16 at a time.
+template <class AtomA, class AtomB, class Mma, class TA, class TB, class Acc>
 __device__ __forceinline__ void mma_from_smem(const Mma& mma, const TA& sA, const TB& sB, Acc& acc) {
+  using E = typename TA::value_type;
   auto thr = mma.get_thread_slice(threadIdx.x);
-  auto rA = thr.partition_fragment_A(sA);
-  auto rB = thr.partition_fragment_B(sB);
-  copy(thr.partition_A(sA), rA);
-  copy(thr.partition_B(sB), rB);
-  gemm(mma, rA, rB, acc);
+  auto rA = thr.partition_fragment_A(sA);  // (MMA, MMA_M, MMA_K)
+  auto rB = thr.partition_fragment_B(sB);  // (MMA, MMA_N, MMA_K)
+  auto copy_a = make_tiled_copy_A(Copy_Atom<AtomA, E>{}, mma);
+  auto copy_b = make_tiled_copy_B(Copy_Atom<AtomB, E>{}, mma);
+  auto thr_a = copy_a.get_thread_slice(threadIdx.x);
+  auto thr_b = copy_b.get_thread_slice(threadIdx.x);
+  auto sA_parts = thr_a.partition_S(sA);
+  auto rA_parts = thr_a.retile_D(rA);
+  auto sB_parts = thr_b.partition_S(sB);
+  auto rB_parts = thr_b.retile_D(rB);
+  CUTE_UNROLL
+  for (int kk = 0; kk < size<2>(rA); ++kk) {
+    copy(copy_a, sA_parts(_, _, kk), rA_parts(_, _, kk));
+    copy(copy_b, sB_parts(_, _, kk), rB_parts(_, _, kk));
+    gemm(mma, rA(_, _, kk), rB(_, _, kk), acc);
+  }
 }
 
+// Stores f(i) for every element i of a thread's accumulator at dst(i) (dst: the accumulator's
+// partition of a 16-bit shared tile), two at a time: elements 2j and 2j + 1 of the m16n8
+// accumulator are adjacent columns of one row, and the swizzle keeps them adjacent (one 32-bit
+// store instead of two 16-bit ones).
+template <class E, class Dst, class F>
+__device__ __forceinline__ void store_pairs(Dst&& dst, F&& f) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(dst); i += 2) {
+    const E two[2] = {E(f(i)), E(f(i + 1))};
+    std::uint32_t bits;
+    memcpy(&bits, two, 4);
+    *reinterpret_cast<std::uint32_t*>(&dst(i)) = bits;  // 4-byte aligned: an even column
+  }
+}
+
+// 4 warps as 2 x 2, a tile of 32 x 32 per k step of 16: each warp takes 16 rows and two 8-column
+// atoms, so one ldmatrix.x4 fills its A fragment (16 x 16) and one its B fragment (2 x 8 x 16).
 template <class E>
 __device__ __forceinline__ auto make_chunk_mma() {
-  return make_tiled_mma(typename MmaAtomFor<E>::type{}, Layout<Shape<_2, _2, _1>>{});  // 4 warps: 32 x 16 per step
+  return make_tiled_mma(typename MmaAtomFor<E>::type{}, Layout<Shape<_2, _2, _1>>{}, Tile<_32, _32, _16>{});
 }
 
 // The workspace of one (chunk slot, value head): G [C] f32, P [C][C], -W [C][Kt], U' [C][Vp].
@@ -187,7 +283,7 @@ __device__ __forceinline__ ChunkSlot<E> chunk_slot(const ChunkWorkspace& ws, i64
 
 // Stage 1: one CTA per (chunk slot, value head); slots without a chunk return at once.
 template <class E>
-__global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWorkspace ws, i64 vtiles, Staging st) {
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_prep_kernel(Params p, ChunkWorkspace ws, i64 vtiles, Staging st) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<PrepSmem<E>*>(smem_raw);
   auto mma = make_chunk_mma<E>();
@@ -204,33 +300,46 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
   const int valid = int(min(i64(kC), s.eos - c0));
   const ChunkSlot<E> out = chunk_slot<E>(ws, slot, h, p.Hv);
 
-  // 1. Stage the chunk (zero padded): K and Q as two copy groups, beta and g by the first 64
-  //    threads meanwhile; G = cumsum(g).
-  stage_tile<kC, kKt>(sm.k, static_cast<const E*>(p.k) + s.b * p.sk.b + hk * p.sk.h + c0 * p.sk.t, p.sk.t, valid,
+  // 1. Stage the chunk (zero padded): K and Q as two copy groups, beta by the first 64 threads
+  //    and G = cumsum(g) by the first warp meanwhile.
+  stage_tile<KTile>(sm.k, static_cast<const E*>(p.k) + s.b * p.sk.b + hk * p.sk.h + c0 * p.sk.t, p.sk.t, valid,
                       int(p.K), st.qk);
   cp_async_fence();
-  stage_tile<kC, kKt>(sm.q, static_cast<const E*>(p.q) + s.b * p.sq.b + hk * p.sq.h + c0 * p.sq.t, p.sq.t, valid,
+  stage_tile<KTile>(sm.q, static_cast<const E*>(p.q) + s.b * p.sq.b + hk * p.sq.h + c0 * p.sq.t, p.sq.t, valid,
                       int(p.K), st.qk);
   cp_async_fence();
-  if (tid < kC) {
-    sm.beta[tid] = tid < valid ? load<X>(p.beta, p.sbeta, s.b, h, c0 + tid) : 0.0f;
-    sm.g[tid] = tid < valid ? chunked_log_decay(p.g[s.b * p.sg.b + h * p.sg.h + (c0 + tid) * p.sg.t]) : 0.0f;
-  }
-  __syncthreads();
-  if (tid == 0) {  // cumulative sum of 64 values: cheaper sequentially than a barrier-laden scan
-    float cum = 0.0f;
-    for (int i = 0; i < kC; ++i) sm.g[i] = cum += sm.g[i];
+  if (tid < kC) sm.beta[tid] = tid < valid ? load<X>(p.beta, p.sbeta, s.b, h, c0 + tid) : 0.0f;
+  if (tid < 32) {
+    // Lane l holds tokens 2l and 2l + 1: their sum's inclusive scan over the lanes (5 shuffle
+    // steps, no barrier), then the lane's own two from the scan of the lanes below it.
+    static_assert(kC == 64, "one warp, two tokens per lane");
+    const int i = 2 * tid;
+    auto log_decay = [&](int t) {
+      return t < valid ? chunked_log_decay(p.g[s.b * p.sg.b + h * p.sg.h + (c0 + t) * p.sg.t]) : 0.0f;
+    };
+    const float a = log_decay(i), b = log_decay(i + 1);
+    float cum = a + b;
+    CUTE_UNROLL
+    for (int d = 1; d < 32; d *= 2) {
+      const float below = __shfl_up_sync(0xffffffffu, cum, d);
+      if (tid >= d) cum += below;
+    }
+    const float before = __shfl_up_sync(0xffffffffu, cum, 1);
+    const float g0 = (tid > 0 ? before : 0.0f) + a, g1 = g0 + b;
+    sm.g[i] = g0;
+    sm.g[i + 1] = g1;
+    out.g[i] = g0;
+    out.g[i + 1] = g1;
   }
   cp_async_wait<1>();  // K has landed (Q may still be in flight)
   __syncthreads();
-  if (tid < kC) out.g[tid] = sm.g[tid];
 
   // 2. L = strict_lower(beta_i e^(G_i - G_j) k_i.k_j) to shared memory, P to the workspace.
   {
     auto coord_cc = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kC>>{}));
     auto acc = partition_fragment_C(mma, Shape<Int<kC>, Int<kC>>{});
     clear(acc);
-    mma_from_smem(mma, rows_view<kC, kKt>(sm.k), rows_view<kC, kKt>(sm.k), acc);
+    mma_from_smem<LdsmN, LdsmN>(mma, KTile::view(sm.k), KTile::view(sm.k), acc);
     CUTE_UNROLL
     for (int i = 0; i < size(acc); ++i) {
       const int r = get<0>(coord_cc(i)), c = get<1>(coord_cc(i));
@@ -239,7 +348,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
     cp_async_wait<0>();  // Q has landed
     __syncthreads();
     clear(acc);
-    mma_from_smem(mma, rows_view<kC, kKt>(sm.q), rows_view<kC, kKt>(sm.k), acc);
+    mma_from_smem<LdsmN, LdsmN>(mma, KTile::view(sm.q), KTile::view(sm.k), acc);
     CUTE_UNROLL
     for (int i = 0; i < size(acc); ++i) {
       const int r = get<0>(coord_cc(i)), c = get<1>(coord_cc(i));
@@ -256,7 +365,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
   auto issue_values = [&](i64 vt0) {
     for (int j = 0; j < kVSlots && vt0 + j < vtiles; ++j) {
       const i64 col0 = (vt0 + j) * kBV;
-      stage_tile<kC, kBV>(vbuf + j * kC * kBV, v_rows + col0, p.sv.t, valid, int(min(i64(kBV), p.V - col0)), st.v);
+      stage_tile<VTile>(vbuf + j * kC * kBV, v_rows + col0, p.sv.t, valid, int(min(i64(kBV), p.V - col0)), st.v);
     }
     cp_async_fence();
   };
@@ -296,9 +405,19 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
     }
     __syncthreads();
   }
-  // Operands of W and U': T and diag(beta e^G) K (into l's space).
+  // Operands of W and U': T, converted 8 elements (one 16-byte piece) at a time, and
+  // diag(beta e^G) K into l's space, element e of K's tile to element e of X's (the same layout;
+  // e / kKt is its row wherever the swizzle put it).
   E* kx = reinterpret_cast<E*>(sm.l);
-  for (int e = tid; e < kC * kC; e += kThreads) sm.tb[e] = E(sm.t[e]);
+  for (int piece = tid; piece < kC * kC / 8; piece += kThreads) {
+    const int r = piece / (kC / 8), c = piece % (kC / 8) * 8;
+    E pack[8];
+    CUTE_UNROLL
+    for (int l = 0; l < 8; ++l) pack[l] = E(sm.t[r * kC + c + l]);
+    cute::uint128_t bits;
+    memcpy(&bits, pack, 16);
+    *reinterpret_cast<cute::uint128_t*>(&CTile::view(sm.tb)(r, c)) = bits;  // a whole piece
+  }
   for (int e = tid; e < kC * kKt; e += kThreads) {
     const int i = e / kKt;
     kx[e] = E(sm.beta[i] * expf(sm.g[i]) * float(sm.k[e]));
@@ -310,7 +429,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
     auto coord_ck = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kKt>>{}));
     auto acc_w = partition_fragment_C(mma, Shape<Int<kC>, Int<kKt>>{});
     clear(acc_w);
-    mma_from_smem(mma, rows_view<kC, kC>(sm.tb), cols_view<kKt, kC>(kx), acc_w);
+    mma_from_smem<LdsmN, LdsmT>(mma, CTile::view(sm.tb), KTile::view_t(kx), acc_w);
     CUTE_UNROLL
     for (int i = 0; i < size(acc_w); ++i) out.w[get<0>(coord_ck(i)) * kKt + get<1>(coord_ck(i))] = E(-acc_w(i));
   }
@@ -322,13 +441,14 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
     cp_async_wait<0>();  // this round's value tiles have landed
     __syncthreads();
     const int tiles = int(min(i64(kVSlots), vtiles - vt0));
+    // beta on each row in place (e / kBV % kC is element e's row: the swizzle keeps rows)
     for (int e = tid; e < tiles * kC * kBV; e += kThreads) vbuf[e] = E(sm.beta[e / kBV % kC] * float(vbuf[e]));
     __syncthreads();
     for (int j = 0; j < tiles; ++j) {
       const i64 v0 = (vt0 + j) * kBV;
       auto acc_u = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
       clear(acc_u);
-      mma_from_smem(mma, rows_view<kC, kC>(sm.tb), cols_view<kBV, kC>(vbuf + j * kC * kBV), acc_u);
+      mma_from_smem<LdsmN, LdsmT>(mma, CTile::view(sm.tb), VTile::view_t(vbuf + j * kC * kBV), acc_u);
       CUTE_UNROLL
       for (int i = 0; i < size(acc_u); ++i)
         out.u[get<0>(coord_cv(i)) * ws.vp + v0 + get<1>(coord_cv(i))] = E(acc_u(i));
@@ -339,7 +459,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p, ChunkWor
 
 // Stage 2: one CTA per (sequence, value head, 32 value columns), the chunks in order.
 template <class E>
-__global__ void __launch_bounds__(kThreads) chunk_state_kernel(Params p, ChunkWorkspace ws, i64 vtiles, Staging st) {
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_state_kernel(Params p, ChunkWorkspace ws, i64 vtiles, Staging st) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<StateSmem<E>*>(smem_raw);
   auto mma = make_chunk_mma<E>();
@@ -371,26 +491,26 @@ __global__ void __launch_bounds__(kThreads) chunk_state_kernel(Params p, ChunkWo
   const E* q_rows = static_cast<const E*>(p.q) + s.b * p.sq.b + hk * p.sq.h;
   auto valid_rows = [&](i64 c0) { return int(min(i64(kC), s.eos - c0)); };
   auto issue_w = [&](i64 c0, i64 slot) {
-    if (c0 < s.eos) stage_tile<kC, kKt>(sm.w, chunk_slot<E>(ws, slot, h, p.Hv).w, kKt, kC, kKt, st.ws);
+    if (c0 < s.eos) stage_tile<KTile>(sm.w, chunk_slot<E>(ws, slot, h, p.Hv).w, kKt, kC, kKt, st.ws);
     cp_async_fence();
   };
   auto issue_g_u = [&](i64 c0, i64 slot) {
     if (c0 < s.eos) {
       const ChunkSlot<E> in = chunk_slot<E>(ws, slot, h, p.Hv);
-      stage_tile<1, kC>(sm.g, in.g, 0, 1, kC, st.ws);
-      stage_tile<kC, kBV>(sm.u, in.u + v0, ws.vp, kC, kBV, st.ws);  // U' into U's buffer
+      stage_tile<PlainRows<1, kC>>(sm.g, in.g, 0, 1, kC, st.ws);
+      stage_tile<VTile>(sm.u, in.u + v0, ws.vp, kC, kBV, st.ws);  // U' into U's buffer
     }
     cp_async_fence();
   };
   auto issue_q_p = [&](i64 c0, i64 slot) {
     if (c0 < s.eos) {
-      stage_tile<kC, kKt>(sm.q, q_rows + c0 * p.sq.t, p.sq.t, valid_rows(c0), int(p.K), st.qk);
-      stage_tile<kC, kC>(sm.p, chunk_slot<E>(ws, slot, h, p.Hv).p, kC, kC, kC, st.ws);
+      stage_tile<KTile>(sm.q, q_rows + c0 * p.sq.t, p.sq.t, valid_rows(c0), int(p.K), st.qk);
+      stage_tile<CTile>(sm.p, chunk_slot<E>(ws, slot, h, p.Hv).p, kC, kC, kC, st.ws);
     }
     cp_async_fence();
   };
   auto issue_k = [&](i64 c0) {
-    if (c0 < s.eos) stage_tile<kC, kKt>(sm.k, k_rows + c0 * p.sk.t, p.sk.t, valid_rows(c0), int(p.K), st.qk);
+    if (c0 < s.eos) stage_tile<KTile>(sm.k, k_rows + c0 * p.sk.t, p.sk.t, valid_rows(c0), int(p.K), st.qk);
     cp_async_fence();
   };
   issue_w(s.bos, slot0);
@@ -402,25 +522,21 @@ __global__ void __launch_bounds__(kThreads) chunk_state_kernel(Params p, ChunkWo
     const int valid = valid_rows(c0);
 
     // 1. The operand copy of S0 (each thread its own accumulator elements).
-    auto s_view = thr.partition_C(rows_view<kKt, kBV>(sm.s));
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_s); ++i) s_view(i) = E(acc_s(i));
+    store_pairs<E>(thr.partition_C(STile::view(sm.s)), [&](int i) { return acc_s(i); });
     cp_async_wait<2>();  // -W, G and U' of this chunk have landed (Q, P and K may be in flight)
     __syncthreads();
 
     // 2. U = U' - W S0; keep U and e^(G_last - G_j) U_j as operands. U' is read and U written
     //    at each thread's own accumulator elements.
     auto acc_u = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
+    auto u_mine = thr.partition_C(VTile::view(sm.u));
     CUTE_UNROLL
-    for (int i = 0; i < size(acc_u); ++i) acc_u(i) = float(sm.u[get<0>(coord_cv(i)) * kBV + get<1>(coord_cv(i))]);
-    mma_from_smem(mma, rows_view<kC, kKt>(sm.w), cols_view<kBV, kKt>(sm.s), acc_u);
+    for (int i = 0; i < size(acc_u); ++i) acc_u(i) = float(u_mine(i));
+    mma_from_smem<LdsmN, LdsmT>(mma, KTile::view(sm.w), STile::view_t(sm.s), acc_u);
     const float g_last = sm.g[kC - 1];
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_u); ++i) {
-      const int r = get<0>(coord_cv(i)), c = get<1>(coord_cv(i));
-      sm.u[r * kBV + c] = E(acc_u(i));
-      sm.ud[r * kBV + c] = E(expf(g_last - sm.g[r]) * acc_u(i));
-    }
+    store_pairs<E>(u_mine, [&](int i) { return acc_u(i); });
+    store_pairs<E>(thr.partition_C(VTile::view(sm.ud)),
+                   [&](int i) { return expf(g_last - sm.g[get<0>(coord_cv(i))]) * acc_u(i); });
     cp_async_wait<1>();  // Q and P have landed
     __syncthreads();     // U is complete; every warp is done with -W
     issue_w(c0 + kC, slot + 1);
@@ -429,10 +545,10 @@ __global__ void __launch_bounds__(kThreads) chunk_state_kernel(Params p, ChunkWo
     {
       auto acc_o = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
       clear(acc_o);
-      mma_from_smem(mma, rows_view<kC, kKt>(sm.q), cols_view<kBV, kKt>(sm.s), acc_o);
+      mma_from_smem<LdsmN, LdsmT>(mma, KTile::view(sm.q), STile::view_t(sm.s), acc_o);
       CUTE_UNROLL
       for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= p.scale * expf(sm.g[get<0>(coord_cv(i))]);
-      mma_from_smem(mma, rows_view<kC, kC>(sm.p), cols_view<kBV, kC>(sm.u), acc_o);
+      mma_from_smem<LdsmN, LdsmT>(mma, CTile::view(sm.p), VTile::view_t(sm.u), acc_o);
       CUTE_UNROLL
       for (int i = 0; i < size(acc_o); ++i) {
         const int r = get<0>(coord_cv(i));
@@ -450,7 +566,7 @@ __global__ void __launch_bounds__(kThreads) chunk_state_kernel(Params p, ChunkWo
     const float chunk_decay = expf(g_last);
     CUTE_UNROLL
     for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= chunk_decay;
-    mma_from_smem(mma, cols_view<kKt, kC>(sm.k), cols_view<kBV, kC>(sm.ud), acc_s);
+    mma_from_smem<LdsmT, LdsmT>(mma, KTile::view_t(sm.k), VTile::view_t(sm.ud), acc_s);
     __syncthreads();  // every warp is done with K, U_d and S0's copy
     issue_k(c0 + kC);
   }
