@@ -619,10 +619,18 @@ PLANTED_ORDERING_HAZARDS = {
     # the stage the other may still be reading
     "sm90_split_next_tiles_before_both_warpgroups_read_them": (
         "    both(kStageRead);", "", "backward", "sm90", "d192_dv128_causal"),
-    # the warp-specialized forward's consumers release K and V of a block before P V is done
+    # the warp-specialized forward's consumers release V of a block before P V is done
     "sm90ws_stage_released_before_pv_is_done": (
-        "    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);\n    Barrier::arrive(&empty[stage]);",
-        "    Barrier::arrive(&empty[stage]);\n    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);",
+        "    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);\n    Barrier::arrive(&empty_v[stage]);",
+        "    Barrier::arrive(&empty_v[stage]);\n    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);",
+        "forward", "sm90ws", "ring_wraps"),
+    # ... or K of block 0 before its Q K^T is done. (K of a later block released before its wait
+    # is no hazard: the producer refills that stage only after V of the block before, released
+    # once P V of the previous block is done, which is after that wait. A producer that skips the
+    # wait on K's release hangs: its K copies run two phases ahead of the consumers' waits.)
+    "sm90ws_first_k_released_before_its_scores_are_done": (
+        "    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_s90);\n    Barrier::arrive(&empty_k[0]);",
+        "    Barrier::arrive(&empty_k[0]);\n    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_s90);",
         "forward", "sm90ws", "ring_wraps"),
     # ... or read V after waiting for K's copy only (V's copies are issued with K's: right numbers)
     "sm90ws_v_read_after_waiting_for_k": (

@@ -10,8 +10,10 @@
 //               descriptor over all its rows) a tail V tile's rows past the sequence are the next
 //               sequence's: the warp clears them before arriving on the full barrier itself;
 //   consumers   warpgroups 1 and 2, 64 query rows each: S = Q K^T (wgmma SS), masking and the
-//               online softmax in registers, O += P V (wgmma RS, P from registers), then an
-//               arrival on the stage's "empty" mbarrier that hands the slot back. Within a
+//               online softmax in registers, O += P V (wgmma RS, P from registers). A stage's K
+//               and V tiles are handed back apart, each on its own "empty" mbarrier: K once
+//               S = Q K^T has been waited for, V once P V has (FlashAttention-3's order: the
+//               producer refills K a whole softmax and P V earlier than with one barrier). Within a
 //               consumer, the softmax of the next block overlaps P V of this one; between the
 //               consumers, named barriers alternate GEMM issue so one's softmax overlaps the
 //               other's GEMMs (FlashAttention-3's two overlaps; see the consumer loop).
@@ -65,10 +67,10 @@ struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV, forward_keys_per_
   // (D = 192 and 256).
   static constexpr int kStages = kQBytes + 3 * (kTileBytesK + kTileBytesV) + 1024 <= 227 * 1024 ? 3 : 2;
   // Q, then the stages' K tiles, then their V tiles, then the mbarriers (full Q; full K, full V,
-  // empty per stage; V's tail landed).
+  // empty K, empty V per stage; V's tail landed).
   static constexpr int kVOffset = kQBytes + kStages * kTileBytesK;
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytesV;
-  static constexpr int kSmemBytes = kBarrierOffset + (2 + 3 * kStages) * 8;
+  static constexpr int kSmemBytes = kBarrierOffset + (2 + 4 * kStages) * 8;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on Hopper");
 };
 
@@ -103,8 +105,9 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   std::uint64_t* full_q = reinterpret_cast<std::uint64_t*>(smem_raw + Cfg::kBarrierOffset);
   std::uint64_t* full_k = full_q + 1;
   std::uint64_t* full_v = full_k + kStages;
-  std::uint64_t* empty = full_v + kStages;
-  std::uint64_t* tail_landed = empty + kStages;  // a packed batch's tail V tile, before its clearing
+  std::uint64_t* empty_k = full_v + kStages;  // K of the stage read (S = Q K^T waited for) by both consumers
+  std::uint64_t* empty_v = empty_k + kStages;  // V of the stage read (P V waited for)
+  std::uint64_t* tail_landed = empty_v + kStages;  // a packed batch's tail V tile, before its clearing
 
   std::int64_t n_first, n_last;
   const std::int64_t rows_here = len_q - cta_m0 < Cfg::kRowsPerCta ? len_q - cta_m0 : Cfg::kRowsPerCta;
@@ -115,7 +118,8 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&full_k[s], 1);
       Barrier::init(&full_v[s], 1);
-      Barrier::init(&empty[s], 128 * Cfg::kConsumers);  // every consumer thread is done with it
+      Barrier::init(&empty_k[s], 128 * Cfg::kConsumers);  // every consumer thread is done with it
+      Barrier::init(&empty_v[s], 128 * Cfg::kConsumers);
     }
     Barrier::init(tail_landed, 1);
     cutlass::arch::fence_barrier_init();
@@ -155,10 +159,12 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     };
     for (std::int64_t n = n_first, i = 0; n < n_last; ++n, ++i) {
       const int stage = int(i % kStages);
-      Barrier::wait(&empty[stage], std::uint32_t((i / kStages) & 1) ^ 1u);  // the first round passes
+      const std::uint32_t free_parity = std::uint32_t((i / kStages) & 1) ^ 1u;  // the first round passes
       unsigned char* k_stage = k_tiles + stage * Cfg::kTileBytesK;
       unsigned char* v_stage = v_tiles + stage * Cfg::kTileBytesV;
+      Barrier::wait(&empty_k[stage], free_parity);
       if (issuer) load_key_tile(tma.k, &full_k[stage], k_stage, Cfg::kTileBytesK, Cfg::kSlabsK, n);
+      Barrier::wait(&empty_v[stage], free_parity);
       // K's rows past the sequence are masked by position (their scores are set to -inf, never
       // multiplied), but V's would be multiplied by P = 0: in a packed batch they are the next
       // sequence's keys, cleared once landed, before the consumers are told (the sequence's last
@@ -251,6 +257,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s90);
+    Barrier::arrive(&empty_k[0]);  // K of block 0 is no longer read
     softmax(0);
     to_p();  // (O is still zero: block 0's correction has nothing to rescale)
   }
@@ -273,11 +280,12 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     if constexpr (kMore) {
       warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done
       warpgroup_fence_operand(acc_s90);
+      Barrier::arrive(&empty_k[(i + 1) % kStages]);  // ... and K of block i + 1 no longer read
       softmax(i + 1);  // overlaps P V of block i
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o90);
-    Barrier::arrive(&empty[stage]);  // K and V of block i are no longer read
+    Barrier::arrive(&empty_v[stage]);  // V of block i is no longer read
     if constexpr (kMore) {
       to_p();                               // rP is free now that P V of block i is done
       rescale_rows(acc_o_rc, correction);  // block i + 1's correction, once no wgmma is in flight
