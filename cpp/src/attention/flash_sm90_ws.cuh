@@ -241,7 +241,9 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
 
   // FlashAttention-3's schedule, both parts:
   // * intra-warpgroup: Q K^T of block i + 1 and P V of block i are issued together, then the
-  //   softmax of block i + 1 runs on the CUDA cores while P V of block i runs on the tensor cores;
+  //   softmax of block i + 1 runs on the CUDA cores while P V of block i runs on the tensor cores,
+  //   and O's rescale by block i's correction runs between the two issues, under Q K^T of
+  //   block i + 1 (O is complete then: P V of block i - 1 was waited for in the step before);
   // * ping-pong between the two consumers: named barriers hand the right to issue GEMMs back and
   //   forth, so that one warpgroup's softmax runs while the other's GEMMs do. Consumer 0 goes
   //   first. The barriers order issue only; every data dependency is on the mbarriers and wgmma
@@ -259,7 +261,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     warpgroup_fence_operand(acc_s90);
     Barrier::arrive(&empty_k[0]);  // K of block 0 is no longer read
     softmax(0);
-    to_p();  // (O is still zero: block 0's correction has nothing to rescale)
+    to_p();  // (block 0's correction rescales O while it is zero: 0 x 0, the row's first max)
   }
   // One key block; kMore: another follows (its Q K^T is issued here). The last block is a separate
   // instantiation rather than a branch: with the next block's wgmma issued under a condition,
@@ -269,6 +271,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     const int stage = int(i % kStages);
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
     if constexpr (kMore) issue_scores(i + 1);  // acc_s90 is free: block i's P is in rP
+    rescale_rows(acc_o_rc, correction);  // block i's correction, under Q K^T of block i + 1
     Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));
     cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));
     warpgroup_fence_operand(acc_o90);
@@ -281,15 +284,12 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
       warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done
       warpgroup_fence_operand(acc_s90);
       Barrier::arrive(&empty_k[(i + 1) % kStages]);  // ... and K of block i + 1 no longer read
-      softmax(i + 1);  // overlaps P V of block i
+      softmax(i + 1);  // overlaps P V of block i; block i + 1's correction, for the next step
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o90);
     Barrier::arrive(&empty_v[stage]);  // V of block i is no longer read
-    if constexpr (kMore) {
-      to_p();                               // rP is free now that P V of block i is done
-      rescale_rows(acc_o_rc, correction);  // block i + 1's correction, once no wgmma is in flight
-    }
+    if constexpr (kMore) to_p();  // rP is free now that P V of block i is done
   };
   for (std::int64_t i = 0; i + 1 < blocks; ++i) step(i, std::true_type{});
   if (blocks > 0) step(blocks - 1, std::false_type{});
