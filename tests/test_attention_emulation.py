@@ -251,6 +251,9 @@ FLASH_CASES = {
     "d128_window": dict(shape=(1, 1, 1, 100, 90, 128, 128), window=(40, 0)),
     "d192_dv128_causal": dict(shape=(1, 2, 1, 70, 150, 192, 128), causal=True),
     "d256_softcap": dict(shape=(1, 1, 1, 65, 100, 256, 256), softcap=15.0),
+    # softcap with causal and GQA at D = 128 over three 128-key blocks: the warp-specialized
+    # forward's softcap instantiation (transform inline) where Gemma-style models run it
+    "d128_softcap_causal_gqa": dict(shape=(1, 4, 2, 100, 300, 128, 128), causal=True, softcap=30.0),
     # six blocks of the warp-specialized forward's 128 keys: its ring of K/V stages (3) goes
     # round twice
     "ring_wraps": dict(shape=(1, 2, 1, 70, 700, 64, 64)),
@@ -320,10 +323,12 @@ def _varlen_inputs(seed):
     return q, k, v, cu_q, cu_k
 
 
-@pytest.mark.parametrize("generation", ["sm80", "sm90", "sm90ws"])
-def test_flash_forward_kernel_varlen(flash_emulator, tmp_path, generation):
+# (softcap: the warp-specialized forward's softcap instantiation, whose transform runs on the
+# NaN keys of the tail tiles before their scores are masked)
+@pytest.mark.parametrize("generation,softcap", [("sm80", None), ("sm90", None), ("sm90ws", None), ("sm90ws", 25.0)])
+def test_flash_forward_kernel_varlen(flash_emulator, tmp_path, generation, softcap):
     q, k, v, cu_q, cu_k = _varlen_inputs(seed=31)
-    opts = {"causal": True}
+    opts = {"causal": True, **({"softcap": softcap} if softcap else {})}
     out, lse = _run(flash_emulator, tmp_path, q, k, v, dict(opts), cu_q, cu_k,
                     env={"EMU_FLASH_GENERATION": generation})
     for b, qs, ks in _per_sequence(cu_q, cu_k):
@@ -453,6 +458,14 @@ PLANTED_FLASH_BUGS = {
         "    warpgroup_fence_operand(acc_o90);\n    warpgroup_arrive();\n"
         "    wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);\n"
         "    rescale_rows(acc_o_rc, correction);\n", "sm90ws", "ring_wraps"),
+    # the softcap instantiation's transform taking half the score; or its scores never masked by
+    # position (hidden keys of the window weighed in)
+    "sm90ws_softcap_of_half_the_score": ("for (int i = 0; i < size(acc_s); ++i) acc_s(i) = transform(acc_s(i));",
+                                         "for (int i = 0; i < size(acc_s); ++i) acc_s(i) = transform(0.5f * acc_s(i));",
+                                         "sm90ws", "window_softcap"),
+    "sm90ws_softcap_scores_not_masked": (
+        "    acc_s(i) = band.visible(get<0>(coords(i)), get<1>(coords(i))) ? acc_s(i) : -INFINITY;",
+        "    acc_s(i) = acc_s(i);", "sm90ws", "window_softcap"),
     # V's boxes at K's tile size apart (right for D = Dv only): caught where Dv != D.
     "sm90ws_v_tiles_at_k_tile_stride": ("v_tiles + stage * Cfg::kTileBytesV", "v_tiles + stage * Cfg::kTileBytesK",
                                         "sm90ws", "d192_dv128_causal"),

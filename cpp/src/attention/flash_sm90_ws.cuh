@@ -74,12 +74,17 @@ struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV, forward_keys_per_
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on Hopper");
 };
 
-template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+// Three instantiations per head dim: kPlain (Problem::plain_scores: no mask, bias or softcap;
+// raw dots, causal and window by position), kSoftcap (Problem::softcap_scores: the softcap
+// transform inline, then visibility by position; no call per score), and neither (masks and bias:
+// the out-of-line cuda::general_logit per score).
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain, bool kSoftcap = false>
 __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kThreads, 1)
     forward_sm90ws_kernel(const __grid_constant__ Problem p, const Element* __restrict__ q,
                           const Element* __restrict__ k, const Element* __restrict__ v, Element* __restrict__ out,
                           float* __restrict__ lse, const __grid_constant__ TmaLoads tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(!(kPlain && kSoftcap), "plain scores have no softcap");
   using Cfg = Sm90WsConfig<Element, kHeadDim, kHeadDimV>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, kStages = Cfg::kStages;
@@ -231,7 +236,10 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
   float correction[kRows];
   auto softmax = [&](std::int64_t i) {
-    mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, (n_first + i) * BN, len_q, len_k);
+    if constexpr (kSoftcap)
+      softcap_scores<BM, BN>(acc_s, tScS, p, m0, (n_first + i) * BN, len_q, len_k);
+    else
+      mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, (n_first + i) * BN, len_q, len_k);
     online_softmax_scores(acc_s, row_max, row_sum, correction, to_log2);
   };
   auto to_p = [&] {
@@ -314,9 +322,11 @@ void launch_forward_sm90ws(const Problem& p, const void* q, const void* k, const
   using Cfg = Sm90WsConfig<Element, kHeadDim, kHeadDimV>;
   if (p.sq == 0 || p.hq == 0 || p.batch == 0) return;
   const TmaLoads tma = tma_forward_loads(p, q, k, v, [&](const TmaTensor4d& t) { return encode_tma(t, p.dtype); });
+  // launch_forward_kernel runs the first kernel for plain scores, the second otherwise
   launch_forward_kernel<Element>(p, forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>,
-                                 forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kRowsPerCta,
-                                 Cfg::kThreads, Cfg::kSmemBytes, q, k, v, out, lse, stream, tma);
+                                 p.softcap_scores() ? forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false, true>
+                                                    : forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>,
+                                 Cfg::kRowsPerCta, Cfg::kThreads, Cfg::kSmemBytes, q, k, v, out, lse, stream, tma);
 }
 
 }  // namespace rudnn::attention::flash
