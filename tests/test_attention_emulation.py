@@ -251,6 +251,9 @@ FLASH_CASES = {
     "d128_window": dict(shape=(1, 1, 1, 100, 90, 128, 128), window=(40, 0)),
     "d192_dv128_causal": dict(shape=(1, 2, 1, 70, 150, 192, 128), causal=True),
     "d256_softcap": dict(shape=(1, 1, 1, 65, 100, 256, 256), softcap=15.0),
+    # softcap with causal and GQA at D = 128 over three 128-key blocks: the warp-specialized
+    # forward's softcap instantiation (transform inline) where Gemma-style models run it
+    "d128_softcap_causal_gqa": dict(shape=(1, 4, 2, 100, 300, 128, 128), causal=True, softcap=30.0),
     # six blocks of the warp-specialized forward's 128 keys: its ring of K/V stages (3) goes
     # round twice
     "ring_wraps": dict(shape=(1, 2, 1, 70, 700, 64, 64)),
@@ -320,10 +323,12 @@ def _varlen_inputs(seed):
     return q, k, v, cu_q, cu_k
 
 
-@pytest.mark.parametrize("generation", ["sm80", "sm90", "sm90ws"])
-def test_flash_forward_kernel_varlen(flash_emulator, tmp_path, generation):
+# (softcap: the warp-specialized forward's softcap instantiation, whose transform runs on the
+# NaN keys of the tail tiles before their scores are masked)
+@pytest.mark.parametrize("generation,softcap", [("sm80", None), ("sm90", None), ("sm90ws", None), ("sm90ws", 25.0)])
+def test_flash_forward_kernel_varlen(flash_emulator, tmp_path, generation, softcap):
     q, k, v, cu_q, cu_k = _varlen_inputs(seed=31)
-    opts = {"causal": True}
+    opts = {"causal": True, **({"softcap": softcap} if softcap else {})}
     out, lse = _run(flash_emulator, tmp_path, q, k, v, dict(opts), cu_q, cu_k,
                     env={"EMU_FLASH_GENERATION": generation})
     for b, qs, ks in _per_sequence(cu_q, cu_k):
@@ -440,6 +445,27 @@ PLANTED_FLASH_BUGS = {
     "sm90ws_tma_second_key_box_repeats_the_first": (
         "slab * 64, int(k0 + n * BN + 64 * box), int(hk), batch);",
         "slab * 64, int(k0 + n * BN), int(hk), batch);", "sm90ws", "d128_causal"),
+    # O rescaled after P V is issued instead of before (under Q K^T): O written while its wgmma is
+    # in flight (the emulator's wgmma stand-in reports it; the numbers would come out right)
+    "sm90ws_o_rescaled_while_pv_is_in_flight": (
+        "    rescale_rows(acc_o_rc, correction);  // block i's correction, under Q K^T of block i + 1\n"
+        "    Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));\n"
+        "    cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));\n"
+        "    warpgroup_fence_operand(acc_o90);\n    warpgroup_arrive();\n"
+        "    wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);\n",
+        "    Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));\n"
+        "    cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));\n"
+        "    warpgroup_fence_operand(acc_o90);\n    warpgroup_arrive();\n"
+        "    wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);\n"
+        "    rescale_rows(acc_o_rc, correction);\n", "sm90ws", "ring_wraps"),
+    # the softcap instantiation's transform taking half the score; or its scores never masked by
+    # position (hidden keys of the window weighed in)
+    "sm90ws_softcap_of_half_the_score": ("for (int i = 0; i < size(acc_s); ++i) acc_s(i) = transform(acc_s(i));",
+                                         "for (int i = 0; i < size(acc_s); ++i) acc_s(i) = transform(0.5f * acc_s(i));",
+                                         "sm90ws", "window_softcap"),
+    "sm90ws_softcap_scores_not_masked": (
+        "    acc_s(i) = band.visible(get<0>(coords(i)), get<1>(coords(i))) ? acc_s(i) : -INFINITY;",
+        "    acc_s(i) = acc_s(i);", "sm90ws", "window_softcap"),
     # V's boxes at K's tile size apart (right for D = Dv only): caught where Dv != D.
     "sm90ws_v_tiles_at_k_tile_stride": ("v_tiles + stage * Cfg::kTileBytesV", "v_tiles + stage * Cfg::kTileBytesK",
                                         "sm90ws", "d192_dv128_causal"),
@@ -499,12 +525,13 @@ def planted(planted_emulators, request):
 
 
 def _run_planted(*args, **kwargs):
-    """_run of a kernel with a planted bug; None when the emulator's ordering or bounds check
-    reports it (caught, whatever the numbers)."""
+    """_run of a kernel with a planted bug; None when the emulator's ordering or bounds check, or
+    its check of wgmma accumulators written in flight, reports it (caught, whatever the numbers)."""
     try:
         return _run(*args, **kwargs)
     except AssertionError as e:
-        if "shared-memory ordering hazard" not in str(e) and "shared-memory access out of bounds" not in str(e):
+        if not any(report in str(e) for report in ("shared-memory ordering hazard", "shared-memory access out of bounds",
+                                                   "wgmma accumulator written while its wgmma was in flight")):
             raise
         return None
 
@@ -619,10 +646,18 @@ PLANTED_ORDERING_HAZARDS = {
     # the stage the other may still be reading
     "sm90_split_next_tiles_before_both_warpgroups_read_them": (
         "    both(kStageRead);", "", "backward", "sm90", "d192_dv128_causal"),
-    # the warp-specialized forward's consumers release K and V of a block before P V is done
+    # the warp-specialized forward's consumers release V of a block before P V is done
     "sm90ws_stage_released_before_pv_is_done": (
-        "    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);\n    Barrier::arrive(&empty[stage]);",
-        "    Barrier::arrive(&empty[stage]);\n    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);",
+        "    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);\n    Barrier::arrive(&empty_v[stage]);",
+        "    Barrier::arrive(&empty_v[stage]);\n    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);",
+        "forward", "sm90ws", "ring_wraps"),
+    # ... or K of block 0 before its Q K^T is done. (K of a later block released before its wait
+    # is no hazard: the producer refills that stage only after V of the block before, released
+    # once P V of the previous block is done, which is after that wait. A producer that skips the
+    # wait on K's release hangs: its K copies run two phases ahead of the consumers' waits.)
+    "sm90ws_first_k_released_before_its_scores_are_done": (
+        "    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_s90);\n    Barrier::arrive(&empty_k[0]);",
+        "    Barrier::arrive(&empty_k[0]);\n    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_s90);",
         "forward", "sm90ws", "ring_wraps"),
     # ... or read V after waiting for K's copy only (V's copies are issued with K's: right numbers)
     "sm90ws_v_read_after_waiting_for_k": (

@@ -120,6 +120,52 @@ def test_sm90_kernels_run_on_hgmma(name):
             assert registers > 0, (kernel, shared, registers, hmma)
 
 
+# The warp-specialized forward's hot loop (the key-block loop: the widest conditional backward
+# branch whose body holds HGMMA; the last block and the waits' retry paths lie outside it) in its
+# plain instantiation and its softcap one (kSoftcap: Gemma-style models cap every call): no CALL
+# (bc8dffd's loops called the out-of-line score transform once per score), no local memory (a
+# spill there is paid every 128 keys), both products on HGMMA, and at most 32 KB of code, inside the
+# instruction cache (bc8dffd's loops were 140-152 KB, which matched its measured time). The
+# softcap instantiation's ptxas report shows no spill either. At D = 128, both dtypes.
+SM90WS_LOOP_BUDGET_BYTES = 32 * 1024
+
+
+def _hot_loop(lines):
+    """The SASS lines of the widest loop closed by a predicated backward branch whose body holds an
+    HGMMA (cuobjdump lines: "/*0a40*/ @!P0 BRA 0x6d90 ;")."""
+    code = []
+    for line in lines:
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            code.append((int(m.group(1), 16), m.group(2)))
+    best = []
+    for pc, text in code:
+        targets = re.findall(r"0x([0-9a-f]+)", text) if text.startswith("@") and " BRA " in text else []
+        if targets and int(targets[-1], 16) < pc:
+            body = [t for at, t in code if int(targets[-1], 16) <= at <= pc]
+            if any("HGMMA" in t for t in body) and len(body) > len(best):
+                best = body
+    return best
+
+
+def test_sm90ws_forward_hot_loops_fit_and_call_nothing():
+    report, sass = _ptxas_report("flash_fwd_sm90ws_d128.cu")
+    spills = {k: v for k, v in _spills(report).items() if "forward_sm90ws_kernel" in k}
+    softcap = {k: v for k, v in spills.items() if "Lb0ELb1E" in k}
+    assert len(softcap) == 2 and not any(softcap.values()), spills
+    kernels = {k: lines for k, lines in _sass_by_kernel(sass).items()
+               if "forward_sm90ws_kernel" in k and ("Lb1ELb0E" in k or "Lb0ELb1E" in k)}
+    assert len(kernels) == 4, sorted(_sass_by_kernel(sass))  # plain and softcap, bf16 and f16
+    for kernel, lines in kernels.items():
+        loop = _hot_loop(lines)
+        ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t in loop]
+        hgmma = sum(op.startswith("HGMMA") for op in ops)
+        calls = sum(op.startswith("CALL") for op in ops)
+        local = sum(op.startswith(("STL", "LDL")) for op in ops)
+        assert hgmma > 0 and calls == 0 and local == 0, (kernel, len(loop), hgmma, calls, local)
+        assert len(loop) * 16 <= SM90WS_LOOP_BUDGET_BYTES, (kernel, len(loop) * 16)
+
+
 # The conv family's CUTLASS implicit-GEMM convolutions (strategy="implicit_gemm"), compiled for the
 # architecture the library's build gives each file: no kernel spills; the sm80 (CUTLASS 2.x) kernels
 # multiply on mma.sync (HMMA) and load with cp.async (LDGSTS), the sm90a (CUTLASS 3.x builder) ones

@@ -119,8 +119,17 @@ struct FlashKernels {
             if (g == kSm90ws && rudnn::attention::tma_forward_supports(p, q, k, v)) {
               using Ws = Sm90WsConfig<Element, D, Dv>;
               const auto tma = rudnn::attention::tma_forward_loads(p, q, k, v, emu_encode_tma);
+              // the softcap instantiation where the library takes it (launch_forward_sm90ws)
+              const bool softcap = !kPlain && p.softcap_scores();
               emu_launch(EmuDim3{unsigned(blocks(p.sq, Ws::kRowsPerCta)), unsigned(p.hq), unsigned(p.batch)},
                          Ws::kThreads, 1, Ws::kSmemBytes, [&] {
+                           if constexpr (!kPlain) {
+                             if (softcap) {
+                               forward_sm90ws_kernel<Element, D, Dv, false, true>(
+                                   p, as_element(q), as_element(k), as_element(v), as_element(out), lse, tma);
+                               return;
+                             }
+                           }
                            forward_sm90ws_kernel<Element, D, Dv, kPlain>(p, as_element(q), as_element(k),
                                                                          as_element(v), as_element(out), lse, tma);
                          });

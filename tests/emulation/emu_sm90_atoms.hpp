@@ -67,6 +67,17 @@ inline std::uint32_t emu_gmma_offset(std::uint64_t desc, bool mn_major, int mn, 
 // The calling thread's wgmma operations: issued since the last commit, then committed groups.
 inline thread_local std::vector<std::function<void()>> emu_wgmma_open;
 inline thread_local std::vector<std::vector<std::function<void()>>> emu_wgmma_committed;
+// This thread's accumulator registers that a wgmma in flight (issued, its group not waited for)
+// writes: address -> (how many such wgmma, the bits the register must hold when the next of them
+// runs). The hardware may read and write them at any moment until the wait, so the kernel must
+// not write them in between (ptxas would serialize the wgmma: C7514); the emulator runs the
+// products at the wait, so such a write would otherwise go unseen, folded into the product.
+inline thread_local std::map<const float*, std::pair<int, std::uint32_t>> emu_wgmma_in_flight;
+inline std::uint32_t emu_float_bits(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
+}
 
 template <class Real, class In, int N, bool kRegisterA, cute::SM90::GMMA::Major kMajorB>
 struct EmuGmma : Real {
@@ -83,7 +94,8 @@ struct EmuGmma : Real {
   // The registers are read at issue (a warp exchange: the thread's two rows of A); shared memory
   // and the accumulators only when the group is waited for (emu_warpgroup_wait), as late as the
   // hardware may, so reading an accumulator early or overwriting an operand's shared memory
-  // before the wait shows up as wrong results.
+  // before the wait shows up as wrong results; writing an accumulator before the wait is
+  // reported (emu_wgmma_in_flight).
   static void issue(const std::uint32_t (&a)[4], std::uint64_t desc_a, std::uint64_t desc_b, float* const* d,
                     cute::SM90::GMMA::ScaleOut scale_d) {
     const int w = emu_warp % 4, lane = emu_lane;
@@ -102,7 +114,11 @@ struct EmuGmma : Real {
       });
     }
     std::array<float*, N / 2> acc;
-    for (int i = 0; i < N / 2; ++i) acc[i] = d[i];
+    for (int i = 0; i < N / 2; ++i) {
+      acc[i] = d[i];
+      auto [entry, fresh] = emu_wgmma_in_flight.try_emplace(acc[i], 0, emu_float_bits(*acc[i]));
+      ++entry->second.first;
+    }
     // The warpgroup's reads of its shared-memory operands, noted once (by its first thread: every
     // thread of a warpgroup that hands the operands on waits for the group first).
     EmuClock issued;
@@ -116,6 +132,12 @@ struct EmuGmma : Real {
             for (int m = 0; m < 64; ++m) emu_note_read(emu_gmma_offset(desc_a, false, m, k), issued);
         }
       for (int i = 0; i < N / 2; ++i) {
+        auto entry = emu_wgmma_in_flight.find(acc[i]);
+        if (emu_float_bits(*acc[i]) != entry->second.second) {
+          std::fprintf(stderr, "wgmma accumulator written while its wgmma was in flight: thread %u, register %d\n",
+                       emu_thread_id(), i);
+          std::abort();
+        }
         const int half = (i / 2) % 2, row = 16 * w + lane / 4 + 8 * half;
         const int col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
         float sum = scale_d == cute::SM90::GMMA::ScaleOut::Zero ? 0.0f : *acc[i];
@@ -124,6 +146,8 @@ struct EmuGmma : Real {
           sum += a_value * smem_element(desc_b, kMajorB == cute::SM90::GMMA::Major::MN, col, k);
         }
         *acc[i] = sum;
+        entry->second.second = emu_float_bits(sum);
+        if (--entry->second.first == 0) emu_wgmma_in_flight.erase(entry);
       }
     });
   }

@@ -173,6 +173,33 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 #endif
 }
 
+// 1/x on the SFU (rcp.approx.ftz: within 1 ulp; 1/inf = 0).
+__device__ __forceinline__ float rcp_approx(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return 1.0f / x;
+#endif
+}
+
+// The softcap logit cap tanh(scale dot / cap) inline, for the flash kernels' softcap
+// instantiation (no call, no tanhf slow path): tanh(x) = 1 - 2 / (1 + e^(2x)), so
+// cap tanh(x) = cap - 2 cap / (1 + 2^(dot k)) with k = 2 log2(e) scale / cap: FMUL, ex2, FADD,
+// rcp, FFMA. Absolute error a few 1e-7 cap (ex2.approx and rcp.approx are within 2 ulp; no
+// cancellation grows it, as the result is bounded by cap), where the logit's own rounding to
+// float32 is 6e-8 cap: far inside the tolerance of any 16-bit output. Saturates to +-cap
+// (2^(dot k) = inf gives rcp = 0; 0 gives -cap); NaN stays NaN.
+struct SoftcapTransform {
+  float k = 0.0f, cap = 0.0f, minus_two_cap = 0.0f;
+  __device__ __forceinline__ explicit SoftcapTransform(const Problem& p)
+      : k(2.0f * kLog2e * p.scale / p.softcap), cap(p.softcap), minus_two_cap(-2.0f * p.softcap) {}
+  __device__ __forceinline__ float operator()(float dot) const {
+    return fmaf(minus_two_cap, rcp_approx(1.0f + exp2_ftz(dot * k)), cap);
+  }
+};
+
 // The backward's probability and score-gradient weight of one (query, key) pair from its score s
 // (-inf where hidden) in log2_factor's units `to_log2`, tanh_s from the transform and the row's
 // lse: P = exp(logit - lse) and w = P * d(softcap)/d(score) * scale, so that the gradient of

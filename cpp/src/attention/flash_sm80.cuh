@@ -207,6 +207,23 @@ __device__ __forceinline__ void mask_scores(Acc& acc_s, const Coords& coords, co
   }
 }
 
+// The softcap instantiation's scores (Problem::softcap_scores: softcap, no mask or bias), in place,
+// in natural units (cuda::log2_factor<false>): the transform inline (cuda::SoftcapTransform), then
+// causal and window visibility by position as in the plain kernels (masked after the transform,
+// so a NaN key outside the sequence still ends as -inf).
+template <int BM, int BN, class Acc, class Coords>
+__device__ __forceinline__ void softcap_scores(Acc& acc_s, const Coords& coords, const Problem& p, std::int64_t m0,
+                                               std::int64_t n0, std::int64_t len_q, std::int64_t len_k) {
+  const cuda::SoftcapTransform transform(p);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) acc_s(i) = transform(acc_s(i));
+  const cuda::TileBand band = cuda::tile_band(p, m0, n0, len_q, len_k);
+  if (band.covers(BM, BN)) return;  // uniform over the CTA
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i)
+    acc_s(i) = band.visible(get<0>(coords(i)), get<1>(coords(i))) ? acc_s(i) : -INFINITY;
+}
+
 // Online softmax over one key block, the scores' part (scores in cuda::log2_factor's units, `to_log2`):
 // new row maxima (in the scores' units); row sums rescaled by correction = e^(old max - new max)
 // and grown by the new terms; scores replaced by e^(score - max). What was accumulated in O still

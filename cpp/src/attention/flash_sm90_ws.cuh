@@ -10,8 +10,10 @@
 //               descriptor over all its rows) a tail V tile's rows past the sequence are the next
 //               sequence's: the warp clears them before arriving on the full barrier itself;
 //   consumers   warpgroups 1 and 2, 64 query rows each: S = Q K^T (wgmma SS), masking and the
-//               online softmax in registers, O += P V (wgmma RS, P from registers), then an
-//               arrival on the stage's "empty" mbarrier that hands the slot back. Within a
+//               online softmax in registers, O += P V (wgmma RS, P from registers). A stage's K
+//               and V tiles are handed back apart, each on its own "empty" mbarrier: K once
+//               S = Q K^T has been waited for, V once P V has (FlashAttention-3's order: the
+//               producer refills K a whole softmax and P V earlier than with one barrier). Within a
 //               consumer, the softmax of the next block overlaps P V of this one; between the
 //               consumers, named barriers alternate GEMM issue so one's softmax overlaps the
 //               other's GEMMs (FlashAttention-3's two overlaps; see the consumer loop).
@@ -65,19 +67,24 @@ struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV, forward_keys_per_
   // (D = 192 and 256).
   static constexpr int kStages = kQBytes + 3 * (kTileBytesK + kTileBytesV) + 1024 <= 227 * 1024 ? 3 : 2;
   // Q, then the stages' K tiles, then their V tiles, then the mbarriers (full Q; full K, full V,
-  // empty per stage; V's tail landed).
+  // empty K, empty V per stage; V's tail landed).
   static constexpr int kVOffset = kQBytes + kStages * kTileBytesK;
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytesV;
-  static constexpr int kSmemBytes = kBarrierOffset + (2 + 3 * kStages) * 8;
+  static constexpr int kSmemBytes = kBarrierOffset + (2 + 4 * kStages) * 8;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on Hopper");
 };
 
-template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+// Three instantiations per head dim: kPlain (Problem::plain_scores: no mask, bias or softcap;
+// raw dots, causal and window by position), kSoftcap (Problem::softcap_scores: the softcap
+// transform inline, then visibility by position; no call per score), and neither (masks and bias:
+// the out-of-line cuda::general_logit per score).
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain, bool kSoftcap = false>
 __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kThreads, 1)
     forward_sm90ws_kernel(const __grid_constant__ Problem p, const Element* __restrict__ q,
                           const Element* __restrict__ k, const Element* __restrict__ v, Element* __restrict__ out,
                           float* __restrict__ lse, const __grid_constant__ TmaLoads tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(!(kPlain && kSoftcap), "plain scores have no softcap");
   using Cfg = Sm90WsConfig<Element, kHeadDim, kHeadDimV>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, kStages = Cfg::kStages;
@@ -103,8 +110,9 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   std::uint64_t* full_q = reinterpret_cast<std::uint64_t*>(smem_raw + Cfg::kBarrierOffset);
   std::uint64_t* full_k = full_q + 1;
   std::uint64_t* full_v = full_k + kStages;
-  std::uint64_t* empty = full_v + kStages;
-  std::uint64_t* tail_landed = empty + kStages;  // a packed batch's tail V tile, before its clearing
+  std::uint64_t* empty_k = full_v + kStages;  // K of the stage read (S = Q K^T waited for) by both consumers
+  std::uint64_t* empty_v = empty_k + kStages;  // V of the stage read (P V waited for)
+  std::uint64_t* tail_landed = empty_v + kStages;  // a packed batch's tail V tile, before its clearing
 
   std::int64_t n_first, n_last;
   const std::int64_t rows_here = len_q - cta_m0 < Cfg::kRowsPerCta ? len_q - cta_m0 : Cfg::kRowsPerCta;
@@ -115,7 +123,8 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&full_k[s], 1);
       Barrier::init(&full_v[s], 1);
-      Barrier::init(&empty[s], 128 * Cfg::kConsumers);  // every consumer thread is done with it
+      Barrier::init(&empty_k[s], 128 * Cfg::kConsumers);  // every consumer thread is done with it
+      Barrier::init(&empty_v[s], 128 * Cfg::kConsumers);
     }
     Barrier::init(tail_landed, 1);
     cutlass::arch::fence_barrier_init();
@@ -155,10 +164,12 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     };
     for (std::int64_t n = n_first, i = 0; n < n_last; ++n, ++i) {
       const int stage = int(i % kStages);
-      Barrier::wait(&empty[stage], std::uint32_t((i / kStages) & 1) ^ 1u);  // the first round passes
+      const std::uint32_t free_parity = std::uint32_t((i / kStages) & 1) ^ 1u;  // the first round passes
       unsigned char* k_stage = k_tiles + stage * Cfg::kTileBytesK;
       unsigned char* v_stage = v_tiles + stage * Cfg::kTileBytesV;
+      Barrier::wait(&empty_k[stage], free_parity);
       if (issuer) load_key_tile(tma.k, &full_k[stage], k_stage, Cfg::kTileBytesK, Cfg::kSlabsK, n);
+      Barrier::wait(&empty_v[stage], free_parity);
       // K's rows past the sequence are masked by position (their scores are set to -inf, never
       // multiplied), but V's would be multiplied by P = 0: in a packed batch they are the next
       // sequence's keys, cleared once landed, before the consumers are told (the sequence's last
@@ -225,7 +236,10 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
   float correction[kRows];
   auto softmax = [&](std::int64_t i) {
-    mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, (n_first + i) * BN, len_q, len_k);
+    if constexpr (kSoftcap)
+      softcap_scores<BM, BN>(acc_s, tScS, p, m0, (n_first + i) * BN, len_q, len_k);
+    else
+      mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, (n_first + i) * BN, len_q, len_k);
     online_softmax_scores(acc_s, row_max, row_sum, correction, to_log2);
   };
   auto to_p = [&] {
@@ -235,7 +249,9 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
 
   // FlashAttention-3's schedule, both parts:
   // * intra-warpgroup: Q K^T of block i + 1 and P V of block i are issued together, then the
-  //   softmax of block i + 1 runs on the CUDA cores while P V of block i runs on the tensor cores;
+  //   softmax of block i + 1 runs on the CUDA cores while P V of block i runs on the tensor cores,
+  //   and O's rescale by block i's correction runs between the two issues, under Q K^T of
+  //   block i + 1 (O is complete then: P V of block i - 1 was waited for in the step before);
   // * ping-pong between the two consumers: named barriers hand the right to issue GEMMs back and
   //   forth, so that one warpgroup's softmax runs while the other's GEMMs do. Consumer 0 goes
   //   first. The barriers order issue only; every data dependency is on the mbarriers and wgmma
@@ -251,8 +267,9 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s90);
+    Barrier::arrive(&empty_k[0]);  // K of block 0 is no longer read
     softmax(0);
-    to_p();  // (O is still zero: block 0's correction has nothing to rescale)
+    to_p();  // (block 0's correction rescales O while it is zero: 0 x 0, the row's first max)
   }
   // One key block; kMore: another follows (its Q K^T is issued here). The last block is a separate
   // instantiation rather than a branch: with the next block's wgmma issued under a condition,
@@ -262,6 +279,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     const int stage = int(i % kStages);
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
     if constexpr (kMore) issue_scores(i + 1);  // acc_s90 is free: block i's P is in rP
+    rescale_rows(acc_o_rc, correction);  // block i's correction, under Q K^T of block i + 1
     Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));
     cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));
     warpgroup_fence_operand(acc_o90);
@@ -273,15 +291,13 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     if constexpr (kMore) {
       warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done
       warpgroup_fence_operand(acc_s90);
-      softmax(i + 1);  // overlaps P V of block i
+      Barrier::arrive(&empty_k[(i + 1) % kStages]);  // ... and K of block i + 1 no longer read
+      softmax(i + 1);  // overlaps P V of block i; block i + 1's correction, for the next step
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o90);
-    Barrier::arrive(&empty[stage]);  // K and V of block i are no longer read
-    if constexpr (kMore) {
-      to_p();                               // rP is free now that P V of block i is done
-      rescale_rows(acc_o_rc, correction);  // block i + 1's correction, once no wgmma is in flight
-    }
+    Barrier::arrive(&empty_v[stage]);  // V of block i is no longer read
+    if constexpr (kMore) to_p();  // rP is free now that P V of block i is done
   };
   for (std::int64_t i = 0; i + 1 < blocks; ++i) step(i, std::true_type{});
   if (blocks > 0) step(blocks - 1, std::false_type{});
@@ -306,9 +322,11 @@ void launch_forward_sm90ws(const Problem& p, const void* q, const void* k, const
   using Cfg = Sm90WsConfig<Element, kHeadDim, kHeadDimV>;
   if (p.sq == 0 || p.hq == 0 || p.batch == 0) return;
   const TmaLoads tma = tma_forward_loads(p, q, k, v, [&](const TmaTensor4d& t) { return encode_tma(t, p.dtype); });
+  // launch_forward_kernel runs the first kernel for plain scores, the second otherwise
   launch_forward_kernel<Element>(p, forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>,
-                                 forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kRowsPerCta,
-                                 Cfg::kThreads, Cfg::kSmemBytes, q, k, v, out, lse, stream, tma);
+                                 p.softcap_scores() ? forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false, true>
+                                                    : forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>,
+                                 Cfg::kRowsPerCta, Cfg::kThreads, Cfg::kSmemBytes, q, k, v, out, lse, stream, tma);
 }
 
 }  // namespace rudnn::attention::flash

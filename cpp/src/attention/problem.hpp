@@ -78,6 +78,9 @@ struct Problem {
   // the plain kernels by up to 32 registers, and made the sm90a dk/dv kernel at D = 128 spill:
   // bench/NOTES.md, 2026-12-01.)
   bool plain_scores() const { return mask.data == nullptr && bias.data == nullptr && !(softcap > 0.0f); }
+  // Softcap without a mask or bias (causal and window allowed): the warp-specialized forward has
+  // an instantiation for it with the transform inline (Gemma-style models cap every call).
+  bool softcap_scores() const { return mask.data == nullptr && bias.data == nullptr && softcap > 0.0f; }
 
   bool has_mask() const { return mask.data != nullptr; }
   bool has_bias() const { return bias.data != nullptr; }
