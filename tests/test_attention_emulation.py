@@ -719,7 +719,7 @@ PLANTED_ACCUMULATED_DQ_BUGS = {
         "causal_sq_lt_sk_gqa"),
     "tail_k_rows_kept": (
         "clear_tile_rows(smem_raw, Cfg::kBoxBytes, kHeadDim / 64, BN, int(len_k - n0), tid, 32);", "", "varlen"),
-    "reduction_columns_swapped": ("acc(j), acc(j + 1));", "acc(j + 1), acc(j));", "plain_tails"),
+    "reduction_columns_swapped": ("acc(4 * j), acc(4 * j + 1));", "acc(4 * j + 1), acc(4 * j));", "plain_tails"),
 }
 
 
