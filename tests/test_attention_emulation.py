@@ -204,7 +204,11 @@ FLASH_SM90WS_EDITS = [("cutlass::arch::ClusterBarrier", "EmuMbarrier"),
                       ("SM90_TMA_LOAD_4D::copy(", "emu_tma_load_4d("),
                       ("cutlass::arch::fence_barrier_init()", "emu_fence_barrier_init()"),
                       ("cutlass::arch::warpgroup_reg_dealloc<", "emu_setmaxnreg<"),
-                      ("cutlass::arch::warpgroup_reg_alloc<", "emu_setmaxnreg<")]
+                      ("cutlass::arch::warpgroup_reg_alloc<", "emu_setmaxnreg<"),
+                      # the backward's dQ reductions (deterministic = false)
+                      ('asm volatile("{ .reg .pred p; setp.ne.b32 p, %3, 0; @p red.global.add.v2.f32 [%0], '
+                       '{%1, %2}; }" ::"l"(address),\n               "f"(a), "f"(b), "r"(int(add)));',
+                       "if (add) emu_red_add_f32x2(address, a, b);")]
 
 
 def _flash_source(extra_edits=()):
@@ -681,3 +685,100 @@ def test_flash_emulator_reports_unordered_access(planted, tmp_path, bug):
         backward = (rand(out.shape, torch.bfloat16, seed=9), out, lse)
     with pytest.raises(AssertionError, match="shared-memory ordering hazard"):
         _run(exe, tmp_path, q, k, v, dict(opts), backward=backward, env={"EMU_FLASH_GENERATION": generation})
+
+
+# ---- the sm90ws backward's two dQ paths ---------------------------------------------------------
+# With deterministic = false (the library's default, and the emulator's unless EMU_DETERMINISTIC=1)
+# the warp-specialized dk/dv kernel also forms dQ = dS K per (query block, key block) and adds it
+# into a float32 accumulator with vector reductions (red.global.add.v2.f32), zeroed before and
+# converted to dq after it; no dq kernel runs. The sm90ws cases above run that path; here it is
+# asked for explicitly on D = 64 and 128, causal and not, GQA (several query heads and key blocks
+# add into one row) and a packed variable-length batch, and the deterministic path (sm90's dq
+# kernel) keeps its own run of every sm90ws case.
+ACCUMULATED_DQ_CASES = {
+    "d128_gqa_plain": dict(shape=(1, 4, 2, 90, 200, 128, 128)),  # four key blocks add into each dQ row
+}
+
+
+def _check_sm90ws_backward(exe, tmp_path, name, deterministic):
+    if name in FLASH_CASES:  # the same inputs as _check_flash_backward's
+        q, k, v, opts = _flash_inputs(name, seed=23)
+    else:  # plain scores
+        B, Hq, Hkv, Sq, Sk, D, Dv = ACCUMULATED_DQ_CASES[name]["shape"]
+        g = torch.Generator().manual_seed(23)
+        q, k, v = (torch.randn(B, h, s, d, generator=g, dtype=torch.float64).to(torch.bfloat16)
+                   for h, s, d in ((Hq, Sq, D), (Hkv, Sk, D), (Hkv, Sk, Dv)))
+        opts = {}
+    out, lse = _oracle(q, k, v, opts)
+    dout = rand(out.shape, torch.bfloat16, seed=9)
+    ours = _run(exe, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse),
+                env={"EMU_FLASH_GENERATION": "sm90ws", "EMU_DETERMINISTIC": str(int(deterministic))})
+    g64 = _grads(q, k, v, opts, dout, torch.float64)
+    g_same = _grads(q, k, v, opts, dout, torch.bfloat16)
+    for mine, same, exact, what in zip(ours, g_same, g64, ("dq", "dk", "dv")):
+        assert torch.isfinite(mine.float()).all(), what
+        assert_close_to_oracle(mine, same, exact, f"{name} {what}")
+
+
+@pytest.mark.parametrize("name", ["plain_tails", "causal_sq_lt_sk_gqa", "causal_sq_gt_sk", "window_softcap",
+                                  "d128_causal", "d128_gqa_plain"])
+def test_flash_sm90ws_backward_accumulated_dq(flash_emulator, tmp_path, name):
+    _check_sm90ws_backward(flash_emulator, tmp_path, name, deterministic=False)
+
+
+@pytest.mark.parametrize("deterministic", ["0", "1"])
+def test_flash_sm90ws_backward_varlen_dq_paths(flash_emulator, tmp_path, monkeypatch, deterministic):
+    monkeypatch.setenv("EMU_DETERMINISTIC", deterministic)  # _run passes the environment on
+    test_flash_backward_kernels_varlen(flash_emulator, tmp_path, "sm90ws")
+
+
+@pytest.mark.parametrize("name", [n for n in FLASH_BACKWARD_CASES if FLASH_CASES[n]["shape"][5] % 64 == 0])
+def test_flash_sm90ws_backward_deterministic(flash_emulator, tmp_path, name):
+    _check_sm90ws_backward(flash_emulator, tmp_path, name, deterministic=True)
+
+
+# ... and the accumulated dQ is only evidence if a broken one fails: an accumulator that is never
+# zeroed (NaN in the emulator until zero_dq_accumulator_kernel runs), dQ formed from the V tile
+# instead of K's, or from the other dS^T tile (the previous visit's), a packed batch whose tail
+# K rows (the next sequence's, NaN in _varlen_inputs) are not cleared, and the reductions' two
+# columns swapped.
+PLANTED_ACCUMULATED_DQ_BUGS = {
+    "accumulator_not_zeroed": (
+        "i += 128) base[i] = 0.0f;", "i += 128) base[i] += 0.0f;", "plain_tails"),
+    "dq_from_v_tile": (
+        "smem_tile<Element>(smem, c * (kChunk / 64) * Cfg::kBoxBytes,",
+        "smem_tile<Element>(smem, Cfg::kBytesD + c * (kChunk / 64) * Cfg::kBoxBytes,", "d128_causal"),
+    "dq_from_previous_visits_ds": (
+        "accumulate_dq<Element, kHeadDim, kHeadDimV>(p, smem_raw, ds_bytes,",
+        "accumulate_dq<Element, kHeadDim, kHeadDimV>(p, smem_raw, Cfg::kDsOffset + int((i + 1) & 1) * Cfg::kDsBytes,",
+        "causal_sq_lt_sk_gqa"),
+    "tail_k_rows_kept": (
+        "clear_tile_rows(smem_raw, Cfg::kBoxBytes, kHeadDim / 64, BN, int(len_k - n0), tid, 32);", "", "varlen"),
+    "reduction_columns_swapped": ("acc(4 * j), acc(4 * j + 1));", "acc(4 * j + 1), acc(4 * j));", "plain_tails"),
+}
+
+
+@pytest.mark.parametrize("bug", list(PLANTED_ACCUMULATED_DQ_BUGS))
+def test_flash_emulator_catches_planted_accumulated_dq_bug(tmp_path, bug):
+    old, new, case = PLANTED_ACCUMULATED_DQ_BUGS[bug]
+    exe = _planted_emulator((old, new), "plain_tails" if case == "varlen" else case, "sm90ws", True)
+    env = {"EMU_FLASH_GENERATION": "sm90ws", "EMU_DETERMINISTIC": "0"}
+    if case == "varlen":  # as test_flash_emulator_catches_planted_varlen_bug: sequence 0's dq
+        q, k, v, cu_q, cu_k = _varlen_inputs(seed=33)
+        rows_q, rows_k = slice(0, VARLEN_LENGTHS_Q[0]), slice(0, VARLEN_LENGTHS_K[0])
+        out = torch.zeros(q.shape[0], 4, 64, dtype=torch.float64)
+        lse = torch.full((4, q.shape[0]), -math.inf, dtype=torch.float64)
+        o64, l64 = _oracle(_dense(q, rows_q), _dense(k, rows_k), _dense(v, rows_k), {"causal": True})
+        out[rows_q], lse[:, rows_q] = o64[0].transpose(0, 1), l64[0]
+        dout = rand(out.shape, torch.bfloat16, seed=19)
+        dq, _, _ = _run_planted(exe, tmp_path, q, k, v, {"causal": True}, cu_q, cu_k, backward=(dout, out, lse),
+                                env=env)
+        assert not torch.isfinite(dq[rows_q].float()).all(), f"{bug} went unnoticed"
+        return
+    q, k, v, opts = _flash_inputs(case, seed=23)
+    out, lse = _oracle(q, k, v, opts)
+    dout = rand(out.shape, torch.bfloat16, seed=9)
+    result = _run_planted(exe, tmp_path, q, k, v, dict(opts), backward=(dout, out, lse), env=env)
+    if result is not None:
+        g64 = _grads(q, k, v, opts, dout, torch.float64)
+        assert not torch.allclose(result[0].double(), g64[0], atol=0.05), f"{bug} went unnoticed"

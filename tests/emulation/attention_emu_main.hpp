@@ -88,6 +88,9 @@ int run(const std::string& which, const std::string& dir, Problem p, i64 mask_ba
   }
   BackwardProblem bp;
   bp.fwd = p;
+  // EMU_DETERMINISTIC=1: deterministic = true (the library's default is false)
+  const char* deterministic = std::getenv("EMU_DETERMINISTIC");
+  bp.deterministic = deterministic != nullptr && std::string(deterministic) == "1";
   bp.dout = p.out, bp.dq = p.q, bp.dk = p.k, bp.dv = p.v;  // dout is laid out like out
   auto dout = emu_read<Bits>(dir + "/dout.bin", rows_q * p.hq * p.dv);
   auto out = emu_read<Bits>(dir + "/out.bin", rows_q * p.hq * p.dv);

@@ -176,6 +176,29 @@ struct FlashKernels {
           const Generation g = generation();
           const EmuDim3 dq_grid{unsigned(blocks(p.sq, 64)), unsigned(p.hq), unsigned(p.batch)};
           const EmuDim3 dkdv_grid{unsigned(blocks(p.sk, 64)), unsigned(p.hkv), unsigned(p.batch)};
+          // sm90ws with deterministic = false (launch_backward_sm90ws): no dq kernel; the dk/dv
+          // kernel adds dQ into a float32 accumulator (NaN until zero_dq_accumulator_kernel
+          // clears it), converted to dq after it.
+          if constexpr (D % 64 == 0 && Dv % 64 == 0 && emu_builds(kSm90ws, true, kPlain)) {
+            if (g == kSm90ws && !bp.deterministic && rudnn::attention::tma_backward_supports(bp, q, k, v, dout)) {
+              using Ws = Sm90WsBwdConfig<Element, D, Dv>;
+              // delta's rows (fallback_backward_workspace_bytes) x D floats, as dq_accumulator_bytes
+              std::vector<float> accumulator(std::size_t((p.varlen ? 1 : p.batch) * p.hq * p.sq * D), NAN);
+              float* dq_accum = accumulator.data();
+              emu_launch(dq_grid, 128, 1, 0, [&] { zero_dq_accumulator_kernel<D>(bp, dq_accum); });
+              emu_launch(EmuDim3{unsigned(blocks(p.sq, 4)), unsigned(p.hq), unsigned(p.batch)}, 128, 1, 0,
+                         [&] { delta_kernel<Element>(bp, as_element(dout), as_element(out), delta); });
+              const auto tma = rudnn::attention::tma_backward_loads(bp, q, k, v, dout, emu_encode_tma);
+              if (p.sk > 0)
+                emu_launch(dkdv_grid, Ws::kThreads, 1, Ws::kSmemBytes, [&] {
+                  dkdv_sm90ws_kernel<Element, D, Dv, kPlain>(bp, lse, delta, as_element(dk), as_element(dv), dq_accum,
+                                                             tma);
+                });
+              emu_launch(dq_grid, 128, 1, 0,
+                         [&] { convert_dq_accumulator_kernel<Element, D>(bp, dq_accum, as_element(dq)); });
+              return;
+            }
+          }
           emu_launch(EmuDim3{unsigned(blocks(p.sq, 4)), unsigned(p.hq), unsigned(p.batch)}, 128, 1, 0,
                      [&] { delta_kernel<Element>(bp, as_element(dout), as_element(out), delta); });
           // dq: sm80's, or for both sm90a generations sm90's (sm90ws has no dq kernel of its own)
@@ -203,7 +226,8 @@ struct FlashKernels {
               using Ws = Sm90WsBwdConfig<Element, D, Dv>;
               const auto tma = rudnn::attention::tma_backward_loads(bp, q, k, v, dout, emu_encode_tma);
               emu_launch(dkdv_grid, Ws::kThreads, 1, Ws::kSmemBytes, [&] {
-                dkdv_sm90ws_kernel<Element, D, Dv, kPlain>(bp, lse, delta, as_element(dk), as_element(dv), tma);
+                dkdv_sm90ws_kernel<Element, D, Dv, kPlain>(bp, lse, delta, as_element(dk), as_element(dv), nullptr,
+                                                           tma);
               });
               return;
             }

@@ -280,6 +280,16 @@ inline int __popc(unsigned v) { return __builtin_popcount(v); }
 
 // CUDA's float atomicAdd for the emulated threads.
 inline float atomicAdd(float* address, float value) { return std::atomic_ref<float>(*address).fetch_add(value); }
+// red.global.add.v2.f32 (the test puts it in place of the kernels' inline PTX): each of the two
+// elements is added atomically (the PTX ISA makes a vector reduction atomic per element only).
+inline void emu_red_add_f32x2(float* address, float a, float b) {
+  if (reinterpret_cast<std::uintptr_t>(address) % 8 != 0) {
+    std::fprintf(stderr, "red.global.add.v2.f32 stand-in: address not 8-byte aligned\n");
+    std::abort();
+  }
+  std::atomic_ref<float>(address[0]).fetch_add(a);
+  std::atomic_ref<float>(address[1]).fetch_add(b);
+}
 
 template <class T>
 std::vector<T> emu_read(const std::string& path, std::size_t n) {

@@ -1,8 +1,8 @@
 // Host stand-ins for the sm90a (Hopper) atoms of the flash forward kernel, written from the PTX
 // ISA (as emu_sm80_atoms.hpp, which this includes):
-//   EmuGmma<Real, In, N, kRegisterA, kMajorB>
-//     wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}: A (64 x 16) K-major from shared
-//     memory through its matrix descriptor (SS) or from the warpgroup's registers (RS, the
+//   EmuGmma<Real, In, N, kRegisterA, kMajorB, kMajorA>
+//     wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}: A (64 x 16) K-major or MN-major from
+//     shared memory through its matrix descriptor (SS) or from the warpgroup's registers (RS, the
 //     m16n8k16-style fragment of each warp's 16 rows), B (N x 16) from shared memory, K-major or
 //     MN-major, through its descriptor; 128-byte swizzle. Every thread computes its own N / 2
 //     accumulators, from shared memory as it is when the kernel waits for the group
@@ -79,8 +79,10 @@ inline std::uint32_t emu_float_bits(float x) {
   return b;
 }
 
-template <class Real, class In, int N, bool kRegisterA, cute::SM90::GMMA::Major kMajorB>
+template <class Real, class In, int N, bool kRegisterA, cute::SM90::GMMA::Major kMajorB,
+          cute::SM90::GMMA::Major kMajorA = cute::SM90::GMMA::Major::K>
 struct EmuGmma : Real {
+  static constexpr bool kMnMajorA = kMajorA == cute::SM90::GMMA::Major::MN;
   static float smem_element(std::uint64_t desc, bool mn_major, int mn, int k) {
     std::uint16_t bits;
     std::memcpy(&bits, emu_smem + emu_gmma_offset(desc, mn_major, mn, k), 2);
@@ -129,7 +131,7 @@ struct EmuGmma : Real {
           for (int mn = 0; mn < N; ++mn)
             emu_note_read(emu_gmma_offset(desc_b, kMajorB == cute::SM90::GMMA::Major::MN, mn, k), issued);
           if (!kRegisterA)
-            for (int m = 0; m < 64; ++m) emu_note_read(emu_gmma_offset(desc_a, false, m, k), issued);
+            for (int m = 0; m < 64; ++m) emu_note_read(emu_gmma_offset(desc_a, kMnMajorA, m, k), issued);
         }
       for (int i = 0; i < N / 2; ++i) {
         auto entry = emu_wgmma_in_flight.find(acc[i]);
@@ -142,7 +144,7 @@ struct EmuGmma : Real {
         const int col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
         float sum = scale_d == cute::SM90::GMMA::ScaleOut::Zero ? 0.0f : *acc[i];
         for (int k = 0; k < 16; ++k) {
-          const float a_value = kRegisterA ? a_rows[half * 16 + k] : smem_element(desc_a, false, row, k);
+          const float a_value = kRegisterA ? a_rows[half * 16 + k] : smem_element(desc_a, kMnMajorA, row, k);
           sum += a_value * smem_element(desc_b, kMajorB == cute::SM90::GMMA::Major::MN, col, k);
         }
         *acc[i] = sum;
@@ -182,8 +184,8 @@ struct EmuGmma : Real {
 };
 
 namespace cute {
-template <class Real, class In, int N, bool kRegisterA, SM90::GMMA::Major kMajorB>
-struct MMA_Traits<EmuGmma<Real, In, N, kRegisterA, kMajorB>> : MMA_Traits<Real> {};
+template <class Real, class In, int N, bool kRegisterA, SM90::GMMA::Major kMajorB, SM90::GMMA::Major kMajorA>
+struct MMA_Traits<EmuGmma<Real, In, N, kRegisterA, kMajorB, kMajorA>> : MMA_Traits<Real> {};
 }  // namespace cute
 
 // The names the kernel's atoms are replaced by.
@@ -192,13 +194,13 @@ using Major = cute::SM90::GMMA::Major;
 namespace G = cute::SM90::GMMA;
 }  // namespace emu_gmma
 template <emu_gmma::Major A, emu_gmma::Major B>
-using EmuGmmaSS64F16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32F16F16_SS<A, B>, cute::half_t, 64, false, B>;
+using EmuGmmaSS64F16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32F16F16_SS<A, B>, cute::half_t, 64, false, B, A>;
 template <emu_gmma::Major A, emu_gmma::Major B>
-using EmuGmmaSS64BF16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32BF16BF16_SS<A, B>, cute::bfloat16_t, 64, false, B>;
+using EmuGmmaSS64BF16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32BF16BF16_SS<A, B>, cute::bfloat16_t, 64, false, B, A>;
 template <emu_gmma::Major A, emu_gmma::Major B>
-using EmuGmmaSS128F16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32F16F16_SS<A, B>, cute::half_t, 128, false, B>;
+using EmuGmmaSS128F16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32F16F16_SS<A, B>, cute::half_t, 128, false, B, A>;
 template <emu_gmma::Major A, emu_gmma::Major B>
-using EmuGmmaSS128BF16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32BF16BF16_SS<A, B>, cute::bfloat16_t, 128, false, B>;
+using EmuGmmaSS128BF16 = EmuGmma<emu_gmma::G::MMA_64x128x16_F32BF16BF16_SS<A, B>, cute::bfloat16_t, 128, false, B, A>;
 template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaRS64F16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32F16F16_RS<A, B>, cute::half_t, 64, true, B>;
 template <emu_gmma::Major A, emu_gmma::Major B>

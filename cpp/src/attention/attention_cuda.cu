@@ -13,7 +13,9 @@
 //               Hopper the sm90a kernels (flash_bwd_sm90.cuh: wgmma) for every pair, unless
 //               RUDNN_ATTENTION_FLASH=sm80; with RUDNN_ATTENTION_FLASH=sm90ws, a warp-specialized
 //               dk/dv kernel (flash_bwd_sm90_ws.cuh: TMA producer, two wgmma consumers) where the
-//               forward's sm90ws would run. Deterministic (no atomics).
+//               forward's sm90ws would run. Deterministic (no atomics), except sm90ws with
+//               deterministic = false: its dk/dv kernel also forms dQ, added across key blocks
+//               into a float32 accumulator of the workspace by atomics (5 products, not 7).
 //   "fallback"  fallback_cuda.cu: any dtype, head dim and option; deterministic backward.
 //   "auto"      flash where it supports the case, the fallback otherwise.
 //   "autotune"  times the candidates once per (shape class, dtype, device) on the caller's
@@ -380,8 +382,21 @@ std::size_t forward_workspace_bytes_cuda(const Problem& p, AttentionStrategy str
 }
 
 std::size_t backward_workspace_bytes_cuda(const BackwardProblem& bp, AttentionStrategy strategy) {
-  (void)strategy;
-  return fallback_backward_workspace_bytes(bp.fwd);  // delta_i per query row, for both strategies
+  // delta_i per query row, for every strategy; and the sm90ws backward's float32 dQ accumulator
+  // where that backward may run with deterministic = false (sized whether or not TMA can then
+  // load the operands: those checks need the pointers, and a larger workspace does no harm)
+  const Problem& p = bp.fwd;
+  const FlashKernels* kernels = flash_kernels_for(p);
+  bool accumulates = !bp.deterministic && kSm90wsBuilt && strategy != AttentionStrategy::fallback &&
+                     (p.dtype == DType::f16 || p.dtype == DType::bf16) && kernels != nullptr &&
+                     kernels->backward_sm90ws != nullptr;
+  if (accumulates) {
+    const std::vector<Generation> candidates =
+        strategy == AttentionStrategy::autotune ? tunable_generations() : std::vector<Generation>{flash_generation()};
+    accumulates = std::find(candidates.begin(), candidates.end(), Generation::sm90ws) != candidates.end();
+  }
+  if (!accumulates) return fallback_backward_workspace_bytes(p);
+  return dq_accumulator_offset(p) + dq_accumulator_bytes(p);
 }
 
 const char* forward_cuda(const AttentionForwardArgs& a, const Problem& p, const Tensor* workspace, Stream stream) {

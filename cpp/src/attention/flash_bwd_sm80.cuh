@@ -492,7 +492,7 @@ struct BackwardKernels {
 };
 
 // The backward's launches: delta, then dq (a CTA per 64 query rows of each head) and dk/dv (a CTA
-// per 64 keys of each K/V head).
+// per 64 keys of each K/V head). A null dq (or dk/dv) kernel: the caller forms that gradient itself.
 template <class Element>
 void launch_backward_kernels(const BackwardProblem& bp, const BackwardKernels<Element>& kernels, const void* dout,
                              const void* q, const void* k, const void* v, const void* out, const float* lse,
@@ -509,11 +509,13 @@ void launch_backward_kernels(const BackwardProblem& bp, const BackwardKernels<El
         bp, dO, static_cast<const Element*>(out), delta);
     RUDNN_CUDA_CHECK_LAUNCH("attention flash delta_kernel");
     auto kernel = p.plain_scores() ? kernels.dq_plain : kernels.dq_general;
-    if (kernels.dq_smem > 48 * 1024)
-      RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kernels.dq_smem));
-    kernel<<<dim3(unsigned((p.sq + 63) / 64), unsigned(p.hq), unsigned(p.batch)), kernels.dq_threads, kernels.dq_smem,
-             s>>>(bp, dO, Q, K, V, lse, delta, static_cast<Element*>(dq));
-    RUDNN_CUDA_CHECK_LAUNCH("attention flash dq kernel");
+    if (kernel != nullptr) {
+      if (kernels.dq_smem > 48 * 1024)
+        RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kernels.dq_smem));
+      kernel<<<dim3(unsigned((p.sq + 63) / 64), unsigned(p.hq), unsigned(p.batch)), kernels.dq_threads,
+               kernels.dq_smem, s>>>(bp, dO, Q, K, V, lse, delta, static_cast<Element*>(dq));
+      RUDNN_CUDA_CHECK_LAUNCH("attention flash dq kernel");
+    }
   }
   if (p.sk > 0 && kernels.dkdv_plain != nullptr) {  // none: the caller launches its own dk/dv kernel
     auto kernel = p.plain_scores() ? kernels.dkdv_plain : kernels.dkdv_general;

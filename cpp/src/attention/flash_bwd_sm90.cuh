@@ -457,11 +457,21 @@ struct DkdvRole {
 
   // One visit: Q and dO at stage_bytes (a D tile, then a Dv tile), lse and delta of its queries at
   // stats[0, BM) and stats[BM, 2 BM). The P side calls before_write(), writes the weights, calls
-  // written(); the dS side calls before_read(), reads them, calls read().
+  // written(); the dS side calls before_read(), reads them, calls read(), and, once dS^T is in
+  // its registers (Element, the accumulator's layout), ds_ready(dS^T, its (key, query) coordinates)
+  // before it issues dK += dS^T Q.
   template <class BeforeWrite, class Written, class BeforeRead, class Read>
   __device__ void visit(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t m0, std::int64_t n0,
                         std::int64_t len_q, std::int64_t len_k, int stage_bytes, const float* stats,
                         BeforeWrite&& before_write, Written&& written, BeforeRead&& before_read, Read&& read) {
+    visit(p, b, h, m0, n0, len_q, len_k, stage_bytes, stats, before_write, written, before_read, read,
+          [](auto const&, auto const&) {});
+  }
+  template <class BeforeWrite, class Written, class BeforeRead, class Read, class DsReady>
+  __device__ void visit(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t m0, std::int64_t n0,
+                        std::int64_t len_q, std::int64_t len_k, int stage_bytes, const float* stats,
+                        BeforeWrite&& before_write, Written&& written, BeforeRead&& before_read, Read&& read,
+                        DsReady&& ds_ready) {
     auto thr_s = mma_s.get_thread_slice(tid);
     cute::Tensor tScS = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<BN>, Int<BM>>{}));
     cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
@@ -513,6 +523,7 @@ struct DkdvRole {
                            smem, stage_bytes + Cfg::kBytesD, typename Cfg::template RowsT<kHeadDimV>{}))),
                        acc_dv90);
     } else {
+      ds_ready(rX, tScS);
       auto thr_dk = mma_dk.get_thread_slice(tid);
       wgmma_one<false>(mma_dk, tXa,
                        thr_dk.make_fragment_B(thr_dk.partition_B(

@@ -15,6 +15,18 @@
 //               dK += dS^T Q.
 // The consumers meet only at the weights: two named barriers (written, read) guard the one
 // buffer, so the P side runs ahead into the next block's S^T while the dS side finishes dK.
+// dQ, two ways (BackwardProblem::deterministic):
+//   true    the sm90 dq kernel, a CTA per 64 queries, recomputes S and dP and forms dQ = dS K in
+//           registers: 7 products in all, a fixed summation order;
+//   false   (5 products) the dS side also writes dS^T to shared memory (one of two [key, query]
+//           tiles, by visit parity: a visit's writes never meet the previous visit's reads), and
+//           after dK += dS^T Q issues dQ_part = dS K (SS wgmma: dS through the tile's transposed
+//           view, K through K's, kDqChunk columns of D at a time) and adds it to a float32
+//           accumulator in global memory with red.global.add.v2.f32 (rows of the sequence only);
+//           the accumulator is zeroed before the dk/dv kernel (zero_dq_accumulator_kernel) and
+//           converted to dq's dtype after it (convert_dq_accumulator_kernel; the scale is in dS
+//           already, as in the dq kernel). In a packed batch the K rows past a sequence are the
+//           next sequence's: dS is 0 there, but 0 x NaN is not, so the producer clears them.
 // TMA needs strides in 16-byte multiples, so zero-stride (broadcast) operands run the sm90
 // backward (tma_backward_supports), as do head dims that are not 64-column multiples (96).
 #pragma once
@@ -24,6 +36,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "attention/flash_bwd_sm90.cuh"
+#include "attention/kernels.hpp"  // dq_accumulator_offset
 #include "attention/tma.hpp"
 
 namespace rudnn::attention::flash {
@@ -39,26 +52,90 @@ struct Sm90WsBwdConfig : Sm90BwdConfig<Element, kHeadDim, kHeadDimV> {
   static constexpr int kProducerRegisters = kHeadDim == 256 ? 24 : 40;
   static constexpr int kConsumerRegisters = kHeadDim == 256 ? 240 : 232;
   static constexpr int kBoxBytes = 64 * 64 * int(sizeof(Element));
-  // K, V; then the stages (Q, dO); the weights (64 x 64 floats); lse and delta per stage; the
-  // mbarriers (full K/V; full and empty per stage; a tail stage landed). Three stages where they
-  // fit, else two.
-  static constexpr int kFixedBytes = Base::kPairBytes + Base::BM * Base::BN * int(sizeof(float));
+  // dQ_part = dS K (deterministic = false): dS [BM queries, BN keys] from a [key, query] tile
+  // (MN-major A), K^T [kDqChunk, BN] from K's tile (MN-major B); chunks of 64 columns where dK's
+  // accumulator (D / 2 floats per thread) leaves no room for all of D.
+  static constexpr int kDsBytes = Base::BN * Base::BM * int(sizeof(Element));
+  static constexpr int kDqChunk = kHeadDim <= 128 ? kHeadDim : 64;
+  static_assert(kHeadDim % kDqChunk == 0 && kDqChunk % 64 == 0, "dQ chunks of whole 64-column slabs");
+  using TiledMmaDq = decltype(make_tiled_mma(
+      std::conditional_t<kDqChunk == 64,
+                         ByElement<Element, SM90::GMMA::MMA_64x64x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>,
+                                   SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::MN>>,
+                         ByElement<Element, SM90::GMMA::MMA_64x128x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>,
+                                   SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::MN>>>{}));
+  // K, V; then the stages (Q, dO); two dS^T tiles; the weights (64 x 64 floats); lse and delta per
+  // stage; the mbarriers (full K/V; full and empty per stage; a tail tile landed). Three stages
+  // where they fit, else two.
+  static constexpr int kFixedBytes = Base::kPairBytes + 2 * kDsBytes + Base::BM * Base::BN * int(sizeof(float));
   static constexpr int kStageStatsBytes = 2 * Base::BM * int(sizeof(float));
   static constexpr int kStages =
       kFixedBytes + 3 * (Base::kPairBytes + kStageStatsBytes) + 64 <= 227 * 1024 ? 3 : 2;
   static constexpr int kStageOffset = Base::kPairBytes;  // stage s at kStageOffset + s * kPairBytes
-  static constexpr int kWeightsOffset = kStageOffset + kStages * Base::kPairBytes;
+  static constexpr int kDsOffset = kStageOffset + kStages * Base::kPairBytes;  // tile t at + t * kDsBytes
+  static_assert(kDsOffset % 1024 == 0 && kDsBytes % 1024 == 0, "dS tiles on the swizzle's 1024-byte period");
+  static constexpr int kWeightsOffset = kDsOffset + 2 * kDsBytes;
   static constexpr int kStatsOffset = kWeightsOffset + Base::BM * Base::BN * int(sizeof(float));
   static constexpr int kBarrierOffset = kStatsOffset + kStages * kStageStatsBytes;
   static constexpr int kSmemBytes = kBarrierOffset + (2 + 2 * kStages) * 8;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on Hopper");
 };
 
+// Where `add`: adds (a, b) to the two floats at `address` (8-byte aligned, global memory) as one
+// vector reduction, red.global.add.v2.f32 (sm_90, PTX ISA 8.1); no value comes back, nothing
+// waits. The condition is the instruction's predicate (under a C++ branch, each reduction was a
+// branch of its own), and there is no "memory" clobber: nothing in the kernel reads what it adds
+// to, and with one the compiler reloaded the problem's fields after every reduction.
+__device__ __forceinline__ void red_add_f32x2(bool add, float* address, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %3, 0; @p red.global.add.v2.f32 [%0], {%1, %2}; }" ::"l"(address),
+               "f"(a), "f"(b), "r"(int(add)));
+#else
+  (void)add, (void)address, (void)a, (void)b;
+#endif
+}
+
+// dQ_part = dS K of one visit (the dS side of dkdv_sm90ws_kernel, deterministic = false): dS from
+// its [key, query] tile at ds_bytes, K from the CTA's K tile; each chunk of kDqChunk columns
+// waited for, then added to the accumulator's rows m0 + r (below len_q) of query head (b, h). The
+// wgmma accumulator's element v0 + 2 v1 + 4 j of thread (warp w, lane l) is row 16 w + l / 4 + 8 v1,
+// column 8 j + 2 (l % 4) + v0 (PTX ISA, the m64nNk16 D fragment): a thread adds to two rows, two
+// adjacent columns per reduction, each at a constant offset from one of two row pointers.
+template <class Element, int kHeadDim, int kHeadDimV>
+__device__ __forceinline__ void accumulate_dq(const Problem& p, unsigned char* smem, int ds_bytes, int tid,
+                                              float* dq_accum, std::int64_t b, std::int64_t h, std::int64_t q0,
+                                              std::int64_t m0, std::int64_t len_q) {
+  using Cfg = Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>;
+  constexpr int BM = Cfg::BM, kChunk = Cfg::kDqChunk;
+  typename Cfg::TiledMmaDq mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  cute::Tensor tQrdS = thr_dq.make_fragment_A(
+      thr_dq.partition_A(smem_tile<Element>(smem, ds_bytes, typename Cfg::template RowsT<BM>{})));
+  // the thread's rows r and r + 8 of (b, h) from m0 (delta_index is consecutive in the row)
+  const int r = 16 * (tid / 32) + (tid % 32) / 4;
+  float* const row_r = dq_accum + (cuda::delta_index(p, b, h, q0) + m0 + r) * kHeadDim + 2 * (tid % 4);
+  float* const row_r8 = row_r + 8 * kHeadDim;
+  const bool in_r = m0 + r < len_q, in_r8 = m0 + r + 8 < len_q;
+  CUTE_UNROLL
+  for (int c = 0; c < kHeadDim / kChunk; ++c) {
+    cute::Tensor tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(
+        smem_tile<Element>(smem, c * (kChunk / 64) * Cfg::kBoxBytes, typename Cfg::template RowsT<kChunk>{})));
+    cute::Tensor acc = partition_fragment_C(mma_dq, Shape<Int<BM>, Int<kChunk>>{});
+    static_assert(decltype(size(acc))::value == kChunk / 2, "the m64nNk16 fragment: N / 2 floats per thread");
+    wgmma_one<true>(mma_dq, tQrdS, tQrKt, acc);
+    CUTE_UNROLL
+    for (int j = 0; j < kChunk / 8; ++j) {
+      red_add_f32x2(in_r, row_r + c * kChunk + 8 * j, acc(4 * j), acc(4 * j + 1));
+      red_add_f32x2(in_r8, row_r8 + c * kChunk + 8 * j, acc(4 * j + 2), acc(4 * j + 3));
+    }
+  }
+}
+
 template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
 __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>::kThreads, 1)
     dkdv_sm90ws_kernel(const __grid_constant__ BackwardProblem bp, const float* __restrict__ lse,
                        const float* __restrict__ delta, Element* __restrict__ dk, Element* __restrict__ dv,
-                       const __grid_constant__ TmaBackwardLoads tma) {
+                       float* __restrict__ dq_accum, const __grid_constant__ TmaBackwardLoads tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Cfg = Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -80,7 +157,7 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
   std::uint64_t* full_kv = reinterpret_cast<std::uint64_t*>(smem_raw + Cfg::kBarrierOffset);
   std::uint64_t* full = full_kv + 1;
   std::uint64_t* empty = full + kStages;
-  std::uint64_t* tail_landed = empty + kStages;  // a packed batch's tail Q/dO stage, before its clearing
+  std::uint64_t* tail_landed = empty + kStages;  // a packed batch's tail K/V or Q/dO tiles, before their clearing
 
   const QueryVisits visits = query_visits(p, hk, n0, len_q, len_k, BM, BN);
   const std::int64_t steps = visits.steps;
@@ -116,12 +193,24 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
       load_rows(&tma.q, bar, stage_smem, kHeadDim / 64, q0 + m0, h);
       load_rows(&tma.dout, bar, stage_smem + Cfg::kBytesD, kHeadDimV / 64, q0 + m0, h);
     };
-    if (tid == 0) {
-      TxBarrier::arrive_and_expect_tx(full_kv, Cfg::kPairBytes);
-      load_rows(&tma.k, full_kv, smem_raw, kHeadDim / 64, k0 + n0, hk);
-      load_rows(&tma.v, full_kv, smem_raw + Cfg::kBytesD, kHeadDimV / 64, k0 + n0, hk);
+    auto load_kv = [&](std::uint64_t* bar) {
+      TxBarrier::arrive_and_expect_tx(bar, Cfg::kPairBytes);
+      load_rows(&tma.k, bar, smem_raw, kHeadDim / 64, k0 + n0, hk);
+      load_rows(&tma.v, bar, smem_raw + Cfg::kBytesD, kHeadDimV / 64, k0 + n0, hk);
+    };
+    std::uint32_t tails = 0;  // tail tiles cleared so far (tail_landed's phases)
+    if (dq_accum != nullptr && p.varlen && n0 + BN > len_k) {
+      // dQ_part = dS K multiplies K's rows past the sequence (the next sequence's) by dS = 0:
+      // cleared once landed, before the consumers are told (as a tail Q/dO stage below).
+      if (tid == 0) load_kv(tail_landed);
+      Barrier::wait(tail_landed, tails++ & 1u);
+      clear_tile_rows(smem_raw, Cfg::kBoxBytes, kHeadDim / 64, BN, int(len_k - n0), tid, 32);
+      cutlass::arch::fence_view_async_shared();  // the stores, before wgmma's (async-proxy) reads
+      __syncwarp();
+      if (tid == 0) Barrier::arrive(full_kv);  // the arming arrival, no bytes
+    } else if (tid == 0) {
+      load_kv(full_kv);
     }
-    std::uint32_t tails = 0;  // tail stages cleared so far (tail_landed's phases)
     for (std::int64_t i = 0; i < steps; ++i) {
       const int stage = int(i % kStages);
       Barrier::wait(&empty[stage], std::uint32_t((i / kStages) & 1) ^ 1u);  // the first round passes
@@ -154,16 +243,19 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
   // ---- consumers: the P side (warpgroup 1) and the dS side (warpgroup 2) of DkdvRole ----
   cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegisters>();
   // The weights buffer: written by the P side (then kWeightsWritten), read by the dS side (then
-  // kWeightsRead, which the P side waits for before writing the next block's).
-  enum : std::uint32_t { kWeightsWritten = 1, kWeightsRead = 2 };  // named barriers (0: __syncthreads)
+  // kWeightsRead, which the P side waits for before writing the next block's). kDsWritten: the dS
+  // side's threads have all written this visit's dS^T tile.
+  enum : std::uint32_t { kWeightsWritten = 1, kWeightsRead = 2, kDsWritten = 3 };  // named barriers (0: __syncthreads)
   constexpr std::uint32_t kConsumerThreads = 2 * 128;
   DkdvRole<Element, kHeadDim, kHeadDimV, kPlain> role(warpgroup == 1, tid, smem_raw, s_weights);
   Barrier::wait(full_kv, 0);
   for (std::int64_t i = 0; i < steps; ++i) {
     const int stage = int(i % kStages);
+    const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
+    const int ds_bytes = Cfg::kDsOffset + int(i & 1) * Cfg::kDsBytes;  // this visit's dS^T tile
     Barrier::wait(&full[stage], std::uint32_t((i / kStages) & 1));
     role.visit(
-        p, b, visits.head(i), visits.block(i) * BM, n0, len_q, len_k, stage_bytes(stage), s_stats + stage * 2 * BM,
+        p, b, h, m0, n0, len_q, len_k, stage_bytes(stage), s_stats + stage * 2 * BM,
         [&] {
           if (i > 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, kWeightsRead);
         },
@@ -171,13 +263,64 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
         [&] { cutlass::arch::NamedBarrier::sync(kConsumerThreads, kWeightsWritten); },
         [&] {
           if (i + 1 < steps) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, kWeightsRead);
+        },
+        [&](auto const& ds_t, auto const& coords) {  // the dS side: dS^T to its tile, [key, query]
+          if (dq_accum == nullptr) return;
+          // Rows<BM> by hand: row r at 128 r bytes (8-row atoms of 128-byte rows, 1024 apart), its
+          // 16-byte chunks XORed with r % 8; the tile is 1024-aligned, so this is the address
+          // swizzle wgmma undoes. (Through CuTe's swizzled pointer the stores lose the shared state
+          // space: 16-bit generic stores.) Columns j, j + 1 (j even) share a 4-byte word.
+          CUTE_UNROLL
+          for (int j = 0; j < size(ds_t); j += 2) {
+            std::uint32_t offset = std::uint32_t(get<0>(coords(j))) * 128 + std::uint32_t(get<1>(coords(j))) * 2;
+            offset ^= ((offset >> 7) & 7u) << 4;
+            *reinterpret_cast<std::uint32_t*>(smem_raw + ds_bytes + offset) =
+                std::uint32_t(ds_t(j).raw()) | std::uint32_t(ds_t(j + 1).raw()) << 16;
+          }
+          cutlass::arch::fence_view_async_shared();  // the stores, before wgmma's (async-proxy) reads
+          cutlass::arch::NamedBarrier::sync(128, kDsWritten);
         });
     Barrier::arrive(&empty[stage]);  // this warpgroup no longer reads the stage
+    if (dq_accum != nullptr && warpgroup == 2)
+      accumulate_dq<Element, kHeadDim, kHeadDimV>(p, smem_raw, ds_bytes, tid, dq_accum, b, h, q0, m0, len_q);
   }
   role.store(bp, dk, dv, b, hk, k0, n0, len_k);
 #else
-  (void)bp, (void)lse, (void)delta, (void)dk, (void)dv;  // compiled for sm_90a only
+  (void)bp, (void)lse, (void)delta, (void)dk, (void)dv, (void)dq_accum;  // compiled for sm_90a only
 #endif
+}
+
+// The float32 dQ accumulator (deterministic = false): row r of query head (b, h) at
+// delta_index(p, b, h, r) * kHeadDim, so the rows of one head's sequence are contiguous. A CTA of
+// 128 threads per 64 of those rows (grid: query blocks, heads, sequences): zeroed before the dk/dv
+// kernel, converted to dq's dtype after it. Rows outside every sequence are neither.
+template <int kHeadDim>
+__global__ void __launch_bounds__(128)
+    zero_dq_accumulator_kernel(const __grid_constant__ BackwardProblem bp, float* __restrict__ dq_accum) {
+  const Problem& p = bp.fwd;
+  const std::int64_t h = blockIdx.y, b = blockIdx.z, m0 = std::int64_t(blockIdx.x) * 64;
+  std::int64_t q0, len_q, k0, len_k;
+  p.sequence(b, q0, len_q, k0, len_k);
+  if (m0 >= len_q) return;
+  const int rows = len_q - m0 < 64 ? int(len_q - m0) : 64;
+  float* base = dq_accum + cuda::delta_index(p, b, h, q0 + m0) * kHeadDim;
+  for (int i = threadIdx.x; i < rows * kHeadDim; i += 128) base[i] = 0.0f;
+}
+
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(128)
+    convert_dq_accumulator_kernel(const __grid_constant__ BackwardProblem bp, const float* __restrict__ dq_accum,
+                                  Element* __restrict__ dq) {
+  const Problem& p = bp.fwd;
+  const std::int64_t h = blockIdx.y, b = blockIdx.z, m0 = std::int64_t(blockIdx.x) * 64;
+  std::int64_t q0, len_q, k0, len_k;
+  p.sequence(b, q0, len_q, k0, len_k);
+  if (m0 >= len_q) return;
+  const int rows = len_q - m0 < 64 ? int(len_q - m0) : 64;
+  const float* base = dq_accum + cuda::delta_index(p, b, h, q0 + m0) * kHeadDim;
+  Element* out = dq + bp.dq.at(b, h, q0 + m0);
+  for (int i = threadIdx.x; i < rows * kHeadDim; i += 128)
+    out[std::int64_t(i / kHeadDim) * bp.dq.s + i % kHeadDim] = static_cast<Element>(base[i]);
 }
 
 }  // namespace rudnn::attention::flash
@@ -186,28 +329,47 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
 
 namespace rudnn::attention::flash {
 
-// delta and dq (the sm90 kernels), then the warp-specialized dk/dv kernel.
+// delta; deterministic: the sm90 dq kernel, then the warp-specialized dk/dv kernel; else the
+// accumulator zeroed, the dk/dv kernel accumulating dQ, the accumulator converted to dq. The
+// workspace holds delta, then (deterministic = false) the accumulator at dq_accumulator_offset
+// (kernels.hpp, which sizes it).
 template <class Element, int kHeadDim, int kHeadDimV>
 void launch_backward_sm90ws(const BackwardProblem& bp, const void* dout, const void* q, const void* k,
                             const void* v, const void* out, const float* lse, void* dq, void* dk, void* dv,
                             float* delta, Stream stream) {
   using Cfg = Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>;
+  using Dq = typename BackwardKernels<Element>::Dq;
   const Problem& p = bp.fwd;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  float* dq_accum = bp.deterministic ? nullptr
+                                     : reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(delta) +
+                                                                dq_accumulator_offset(p));
+  const bool has_queries = p.sq > 0 && p.hq > 0 && p.batch > 0;
+  const dim3 query_grid(unsigned((p.sq + 63) / 64), unsigned(p.hq), unsigned(p.batch));
+  if (dq_accum != nullptr && has_queries) {
+    zero_dq_accumulator_kernel<kHeadDim><<<query_grid, 128, 0, s>>>(bp, dq_accum);
+    RUDNN_CUDA_CHECK_LAUNCH("attention flash sm90ws dQ accumulator zeroing");
+  }
   launch_backward_kernels<Element>(
-      bp, BackwardKernels<Element>{dq_sm90_kernel<Element, kHeadDim, kHeadDimV, true>,
-                                   dq_sm90_kernel<Element, kHeadDim, kHeadDimV, false>, Cfg::kDqSmemBytes, 128,
-                                   nullptr, nullptr, 0, 0},
+      bp, BackwardKernels<Element>{dq_accum ? Dq(nullptr) : dq_sm90_kernel<Element, kHeadDim, kHeadDimV, true>,
+                                   dq_accum ? Dq(nullptr) : dq_sm90_kernel<Element, kHeadDim, kHeadDimV, false>,
+                                   Cfg::kDqSmemBytes, 128, nullptr, nullptr, 0, 0},
       dout, q, k, v, out, lse, dq, dk, dv, delta, stream);
-  if (p.sk == 0 || p.hkv == 0 || p.batch == 0) return;
-  const TmaBackwardLoads tma =
-      tma_backward_loads(bp, q, k, v, dout, [&](const TmaTensor4d& t) { return encode_tma(t, p.dtype); });
-  auto kernel = p.plain_scores() ? dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>
-                                 : dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>;
-  RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  kernel<<<dim3(unsigned((p.sk + 63) / 64), unsigned(p.hkv), unsigned(p.batch)), Cfg::kThreads, Cfg::kSmemBytes,
-           static_cast<cudaStream_t>(stream)>>>(bp, lse, delta, static_cast<Element*>(dk),
-                                                static_cast<Element*>(dv), tma);
-  RUDNN_CUDA_CHECK_LAUNCH("attention flash sm90ws dk/dv kernel");
+  if (p.sk > 0 && p.hkv > 0 && p.batch > 0) {
+    const TmaBackwardLoads tma =
+        tma_backward_loads(bp, q, k, v, dout, [&](const TmaTensor4d& t) { return encode_tma(t, p.dtype); });
+    auto kernel = p.plain_scores() ? dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>
+                                   : dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>;
+    RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+    kernel<<<dim3(unsigned((p.sk + 63) / 64), unsigned(p.hkv), unsigned(p.batch)), Cfg::kThreads, Cfg::kSmemBytes,
+             s>>>(bp, lse, delta, static_cast<Element*>(dk), static_cast<Element*>(dv), dq_accum, tma);
+    RUDNN_CUDA_CHECK_LAUNCH("attention flash sm90ws dk/dv kernel");
+  }
+  if (dq_accum != nullptr && has_queries) {
+    convert_dq_accumulator_kernel<Element, kHeadDim><<<query_grid, 128, 0, s>>>(bp, dq_accum,
+                                                                                static_cast<Element*>(dq));
+    RUDNN_CUDA_CHECK_LAUNCH("attention flash sm90ws dQ accumulator conversion");
+  }
 }
 
 }  // namespace rudnn::attention::flash

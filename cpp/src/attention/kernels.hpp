@@ -13,6 +13,16 @@ namespace rudnn::attention {
 void fallback_forward(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                       Stream stream);
 std::size_t fallback_backward_workspace_bytes(const Problem& p);
+
+// The flash backward's workspace: delta (fallback_backward_workspace_bytes), then, where the
+// sm90ws backward runs with deterministic = false, its float32 dQ accumulator (D floats per delta
+// row) from the next 256-byte boundary.
+inline std::size_t dq_accumulator_offset(const Problem& p) {
+  return (fallback_backward_workspace_bytes(p) + 255) / 256 * 256;
+}
+inline std::size_t dq_accumulator_bytes(const Problem& p) {
+  return fallback_backward_workspace_bytes(p) * std::size_t(p.d);
+}
 void fallback_backward(const BackwardProblem& bp, const void* dout, const void* q, const void* k, const void* v,
                        const void* out, const float* lse, void* dq, void* dk, void* dv, void* workspace,
                        Stream stream);
@@ -70,8 +80,9 @@ void flash_backward_sm90_d192_dv128(const BackwardProblem&, const void*, const v
                                     const void*, const float*, void*, void*, void*, void*, Stream);
 void flash_backward_sm90_d256(const BackwardProblem&, const void*, const void*, const void*, const void*,
                               const void*, const float*, void*, void*, void*, void*, Stream);
-// flash_bwd_sm90ws_*.cu: the warp-specialized sm90a backward (sm90's dq, a TMA-fed dk/dv), Hopper
-// only; head dims in 64-column multiples.
+// flash_bwd_sm90ws_*.cu: the warp-specialized sm90a backward (a TMA-fed dk/dv kernel; dq by sm90's
+// dq kernel where deterministic, else accumulated by the dk/dv kernel in float32 with atomics),
+// Hopper only; head dims in 64-column multiples.
 void flash_backward_sm90ws_d64(const BackwardProblem&, const void*, const void*, const void*, const void*,
                                const void*, const float*, void*, void*, void*, void*, Stream);
 void flash_backward_sm90ws_d128(const BackwardProblem&, const void*, const void*, const void*, const void*,
