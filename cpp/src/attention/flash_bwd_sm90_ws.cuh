@@ -294,32 +294,45 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
 // delta_index(p, b, h, r) * kHeadDim, so the rows of one head's sequence are contiguous. A CTA of
 // 128 threads per 64 of those rows (grid: query blocks, heads, sequences): zeroed before the dk/dv
 // kernel, converted to dq's dtype after it. Rows outside every sequence are neither.
+struct DqAccumulatorBlock {
+  std::int64_t b, h, row;  // sequence, query head, first row (packed row index, q0 + m0)
+  std::int64_t offset;     // of that row's first float in the accumulator
+  int rows;                // rows of the sequence in this block (<= 64)
+};
+
+// The block of accumulator rows this CTA of the zero/convert kernels owns; false when the
+// sequence has no rows there (shorter sequences of a padded grid).
+template <int kHeadDim>
+__device__ inline bool dq_accumulator_block(const Problem& p, DqAccumulatorBlock& blk) {
+  blk.h = blockIdx.y, blk.b = blockIdx.z;
+  const std::int64_t m0 = std::int64_t(blockIdx.x) * 64;
+  std::int64_t q0, len_q, k0, len_k;
+  p.sequence(blk.b, q0, len_q, k0, len_k);
+  if (m0 >= len_q) return false;
+  blk.rows = len_q - m0 < 64 ? int(len_q - m0) : 64;
+  blk.row = q0 + m0;
+  blk.offset = cuda::delta_index(p, blk.b, blk.h, blk.row) * kHeadDim;
+  return true;
+}
+
 template <int kHeadDim>
 __global__ void __launch_bounds__(128)
     zero_dq_accumulator_kernel(const __grid_constant__ BackwardProblem bp, float* __restrict__ dq_accum) {
-  const Problem& p = bp.fwd;
-  const std::int64_t h = blockIdx.y, b = blockIdx.z, m0 = std::int64_t(blockIdx.x) * 64;
-  std::int64_t q0, len_q, k0, len_k;
-  p.sequence(b, q0, len_q, k0, len_k);
-  if (m0 >= len_q) return;
-  const int rows = len_q - m0 < 64 ? int(len_q - m0) : 64;
-  float* base = dq_accum + cuda::delta_index(p, b, h, q0 + m0) * kHeadDim;
-  for (int i = threadIdx.x; i < rows * kHeadDim; i += 128) base[i] = 0.0f;
+  DqAccumulatorBlock blk;
+  if (!dq_accumulator_block<kHeadDim>(bp.fwd, blk)) return;
+  float* base = dq_accum + blk.offset;
+  for (int i = threadIdx.x; i < blk.rows * kHeadDim; i += 128) base[i] = 0.0f;
 }
 
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(128)
     convert_dq_accumulator_kernel(const __grid_constant__ BackwardProblem bp, const float* __restrict__ dq_accum,
                                   Element* __restrict__ dq) {
-  const Problem& p = bp.fwd;
-  const std::int64_t h = blockIdx.y, b = blockIdx.z, m0 = std::int64_t(blockIdx.x) * 64;
-  std::int64_t q0, len_q, k0, len_k;
-  p.sequence(b, q0, len_q, k0, len_k);
-  if (m0 >= len_q) return;
-  const int rows = len_q - m0 < 64 ? int(len_q - m0) : 64;
-  const float* base = dq_accum + cuda::delta_index(p, b, h, q0 + m0) * kHeadDim;
-  Element* out = dq + bp.dq.at(b, h, q0 + m0);
-  for (int i = threadIdx.x; i < rows * kHeadDim; i += 128)
+  DqAccumulatorBlock blk;
+  if (!dq_accumulator_block<kHeadDim>(bp.fwd, blk)) return;
+  const float* base = dq_accum + blk.offset;
+  Element* out = dq + bp.dq.at(blk.b, blk.h, blk.row);
+  for (int i = threadIdx.x; i < blk.rows * kHeadDim; i += 128)
     out[std::int64_t(i / kHeadDim) * bp.dq.s + i % kHeadDim] = static_cast<Element>(base[i]);
 }
 
