@@ -166,6 +166,25 @@ def test_sm90ws_forward_hot_loops_fit_and_call_nothing():
         assert len(loop) * 16 <= SM90WS_LOOP_BUDGET_BYTES, (kernel, len(loop) * 16)
 
 
+# The sm90ws backward with deterministic=False adds each 64 x D dQ tile into the float32
+# accumulator from its dk/dv kernel (one consumer warpgroup, 128 threads): D/4 vector reductions
+# per thread and key step (red.global.add.v2.f32: two floats, no return value). A regression to
+# scalar reductions (twice the instructions), to ATOMG (a round trip per add) or to reductions
+# in any other kernel of the file fails here.
+def test_sm90ws_backward_accumulates_dq_with_vector_reductions():
+    _, sass = _ptxas_report("flash_bwd_sm90ws_d128.cu")
+    kernels = _sass_by_kernel(sass)
+    dkdv = {k: v for k, v in kernels.items() if "dkdv_sm90ws_kernel" in k}
+    assert len(dkdv) == 4, sorted(kernels)  # bf16 and f16, causal and not
+    for kernel, lines in kernels.items():
+        ops = [m.group(0) for line in lines for m in [re.search(r"\b(RED|ATOM)G?\.[\w.]+", line)] if m]
+        if kernel in dkdv:
+            vector = [op for op in ops if op.startswith("REDG.E.ADD.F32x2")]
+            assert len(vector) == 128 // 4 and len(ops) == len(vector), (kernel, ops)
+        else:
+            assert not ops, (kernel, ops)
+
+
 # The conv family's CUTLASS implicit-GEMM convolutions (strategy="implicit_gemm"), compiled for the
 # architecture the library's build gives each file: no kernel spills; the sm80 (CUTLASS 2.x) kernels
 # multiply on mma.sync (HMMA) and load with cp.async (LDGSTS), the sm90a (CUTLASS 3.x builder) ones
