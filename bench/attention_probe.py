@@ -35,6 +35,10 @@ import rudnn
 from rudnn.bench.attention import _GPU_BACKWARD, _GPU_QUICK, TOKENS
 
 GENERATIONS = ("sm80", "sm90", "sm90ws")
+# The backward rows: each generation with deterministic=False (the default; sm90ws then adds dQ
+# into a float32 accumulator from its dk/dv kernel, 5 products), and sm90ws once more with
+# deterministic=True (its dq kernel recomputes S and dP: 7 products), so one run prices both.
+BACKWARD_VARIANTS = tuple((gen, False) for gen in GENERATIONS) + (("sm90ws", True),)
 PEERS = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION))
 SOFTCAP = 30.0
 # (H, S, D, causal, softcap): the bench's quick forward shapes (MHA rows; its GQA row needs
@@ -154,19 +158,20 @@ def table(quick):
             ref = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
             want = torch.autograd.grad(ref, (q, k, v), dout)
         shape = f"{q.shape[0]},{H},{S},{D},{causal},None"
-        for gen in GENERATIONS:
+        for gen, deterministic in BACKWARD_VARIANTS:
+            asked = gen + (",deterministic" if deterministic else "")
             with generation(gen):
                 try:
                     run = lambda: rudnn.attention_backward(dout, q.detach(), k.detach(), v.detach(), out, lse,  # noqa: E731
-                                                           causal=bool(causal))
+                                                           causal=bool(causal), deterministic=deterministic)
                     ms = device_ms(run, reps=3)
                     algo = rudnn.attention_last_algorithm()
                     err = max(((g.float() - w.float()).abs().max() / w.float().abs().max()).item()
                               for g, w in zip(run(), want))
                 except rudnn.Error as e:
-                    yield f"| backward | {shape} | {gen} | error: {str(e)[:80]} |"
+                    yield f"| backward | {shape} | {asked} | error: {str(e)[:80]} |"
                     continue
-            yield row("backward", shape, gen, algo, ms, flops(q, causal, True), peers, err)
+            yield row("backward", shape, asked, algo, ms, flops(q, causal, True), peers, err)
         del q, k, v, out, lse, dout, want
 
 

@@ -39,7 +39,9 @@ def test_probe_table_rows(monkeypatch):
     rows = list(p.table(quick=False))
     assert rows[0].startswith("| dir |") and set(rows[1]) == {"|", "-"}
     body = rows[2:]
-    assert len(body) == 3 * (len(p.FORWARD) + len(p.BACKWARD)), body
+    assert len(body) == 3 * len(p.FORWARD) + 4 * len(p.BACKWARD), body
+    asked = [[c.strip() for c in line.strip("|").split("|")][2] for line in body if line.startswith("| backward")]
+    assert asked[:4] == ["sm80", "sm90", "sm90ws", "sm90ws,deterministic"], asked
     for line in body:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert len(cells) == rows[0].count("|") - 1, line
