@@ -35,9 +35,9 @@ def _namespace_block(src, name):
 # The chunked kernels' hardware atoms (mma.sync, ldmatrix, cp.async) and their host stand-ins
 # (emu_sm80_atoms.hpp: the PTX ISA's fragment layouts, so a swizzle or fragment mapping that
 # disagrees with the hardware's gives wrong numbers here).
+# The mma.sync and ldmatrix atoms live in chunk_mma.cuh, which gated_delta_emu.cpp includes with
+# macros naming the stand-ins.
 CHUNK_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "unsigned char* smem_raw = emu_smem;"),
-               ("SM80_16x8x16_F32F16F16F32_TN", "EmuMmaF16"), ("SM80_16x8x16_F32BF16BF16F32_TN", "EmuMmaBF16"),
-               ("SM75_U32x4_LDSM_N", "EmuLdsmN"), ("SM75_U16x8_LDSM_T", "EmuLdsmT"),
                ("SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<", "EmuCpAsyncZfill<"),
                ("cp_async_fence()", "emu_cp_async_fence()"), ("cp_async_wait<", "emu_cp_async_wait<")]
 
@@ -57,7 +57,11 @@ def _kernels_source(extra_edits=(), cb_edits=()):
     chunk = _namespace_block(chunk_src, "emu_ch")
     layout = re.search(r"ChunkLayout chunked_forward_layout\(const Problem& p\) \{.*?\n\}\n", chunk_src, re.S).group(0)
     chunk = chunk[:-2] + layout + "}\n"
+    header = read("chunk_mma.cuh")  # the emulator includes it as chunk_mma.inc (edits apply there too)
     for old, new in list(extra_edits) + CHUNK_EDITS:  # planted bugs use the original text
+        if old not in chunk and old in header:
+            header = header.replace(old, new)
+            continue
         assert old in chunk, f"emulation edit no longer applies: {old}"
         chunk = chunk.replace(old, new)
     cb_src = read("chunked_backward.cu")
@@ -68,12 +72,17 @@ def _kernels_source(extra_edits=(), cb_edits=()):
     for old, new in list(cb_edits) + CB_EDITS:
         assert old in cb, f"emulation edit no longer applies: {old}"
         cb = cb.replace(old, new)
-    return "namespace rudnn::gated_delta::cuda {\n" + fwd + bwd + chunk + cb + "}\n"
+    return "namespace rudnn::gated_delta::cuda {\n" + fwd + bwd + chunk + cb + "}\n", header
+
+
+def _build(extra_edits=(), cb_edits=()):
+    kernels, header = _kernels_source(extra_edits, cb_edits)
+    return build_emulator("gated_delta_emu.cpp", kernels, needs_cutlass=True, extra_includes={"chunk_mma.inc": header})
 
 
 @pytest.fixture(scope="module")
 def emulator():
-    return build_emulator("gated_delta_emu.cpp", _kernels_source(), needs_cutlass=True)
+    return _build()
 
 
 def _run(exe, tmp_path, kernel, q, k, v, beta, g, state, scale, cu=None, dout=None, dfinal=None, bthk=False,
@@ -223,7 +232,7 @@ PLANTED_STAGING_BUGS = {
 
 @pytest.mark.parametrize("bug", sorted(PLANTED_STAGING_BUGS))
 def test_emulator_catches_planted_staging_bug(tmp_path, bug):
-    exe = build_emulator("gated_delta_emu.cpp", _kernels_source([PLANTED_STAGING_BUGS[bug]]), needs_cutlass=True)
+    exe = _build([PLANTED_STAGING_BUGS[bug]])
     q, k, v, beta, g, state = make_inputs(1, 1, 2, 133, 40, 48, torch.bfloat16, seed=5)
     try:
         out, final = _run(exe, tmp_path, "chunked_forward", q, k, v, beta, g, state, 0.3)
@@ -302,8 +311,26 @@ PLANTED_CB_BUGS = {
 }
 
 
+# The local kernel's K K^T on tensor cores (bf16; float32 keeps the FMAs): K's 16-bit copy written
+# row-major without the swizzle that ldmatrix reads it through, and the accumulator's elements
+# stored at the wrong token pairs (columns shifted by 8: the other n8 atom).
+PLANTED_CB_MMA_BUGS = {
+    "local_kk_copy_unswizzled": ("*reinterpret_cast<cute::uint128_t*>(&KbTile::view(kb)(r, c)) = bits;",
+                                 "*reinterpret_cast<cute::uint128_t*>(kb + r * kBwdMaxK + c) = bits;"),
+    "local_kk_accumulator_columns_shifted": ("if (r < C && c < C) ff[r * C + c] = acc(i);",
+                                             "if (r < C && (c ^ 8) < C) ff[r * C + (c ^ 8)] = acc(i);"),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED_CB_MMA_BUGS))
+def test_emulator_catches_planted_chunked_backward_tensor_core_bug(tmp_path, bug):
+    exe = _build(cb_edits=[PLANTED_CB_MMA_BUGS[bug]])
+    with pytest.raises(AssertionError):
+        _check_chunked_backward(exe, tmp_path, (1, 2, 4, 70, 16, 12, 16, None, "bhtk"), torch.bfloat16)
+
+
 @pytest.mark.parametrize("bug", sorted(PLANTED_CB_BUGS))
 def test_emulator_catches_planted_chunked_backward_bug(tmp_path, bug):
-    exe = build_emulator("gated_delta_emu.cpp", _kernels_source(cb_edits=[PLANTED_CB_BUGS[bug]]), needs_cutlass=True)
+    exe = _build(cb_edits=[PLANTED_CB_BUGS[bug]])
     with pytest.raises(AssertionError):
         _check_chunked_backward(exe, tmp_path, (1, 2, 4, 70, 16, 12, 8, None, "bhtk"), torch.float32)

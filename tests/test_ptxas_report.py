@@ -355,13 +355,26 @@ def test_gated_delta_chunked_kernels_stage_with_cp_async():
 
 # The chunked backward (cpp/src/gated_delta/chunked_backward.cu), for both architectures: its four
 # kernels, one per dtype, spill nothing (an earlier version of the local kernel kept dX rows in a
-# register array and spilled on sm_80). They are plain float32 FMA kernels: no HMMA yet.
+# register array and spilled on sm_80; its K K^T accumulators spilled at the default 128-register
+# cap before __launch_bounds__ said one CTA per SM). The local kernel runs K K^T on mma.sync for
+# f16 and bf16 (HMMA, its operands by ldmatrix from the swizzled 16-bit copy of K: 2 x 8 A and
+# 2 x 8 B blocks, one LDSM.16.M88.4 each per warp and k step, 32 in all) and keeps float32 FMAs for
+# float32 inputs (no HMMA); the other three kernels have no tensor-core product yet.
 @pytest.mark.parametrize("arch", ["80", "90a"])
 def test_gated_delta_chunked_backward_does_not_spill(arch):
     report, sass = _ptxas_report("chunked_backward.cu", family="gated_delta", arch=arch)
     spills = {k: v for k, v in _spills(report).items() if "bwd_" in k}
     assert len(spills) == 12 and not any(spills.values()), spills
-    assert set(_sass_by_kernel(sass)) == set(spills), (sorted(_sass_by_kernel(sass)), spills)
+    kernels = _sass_by_kernel(sass)
+    assert set(kernels) == set(spills), (sorted(kernels), spills)
+    for kernel, lines in kernels.items():
+        hmma = sum(bool(re.search(r"\bHMMA\.", line)) for line in lines)
+        ldsm = sum(bool(re.search(r"\bLDSM\.16\.M88\.4\b", line)) for line in lines)
+        on_tensor_cores = "bwd_local_kernel" in kernel and "bwd_local_kernelIfE" not in kernel
+        if on_tensor_cores:
+            assert hmma > 0 and ldsm >= 32, (kernel, hmma, ldsm)
+        else:
+            assert hmma == 0 and ldsm == 0, (kernel, hmma, ldsm)
 
 
 # ---- paged ------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@
 // forward's hardware atoms are the stand-ins of emu_sm80_atoms.hpp: mma.sync and ldmatrix
 // (.trans) as warp-collective exchanges with the PTX ISA's fragment layouts, cp.async copies
 // that land only when their group is waited for (zero-filled pieces included); the ordering
-// check of emu_runtime.hpp sees the copies and every lane's ldmatrix row read. So its
+// check of emu_runtime.hpp sees the copies and every lane's ldmatrix row read (chunk_mma.cuh takes
+// the stand-ins through the macros below; the chunked backward's K K^T too). So its
 // partitioning, swizzled staging, fragment loads, barriers, triangular solve and epilogues are
 // the real code; a run that meets a shared-memory ordering hazard exits with 3 (the hazards are
 // on stderr). The
@@ -39,6 +40,18 @@ inline i64 max(i64 a, i64 b) { return a > b ? a : b; }
 
 // cuda_common.cuh without its CUDA headers (already included above, before the macros).
 #include "gated_delta/cuda_common.cuh"
+
+// The chunked kernels' shared tensor-core pieces with the stand-ins in place of the hardware atoms
+// (chunk_mma.cuh names them unqualified, so these macros swap them for its text only).
+#define SM75_U32x4_LDSM_N EmuLdsmN
+#define SM75_U16x8_LDSM_T EmuLdsmT
+#define SM80_16x8x16_F32F16F16F32_TN EmuMmaF16
+#define SM80_16x8x16_F32BF16BF16F32_TN EmuMmaBF16
+#include "chunk_mma.inc"  // gated_delta/chunk_mma.cuh as the test extracted it (planted bugs included)
+#undef SM75_U32x4_LDSM_N
+#undef SM75_U16x8_LDSM_T
+#undef SM80_16x8x16_F32F16F16F32_TN
+#undef SM80_16x8x16_F32BF16BF16F32_TN
 
 // namespace rudnn::gated_delta::cuda { namespace emu_rf {...} namespace emu_rb {...} namespace emu_ch {...} }
 #include "kernels.inc"

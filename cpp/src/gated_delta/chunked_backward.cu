@@ -1,8 +1,9 @@
 // Chunked backward of the gated delta rule on CUDA (issue 26 item 2): states checkpointed at
 // chunk boundaries, the state gradient carried backwards across chunk boundaries, and the
-// gradients of each chunk's tokens from its checkpoints alone, all chunks in parallel. This
-// first version computes in float32 with plain FMAs (no tensor cores yet): the structure and the
-// workspace are the point; its speed has not been measured (no GPU was available).
+// gradients of each chunk's tokens from its checkpoints alone, all chunks in parallel. It computes
+// in float32 with plain FMAs, except the local kernel's K K^T for f16/bf16 inputs (mma.sync with
+// ldmatrix operands, chunk_mma.cuh: exact operands, float32 sums); its speed has not been
+// measured (no GPU was available).
 //
 // The math. Per value head, a chunk of C tokens (the last one padded with k = q = v = beta =
 // g = 0, which changes nothing), start state S0 [K, V], log decays g raised to -80
@@ -51,8 +52,11 @@
 // (chunked_backward_layout sizes it).
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "core/cuda_check.hpp"
+#include "gated_delta/chunk_mma.cuh"
 #include "gated_delta/cuda_common.cuh"
 
 namespace rudnn::gated_delta::cuda {
@@ -64,6 +68,16 @@ constexpr int kBwdMaxC = 64;    // chunk_size <= 64
 constexpr int kBwdMaxK = 128;   // K <= 128
 constexpr int kBwdCols = 32;    // value columns per slice (a warp's lanes)
 constexpr unsigned kBwdFullMask = 0xffffffffu;
+
+// The local kernel's K K^T on tensor cores (f16/bf16 inputs): K in the input dtype (exact: k came
+// in that dtype) in a swizzled [64][128] tile, zero padded past C and K, in the space of the
+// value-slice tiles (dead once the slices are accumulated). Its bytes, with 128 for alignment.
+using KbTile = chunk_mma::SmemTile<kBwdMaxC, kBwdMaxK>;
+constexpr int kKbFloats = (kBwdMaxC * kBwdMaxK * 2 + 128) / 4;
+// The CuTe element type of a storage type; void for float (those keep the FMA path).
+template <class T> struct CuteOf { using type = void; };
+template <> struct CuteOf<__half> { using type = cute::half_t; };
+template <> struct CuteOf<__nv_bfloat16> { using type = cute::bfloat16_t; };
 
 __device__ __forceinline__ float bwd_warp_sum(float x) {
 #pragma unroll
@@ -313,8 +327,10 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
 }
 
 // ---- 4. local gradients: per (chunk slot, q/k head), the value heads of the group in order ----
+// One CTA per SM is all its shared memory allows anyway (up to 163 KB); told to ptxas so the K K^T
+// accumulators (32 floats a thread) may take registers past 128 instead of spilling.
 template <class T>
-__global__ void __launch_bounds__(kBwdThreads)
+__global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_local_kernel(Params p, ChunkedBackwardWorkspace ws, T* dq, SeqStrides sdq, T* dk, SeqStrides sdk, T* dbeta,
                      SeqStrides sdbeta, float* dg, SeqStrides sdg) {
   extern __shared__ __align__(16) unsigned char bwd_smem_raw[];
@@ -327,11 +343,11 @@ __global__ void __launch_bounds__(kBwdThreads)
   float* da = tm + C * C;          // [C][C] dO U^T accumulated, then dA
   float* dd = da + C * C;          // [C][C] dX U^T accumulated, then D
   float* ff = dd + C * C;          // [C][C] F = dL * Gam * K K^T
-  float* us = ff + C * C;          // [C][32] U slice
+  float* us = ff + C * C;          // [C][32] U slice (then KbTile, see kKbFloats)
   float* dus = us + C * kBwdCols;  // [C][32] dU slice
   float* dxs = dus + C * kBwdCols; // [C][32] dX slice
   float* dos = dxs + C * kBwdCols; // [C][32] dO slice
-  float* bs = dos + C * kBwdCols;  // [C] beta
+  float* bs = us + max(4 * kBwdCols * C, kKbFloats);  // [C] beta
   float* gam = bs + C;             // [C] e^G
   float* wv = gam + C;             // [C] e^(G_last - G)
   float* dga = wv + C;             // [C] dG
@@ -448,13 +464,45 @@ __global__ void __launch_bounds__(kBwdThreads)
       }
     }
     __syncthreads();  // the accumulations over the slices are complete; T is no longer read
+    using E = typename CuteOf<T>::type;
+    constexpr bool kTensorCores = !std::is_void_v<E>;
+    if constexpr (kTensorCores) {
+      // K K^T = mma.sync over the 16-bit copy of K (both operands without .trans: the contracted
+      // index runs along K's rows), into ff, where the pass below reads it at its own elements.
+      using namespace cute;
+      E* kb = reinterpret_cast<E*>((reinterpret_cast<std::uintptr_t>(us) + 127) & ~std::uintptr_t(127));
+      for (int piece = tid; piece < kBwdMaxC * kBwdMaxK / 8; piece += kBwdThreads) {
+        const int r = piece / (kBwdMaxK / 8), c = piece % (kBwdMaxK / 8) * 8;
+        E pack[8];
+#pragma unroll
+        for (int l = 0; l < 8; ++l) pack[l] = E(r < C && c + l < K ? ks[r * K + c + l] : 0.0f);
+        cute::uint128_t bits;
+        memcpy(&bits, pack, 16);
+        *reinterpret_cast<cute::uint128_t*>(&KbTile::view(kb)(r, c)) = bits;  // a whole piece
+      }
+      __syncthreads();
+      auto mma = chunk_mma::make_chunk_mma<E>();
+      auto acc = partition_fragment_C(mma, Shape<Int<kBwdMaxC>, Int<kBwdMaxC>>{});
+      clear(acc);
+      chunk_mma::mma_from_smem<chunk_mma::LdsmN, chunk_mma::LdsmN>(mma, KbTile::view(kb), KbTile::view(kb), acc);
+      auto coord = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kBwdMaxC>, Int<kBwdMaxC>>{}));
+#pragma unroll
+      for (int i = 0; i < size(acc); ++i) {
+        const int r = get<0>(coord(i)), c = get<1>(coord(i));
+        if (r < C && c < C) ff[r * C + c] = acc(i);
+      }
+      __syncthreads();
+    }
     // The [C][C] terms: dA = scale Gam * lower(dO U^T), dL = -strict_lower(dX U^T), D = beta Gam dL.
     for (int e = tid; e < C * C; e += kBwdThreads) {
       const int i = e / C, j = e % C;
       const float decay = j <= i ? expf(float(gs[i] - gs[j])) : 0.0f;
       float kk = 0.0f;
-      if (j < i)
+      if constexpr (kTensorCores) {
+        kk = ff[e];  // this thread's element of K K^T
+      } else if (j < i) {
         for (int x = 0; x < K; ++x) kk += ks[i * K + x] * ks[j * K + x];
+      }
       const float dp = j <= i ? da[e] : 0.0f;
       const float dl = j < i ? -dd[e] : 0.0f;
       tm[e] = dp * un.pm[e] + dl * bs[i] * decay * kk;  // dP * P + dL * L
@@ -520,7 +568,7 @@ inline BwdSmem bwd_smem_bytes(i64 C, i64 K) {
   // G is double (first, 8-byte aligned); everything else float
   return {std::size_t(C * K + C * std::max<i64>(K, S) + 2 * C * C + 3 * C) * 4,
           std::size_t(S * K + C * K + S * C + 2 * C) * 4, std::size_t(S * K + 2 * C * K + C * C + 2 * S * C + 2 * C) * 4,
-          std::size_t(2 * C * K + 4 * C * C + 4 * S * C + 9 * C + 8) * 4};
+          std::size_t(2 * C * K + 4 * C * C + std::max<i64>(4 * S * C, kKbFloats) + 9 * C + 8) * 4};
 }
 
 }  // namespace

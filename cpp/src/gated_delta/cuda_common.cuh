@@ -177,7 +177,7 @@ ChunkLayout chunked_forward_layout(const Problem& p);
 bool chunked_forward_supported(const Problem& p, int max_smem_per_block);
 void chunked_forward(const Params& params, const Problem& problem, void* workspace, DType dtype, cudaStream_t stream);
 // The chunked backward (chunked_backward.cu): chunk_size <= 64, K <= 128, every dtype, float32
-// FMAs. Its workspace (float32, carved from the caller's buffer), per (chunk slot, value head):
+// FMAs (the local kernel's K K^T on mma.sync for f16/bf16). Its workspace (float32, carved from the caller's buffer), per (chunk slot, value head):
 // G [C] (float64: e^(G_i - G_j) stays accurate where the cumulative sums are large), T and P [C][C], W [C][K], U and dU [C][V], the chunk's start state S0 and the gradient of
 // its end state dS_C [K][V]; per (chunk slot, q/k head): dq and dk accumulators [C][K].
 struct ChunkedBackwardWorkspace {
