@@ -261,8 +261,6 @@ FLASH_CASES = {
     # six blocks of the warp-specialized forward's 128 keys: its ring of K/V stages (3) goes
     # round twice
     "ring_wraps": dict(shape=(1, 2, 1, 70, 700, 64, 64)),
-    # 18 work items of the persistent sm90ws forward (test_flash_sm90ws_forward_persistent_schedules)
-    "causal_many_items": dict(shape=(2, 3, 1, 300, 300, 64, 64), causal=True),
 }
 
 
@@ -303,23 +301,6 @@ def test_flash_sm90_forward_kernels(flash_emulator, tmp_path, name, generation):
     o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
     assert_close_to_oracle(out, o_same, o64, f"{name} out")
     torch.testing.assert_close(lse.double(), l64, rtol=1e-4, atol=1e-4)
-
-
-# The persistent sm90ws forward: CTAs walk work items (query block fastest, heaviest first) with a
-# grid stride. 18 items (2 sequences x 3 heads x 3 query blocks of 128 rows, causal over 300 keys,
-# so items differ in their key-block counts) on 1, 4 and 7 CTAs (one CTA walking all; strides
-# that do and do not divide 18): each close to the oracle, and all the same bits (the schedule
-# decides which CTA computes an item, never how).
-@pytest.mark.parametrize("ctas", [1, 4, 7])
-def test_flash_sm90ws_forward_persistent_schedules(flash_emulator, tmp_path, ctas):
-    q, k, v, opts = _flash_inputs("causal_many_items", seed=23)
-    runs = [_run(flash_emulator, tmp_path, q, k, v, dict(opts),
-                 env={"EMU_FLASH_GENERATION": "sm90ws", "EMU_SM90WS_CTAS": str(n)}) for n in (ctas, 18)]
-    o64, l64 = _oracle(q, k, v, opts)
-    o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
-    assert_close_to_oracle(runs[0][0], o_same, o64, f"{ctas} CTAs out")
-    torch.testing.assert_close(runs[0][1].double(), l64, rtol=1e-4, atol=1e-4)
-    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
 
 
 # Packed variable-length batches on the flash kernels (bfloat16, D = 64, GQA 2, causal): an
@@ -455,7 +436,7 @@ PLANTED_FLASH_BUGS = {
     "sm90ws_v_read_from_stage_0": ("thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)))",
                                    "thr_o.make_fragment_B(thr_o.partition_B(sVt(0)))", "sm90ws"),
     "sm90ws_next_scores_read_before_their_wait": (
-        "        warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done", "", "sm90ws"),
+        "      warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done", "", "sm90ws"),
     "sm90_k_descriptor_not_advanced": ("    cute::gemm(mma, a(_, _, kk), b(_, _, kk), acc);\n    mma.accumulate_",
                                        "    cute::gemm(mma, a(_, _, kk), b(_, _, 0), acc);\n    mma.accumulate_", "sm90"),
     # TMA: both consumers' Q boxes land in the first consumer's rows; every K and V box copies D's first slab.
@@ -471,16 +452,16 @@ PLANTED_FLASH_BUGS = {
     # O rescaled after P V is issued instead of before (under Q K^T): O written while its wgmma is
     # in flight (the emulator's wgmma stand-in reports it; the numbers would come out right)
     "sm90ws_o_rescaled_while_pv_is_in_flight": (
-        "      rescale_rows(acc_o_rc, correction);  // block i's correction, under Q K^T of block i + 1\n"
-        "      Barrier::wait(&full_v[stage], (ring(i) / kStages) & 1u);\n"
-        "      cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));\n"
-        "      warpgroup_fence_operand(acc_o90);\n      warpgroup_arrive();\n"
-        "      wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);\n",
-        "      Barrier::wait(&full_v[stage], (ring(i) / kStages) & 1u);\n"
-        "      cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));\n"
-        "      warpgroup_fence_operand(acc_o90);\n      warpgroup_arrive();\n"
-        "      wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);\n"
-        "      rescale_rows(acc_o_rc, correction);\n", "sm90ws", "ring_wraps"),
+        "    rescale_rows(acc_o_rc, correction);  // block i's correction, under Q K^T of block i + 1\n"
+        "    Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));\n"
+        "    cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));\n"
+        "    warpgroup_fence_operand(acc_o90);\n    warpgroup_arrive();\n"
+        "    wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);\n",
+        "    Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));\n"
+        "    cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));\n"
+        "    warpgroup_fence_operand(acc_o90);\n    warpgroup_arrive();\n"
+        "    wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);\n"
+        "    rescale_rows(acc_o_rc, correction);\n", "sm90ws", "ring_wraps"),
     # the softcap instantiation's transform taking half the score; or its scores never masked by
     # position (hidden keys of the window weighed in)
     "sm90ws_softcap_of_half_the_score": ("for (int i = 0; i < size(acc_s); ++i) acc_s(i) = transform(acc_s(i));",
@@ -489,12 +470,6 @@ PLANTED_FLASH_BUGS = {
     "sm90ws_softcap_scores_not_masked": (
         "    acc_s(i) = band.visible(get<0>(coords(i)), get<1>(coords(i))) ? acc_s(i) : -INFINITY;",
         "    acc_s(i) = acc_s(i);", "sm90ws", "window_softcap"),
-    # the persistent schedule (18 work items on 6 emulated CTAs): a stride that skips items (their
-    # rows keep the poisoned output), or a decoding that gives two items one head (one head's
-    # rows computed twice, another's never)
-    "sm90ws_schedule_drops_items": ("item += gridDim.x)", "item += gridDim.x + 1)", "sm90ws", "causal_many_items"),
-    "sm90ws_schedule_repeats_a_head": ("head % p.hq, head / p.hq}", "head / 2 * 2 % p.hq, head / p.hq}", "sm90ws",
-                                       "causal_many_items"),
     # V's boxes at K's tile size apart (right for D = Dv only): caught where Dv != D.
     "sm90ws_v_tiles_at_k_tile_stride": ("v_tiles + stage * Cfg::kTileBytesV", "v_tiles + stage * Cfg::kTileBytesK",
                                         "sm90ws", "d192_dv128_causal"),
@@ -677,35 +652,21 @@ PLANTED_ORDERING_HAZARDS = {
         "    both(kStageRead);", "", "backward", "sm90", "d192_dv128_causal"),
     # the warp-specialized forward's consumers release V of a block before P V is done
     "sm90ws_stage_released_before_pv_is_done": (
-        "      warpgroup_wait<0>();\n      warpgroup_fence_operand(acc_o90);\n      Barrier::arrive(&empty_v[stage]);",
-        "      Barrier::arrive(&empty_v[stage]);\n      warpgroup_wait<0>();\n      warpgroup_fence_operand(acc_o90);",
+        "    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);\n    Barrier::arrive(&empty_v[stage]);",
+        "    Barrier::arrive(&empty_v[stage]);\n    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);",
         "forward", "sm90ws", "ring_wraps"),
     # ... or K of block 0 before its Q K^T is done. (K of a later block released before its wait
     # is no hazard: the producer refills that stage only after V of the block before, released
     # once P V of the previous block is done, which is after that wait. A producer that skips the
     # wait on K's release hangs: its K copies run two phases ahead of the consumers' waits.)
     "sm90ws_first_k_released_before_its_scores_are_done": (
-        "      warpgroup_wait<0>();\n      warpgroup_fence_operand(acc_s90);\n      Barrier::arrive(&empty_k[ring(0) % kStages]);",
-        "      Barrier::arrive(&empty_k[ring(0) % kStages]);\n      warpgroup_wait<0>();\n      warpgroup_fence_operand(acc_s90);",
+        "    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_s90);\n    Barrier::arrive(&empty_k[0]);",
+        "    Barrier::arrive(&empty_k[0]);\n    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_s90);",
         "forward", "sm90ws", "ring_wraps"),
     # ... or read V after waiting for K's copy only (V's copies are issued with K's: right numbers)
     "sm90ws_v_read_after_waiting_for_k": (
-        "Barrier::wait(&full_v[stage], (ring(i) / kStages) & 1u);",
-        "Barrier::wait(&full_k[stage], (ring(i) / kStages) & 1u);", "forward", "sm90ws"),
-    # the persistent forward (each emulated CTA walks several work items): the consumers hand Q
-    # back before their last Q K^T of the item is done, so the producer's next Q lands under it;
-    # or the producer loads the next item's Q without waiting for that hand-back
-    "sm90ws_q_released_before_the_last_scores_are_done": (
-        "    for (std::int64_t i = 0; i + 1 < blocks; ++i) step(i, std::true_type{});\n"
-        "    if (blocks > 0) step(blocks - 1, std::false_type{});\n"
-        "    // Every Q K^T of the item has been waited for: the producer may load the next item's Q while\n"
-        "    // this one's output is stored (and its key blocks are already streaming into the ring).\n"
-        "    Barrier::arrive(empty_q);\n",
-        "    Barrier::arrive(empty_q);\n"
-        "    for (std::int64_t i = 0; i + 1 < blocks; ++i) step(i, std::true_type{});\n"
-        "    if (blocks > 0) step(blocks - 1, std::false_type{});\n", "forward", "sm90ws", "ring_wraps"),
-    "sm90ws_next_q_loaded_before_q_is_free": (
-        "      Barrier::wait(empty_q, (done & 1u) ^ 1u);", "", "forward", "sm90ws", "ring_wraps"),
+        "Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));",
+        "Barrier::wait(&full_k[stage], std::uint32_t((i / kStages) & 1));", "forward", "sm90ws"),
     # the warp-specialized dk/dv kernel's consumers read each stage without waiting for its copies
     "sm90ws_backward_stage_read_before_it_lands": (
         "    Barrier::wait(&full[stage], std::uint32_t((i / kStages) & 1));\n    role.visit(", "    role.visit(",

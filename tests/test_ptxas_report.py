@@ -131,10 +131,8 @@ SM90WS_LOOP_BUDGET_BYTES = 32 * 1024
 
 
 def _hot_loop(lines):
-    """The SASS lines of the narrowest loop closed by a predicated backward branch whose body holds
-    an HGMMA (cuobjdump lines: "/*0a40*/ @!P0 BRA 0x6d90 ;"): the key-block loop, which runs once
-    per key block; in the persistent sm90ws forward the loop over work items holds it (and an
-    item's prologue, last block and epilogue) and runs once per item."""
+    """The SASS lines of the widest loop closed by a predicated backward branch whose body holds an
+    HGMMA (cuobjdump lines: "/*0a40*/ @!P0 BRA 0x6d90 ;")."""
     code = []
     for line in lines:
         m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
@@ -145,7 +143,7 @@ def _hot_loop(lines):
         targets = re.findall(r"0x([0-9a-f]+)", text) if text.startswith("@") and " BRA " in text else []
         if targets and int(targets[-1], 16) < pc:
             body = [t for at, t in code if int(targets[-1], 16) <= at <= pc]
-            if any("HGMMA" in t for t in body) and (not best or len(body) < len(best)):
+            if any("HGMMA" in t for t in body) and len(body) > len(best):
                 best = body
     return best
 

@@ -101,17 +101,6 @@ Generation generation() {
 
 i64 blocks(i64 n, i64 tile) { return (n + tile - 1) / tile; }
 
-// CTAs of the persistent sm90ws forward (the library launches one per SM, at most one per work
-// item): EMU_SM90WS_CTAS, else a third of the work items (at least one), so that every emulated
-// CTA walks several items and the pipeline state (ring stages and phases, Q's barriers, the
-// ping-pong hand-offs) crosses item boundaries, with a grid stride above 1 where there are 6 or
-// more items.
-i64 sm90ws_ctas(i64 items) {
-  const char* n = std::getenv("EMU_SM90WS_CTAS");
-  const i64 ctas = n != nullptr ? std::atoll(n) : items / 3;
-  return std::min<i64>(items, std::max<i64>(1, ctas));
-}
-
 struct FlashKernels {
   static constexpr bool kFloat32 = false;
 
@@ -132,10 +121,8 @@ struct FlashKernels {
               const auto tma = rudnn::attention::tma_forward_loads(p, q, k, v, emu_encode_tma);
               // the softcap instantiation where the library takes it (launch_forward_sm90ws)
               const bool softcap = !kPlain && p.softcap_scores();
-              // persistent: fewer CTAs than work items, so each walks several (sm90ws_ctas)
-              const i64 items = forward_work_items(p, Ws::kRowsPerCta);
-              emu_launch(EmuDim3{unsigned(sm90ws_ctas(items)), 1, 1}, Ws::kThreads, 1,
-                         Ws::kSmemBytes, [&] {
+              emu_launch(EmuDim3{unsigned(blocks(p.sq, Ws::kRowsPerCta)), unsigned(p.hq), unsigned(p.batch)},
+                         Ws::kThreads, 1, Ws::kSmemBytes, [&] {
                            if constexpr (!kPlain) {
                              if (softcap) {
                                forward_sm90ws_kernel<Element, D, Dv, false, true>(

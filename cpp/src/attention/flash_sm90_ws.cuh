@@ -25,8 +25,6 @@
 // wgmma atoms and the per-element code are the sm90a kernel's.
 #pragma once
 
-#include <algorithm>
-
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -69,35 +67,12 @@ struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV, forward_keys_per_
   // (D = 192 and 256).
   static constexpr int kStages = kQBytes + 3 * (kTileBytesK + kTileBytesV) + 1024 <= 227 * 1024 ? 3 : 2;
   // Q, then the stages' K tiles, then their V tiles, then the mbarriers (full Q; full K, full V,
-  // empty K, empty V per stage; V's tail landed; empty Q).
+  // empty K, empty V per stage; V's tail landed).
   static constexpr int kVOffset = kQBytes + kStages * kTileBytesK;
   static constexpr int kBarrierOffset = kVOffset + kStages * kTileBytesV;
-  static constexpr int kSmemBytes = kBarrierOffset + (3 + 4 * kStages) * 8;
+  static constexpr int kSmemBytes = kBarrierOffset + (2 + 4 * kStages) * 8;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on Hopper");
 };
-
-// The kernel is persistent: gridDim.x CTAs (launch_forward_sm90ws: at most one per SM) take the
-// work items (query block of kRowsPerCta rows, query head, sequence) item = blockIdx.x,
-// blockIdx.x + gridDim.x, ... in turn, so the producer loads the next item's Q and first key
-// blocks while the consumers finish the last one's P V and store its output, and no CTA pays a
-// launch, a barrier initialization and an empty pipeline per item. The schedule is static (no
-// counter in device memory to reset). Items are numbered query block fastest, as the former
-// grid's x: CTAs that run together share a head's K and V in L2, and within a head the query
-// blocks come heaviest first (the last rows first: under causal masking they see the most keys),
-// so the light blocks are the ones left for the end.
-struct ForwardWorkItem {
-  std::int64_t m0, h, b;  // first query row of the item within its sequence, query head, sequence
-};
-
-__host__ __device__ __forceinline__ std::int64_t forward_work_items(const Problem& p, int rows_per_cta) {
-  return (p.sq + rows_per_cta - 1) / rows_per_cta * p.hq * p.batch;
-}
-
-__device__ __forceinline__ ForwardWorkItem forward_work_item(const Problem& p, std::int64_t item, int rows_per_cta) {
-  const std::int64_t m_blocks = (p.sq + rows_per_cta - 1) / rows_per_cta;
-  const std::int64_t head = item / m_blocks;  // (sequence, query head), query head fastest
-  return ForwardWorkItem{(m_blocks - 1 - item % m_blocks) * rows_per_cta, head % p.hq, head / p.hq};
-}
 
 // Three instantiations per head dim: kPlain (Problem::plain_scores: no mask, bias or softcap;
 // raw dots, causal and window by position), kSoftcap (Problem::softcap_scores: the softcap
@@ -113,8 +88,13 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   using Cfg = Sm90WsConfig<Element, kHeadDim, kHeadDimV>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, kStages = Cfg::kStages;
+  const std::int64_t h = blockIdx.y, b = blockIdx.z;
+  std::int64_t q0, len_q, k0, len_k;
+  p.sequence(b, q0, len_q, k0, len_k);
+  const std::int64_t cta_m0 = std::int64_t(cuda::query_block_heaviest_first()) * Cfg::kRowsPerCta;
+  if (cta_m0 >= len_q) return;
+  const std::int64_t hk = h / p.group;
   const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const std::int64_t items = forward_work_items(p, Cfg::kRowsPerCta);
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
   Element* smem = reinterpret_cast<Element*>(smem_raw);
@@ -133,11 +113,13 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   std::uint64_t* empty_k = full_v + kStages;  // K of the stage read (S = Q K^T waited for) by both consumers
   std::uint64_t* empty_v = empty_k + kStages;  // V of the stage read (P V waited for)
   std::uint64_t* tail_landed = empty_v + kStages;  // a packed batch's tail V tile, before its clearing
-  std::uint64_t* empty_q = tail_landed + 1;  // Q of a work item read (its last Q K^T waited for) by both consumers
+
+  std::int64_t n_first, n_last;
+  const std::int64_t rows_here = len_q - cta_m0 < Cfg::kRowsPerCta ? len_q - cta_m0 : Cfg::kRowsPerCta;
+  cuda::key_block_range(p, cta_m0, rows_here, len_q, len_k, BN, n_first, n_last);
 
   if (threadIdx.x == 0) {
     Barrier::init(full_q, 1);  // the producer's arming arrival, then the bytes of the copies
-    Barrier::init(empty_q, 128 * Cfg::kConsumers);
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&full_k[s], 1);
       Barrier::init(&full_v[s], 1);
@@ -159,69 +141,49 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     unsigned char* q_bytes = smem_raw;
     unsigned char* k_tiles = smem_raw + Cfg::kQBytes;
     unsigned char* v_tiles = smem_raw + Cfg::kVOffset;
-    // The ring continues from one work item to the next: `slot` counts the key blocks this CTA
-    // has loaded (stage slot % kStages, round slot / kStages), `done` its work items (Q's
-    // round), `tails` its cleared tail tiles (tail_landed's round). 32 bits: a CTA would need
-    // 2^32 key blocks (~10^18 FLOP) to wrap them.
-    std::uint32_t slot = 0;
-    std::uint32_t done = 0, tails = 0;
-#pragma unroll 1
-    for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-      const ForwardWorkItem w = forward_work_item(p, item, Cfg::kRowsPerCta);
-      std::int64_t q0, len_q, k0, len_k;
-      p.sequence(w.b, q0, len_q, k0, len_k);
-      if (w.m0 >= len_q) continue;  // a shorter sequence of a packed batch: no rows here
-      std::int64_t n_first, n_last;
-      cuda::key_block_range(p, w.m0, len_q - w.m0 < Cfg::kRowsPerCta ? len_q - w.m0 : Cfg::kRowsPerCta, len_q, len_k,
-                            BN, n_first, n_last);
-      const std::int64_t hk = w.h / p.group;
-      const int batch = tma_batch(p, w.b);  // rows of a packed batch: from its sequence's first (tma_operand)
-      Barrier::wait(empty_q, (done & 1u) ^ 1u);  // the previous item's Q is no longer read (the first round passes)
-      if (issuer) {
-        TxBarrier::arrive_and_expect_tx(full_q, Cfg::kQBytes);
-        for (int half = 0; half < Cfg::kConsumers; ++half)
-          for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
-            SM90_TMA_LOAD_4D::copy(&tma.q, full_q, kCacheHint,
-                                   q_bytes + Cfg::box_offset(Cfg::kQBytes, Cfg::kSlabsK, slab, half), slab * 64,
-                                   int(q0 + w.m0 + 64 * half), int(w.h), batch);
+    const int batch = tma_batch(p, b);  // rows of a packed batch: from its sequence's first (tma_operand)
+    if (issuer) {
+      TxBarrier::arrive_and_expect_tx(full_q, Cfg::kQBytes);
+      for (int half = 0; half < Cfg::kConsumers; ++half)
+        for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
+          SM90_TMA_LOAD_4D::copy(&tma.q, full_q, kCacheHint,
+                                 q_bytes + Cfg::box_offset(Cfg::kQBytes, Cfg::kSlabsK, slab, half), slab * 64,
+                                 int(q0 + cta_m0 + 64 * half), int(h), batch);
+    }
+    // Key block n of K or V into one stage: every (64-key box, 64-column slab), counted on `bar`.
+    auto load_key_tile = [&](const auto& desc, std::uint64_t* bar, unsigned char* tile, int tile_bytes, int slabs,
+                             std::int64_t n) {
+      TxBarrier::arrive_and_expect_tx(bar, tile_bytes);
+      for (int box = 0; box < Cfg::kBoxesPerSlab; ++box)
+        for (int slab = 0; slab < slabs; ++slab)
+          SM90_TMA_LOAD_4D::copy(&desc, bar, kCacheHint, tile + Cfg::box_offset(tile_bytes, slabs, slab, box),
+                                 slab * 64, int(k0 + n * BN + 64 * box), int(hk), batch);
+    };
+    auto load_v = [&](std::uint64_t* bar, unsigned char* v_stage, std::int64_t n) {
+      load_key_tile(tma.v, bar, v_stage, Cfg::kTileBytesV, Cfg::kSlabsV, n);
+    };
+    for (std::int64_t n = n_first, i = 0; n < n_last; ++n, ++i) {
+      const int stage = int(i % kStages);
+      const std::uint32_t free_parity = std::uint32_t((i / kStages) & 1) ^ 1u;  // the first round passes
+      unsigned char* k_stage = k_tiles + stage * Cfg::kTileBytesK;
+      unsigned char* v_stage = v_tiles + stage * Cfg::kTileBytesV;
+      Barrier::wait(&empty_k[stage], free_parity);
+      if (issuer) load_key_tile(tma.k, &full_k[stage], k_stage, Cfg::kTileBytesK, Cfg::kSlabsK, n);
+      Barrier::wait(&empty_v[stage], free_parity);
+      // K's rows past the sequence are masked by position (their scores are set to -inf, never
+      // multiplied), but V's would be multiplied by P = 0: in a packed batch they are the next
+      // sequence's keys, cleared once landed, before the consumers are told (the sequence's last
+      // block, the CTA's last; once per CTA).
+      if (p.varlen && (n + 1) * BN > len_k) {
+        if (issuer) load_v(tail_landed, v_stage, n);
+        Barrier::wait(tail_landed, 0);
+        clear_tile_rows(v_stage, Cfg::kTileBytesV / Cfg::kSlabsV, Cfg::kSlabsV, BN, int(len_k - n * BN), tid, 32);
+        cutlass::arch::fence_view_async_shared();  // the stores, before wgmma's (async-proxy) reads
+        __syncwarp();
+        if (issuer) Barrier::arrive(&full_v[stage]);
+      } else if (issuer) {
+        load_v(&full_v[stage], v_stage, n);
       }
-      // Key block n of K or V into one stage: every (64-key box, 64-column slab), counted on `bar`.
-      auto load_key_tile = [&](const auto& desc, std::uint64_t* bar, unsigned char* tile, int tile_bytes, int slabs,
-                               std::int64_t n) {
-        TxBarrier::arrive_and_expect_tx(bar, tile_bytes);
-        for (int box = 0; box < Cfg::kBoxesPerSlab; ++box)
-          for (int slab = 0; slab < slabs; ++slab)
-            SM90_TMA_LOAD_4D::copy(&desc, bar, kCacheHint, tile + Cfg::box_offset(tile_bytes, slabs, slab, box),
-                                   slab * 64, int(k0 + n * BN + 64 * box), int(hk), batch);
-      };
-      auto load_v = [&](std::uint64_t* bar, unsigned char* v_stage, std::int64_t n) {
-        load_key_tile(tma.v, bar, v_stage, Cfg::kTileBytesV, Cfg::kSlabsV, n);
-      };
-#pragma unroll 1
-      for (std::int64_t n = n_first; n < n_last; ++n, ++slot) {
-        const int stage = int(slot % kStages);
-        const std::uint32_t free_parity = ((slot / kStages) & 1u) ^ 1u;  // the first round passes
-        unsigned char* k_stage = k_tiles + stage * Cfg::kTileBytesK;
-        unsigned char* v_stage = v_tiles + stage * Cfg::kTileBytesV;
-        Barrier::wait(&empty_k[stage], free_parity);
-        if (issuer) load_key_tile(tma.k, &full_k[stage], k_stage, Cfg::kTileBytesK, Cfg::kSlabsK, n);
-        Barrier::wait(&empty_v[stage], free_parity);
-        // K's rows past the sequence are masked by position (their scores are set to -inf, never
-        // multiplied), but V's would be multiplied by P = 0: in a packed batch they are the next
-        // sequence's keys, cleared once landed, before the consumers are told (the sequence's last
-        // block, the work item's last; at most once per item).
-        if (p.varlen && (n + 1) * BN > len_k) {
-          if (issuer) load_v(tail_landed, v_stage, n);
-          Barrier::wait(tail_landed, tails++ & 1u);
-          clear_tile_rows(v_stage, Cfg::kTileBytesV / Cfg::kSlabsV, Cfg::kSlabsV, BN, int(len_k - n * BN), tid, 32);
-          cutlass::arch::fence_view_async_shared();  // the stores, before wgmma's (async-proxy) reads
-          __syncwarp();
-          if (issuer) Barrier::arrive(&full_v[stage]);
-        } else if (issuer) {
-          load_v(&full_v[stage], v_stage, n);
-        }
-      }
-      ++done;
     }
     return;
   }
@@ -229,7 +191,9 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   // ---- consumers ----
   cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegisters>();
   const int consumer = warpgroup - 1;
+  const std::int64_t m0 = cta_m0 + 64 * consumer;
   cute::Tensor sQmine = local_tile(sQ, Shape<Int<BM>, Int<kHeadDim>>{}, make_coord(consumer, 0));
+  Barrier::wait(full_q, 0);
 
   typename Cfg::TiledMmaS mma_s;
   auto thr_s = mma_s.get_thread_slice(tid);
@@ -237,6 +201,7 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   typename Cfg::TiledMmaO mma_o;
   auto thr_o = mma_o.get_thread_slice(tid);
   cute::Tensor acc_o90 = partition_fragment_C(mma_o, Shape<Int<BM>, Int<kHeadDimV>>{});
+  clear(acc_o90);
 
   typename Cfg::TiledMma mma;  // the mma.sync-ordered views of the accumulators
   auto thr_mma = mma.get_thread_slice(tid);
@@ -250,124 +215,96 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
   float row_max[kRows], row_sum[kRows];  // maxima in the scores' units (cuda::log2_factor)
   const float to_log2 = cuda::log2_factor<kPlain>(p);
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+
+  // Q K^T of key block i (the i-th the CTA sees) into acc_s90: issued and committed, not waited for.
   cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
+  auto issue_scores = [&](std::int64_t i) {
+    const int stage = int(i % kStages);
+    Barrier::wait(&full_k[stage], std::uint32_t((i / kStages) & 1));
+    cute::Tensor tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK(stage)));
+    warpgroup_fence_operand(acc_s90);
+    warpgroup_arrive();
+    wgmma_overwrite(mma_s, tSrQ, tSrK, acc_s90);
+    warpgroup_commit_batch();
+  };
+  // Masking and the online softmax of block i's scores (complete in acc_s90); O's correction is
+  // kept for later, P goes to rP (Element, the RS wgmma's A operand registers).
   cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
   cute::Tensor rP = make_tensor_like<Element>(acc_s);
   cute::Tensor tOrP = make_tensor(rP.data(), acc_as_a(rP.layout()));
   float correction[kRows];
+  auto softmax = [&](std::int64_t i) {
+    if constexpr (kSoftcap)
+      softcap_scores<BM, BN>(acc_s, tScS, p, m0, (n_first + i) * BN, len_q, len_k);
+    else
+      mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, (n_first + i) * BN, len_q, len_k);
+    online_softmax_scores(acc_s, row_max, row_sum, correction, to_log2);
+  };
+  auto to_p = [&] {
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_s); ++e) rP(e) = static_cast<Element>(acc_s(e));
+  };
+
+  // FlashAttention-3's schedule, both parts:
+  // * intra-warpgroup: Q K^T of block i + 1 and P V of block i are issued together, then the
+  //   softmax of block i + 1 runs on the CUDA cores while P V of block i runs on the tensor cores,
+  //   and O's rescale by block i's correction runs between the two issues, under Q K^T of
+  //   block i + 1 (O is complete then: P V of block i - 1 was waited for in the step before);
+  // * ping-pong between the two consumers: named barriers hand the right to issue GEMMs back and
+  //   forth, so that one warpgroup's softmax runs while the other's GEMMs do. Consumer 0 goes
+  //   first. The barriers order issue only; every data dependency is on the mbarriers and wgmma
+  //   waits.
+  const std::int64_t blocks = n_last - n_first;
   // Named barriers 1 and 2: 0 is __syncthreads' (every thread of the block, the producer's too).
   const std::uint32_t my_turn = std::uint32_t(1 + consumer), other_turn = std::uint32_t(2 - consumer);
   constexpr std::uint32_t kConsumerThreads = 128 * Cfg::kConsumers;
-
-  // The producer's work items in the producer's order; `slot0` is the ring position of the
-  // item's first key block (32 bits, as the producer's `slot`), `done` the items finished
-  // (full_q's round).
-  std::uint32_t slot0 = 0;
-  std::uint32_t done = 0;
-#pragma unroll 1
-  for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const ForwardWorkItem w = forward_work_item(p, item, Cfg::kRowsPerCta);
-    const std::int64_t h = w.h, b = w.b;
-    std::int64_t q0, len_q, k0, len_k;
-    p.sequence(b, q0, len_q, k0, len_k);
-    if (w.m0 >= len_q) continue;  // as the producer skips it
-    std::int64_t n_first, n_last;
-    cuda::key_block_range(p, w.m0, len_q - w.m0 < Cfg::kRowsPerCta ? len_q - w.m0 : Cfg::kRowsPerCta, len_q, len_k, BN,
-                          n_first, n_last);
-    const std::int64_t m0 = w.m0 + 64 * consumer;
-    auto ring = [&](std::int64_t i) { return slot0 + std::uint32_t(i); };  // block i's ring position
-    clear(acc_o90);
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
-    Barrier::wait(full_q, done & 1u);
-
-    // Q K^T of key block i (the i-th the item sees) into acc_s90: issued and committed, not waited for.
-    auto issue_scores = [&](std::int64_t i) {
-      const int stage = int(ring(i) % kStages);
-      Barrier::wait(&full_k[stage], (ring(i) / kStages) & 1u);
-      cute::Tensor tSrK = thr_s.make_fragment_B(thr_s.partition_B(sK(stage)));
-      warpgroup_fence_operand(acc_s90);
-      warpgroup_arrive();
-      wgmma_overwrite(mma_s, tSrQ, tSrK, acc_s90);
-      warpgroup_commit_batch();
-    };
-    // Masking and the online softmax of block i's scores (complete in acc_s90); O's correction is
-    // kept for later, P goes to rP (Element, the RS wgmma's A operand registers).
-    auto softmax = [&](std::int64_t i) {
-      if constexpr (kSoftcap)
-        softcap_scores<BM, BN>(acc_s, tScS, p, m0, (n_first + i) * BN, len_q, len_k);
-      else
-        mask_scores<kPlain, BM, BN>(acc_s, tScS, p, b, h, m0, (n_first + i) * BN, len_q, len_k);
-      online_softmax_scores(acc_s, row_max, row_sum, correction, to_log2);
-    };
-    auto to_p = [&] {
-      CUTE_UNROLL
-      for (int e = 0; e < size(acc_s); ++e) rP(e) = static_cast<Element>(acc_s(e));
-    };
-
-    // FlashAttention-3's schedule, both parts:
-    // * intra-warpgroup: Q K^T of block i + 1 and P V of block i are issued together, then the
-    //   softmax of block i + 1 runs on the CUDA cores while P V of block i runs on the tensor
-    //   cores, and O's rescale by block i's correction runs between the two issues, under Q K^T of
-    //   block i + 1 (O is complete then: P V of block i - 1 was waited for in the step before);
-    // * ping-pong between the two consumers: named barriers hand the right to issue GEMMs back
-    //   and forth, so that one warpgroup's softmax runs while the other's GEMMs do. Consumer 0
-    //   goes first. The barriers order issue only; every data dependency is on the mbarriers and
-    //   wgmma waits. Each work item's hand-offs balance (both consumers see its `blocks`), so
-    //   the next item starts the protocol afresh. An item without key blocks takes no part:
-    //   consumer 1's opening arrival would otherwise be followed at once by the next item's, and
-    //   two arrivals of one consumer complete a barrier that the other never joined.
-    const std::int64_t blocks = n_last - n_first;
-    if (blocks > 0) {
-      if (consumer == 1) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
-      issue_scores(0);
-      cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_s90);
-      Barrier::arrive(&empty_k[ring(0) % kStages]);  // K of block 0 is no longer read
-      softmax(0);
-      to_p();  // (block 0's correction rescales O while it is zero: 0 x 0, the row's first max)
-    }
-    // One key block; kMore: another follows (its Q K^T is issued here). The last block is a
-    // separate instantiation rather than a branch: with the next block's wgmma issued under a
-    // condition, ptxas cannot tell which groups wait<1> completes and serializes every wgmma (C7514).
-    auto step = [&](std::int64_t i, auto more) {
-      constexpr bool kMore = decltype(more)::value;
-      const int stage = int(ring(i) % kStages);
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
-      if constexpr (kMore) issue_scores(i + 1);  // acc_s90 is free: block i's P is in rP
-      rescale_rows(acc_o_rc, correction);  // block i's correction, under Q K^T of block i + 1
-      Barrier::wait(&full_v[stage], (ring(i) / kStages) & 1u);
-      cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));
-      warpgroup_fence_operand(acc_o90);
-      warpgroup_arrive();
-      wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);
-      warpgroup_commit_batch();  // pending: [Q K^T of i + 1,] P V of i
-      if (kMore || consumer == 0)  // consumer 1's last turn is handed to no one (its first was free)
-        cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
-      if constexpr (kMore) {
-        warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done
-        warpgroup_fence_operand(acc_s90);
-        Barrier::arrive(&empty_k[ring(i + 1) % kStages]);  // ... and K of block i + 1 no longer read
-        softmax(i + 1);  // overlaps P V of block i; block i + 1's correction, for the next step
-      }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_o90);
-      Barrier::arrive(&empty_v[stage]);  // V of block i is no longer read
-      if constexpr (kMore) to_p();  // rP is free now that P V of block i is done
-    };
-#pragma unroll 1
-    for (std::int64_t i = 0; i + 1 < blocks; ++i) step(i, std::true_type{});
-    if (blocks > 0) step(blocks - 1, std::false_type{});
-    // Every Q K^T of the item has been waited for: the producer may load the next item's Q while
-    // this one's output is stored (and its key blocks are already streaming into the ring).
-    Barrier::arrive(empty_q);
-
-    store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, to_log2, p, b, h, q0, m0, len_q, out, lse, tid);
-    slot0 += std::uint32_t(blocks);
-    ++done;
+  if (consumer == 1) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
+  if (blocks > 0) {
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+    issue_scores(0);
+    cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_s90);
+    Barrier::arrive(&empty_k[0]);  // K of block 0 is no longer read
+    softmax(0);
+    to_p();  // (block 0's correction rescales O while it is zero: 0 x 0, the row's first max)
   }
+  // One key block; kMore: another follows (its Q K^T is issued here). The last block is a separate
+  // instantiation rather than a branch: with the next block's wgmma issued under a condition,
+  // ptxas cannot tell which groups wait<1> completes and serializes every wgmma (C7514).
+  auto step = [&](std::int64_t i, auto more) {
+    constexpr bool kMore = decltype(more)::value;
+    const int stage = int(i % kStages);
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+    if constexpr (kMore) issue_scores(i + 1);  // acc_s90 is free: block i's P is in rP
+    rescale_rows(acc_o_rc, correction);  // block i's correction, under Q K^T of block i + 1
+    Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));
+    cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));
+    warpgroup_fence_operand(acc_o90);
+    warpgroup_arrive();
+    wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);
+    warpgroup_commit_batch();  // pending: [Q K^T of i + 1,] P V of i
+    if (kMore || consumer == 0)  // consumer 1's last turn is handed to no one (its first was free)
+      cutlass::arch::NamedBarrier::arrive(kConsumerThreads, other_turn);
+    if constexpr (kMore) {
+      warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done
+      warpgroup_fence_operand(acc_s90);
+      Barrier::arrive(&empty_k[(i + 1) % kStages]);  // ... and K of block i + 1 no longer read
+      softmax(i + 1);  // overlaps P V of block i; block i + 1's correction, for the next step
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o90);
+    Barrier::arrive(&empty_v[stage]);  // V of block i is no longer read
+    if constexpr (kMore) to_p();  // rP is free now that P V of block i is done
+  };
+  for (std::int64_t i = 0; i + 1 < blocks; ++i) step(i, std::true_type{});
+  if (blocks > 0) step(blocks - 1, std::false_type{});
+  if (blocks == 0 && consumer == 0)  // match consumer 1's first arrival: no barrier is left half done
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, my_turn);
+
+  store_forward_output(acc_o_rc, tOcO_rc, row_max, row_sum, to_log2, p, b, h, q0, m0, len_q, out, lse, tid);
 #else
   (void)p, (void)q, (void)k, (void)v, (void)out, (void)lse;  // compiled for sm_90a only
 #endif
@@ -376,7 +313,6 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
 }  // namespace rudnn::attention::flash
 
 #include "core/cuda_check.hpp"
-#include "core/device.hpp"
 
 namespace rudnn::attention::flash {
 
@@ -386,18 +322,11 @@ void launch_forward_sm90ws(const Problem& p, const void* q, const void* k, const
   using Cfg = Sm90WsConfig<Element, kHeadDim, kHeadDimV>;
   if (p.sq == 0 || p.hq == 0 || p.batch == 0) return;
   const TmaLoads tma = tma_forward_loads(p, q, k, v, [&](const TmaTensor4d& t) { return encode_tma(t, p.dtype); });
-  auto kernel = p.plain_scores()     ? forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>
-                : p.softcap_scores() ? forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false, true>
-                                     : forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>;
-  RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  // One CTA per SM (its shared memory and __launch_bounds__(.., 1)), each walking work items.
-  const std::int64_t items = forward_work_items(p, Cfg::kRowsPerCta);
-  const int sms = core::device_props(core::current_device()).sm_count;
-  const unsigned ctas = unsigned(std::min<std::int64_t>(items, sms > 0 ? sms : 1));
-  kernel<<<ctas, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
-      p, static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
-      static_cast<Element*>(out), lse, tma);
-  RUDNN_CUDA_CHECK_LAUNCH("attention flash forward kernel (sm90ws)");
+  // launch_forward_kernel runs the first kernel for plain scores, the second otherwise
+  launch_forward_kernel<Element>(p, forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>,
+                                 p.softcap_scores() ? forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false, true>
+                                                    : forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>,
+                                 Cfg::kRowsPerCta, Cfg::kThreads, Cfg::kSmemBytes, q, k, v, out, lse, stream, tma);
 }
 
 }  // namespace rudnn::attention::flash
