@@ -311,14 +311,24 @@ PLANTED_CB_BUGS = {
 }
 
 
-# The local kernel's K K^T on tensor cores (bf16; float32 keeps the FMAs): K's 16-bit copy written
-# row-major without the swizzle that ldmatrix reads it through, and the accumulator's elements
-# stored at the wrong token pairs (columns shifted by 8: the other n8 atom).
+# The local kernel on tensor cores (bf16; float32 keeps the FMAs): its 16-bit tiles written
+# row-major without the swizzle that ldmatrix reads them through, K K^T's accumulator stored at the
+# wrong token pairs (columns shifted by 8: the other n8 atom), a dq/dk accumulator added at the
+# wrong key column (adjacent columns swapped), dq's slice product reading dS_C instead of S0,
+# dA^T Q computed as dA Q (the transposed operand read without .trans), and D + D^T as 2 D.
 PLANTED_CB_MMA_BUGS = {
-    "local_kk_copy_unswizzled": ("*reinterpret_cast<cute::uint128_t*>(&KbTile::view(kb)(r, c)) = bits;",
-                                 "*reinterpret_cast<cute::uint128_t*>(kb + r * kBwdMaxK + c) = bits;"),
-    "local_kk_accumulator_columns_shifted": ("if (r < C && c < C) ff[r * C + c] = acc(i);",
-                                             "if (r < C && (c ^ 8) < C) ff[r * C + (c ^ 8)] = acc(i);"),
+    "local_tiles_unswizzled": ("*reinterpret_cast<cute::uint128_t*>(&Tile::view(tile)(r, c)) = bits;",
+                               "*reinterpret_cast<cute::uint128_t*>(tile + r * Tile::kCols + c) = bits;"),
+    "local_kk_accumulator_columns_shifted": ("if (i < j && j < C) tm[i * C + j] = acc(e);",
+                                             "if (i < (j ^ 8) && (j ^ 8) < C) tm[i * C + (j ^ 8)] = acc(e);"),
+    "local_dqdk_accumulator_columns_swapped": ("if (i < C && x < K) tile[i * K + x] += acc(e);",
+                                               "if (i < C && (x ^ 1) < K) tile[i * K + (x ^ 1)] += acc(e);"),
+    "local_dq_slice_reads_ds_c": ("RowSliceTile::view(a_do), StateSliceTile::view(b_s0), acc);",
+                                  "RowSliceTile::view(a_do), StateSliceTile::view(b_dsc), acc);"),
+    "local_da_not_transposed": (
+        "chunk_mma::mma_from_smem<chunk_mma::LdsmT, chunk_mma::LdsmT>(mma, PairTile::view_t(p_da), KqTile::view_t(qb), acc);",
+        "chunk_mma::mma_from_smem<chunk_mma::LdsmN, chunk_mma::LdsmT>(mma, PairTile::view(p_da), KqTile::view_t(qb), acc);"),
+    "local_d_plus_d_transposed_as_2d": ("dd[i * C + j] + dd[j * C + i] : 0.0f;", "2.0f * dd[i * C + j] : 0.0f;"),
 }
 
 

@@ -353,11 +353,20 @@ def test_gated_delta_chunked_kernels_stage_with_cp_async():
 
 # The chunked backward (cpp/src/gated_delta/chunked_backward.cu), for both architectures: its four
 # kernels, one per dtype, spill nothing (an earlier version of the local kernel kept dX rows in a
-# register array and spilled on sm_80; its K K^T accumulators spilled at the default 128-register
-# cap before __launch_bounds__ said one CTA per SM). The local kernel runs K K^T on mma.sync for
-# f16 and bf16 (HMMA, its operands by ldmatrix from the swizzled 16-bit copy of K: 2 x 8 A and
-# 2 x 8 B blocks, one LDSM.16.M88.4 each per warp and k step, 32 in all) and keeps float32 FMAs for
-# float32 inputs (no HMMA); the other three kernels have no tensor-core product yet.
+# register array and spilled on sm_80; a version holding dq and dk in registers for the whole CTA
+# spilled 148 B on sm_80). For f16 and bf16 the local kernel runs K K^T and the seven dq/dk
+# products on mma.sync with ldmatrix operands from swizzled 16-bit tiles; float32 inputs keep
+# float32 FMAs (no HMMA, no LDSM). Per warp, with 2 x 2 warps of 32 x 32 per k step of 16 (one
+# ldmatrix.x4 per 16-row A block or 16-column B block and k step; 2 x 2 HMMA m16n8k16 per block pair):
+#   K K^T         64 x 64, k 128:  A 16, B 16 (no .trans),        64 HMMA
+#   dO S0^T       64 x 128, k 32:  A 4, B 8 (no .trans),           32
+#   U dS_C^T, dX S0^T: twice that,                                 64
+#   dA K          64 x 128, k 64:  A 8 (no .trans), B 16 (.trans), 64
+#   dA^T Q        A 8 (.trans), B 16 (.trans),                     64
+#   (D + D^T) K   A 8 (no .trans), B 16 (.trans),                  64
+# = 84 LDSM.16.M88.4, 56 LDSM.16.MT88.4 and 352 HMMA, each product's code once (a product
+# falling back to FMAs, or its code duplicated, changes the counts). The other three kernels have
+# no tensor-core product yet.
 @pytest.mark.parametrize("arch", ["80", "90a"])
 def test_gated_delta_chunked_backward_does_not_spill(arch):
     report, sass = _ptxas_report("chunked_backward.cu", family="gated_delta", arch=arch)
@@ -368,11 +377,12 @@ def test_gated_delta_chunked_backward_does_not_spill(arch):
     for kernel, lines in kernels.items():
         hmma = sum(bool(re.search(r"\bHMMA\.", line)) for line in lines)
         ldsm = sum(bool(re.search(r"\bLDSM\.16\.M88\.4\b", line)) for line in lines)
+        ldsm_t = sum(bool(re.search(r"\bLDSM\.16\.MT88\.4\b", line)) for line in lines)
         on_tensor_cores = "bwd_local_kernel" in kernel and "bwd_local_kernelIfE" not in kernel
         if on_tensor_cores:
-            assert hmma > 0 and ldsm >= 32, (kernel, hmma, ldsm)
+            assert (hmma, ldsm, ldsm_t) == (352, 84, 56), (kernel, hmma, ldsm, ldsm_t)
         else:
-            assert hmma == 0 and ldsm == 0, (kernel, hmma, ldsm)
+            assert hmma == 0 and ldsm == 0 and ldsm_t == 0, (kernel, hmma, ldsm, ldsm_t)
 
 
 # ---- paged ------------------------------------------------------------------------------------

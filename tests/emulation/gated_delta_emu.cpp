@@ -150,7 +150,7 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
     ws.s0 = ws0.data(), ws.dsc = wdsc.data(), ws.dq_acc = wdq.data(), ws.dk_acc = wdk.data();
     ws.C = pr.chunk_size;
     ws.chunks_per_batch = l.chunks_per_batch;
-    const emu_cb::BwdSmem smem = emu_cb::bwd_smem_bytes(ws.C, K);
+    const emu_cb::BwdSmem smem = emu_cb::bwd_smem_bytes(ws.C, K, emu_cb::kBwdTensorCores<T>);
     const i64 vtiles = (V + 31) / 32;
     launch(l.slots * Hv, emu_cb::kBwdThreads, 1, smem.prep, [&] { emu_cb::bwd_prep_kernel<T>(p, ws); });
     launch(N * Hv * vtiles, emu_cb::kBwdThreads, 1, smem.forward, [&] { emu_cb::bwd_forward_kernel<T>(p, ws); });

@@ -31,6 +31,10 @@ template <> struct MmaAtomFor<cute::bfloat16_t> { using type = SM80_16x8x16_F32B
 // The CUDA type of the same bits, for the global loads of cuda_common.cuh.
 template <class E>
 using StorageOf = std::conditional_t<std::is_same_v<E, cute::half_t>, __half, __nv_bfloat16>;
+// The other way: the CuTe element type of a storage type; void for float (no 16-bit operands).
+template <class T> struct CuteOf { using type = void; };
+template <> struct CuteOf<__half> { using type = cute::half_t; };
+template <> struct CuteOf<__nv_bfloat16> { using type = cute::bfloat16_t; };
 
 // Layout of a [Rows][Cols] tile of 16-bit elements in shared memory: row-major, and within each
 // row the 16-byte pieces (8 elements: address bits 3-5 of an element offset) XORed with bits of

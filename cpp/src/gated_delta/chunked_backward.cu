@@ -1,9 +1,10 @@
 // Chunked backward of the gated delta rule on CUDA (issue 26 item 2): states checkpointed at
 // chunk boundaries, the state gradient carried backwards across chunk boundaries, and the
 // gradients of each chunk's tokens from its checkpoints alone, all chunks in parallel. It computes
-// in float32 with plain FMAs, except the local kernel's K K^T for f16/bf16 inputs (mma.sync with
-// ldmatrix operands, chunk_mma.cuh: exact operands, float32 sums); its speed has not been
-// measured (no GPU was available).
+// in float32 with plain FMAs, except, for f16/bf16 inputs, the local kernel's K K^T and its seven
+// products that feed only dq and dk (mma.sync with ldmatrix operands, chunk_mma.cuh: 16-bit
+// operands, float32 sums; which products may lose float32 operands was settled by
+// bench/gated_delta_bwd_precision.py). Its speed has not been measured (no GPU was available).
 //
 // The math. Per value head, a chunk of C tokens (the last one padded with k = q = v = beta =
 // g = 0, which changes nothing), start state S0 [K, V], log decays g raised to -80
@@ -46,8 +47,8 @@
 //  3. bwd_reverse_kernel, same grid, chunks backwards: dS_C of every chunk and dU to the
 //     workspace, dinitial_state at the end.
 //  4. bwd_local_kernel,   one CTA per (chunk slot, q/k head): for each value head of the group in
-//     order the local gradients above; dq and dk accumulate in a float32 workspace tile that only
-//     its own thread touches (no atomics, fixed order), then go out in q's dtype.
+//     order the local gradients above; dq and dk accumulate in a float32 workspace tile each of
+//     whose elements only one thread touches (no atomics, fixed order), then go out in q's dtype.
 // Nothing here synchronizes or allocates; the workspace is carved from the caller's buffer
 // (chunked_backward_layout sizes it).
 #include <algorithm>
@@ -69,15 +70,21 @@ constexpr int kBwdMaxK = 128;   // K <= 128
 constexpr int kBwdCols = 32;    // value columns per slice (a warp's lanes)
 constexpr unsigned kBwdFullMask = 0xffffffffu;
 
-// The local kernel's K K^T on tensor cores (f16/bf16 inputs): K in the input dtype (exact: k came
-// in that dtype) in a swizzled [64][128] tile, zero padded past C and K, in the space of the
-// value-slice tiles (dead once the slices are accumulated). Its bytes, with 128 for alignment.
-using KbTile = chunk_mma::SmemTile<kBwdMaxC, kBwdMaxK>;
-constexpr int kKbFloats = (kBwdMaxC * kBwdMaxK * 2 + 128) / 4;
-// The CuTe element type of a storage type; void for float (those keep the FMA path).
-template <class T> struct CuteOf { using type = void; };
-template <> struct CuteOf<__half> { using type = cute::half_t; };
-template <> struct CuteOf<__nv_bfloat16> { using type = cute::bfloat16_t; };
+// The local kernel's tensor-core operands (f16/bf16 inputs; float32 inputs keep FMAs and float32
+// copies of K and Q): swizzled 16-bit tiles of the static shapes, zero padded past C, K and the
+// slice's columns (zero rows and columns add nothing to a product).
+using KqTile = chunk_mma::SmemTile<kBwdMaxC, kBwdMaxK>;          // K, Q: [64][128]
+using RowSliceTile = chunk_mma::SmemTile<kBwdMaxC, kBwdCols>;    // [64][32]: a slice's A operands
+using StateSliceTile = chunk_mma::SmemTile<kBwdMaxK, kBwdCols>;  // [128][32]: S0, dS_C slices
+using PairTile = chunk_mma::SmemTile<kBwdMaxC, kBwdMaxC>;        // [64][64]: dA, D + D^T
+constexpr int kKqElems = kBwdMaxC * kBwdMaxK, kRowSliceElems = kBwdMaxC * kBwdCols,
+              kStateSliceElems = kBwdMaxK * kBwdCols, kPairElems = kBwdMaxC * kBwdMaxC;
+// K and Q, then a region holding a slice's five operands, later dA and D + D^T (bytes; 61440, a
+// multiple of 128 so the float32 tiles after it start aligned).
+constexpr int kBwdTcBytes =
+    2 * (2 * kKqElems + std::max(3 * kRowSliceElems + 2 * kStateSliceElems, 2 * kPairElems));
+template <class T>
+constexpr bool kBwdTensorCores = !std::is_void_v<typename chunk_mma::CuteOf<T>::type>;
 
 __device__ __forceinline__ float bwd_warp_sum(float x) {
 #pragma unroll
@@ -103,6 +110,45 @@ __device__ __forceinline__ void bwd_stage_rows(float* dst, const void* src, cons
   for (int e = threadIdx.x; e < C * cols; e += kBwdThreads) {
     const int r = e / cols, c = e % cols;
     dst[e] = (r < valid && col0 + c < X) ? load<T>(src, st, b, h, c0 + r, col0 + c) : 0.0f;
+  }
+}
+
+// A swizzled 16-bit Tile (chunk_mma::SmemTile) filled with f(row, column) for each of its
+// elements, 8 at a time: one 16-byte shared store per piece (the swizzle moves whole pieces).
+template <class Tile, class E, class F>
+__device__ __forceinline__ void bwd_fill_tile16(E* tile, F&& f) {
+  constexpr int kPieces = Tile::kCols / 8;  // pieces of a row
+  for (int piece = threadIdx.x; piece < Tile::kRows * kPieces; piece += kBwdThreads) {
+    const int r = piece / kPieces, c = piece % kPieces * 8;
+    E pack[8];
+#pragma unroll
+    for (int l = 0; l < 8; ++l) pack[l] = E(f(r, c + l));
+    cute::uint128_t bits;
+    memcpy(&bits, pack, 16);
+    *reinterpret_cast<cute::uint128_t*>(&Tile::view(tile)(r, c)) = bits;
+  }
+}
+
+// The local kernel's products for dq and dk on tensor cores: a cleared [64][128] float32
+// accumulator in the registers of the 2 x 2 warps' mma.sync partition (64 a thread), and its
+// addition into a [C][K] float32 tile of the workspace at the thread's own elements (the tile's
+// only reader and writer from the first addition on).
+template <class E>
+__device__ __forceinline__ auto bwd_dqdk_accumulator() {
+  using namespace cute;
+  auto acc = partition_fragment_C(chunk_mma::make_chunk_mma<E>(), Shape<Int<kBwdMaxC>, Int<kBwdMaxK>>{});
+  clear(acc);
+  return acc;
+}
+template <class E, class Acc>
+__device__ __forceinline__ void bwd_add_own(const Acc& acc, float* tile, int C, int K) {
+  using namespace cute;
+  auto coord = chunk_mma::make_chunk_mma<E>().get_thread_slice(threadIdx.x).partition_C(
+      make_identity_tensor(Shape<Int<kBwdMaxC>, Int<kBwdMaxK>>{}));
+#pragma unroll
+  for (int e = 0; e < size(acc); ++e) {
+    const int i = get<0>(coord(e)), x = get<1>(coord(e));
+    if (i < C && x < K) tile[i * K + x] += acc(e);
   }
 }
 
@@ -327,27 +373,47 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
 }
 
 // ---- 4. local gradients: per (chunk slot, q/k head), the value heads of the group in order ----
-// One CTA per SM is all its shared memory allows anyway (up to 163 KB); told to ptxas so the K K^T
-// accumulators (32 floats a thread) may take registers past 128 instead of spilling.
+// One CTA per SM is all its shared memory allows anyway (up to 163 KB); told to ptxas so that the
+// tensor-core path's dq/dk accumulators (128 floats a thread for the whole CTA) and the K K^T
+// accumulator (32) may take registers past 128 instead of spilling.
+// f16/bf16 inputs (kBwdTensorCores): K K^T and the seven products that feed only dq and dk run on
+// mma.sync with 16-bit operands (bench/gated_delta_bwd_precision.py: one bf16 MMA fits their
+// budgets; the row scales gamma, w, beta are folded into the A operands before rounding), dq and
+// dk accumulate in registers; everything that feeds dv, dbeta, dlog_decay or dinitial_state stays
+// float32 FMAs. float32 inputs: every product is float32 FMAs and dq/dk accumulate in the
+// workspace, each element touched by one thread only.
 template <class T>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_local_kernel(Params p, ChunkedBackwardWorkspace ws, T* dq, SeqStrides sdq, T* dk, SeqStrides sdk, T* dbeta,
                      SeqStrides sdbeta, float* dg, SeqStrides sdg) {
   extern __shared__ __align__(16) unsigned char bwd_smem_raw[];
+  constexpr bool kTc = kBwdTensorCores<T>;
+  using E = std::conditional_t<kTc, typename chunk_mma::CuteOf<T>::type, float>;  // 16-bit operands
   const int C = int(ws.C), K = int(p.K), tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  double* gs = reinterpret_cast<double*>(bwd_smem_raw);  // [C] G
+  // Tensor-core path only: the 16-bit tiles first (kBwdTcBytes).
+  E* kb = reinterpret_cast<E*>(bwd_smem_raw);  // [64][128] K
+  E* qb = kb + kKqElems;                        // [64][128] Q
+  E* a_do = qb + kKqElems;                      // [64][32] scale gamma dO of a slice
+  E* a_u = a_do + kRowSliceElems;               // [64][32] w U
+  E* a_dx = a_u + kRowSliceElems;               // [64][32] -beta gamma dX
+  E* b_s0 = a_dx + kRowSliceElems;              // [128][32] S0 columns of the slice
+  E* b_dsc = b_s0 + kStateSliceElems;           // [128][32] dS_C columns of the slice
+  E* p_da = a_do;                               // [64][64] dA, once the slices are done
+  E* p_dd = p_da + kPairElems;                  // [64][64] D + D^T
+  double* gs = reinterpret_cast<double*>(bwd_smem_raw + (kTc ? kBwdTcBytes : 0));  // [C] G
   float* sm = reinterpret_cast<float*>(gs + C);
+  const int kq_floats = kTc ? 0 : C * K;  // the float32 path's copies of Q and K
   float* qs = sm;                  // [C][K]
-  float* ks = qs + C * K;          // [C][K]
-  float* tm = ks + C * K;          // [C][C] T, then E = dP * P + dL * L
+  float* ks = qs + kq_floats;      // [C][K]
+  float* tm = ks + kq_floats;      // [C][C] lower: T, then E = dP * P + dL * L; strict upper: K K^T
   float* da = tm + C * C;          // [C][C] dO U^T accumulated, then dA
   float* dd = da + C * C;          // [C][C] dX U^T accumulated, then D
   float* ff = dd + C * C;          // [C][C] F = dL * Gam * K K^T
-  float* us = ff + C * C;          // [C][32] U slice (then KbTile, see kKbFloats)
+  float* us = ff + C * C;          // [C][32] U slice
   float* dus = us + C * kBwdCols;  // [C][32] dU slice
   float* dxs = dus + C * kBwdCols; // [C][32] dX slice
   float* dos = dxs + C * kBwdCols; // [C][32] dO slice
-  float* bs = us + max(4 * kBwdCols * C, kKbFloats);  // [C] beta
+  float* bs = dos + C * kBwdCols;  // [C] beta
   float* gam = bs + C;             // [C] e^G
   float* wv = gam + C;             // [C] e^(G_last - G)
   float* dga = wv + C;             // [C] dG
@@ -362,18 +428,62 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   if (sc.c0 >= sc.s.eos) return;
   const int valid = int(min(i64(C), sc.s.eos - sc.c0));
   const i64 b = sc.s.b;
-  float* dqa = ws.dq_acc + (slot * p.Hk + hk) * C * K;  // this thread's elements only
+  // dq and dk accumulate here, each element read and written by one thread only: element e by
+  // thread e mod 128 (float32 path), or by the thread holding it in bwd_add_own's partition.
+  float* dqa = ws.dq_acc + (slot * p.Hk + hk) * C * K;
   float* dka = ws.dk_acc + (slot * p.Hk + hk) * C * K;
+  for (int e = tid; e < C * K; e += kBwdThreads) dqa[e] = dka[e] = 0.0f;  // before the barrier below
 
-  bwd_stage_rows<T>(qs, p.q, p.sq, b, hk, sc.c0, C, valid, 0, K, p.K);
-  bwd_stage_rows<T>(ks, p.k, p.sk, b, hk, sc.c0, C, valid, 0, K, p.K);
-  for (int e = tid; e < C * K; e += kBwdThreads) dqa[e] = dka[e] = 0.0f;
+  if constexpr (kTc) {
+    bwd_fill_tile16<KqTile>(qb, [&](int i, int x) {
+      return i < valid && x < K ? load<T>(p.q, p.sq, b, hk, sc.c0 + i, x) : 0.0f;
+    });
+    bwd_fill_tile16<KqTile>(kb, [&](int i, int x) {
+      return i < valid && x < K ? load<T>(p.k, p.sk, b, hk, sc.c0 + i, x) : 0.0f;
+    });
+  } else {
+    bwd_stage_rows<T>(qs, p.q, p.sq, b, hk, sc.c0, C, valid, 0, K, p.K);
+    bwd_stage_rows<T>(ks, p.k, p.sk, b, hk, sc.c0, C, valid, 0, K, p.K);
+  }
+  // Element (i, x) of K or Q, exact in float32 either way.
+  auto k_at = [&](int i, int x) -> float {
+    if constexpr (kTc) return float(KqTile::view(kb)(i, x)); else return ks[i * K + x];
+  };
+  auto q_at = [&](int i, int x) -> float {
+    if constexpr (kTc) return float(KqTile::view(qb)(i, x)); else return qs[i * K + x];
+  };
+  // K K^T, the same for every value head of the group, into tm's strict upper triangle (the
+  // lower one holds each head's T, then E; K K^T is symmetric and read as (j, i) for j < i).
+  __syncthreads();  // K is staged
+  if constexpr (kTc) {
+    // mma.sync, both operands without .trans: the contracted index runs along K's rows.
+    using namespace cute;
+    auto mma = chunk_mma::make_chunk_mma<E>();
+    auto acc = partition_fragment_C(mma, Shape<Int<kBwdMaxC>, Int<kBwdMaxC>>{});
+    clear(acc);
+    chunk_mma::mma_from_smem<chunk_mma::LdsmN, chunk_mma::LdsmN>(mma, KqTile::view(kb), KqTile::view(kb), acc);
+    auto coord = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kBwdMaxC>, Int<kBwdMaxC>>{}));
+#pragma unroll
+    for (int e = 0; e < size(acc); ++e) {
+      const int i = get<0>(coord(e)), j = get<1>(coord(e));
+      if (i < j && j < C) tm[i * C + j] = acc(e);
+    }
+  } else {
+    for (int e = tid; e < C * C; e += kBwdThreads) {
+      const int i = e / C, j = e % C;
+      if (i < j) {
+        float kk = 0.0f;
+        for (int x = 0; x < K; ++x) kk += ks[i * K + x] * ks[j * K + x];
+        tm[e] = kk;
+      }
+    }
+  }
 
   for (i64 h = hk * p.group; h < (hk + 1) * p.group; ++h) {
     const BwdUnit un = bwd_unit(p, ws, slot, h);
     __syncthreads();  // the previous head is done with every tile
     for (int e = tid; e < C * C; e += kBwdThreads) {
-      tm[e] = un.t[e];
+      if (e % C <= e / C) tm[e] = un.t[e];  // T is lower triangular (unit diagonal)
       da[e] = dd[e] = 0.0f;
     }
     if (tid < C) {
@@ -396,6 +506,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         dus[e] = f < cols ? un.du[i * p.V + f0 + f] : 0.0f;
       }
       bwd_stage_rows<T>(dos, p.dout, p.sdout, b, h, sc.c0, C, valid, f0, kBwdCols, p.V);
+      if constexpr (kTc) {
+        bwd_fill_tile16<StateSliceTile>(b_s0, [&](int x, int f) { return x < K && f < cols ? un.s0[x * p.V + f0 + f] : 0.0f; });
+        bwd_fill_tile16<StateSliceTile>(b_dsc, [&](int x, int f) { return x < K && f < cols ? un.dsc[x * p.V + f0 + f] : 0.0f; });
+      }
       __syncthreads();
       // dX = T^T dU at (row i of this warp, column lane): read back by this thread only until the
       // barrier below.
@@ -416,9 +530,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         if (col_ok)
           for (int x = 0; x < K; ++x) {
             const float s0 = un.s0[x * p.V + f0 + lane], dsc = un.dsc[x * p.V + f0 + lane];
-            ksv += ks[i * K + x] * s0;
-            qsv += qs[i * K + x] * s0;
-            kds += ks[i * K + x] * dsc;
+            const float kx = k_at(i, x);
+            ksv += kx * s0;
+            qsv += q_at(i, x) * s0;
+            kds += kx * dsc;
           }
         const bool in = i < valid && col_ok;
         const float v = in ? load<T>(p.v, p.sv, b, h, sc.c0 + i, f0 + lane) : 0.0f;
@@ -442,6 +557,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       for (int e = tid; e < C * C; e += kBwdThreads) {
         const int i = e / C, j = e % C;
         float a = 0.0f, c = 0.0f;
+#pragma unroll 8
         for (int f = 0; f < kBwdCols; ++f) {
           a += dos[i * kBwdCols + f] * us[j * kBwdCols + f];
           c += dxs[i * kBwdCols + f] * us[j * kBwdCols + f];
@@ -450,62 +566,45 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         dd[e] += c;
       }
       // dq += scale diag(gamma) dO S0^T;  dk += diag(w) U dS_C^T - diag(beta gamma) dX S0^T.
-      for (int e = tid; e < C * K; e += kBwdThreads) {
-        const int i = e / K, x = e % K;
-        float a = 0.0f, u = 0.0f, c = 0.0f;
-        for (int f = 0; f < cols; ++f) {
-          const float s0 = un.s0[x * p.V + f0 + f];
-          a += dos[i * kBwdCols + f] * s0;
-          u += us[i * kBwdCols + f] * un.dsc[x * p.V + f0 + f];
-          c += dxs[i * kBwdCols + f] * s0;
+      if constexpr (kTc) {
+        bwd_fill_tile16<RowSliceTile>(a_do, [&](int i, int f) { return i < C ? p.scale * gam[i] * dos[i * kBwdCols + f] : 0.0f; });
+        bwd_fill_tile16<RowSliceTile>(a_u, [&](int i, int f) { return i < C ? wv[i] * us[i * kBwdCols + f] : 0.0f; });
+        bwd_fill_tile16<RowSliceTile>(a_dx, [&](int i, int f) { return i < C ? -bs[i] * gam[i] * dxs[i * kBwdCols + f] : 0.0f; });
+        __syncthreads();
+        // A (64 rows, 32 slice columns) times B^T with B (128 key columns, 32 slice columns): both
+        // contract along their tile's rows (ldmatrix without .trans).
+        auto mma = chunk_mma::make_chunk_mma<E>();
+        auto acc = bwd_dqdk_accumulator<E>();
+        chunk_mma::mma_from_smem<chunk_mma::LdsmN, chunk_mma::LdsmN>(mma, RowSliceTile::view(a_do), StateSliceTile::view(b_s0), acc);
+        bwd_add_own<E>(acc, dqa, C, K);
+        clear(acc);
+        chunk_mma::mma_from_smem<chunk_mma::LdsmN, chunk_mma::LdsmN>(mma, RowSliceTile::view(a_u), StateSliceTile::view(b_dsc), acc);
+        chunk_mma::mma_from_smem<chunk_mma::LdsmN, chunk_mma::LdsmN>(mma, RowSliceTile::view(a_dx), StateSliceTile::view(b_s0), acc);
+        bwd_add_own<E>(acc, dka, C, K);
+      } else {
+        for (int e = tid; e < C * K; e += kBwdThreads) {
+          const int i = e / K, x = e % K;
+          float a = 0.0f, u = 0.0f, c = 0.0f;
+          for (int f = 0; f < cols; ++f) {
+            const float s0 = un.s0[x * p.V + f0 + f];
+            a += dos[i * kBwdCols + f] * s0;
+            u += us[i * kBwdCols + f] * un.dsc[x * p.V + f0 + f];
+            c += dxs[i * kBwdCols + f] * s0;
+          }
+          dqa[e] += p.scale * gam[i] * a;
+          dka[e] += wv[i] * u - bs[i] * gam[i] * c;
         }
-        dqa[e] += p.scale * gam[i] * a;
-        dka[e] += wv[i] * u - bs[i] * gam[i] * c;
       }
     }
     __syncthreads();  // the accumulations over the slices are complete; T is no longer read
-    using E = typename CuteOf<T>::type;
-    constexpr bool kTensorCores = !std::is_void_v<E>;
-    if constexpr (kTensorCores) {
-      // K K^T = mma.sync over the 16-bit copy of K (both operands without .trans: the contracted
-      // index runs along K's rows), into ff, where the pass below reads it at its own elements.
-      using namespace cute;
-      E* kb = reinterpret_cast<E*>((reinterpret_cast<std::uintptr_t>(us) + 127) & ~std::uintptr_t(127));
-      for (int piece = tid; piece < kBwdMaxC * kBwdMaxK / 8; piece += kBwdThreads) {
-        const int r = piece / (kBwdMaxK / 8), c = piece % (kBwdMaxK / 8) * 8;
-        E pack[8];
-#pragma unroll
-        for (int l = 0; l < 8; ++l) pack[l] = E(r < C && c + l < K ? ks[r * K + c + l] : 0.0f);
-        cute::uint128_t bits;
-        memcpy(&bits, pack, 16);
-        *reinterpret_cast<cute::uint128_t*>(&KbTile::view(kb)(r, c)) = bits;  // a whole piece
-      }
-      __syncthreads();
-      auto mma = chunk_mma::make_chunk_mma<E>();
-      auto acc = partition_fragment_C(mma, Shape<Int<kBwdMaxC>, Int<kBwdMaxC>>{});
-      clear(acc);
-      chunk_mma::mma_from_smem<chunk_mma::LdsmN, chunk_mma::LdsmN>(mma, KbTile::view(kb), KbTile::view(kb), acc);
-      auto coord = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kBwdMaxC>, Int<kBwdMaxC>>{}));
-#pragma unroll
-      for (int i = 0; i < size(acc); ++i) {
-        const int r = get<0>(coord(i)), c = get<1>(coord(i));
-        if (r < C && c < C) ff[r * C + c] = acc(i);
-      }
-      __syncthreads();
-    }
     // The [C][C] terms: dA = scale Gam * lower(dO U^T), dL = -strict_lower(dX U^T), D = beta Gam dL.
     for (int e = tid; e < C * C; e += kBwdThreads) {
       const int i = e / C, j = e % C;
       const float decay = j <= i ? expf(float(gs[i] - gs[j])) : 0.0f;
-      float kk = 0.0f;
-      if constexpr (kTensorCores) {
-        kk = ff[e];  // this thread's element of K K^T
-      } else if (j < i) {
-        for (int x = 0; x < K; ++x) kk += ks[i * K + x] * ks[j * K + x];
-      }
+      const float kk = j < i ? tm[j * C + i] : 0.0f;  // K K^T (upper triangle, not written here)
       const float dp = j <= i ? da[e] : 0.0f;
       const float dl = j < i ? -dd[e] : 0.0f;
-      tm[e] = dp * un.pm[e] + dl * bs[i] * decay * kk;  // dP * P + dL * L
+      if (j <= i) tm[e] = dp * un.pm[e] + dl * bs[i] * decay * kk;  // dP * P + dL * L
       ff[e] = dl * decay * kk;
       da[e] = p.scale * decay * dp;
       dd[e] = bs[i] * decay * dl;
@@ -519,6 +618,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       for (int j = 0; j < C; ++j) fb += ff[t * C + j];
       xg[t] = cross;
       dba[t] += fb;
+    }
+    if constexpr (kTc) {  // dA and D + D^T as 16-bit operands (the slices' tiles are dead)
+      bwd_fill_tile16<PairTile>(p_da, [&](int i, int j) { return i < C && j < C ? da[i * C + j] : 0.0f; });
+      bwd_fill_tile16<PairTile>(p_dd, [&](int i, int j) { return i < C && j < C ? dd[i * C + j] + dd[j * C + i] : 0.0f; });
     }
     __syncthreads();
     if (tid == 0) {  // dg_t = sum_{i >= t} dG_i without the pairs that cancel; dbeta
@@ -539,17 +642,30 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       }
     }
     // dq += dA K;  dk += dA^T Q + (D + D^T) K.
-    for (int e = tid; e < C * K; e += kBwdThreads) {
-      const int i = e / K, x = e % K;
-      float a = 0.0f, c = 0.0f;
-      for (int j = 0; j < C; ++j) {
-        a += da[i * C + j] * ks[j * K + x];
-        c += da[j * C + i] * qs[j * K + x] + (dd[i * C + j] + dd[j * C + i]) * ks[j * K + x];
+    if constexpr (kTc) {
+      // The contracted index (a token) runs down the columns of K, Q and (for dA^T) dA: .trans.
+      auto mma = chunk_mma::make_chunk_mma<E>();
+      auto acc = bwd_dqdk_accumulator<E>();
+      chunk_mma::mma_from_smem<chunk_mma::LdsmN, chunk_mma::LdsmT>(mma, PairTile::view(p_da), KqTile::view_t(kb), acc);
+      bwd_add_own<E>(acc, dqa, C, K);
+      clear(acc);
+      chunk_mma::mma_from_smem<chunk_mma::LdsmT, chunk_mma::LdsmT>(mma, PairTile::view_t(p_da), KqTile::view_t(qb), acc);
+      chunk_mma::mma_from_smem<chunk_mma::LdsmN, chunk_mma::LdsmT>(mma, PairTile::view(p_dd), KqTile::view_t(kb), acc);
+      bwd_add_own<E>(acc, dka, C, K);
+    } else {
+      for (int e = tid; e < C * K; e += kBwdThreads) {
+        const int i = e / K, x = e % K;
+        float a = 0.0f, c = 0.0f;
+        for (int j = 0; j < C; ++j) {
+          a += da[i * C + j] * ks[j * K + x];
+          c += da[j * C + i] * qs[j * K + x] + (dd[i * C + j] + dd[j * C + i]) * ks[j * K + x];
+        }
+        dqa[e] += a;
+        dka[e] += c;
       }
-      dqa[e] += a;
-      dka[e] += c;
     }
   }
+  if constexpr (kTc) __syncthreads();  // the additions are complete (another thread mapping than below)
   for (int e = tid; e < C * K; e += kBwdThreads) {
     const int i = e / K, x = e % K;
     if (i < valid) {
@@ -563,12 +679,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 struct BwdSmem {
   std::size_t prep, forward, reverse, local;
 };
-inline BwdSmem bwd_smem_bytes(i64 C, i64 K) {
+// tensor_cores: the local kernel's 16-bit path (kBwdTensorCores of the storage type).
+inline BwdSmem bwd_smem_bytes(i64 C, i64 K, bool tensor_cores) {
   const i64 S = kBwdCols;
-  // G is double (first, 8-byte aligned); everything else float
+  // G is double (first, or right after the local kernel's 16-bit tiles: 8-byte aligned); the rest float
   return {std::size_t(C * K + C * std::max<i64>(K, S) + 2 * C * C + 3 * C) * 4,
           std::size_t(S * K + C * K + S * C + 2 * C) * 4, std::size_t(S * K + 2 * C * K + C * C + 2 * S * C + 2 * C) * 4,
-          std::size_t(2 * C * K + 4 * C * C + std::max<i64>(4 * S * C, kKbFloats) + 9 * C + 8) * 4};
+          (tensor_cores ? kBwdTcBytes : 0) +
+              std::size_t((tensor_cores ? 0 : 2 * C * K) + 4 * C * C + 4 * S * C + 9 * C + 8) * 4};
 }
 
 }  // namespace
@@ -590,18 +708,18 @@ ChunkedBackwardLayout chunked_backward_layout(const Problem& p) {
 
 bool chunked_backward_supported(const Problem& p, int max_smem) {
   if (p.chunk_size > kBwdMaxC || p.K > kBwdMaxK) return false;
-  const BwdSmem s = bwd_smem_bytes(p.chunk_size, p.K);
+  const BwdSmem s = bwd_smem_bytes(p.chunk_size, p.K, p.dtype != DType::f32);
   return std::max({s.prep, s.forward, s.reverse, s.local}) <= std::size_t(max_smem);
 }
 
 void chunked_backward(const Params& params, const ChunkedBackwardWorkspace& ws, DType dtype, void* dq, SeqStrides sdq,
                       void* dk, SeqStrides sdk, void* dbeta, SeqStrides sdbeta, float* dg, SeqStrides sdg,
                       i64 slots, cudaStream_t stream) {
-  const BwdSmem smem = bwd_smem_bytes(ws.C, params.K);
   const i64 vtiles = (params.V + kBwdCols - 1) / kBwdCols;
   const i64 unit_blocks = slots * params.Hv, local_blocks = slots * params.Hk, state_blocks = params.N * params.Hv * vtiles;
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    const BwdSmem smem = bwd_smem_bytes(ws.C, params.K, kBwdTensorCores<T>);
     auto launch = [&](auto kernel, i64 blocks, std::size_t bytes, auto... args) {
       if (blocks <= 0) return;
       RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
