@@ -374,14 +374,14 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
 
 // ---- 4. local gradients: per (chunk slot, q/k head), the value heads of the group in order ----
 // One CTA per SM is all its shared memory allows anyway (up to 163 KB); told to ptxas so that the
-// tensor-core path's dq/dk accumulators (128 floats a thread for the whole CTA) and the K K^T
-// accumulator (32) may take registers past 128 instead of spilling.
+// tensor-core path's accumulators (64 floats a thread per dq/dk product group, 32 for K K^T) may
+// take registers past 128 instead of spilling.
 // f16/bf16 inputs (kBwdTensorCores): K K^T and the seven products that feed only dq and dk run on
 // mma.sync with 16-bit operands (bench/gated_delta_bwd_precision.py: one bf16 MMA fits their
-// budgets; the row scales gamma, w, beta are folded into the A operands before rounding), dq and
-// dk accumulate in registers; everything that feeds dv, dbeta, dlog_decay or dinitial_state stays
-// float32 FMAs. float32 inputs: every product is float32 FMAs and dq/dk accumulate in the
-// workspace, each element touched by one thread only.
+// budgets; the row scales gamma, w, beta are folded into the A operands before rounding), each
+// product group's accumulator added into the float32 dq/dk workspace (bwd_add_own); everything
+// that feeds dv, dbeta, dlog_decay or dinitial_state stays float32 FMAs. float32 inputs: every
+// product is float32 FMAs. Either way each workspace element is touched by one thread only.
 template <class T>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_local_kernel(Params p, ChunkedBackwardWorkspace ws, T* dq, SeqStrides sdq, T* dk, SeqStrides sdk, T* dbeta,
@@ -557,7 +557,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       for (int e = tid; e < C * C; e += kBwdThreads) {
         const int i = e / C, j = e % C;
         float a = 0.0f, c = 0.0f;
-#pragma unroll 8
         for (int f = 0; f < kBwdCols; ++f) {
           a += dos[i * kBwdCols + f] * us[j * kBwdCols + f];
           c += dxs[i * kBwdCols + f] * us[j * kBwdCols + f];
