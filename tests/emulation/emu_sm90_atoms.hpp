@@ -295,9 +295,22 @@ struct EmuMbarrier {
     s.tx -= bytes;
     complete_phase_if_done(s);
   }
+  // A wait that finds its phase pending needs the next completion. Should the barrier complete
+  // twice before the waiter looks again, the hardware's waiter sees its parity pending once more
+  // and waits for good (a thread left two phases behind, as a producer lane that no __syncwarp
+  // holds back): the stand-in stops the run there, naming it, instead of hanging.
   static void wait(const std::uint64_t* bar, std::uint32_t parity) {
     std::unique_lock<std::mutex> lock(mutex);
-    changed.wait(lock, [&] { return (states.at(bar).completed & 1u) != (parity & 1u); });
+    const unsigned at_start = states.at(bar).completed;
+    changed.wait(lock, [&] {
+      const unsigned completed = states.at(bar).completed;
+      if ((at_start & 1u) == (parity & 1u) && completed - at_start >= 2) {
+        std::fprintf(stderr, "mbarrier stand-in: a wait for parity %u missed its phase (the barrier completed "
+                             "%u times while the thread waited)\n", parity & 1u, completed - at_start);
+        std::abort();
+      }
+      return (completed & 1u) != (parity & 1u);
+    });
     emu_acquire(states.at(bar).at_completion);
   }
 };

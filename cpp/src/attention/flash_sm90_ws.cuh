@@ -167,9 +167,14 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
       const std::uint32_t free_parity = std::uint32_t((i / kStages) & 1) ^ 1u;  // the first round passes
       unsigned char* k_stage = k_tiles + stage * Cfg::kTileBytesK;
       unsigned char* v_stage = v_tiles + stage * Cfg::kTileBytesV;
+      // Every lane waits, but only lane 0's copies let the consumers free the stage again: without
+      // the __syncwarp a lane left behind could find the stage freed twice over and wait for a
+      // parity that has come round again (the emulator hung so in the persistent version).
       Barrier::wait(&empty_k[stage], free_parity);
+      __syncwarp();
       if (issuer) load_key_tile(tma.k, &full_k[stage], k_stage, Cfg::kTileBytesK, Cfg::kSlabsK, n);
       Barrier::wait(&empty_v[stage], free_parity);
+      __syncwarp();
       // K's rows past the sequence are masked by position (their scores are set to -inf, never
       // multiplied), but V's would be multiplied by P = 0: in a packed batch they are the next
       // sequence's keys, cleared once landed, before the consumers are told (the sequence's last
