@@ -329,6 +329,14 @@ PLANTED_CB_MMA_BUGS = {
         "chunk_mma::mma_from_smem<chunk_mma::LdsmT, chunk_mma::LdsmT>(mma, PairTile::view_t(p_da), KqTile::view_t(qb), acc);",
         "chunk_mma::mma_from_smem<chunk_mma::LdsmN, chunk_mma::LdsmT>(mma, PairTile::view(p_da), KqTile::view_t(qb), acc);"),
     "local_d_plus_d_transposed_as_2d": ("dd[i * C + j] + dd[j * C + i] : 0.0f;", "2.0f * dd[i * C + j] : 0.0f;"),
+    # The TF32 rows K S0, Q S0, K dS_C (bwd_row_terms_tf32).
+    "local_rows_s0_lo_dropped": ("chunk_mma::mma_tf32(r.ks[j], ka, s_lo[0], s_lo[1]);", ""),
+    "local_rows_ds_c_lo_dropped": ("chunk_mma::mma_tf32(r.kd[j], ka, d_lo[0], d_lo[1]);", ""),
+    "local_rows_a_fragment_halves_swapped": ("const int i = row + 8 * (e % 2), x = x0 + t + 4 * (e / 2);",
+                                             "const int i = row + 8 * (e / 2), x = x0 + t + 4 * (e % 2);"),
+    "local_rows_b_fragment_halves_swapped": ("const int x = x0 + t + 4 * h;", "const int x = x0 + t + 4 * (1 - h);"),
+    "local_rows_quad_sum_misses_a_lane": ("for (int step = 1; step <= 2; step *= 2) {",
+                                          "for (int step = 1; step <= 1; step *= 2) {"),
 }
 
 

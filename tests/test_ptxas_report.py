@@ -364,9 +364,11 @@ def test_gated_delta_chunked_kernels_stage_with_cp_async():
 #   dA K          64 x 128, k 64:  A 8 (no .trans), B 16 (.trans), 64
 #   dA^T Q        A 8 (.trans), B 16 (.trans),                     64
 #   (D + D^T) K   A 8 (no .trans), B 16 (.trans),                  64
-# = 84 LDSM.16.M88.4, 56 LDSM.16.MT88.4 and 352 HMMA, each product's code once (a product
-# falling back to FMAs, or its code duplicated, changes the counts). The other three kernels have
-# no tensor-core product yet.
+# = 84 LDSM.16.M88.4, 56 LDSM.16.MT88.4 and 352 HMMA.16816, each product's code once (a product
+# falling back to FMAs, or its code duplicated, changes the counts). The rows K S0, Q S0 and
+# K dS_C run on TF32 (HMMA.1688.F32.TF32; 4 warps of 16 rows, 4 atoms of 8 columns, 2 MMAs per
+# product for the hi and lo parts of S0 or dS_C): 24 in a k-step loop of 8 kept rolled. The other
+# three kernels have no tensor-core product yet.
 @pytest.mark.parametrize("arch", ["80", "90a"])
 def test_gated_delta_chunked_backward_does_not_spill(arch):
     report, sass = _ptxas_report("chunked_backward.cu", family="gated_delta", arch=arch)
@@ -376,11 +378,13 @@ def test_gated_delta_chunked_backward_does_not_spill(arch):
     assert set(kernels) == set(spills), (sorted(kernels), spills)
     for kernel, lines in kernels.items():
         hmma = sum(bool(re.search(r"\bHMMA\.", line)) for line in lines)
+        hmma_tf32 = sum(bool(re.search(r"\bHMMA\.1688\.F32\.TF32\b", line)) for line in lines)
         ldsm = sum(bool(re.search(r"\bLDSM\.16\.M88\.4\b", line)) for line in lines)
         ldsm_t = sum(bool(re.search(r"\bLDSM\.16\.MT88\.4\b", line)) for line in lines)
         on_tensor_cores = "bwd_local_kernel" in kernel and "bwd_local_kernelIfE" not in kernel
         if on_tensor_cores:
-            assert (hmma, ldsm, ldsm_t) == (352, 84, 56), (kernel, hmma, ldsm, ldsm_t)
+            assert (hmma - hmma_tf32, hmma_tf32, ldsm, ldsm_t) == (352, 24, 84, 56), (kernel, hmma, hmma_tf32, ldsm,
+                                                                                      ldsm_t)
         else:
             assert hmma == 0 and ldsm == 0 and ldsm_t == 0, (kernel, hmma, ldsm, ldsm_t)
 

@@ -3,6 +3,7 @@
 // fragment layout fails here as it would on the GPU):
 //   EmuMma<Real, In>   mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: a warp-collective
 //                      16x8x16 product, each lane reading the other lanes' fragments;
+//   EmuMmaTf32         mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, the same way;
 //   EmuLdsmN / EmuLdsmT  ldmatrix.sync.aligned.x4.m8n8.shared.b16 (.trans): each lane names one
 //                      8-element row, each lane receives its fragment of the four 8x8 matrices;
 //   EmuCpAsync<T>, EmuCpAsyncZfill<T>  cp.async.cg 16 bytes, the second with src-size 16 or 0
@@ -21,8 +22,10 @@
 #include <cute/tensor.hpp>  // first: it orders CuTe's own headers
 #include <cute/atom/copy_atom.hpp>
 #include <cute/atom/mma_atom.hpp>
+#include <cute/arch/mma_sm80.hpp>
 
 #include <array>
+#include <cstring>
 
 template <class Real, class In>
 struct EmuMma : Real {
@@ -51,6 +54,46 @@ struct EmuMma : Real {
         for (int k = 0; k < 16; ++k) {
           const float a = half_of(f[(row % 8) * 4 + (k % 8) / 2].a[row / 8 + 2 * (k / 8)], k);
           const float b = half_of(f[col * 4 + (k % 8) / 2].b[k / 8], k);
+          acc += a * b;
+        }
+        d[i] = acc;
+      }
+    });
+    d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+  }
+};
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 (PTX ISA, "Matrix Fragments for
+// mma.m16n8k8" with .tf32): group g = lane / 4, t = lane % 4; a0..a3 hold A(g, t), A(g + 8, t),
+// A(g, t + 4), A(g + 8, t + 4); b0, b1 hold B(t, g), B(t + 4, g); c0..c3 and d0..d3 (g, 2t),
+// (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). Operands are float32 bit patterns of which the
+// hardware reads the TF32 part: the stand-in drops the low 13 bits, so operands the kernel did not
+// round are truncated here.
+struct EmuMmaTf32 : cute::SM80_16x8x8_F32TF32TF32F32_TN {
+  struct Fragments {
+    std::uint32_t a[4], b[2];
+  };
+  static float tf32_of(std::uint32_t bits) {
+    bits &= 0xffffe000u;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  static void fma(float& d0, float& d1, float& d2, float& d3, std::uint32_t const& a0, std::uint32_t const& a1,
+                  std::uint32_t const& a2, std::uint32_t const& a3, std::uint32_t const& b0, std::uint32_t const& b1,
+                  float const& c0, float const& c1, float const& c2, float const& c3) {
+    const float c[4] = {c0, c1, c2, c3};
+    float d[4];
+    emu_warp_exchange(Fragments{{a0, a1, a2, a3}, {b0, b1}}, [&](auto lane_value) {
+      std::array<Fragments, 32> f;
+      for (int l = 0; l < 32; ++l) f[l] = lane_value(l);
+      const int g = emu_lane / 4, t = emu_lane % 4;
+      for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        float acc = c[i];
+        for (int k = 0; k < 8; ++k) {  // A(row, k): lane (row % 8) * 4 + k % 4, register row / 8 + 2 (k / 4)
+          const float a = tf32_of(f[(row % 8) * 4 + k % 4].a[row / 8 + 2 * (k / 4)]);
+          const float b = tf32_of(f[col * 4 + k % 4].b[k / 4]);  // B(k, col): lane col * 4 + k % 4
           acc += a * b;
         }
         d[i] = acc;

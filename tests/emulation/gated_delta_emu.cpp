@@ -47,11 +47,13 @@ inline i64 max(i64 a, i64 b) { return a > b ? a : b; }
 #define SM75_U16x8_LDSM_T EmuLdsmT
 #define SM80_16x8x16_F32F16F16F32_TN EmuMmaF16
 #define SM80_16x8x16_F32BF16BF16F32_TN EmuMmaBF16
+#define SM80_16x8x8_F32TF32TF32F32_TN EmuMmaTf32
 #include "chunk_mma.inc"  // gated_delta/chunk_mma.cuh as the test extracted it (planted bugs included)
 #undef SM75_U32x4_LDSM_N
 #undef SM75_U16x8_LDSM_T
 #undef SM80_16x8x16_F32F16F16F32_TN
 #undef SM80_16x8x16_F32BF16BF16F32_TN
+#undef SM80_16x8x8_F32TF32TF32F32_TN
 
 // namespace rudnn::gated_delta::cuda { namespace emu_rf {...} namespace emu_rb {...} namespace emu_ch {...} }
 #include "kernels.inc"

@@ -11,6 +11,8 @@
 #include <cute/atom/mma_traits_sm80.hpp>
 #include <cute/tensor.hpp>
 
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include <cuda_bf16.h>
@@ -109,5 +111,35 @@ __device__ __forceinline__ auto make_chunk_mma() {
   return make_tiled_mma(typename MmaAtomFor<E>::type{}, Layout<Shape<_2, _2, _1>>{}, Tile<_32, _32, _16>{});
 }
 
+// TF32 operands (mma.sync m16n8k8 .tf32, float32 accumulators): a float32 value rounded to TF32's
+// 10 mantissa bits, to nearest with ties away from zero as cvt.rna.tf32.f32 does (finite values
+// only), kept as the bits of a float32 whose low 13 bits are zero. The same integer code on the
+// GPU and in the host emulator.
+__host__ __device__ __forceinline__ std::uint32_t tf32_bits(float x) {
+  std::uint32_t u;
+  memcpy(&u, &x, 4);
+  return (u + 0x1000u) & 0xffffe000u;
+}
+__host__ __device__ __forceinline__ float tf32_value(std::uint32_t bits) {
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+// x as hi + lo, both TF32: hi carries x's top 11 significant bits, lo the next 11, so a product
+// by an operand exact in TF32 (a 16-bit float) keeps about float32's 24 (the 3xTF32 idea with the
+// exact operand's lo term zero).
+__host__ __device__ __forceinline__ void tf32_split(float x, std::uint32_t& hi, std::uint32_t& lo) {
+  hi = tf32_bits(x);
+  lo = tf32_bits(x - tf32_value(hi));
+}
+
+// d += A B for one warp: A [16 x 8] in a[4], B [8 x 8] in b0, b1 (each thread's fragment
+// elements, PTX ISA "Matrix Fragments for mma.m16n8k8" with .tf32: group g = lane / 4, t = lane %
+// 4; a0..a3 hold A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4); b0, b1 hold B(t, g),
+// B(t + 4, g); d0..d3 hold D(g, 2t), D(g, 2t + 1), D(g + 8, 2t), D(g + 8, 2t + 1)).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                         std::uint32_t b1) {
+  SM80_16x8x8_F32TF32TF32F32_TN::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3], b0, b1, d[0], d[1], d[2], d[3]);
+}
 
 }  // namespace rudnn::gated_delta::cuda::chunk_mma

@@ -4,7 +4,8 @@
 // in float32 with plain FMAs, except, for f16/bf16 inputs, the local kernel's K K^T and its seven
 // products that feed only dq and dk (mma.sync with ldmatrix operands, chunk_mma.cuh: 16-bit
 // operands, float32 sums; which products may lose float32 operands was settled by
-// bench/gated_delta_bwd_precision.py). Its speed has not been measured (no GPU was available).
+// bench/gated_delta_bwd_precision.py) and its K S0, Q S0, K dS_C rows (TF32 mma.sync, the state
+// split hi + lo). Its speed has not been measured (no GPU was available).
 //
 // The math. Per value head, a chunk of C tokens (the last one padded with k = q = v = beta =
 // g = 0, which changes nothing), start state S0 [K, V], log decays g raised to -80
@@ -149,6 +150,55 @@ __device__ __forceinline__ void bwd_add_own(const Acc& acc, float* tile, int C, 
   for (int e = 0; e < size(acc); ++e) {
     const int i = get<0>(coord(e)), x = get<1>(coord(e));
     if (i < C && x < K) tile[i * K + x] += acc(e);
+  }
+}
+
+// K S0, Q S0 and K dS_C over a slice's 32 columns on TF32 tensor cores (16-bit inputs only: K and
+// Q are exact in TF32, S0 and dS_C enter as hi + lo TF32 pairs, two MMAs each, so the sums keep
+// about float32's accuracy, which dbeta and dlog_decay need: bench/gated_delta_bwd_precision.py).
+// Warp w takes rows [16 w, 16 w + 16) and all 32 columns (four 8-column atoms); the thread's
+// element e of atom j is row 16 w + lane / 4 + 8 (e / 2), column 8 j + 2 (lane % 4) + e % 2
+// (chunk_mma::mma_tf32). S0 and dS_C fragments come straight from the workspace (each element
+// read once per warp), K and Q fragments from their staged tiles.
+struct BwdRowTerms {
+  float ks[4][4], qs[4][4], kd[4][4];  // [atom][element]: K S0, Q S0, K dS_C
+};
+template <class E>
+__device__ __forceinline__ void bwd_row_terms_tf32(BwdRowTerms& r, const E* kb, const E* qb, const float* s0,
+                                                   const float* dsc, i64 V, i64 f0, int cols, int K) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, row = 16 * int(threadIdx.x / 32) + g;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) r.ks[j][e] = r.qs[j][e] = r.kd[j][e] = 0.0f;
+#pragma unroll 1
+  for (int x0 = 0; x0 < K; x0 += 8) {
+    std::uint32_t ka[4], qa[4];  // A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4): exact, no rounding
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = row + 8 * (e % 2), x = x0 + t + 4 * (e / 2);
+      const float kv = float(KqTile::view(kb)(i, x)), qv = float(KqTile::view(qb)(i, x));
+      memcpy(&ka[e], &kv, 4);
+      memcpy(&qa[e], &qv, 4);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int f = 8 * j + g;  // B(t, g) and B(t + 4, g) of atom j
+      std::uint32_t s_hi[2], s_lo[2], d_hi[2], d_lo[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int x = x0 + t + 4 * h;
+        const bool in = x < K && f < cols;
+        chunk_mma::tf32_split(in ? s0[x * V + f0 + f] : 0.0f, s_hi[h], s_lo[h]);
+        chunk_mma::tf32_split(in ? dsc[x * V + f0 + f] : 0.0f, d_hi[h], d_lo[h]);
+      }
+      chunk_mma::mma_tf32(r.ks[j], ka, s_hi[0], s_hi[1]);
+      chunk_mma::mma_tf32(r.ks[j], ka, s_lo[0], s_lo[1]);
+      chunk_mma::mma_tf32(r.qs[j], qa, s_hi[0], s_hi[1]);
+      chunk_mma::mma_tf32(r.qs[j], qa, s_lo[0], s_lo[1]);
+      chunk_mma::mma_tf32(r.kd[j], ka, d_hi[0], d_hi[1]);
+      chunk_mma::mma_tf32(r.kd[j], ka, d_lo[0], d_lo[1]);
+    }
   }
 }
 
@@ -379,9 +429,11 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
 // f16/bf16 inputs (kBwdTensorCores): K K^T and the seven products that feed only dq and dk run on
 // mma.sync with 16-bit operands (bench/gated_delta_bwd_precision.py: one bf16 MMA fits their
 // budgets; the row scales gamma, w, beta are folded into the A operands before rounding), each
-// product group's accumulator added into the float32 dq/dk workspace (bwd_add_own); everything
-// that feeds dv, dbeta, dlog_decay or dinitial_state stays float32 FMAs. float32 inputs: every
-// product is float32 FMAs. Either way each workspace element is touched by one thread only.
+// product group's accumulator added into the float32 dq/dk workspace (bwd_add_own); the rows
+// K S0, Q S0 and K dS_C, which feed dbeta and dlog_decay, run on TF32 mma.sync with S0 and dS_C
+// split hi + lo (bwd_row_terms_tf32: float32's accuracy); the rest (dX, dO U^T, dX U^T, the
+// [C][C] terms) stays float32 FMAs. float32 inputs: every product is float32 FMAs. Either way
+// each workspace element is touched by one thread only.
 template <class T>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_local_kernel(Params p, ChunkedBackwardWorkspace ws, T* dq, SeqStrides sdq, T* dk, SeqStrides sdk, T* dbeta,
@@ -445,13 +497,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_stage_rows<T>(qs, p.q, p.sq, b, hk, sc.c0, C, valid, 0, K, p.K);
     bwd_stage_rows<T>(ks, p.k, p.sk, b, hk, sc.c0, C, valid, 0, K, p.K);
   }
-  // Element (i, x) of K or Q, exact in float32 either way.
-  auto k_at = [&](int i, int x) -> float {
-    if constexpr (kTc) return float(KqTile::view(kb)(i, x)); else return ks[i * K + x];
-  };
-  auto q_at = [&](int i, int x) -> float {
-    if constexpr (kTc) return float(KqTile::view(qb)(i, x)); else return qs[i * K + x];
-  };
   // K K^T, the same for every value head of the group, into tm's strict upper triangle (the
   // lower one holds each head's T, then E; K K^T is symmetric and read as (j, i) for j < i).
   __syncthreads();  // K is staged
@@ -511,42 +556,80 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         bwd_fill_tile16<StateSliceTile>(b_dsc, [&](int x, int f) { return x < K && f < cols ? un.dsc[x * p.V + f0 + f] : 0.0f; });
       }
       __syncthreads();
-      // dX = T^T dU at (row i of this warp, column lane): read back by this thread only until the
-      // barrier below.
+      // dX = T^T dU at (row i of this warp, column lane), and dv = diag(beta) dX out.
+      const bool col_ok = lane < cols;
       for (int i = warp; i < C; i += 4) {
         float acc = 0.0f;
         for (int j = i; j < C; ++j) acc += tm[j * C + i] * dus[j * kBwdCols + lane];
         dxs[i * kBwdCols + lane] = acc;
+        if (i < valid && col_ok)
+          static_cast<T*>(p.out)[b * p.sout.b + h * p.sout.h + (sc.c0 + i) * p.sout.t + f0 + lane] =
+              from_float<T>(bs[i] * acc);
       }
-      const bool col_ok = lane < cols;
       float s_part = 0.0f;  // <dS_C, S0> over this thread's (x, column) pairs
       for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
         const int x = e / kBwdCols;
         if (col_ok) s_part += un.dsc[x * p.V + f0 + lane] * un.s0[x * p.V + f0 + lane];
       }
-      for (int i = warp; i < C; i += 4) {  // rows of this warp (warp-uniform), column lane
-        const float dxv = dxs[i * kBwdCols + lane];  // written by this thread above
-        float ksv = 0.0f, qsv = 0.0f, kds = 0.0f;
-        if (col_ok)
-          for (int x = 0; x < K; ++x) {
-            const float s0 = un.s0[x * p.V + f0 + lane], dsc = un.dsc[x * p.V + f0 + lane];
-            const float kx = k_at(i, x);
-            ksv += kx * s0;
-            qsv += q_at(i, x) * s0;
-            kds += kx * dsc;
+      // Row i's shares of dbeta, dw and dG from K S0, Q S0 and K dS_C at its columns f:
+      //   dX . (v - gamma K S0),  w (K dS_C) . U,  scale gamma dO . (Q S0) - beta gamma dX . (K S0).
+      auto row_shares = [&](int i, int f, float ksv, float qsv, float kds, float& pb, float& pw, float& pg) {
+        const bool in = i < valid && f < cols;
+        const float v = in ? load<T>(p.v, p.sv, b, h, sc.c0 + i, f0 + f) : 0.0f;
+        const float dxv = dxs[i * kBwdCols + f], u = us[i * kBwdCols + f], dov = dos[i * kBwdCols + f];
+        pb += dxv * (v - gam[i] * ksv);
+        pw += wv[i] * kds * u;
+        pg += p.scale * gam[i] * dov * qsv - bs[i] * gam[i] * dxv * ksv;
+      };
+      if constexpr (kTc) {
+        __syncthreads();  // dX is complete (a thread's rows and columns below are other threads')
+        BwdRowTerms rt;
+        bwd_row_terms_tf32(rt, kb, qb, un.s0, un.dsc, p.V, f0, cols, K);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // rows 16 warp + lane / 4 (+ 8)
+          const int i = 16 * warp + lane / 4 + 8 * half;
+          float pb = 0.0f, pw = 0.0f, pg = 0.0f;
+          if (i < C)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const int e = 2 * half + c;
+                row_shares(i, 8 * j + 2 * (lane % 4) + c, rt.ks[j][e], rt.qs[j][e], rt.kd[j][e], pb, pw, pg);
+              }
+          // The row's 32 columns lie in the 4 lanes of its quad.
+#pragma unroll
+          for (int step = 1; step <= 2; step *= 2) {
+            pb += __shfl_xor_sync(kBwdFullMask, pb, step);
+            pw += __shfl_xor_sync(kBwdFullMask, pw, step);
+            pg += __shfl_xor_sync(kBwdFullMask, pg, step);
           }
-        const bool in = i < valid && col_ok;
-        const float v = in ? load<T>(p.v, p.sv, b, h, sc.c0 + i, f0 + lane) : 0.0f;
-        if (in) static_cast<T*>(p.out)[b * p.sout.b + h * p.sout.h + (sc.c0 + i) * p.sout.t + f0 + lane] =
-            from_float<T>(bs[i] * dxv);
-        const float u = us[i * kBwdCols + lane], dov = dos[i * kBwdCols + lane];
-        const float pb = bwd_warp_sum(dxv * (v - gam[i] * ksv));
-        const float pw = bwd_warp_sum(wv[i] * kds * u);
-        const float pg = bwd_warp_sum(p.scale * gam[i] * dov * qsv - bs[i] * gam[i] * dxv * ksv);
-        if (lane == 0) {
-          dba[i] += pb;
-          dwa[i] += pw;
-          dga[i] += pg;
+          if (lane % 4 == 0 && i < C) {
+            dba[i] += pb;
+            dwa[i] += pw;
+            dga[i] += pg;
+          }
+        }
+      } else {
+        for (int i = warp; i < C; i += 4) {  // rows of this warp (warp-uniform), column lane
+          float ksv = 0.0f, qsv = 0.0f, kds = 0.0f;
+          if (col_ok)
+            for (int x = 0; x < K; ++x) {
+              const float s0 = un.s0[x * p.V + f0 + lane], dsc = un.dsc[x * p.V + f0 + lane];
+              ksv += ks[i * K + x] * s0;
+              qsv += qs[i * K + x] * s0;
+              kds += ks[i * K + x] * dsc;
+            }
+          float pb = 0.0f, pw = 0.0f, pg = 0.0f;
+          row_shares(i, lane, ksv, qsv, kds, pb, pw, pg);
+          pb = bwd_warp_sum(pb);
+          pw = bwd_warp_sum(pw);
+          pg = bwd_warp_sum(pg);
+          if (lane == 0) {
+            dba[i] += pb;
+            dwa[i] += pw;
+            dga[i] += pg;
+          }
         }
       }
       s_part = bwd_warp_sum(s_part);
