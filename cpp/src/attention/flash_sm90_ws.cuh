@@ -51,9 +51,12 @@ struct Sm90WsConfig : Sm90Config<Element, kHeadDim, kHeadDimV, forward_keys_per_
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kRowsPerCta = 64 * kConsumers;
   // Registers per thread after setmaxnreg (producer + 2 consumers <= 512 per thread slot): a
-  // consumer's O accumulator takes Dv / 2 of them, so Dv = 256 takes what the producer can spare.
-  static constexpr int kProducerRegisters = kHeadDimV == 256 ? 24 : 40;
-  static constexpr int kConsumerRegisters = kHeadDimV == 256 ? 240 : 232;
+  // consumer's O accumulator takes Dv / 2 of them, and the persistent consumers also hold their
+  // item's coordinates, so every head dim takes what the producer can spare (below Dv = 256 it
+  // was 40 / 232 before the kernel was persistent; at 232 the persistent D = 192 softcap
+  // instantiation spilled in its key-block loop, and the general ones twice as much there).
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
   using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                              Shape<Int<kRowsPerCta>, Int<kHeadDim>>{}));
   static constexpr int kQBytes = kRowsPerCta * kHeadDim * int(sizeof(Element));
