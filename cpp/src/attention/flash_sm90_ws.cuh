@@ -167,9 +167,8 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
 
   // Every role walks the same items and skips the same ones (blocks past the sequence's rows);
   // body(h, b, q0, len_q, k0, len_k, cta_m0, n_first, blocks): the item's key blocks
-  // [n_first, n_first + blocks), none when its rows see no key. (`work` is a kernel parameter,
-  // Sm90WsWork(p, kRowsPerCta) from the host: its counts stay in the constant bank, not in
-  // registers held across the general instantiation's call per score.)
+  // [n_first, n_first + blocks), none when its rows see no key. (`work` is a kernel parameter:
+  // Sm90WsWork(p, kRowsPerCta) computed once on the host, the object the grid was sized with.)
   auto for_each_item = [&](auto&& body) {
     for (std::int64_t t = blockIdx.x; t < work.items; t += gridDim.x) {
       std::int64_t m_block, h, b, q0, len_q, k0, len_k, n_first, n_last;
