@@ -335,17 +335,69 @@ def test_flash_forward_kernel_varlen(flash_emulator, tmp_path, generation, softc
     opts = {"causal": True, **({"softcap": softcap} if softcap else {})}
     out, lse = _run(flash_emulator, tmp_path, q, k, v, dict(opts), cu_q, cu_k,
                     env={"EMU_FLASH_GENERATION": generation})
+    _check_varlen_forward(out, lse, q, k, v, cu_q, cu_k, opts, generation)
+
+
+def _check_varlen_forward(out, lse, q, k, v, cu_q, cu_k, opts, label):
+    """A packed batch's forward results, sequence by sequence, against the float64 oracle."""
     for b, qs, ks in _per_sequence(cu_q, cu_k):
         if qs.stop == qs.start:
             continue
         if ks.stop == ks.start:  # rows that see no key, whatever their (NaN) queries: 0 and -inf
-            assert (out[qs].float() == 0).all() and (lse[:, qs] == -math.inf).all(), f"{generation} sequence {b}"
+            assert (out[qs].float() == 0).all() and (lse[:, qs] == -math.inf).all(), f"{label} sequence {b}"
             continue
         sq, sk, sv = _dense(q, qs), _dense(k, ks), _dense(v, ks)
         o64, l64 = _oracle(sq, sk, sv, opts)
         o_same, _ = _same_dtype(sq, sk, sv, opts, torch.bfloat16)
-        assert_close_to_oracle(_dense(out, qs), o_same, o64, f"{generation} sequence {b} out")
+        assert_close_to_oracle(_dense(out, qs), o_same, o64, f"{label} sequence {b} out")
         torch.testing.assert_close(lse[:, qs][None].double(), l64, rtol=1e-4, atol=1e-4)
+
+
+# The persistent sm90ws forward (issue 24 item 1): min(work items, SMs) CTAs, each walking items
+# (128 query rows of one head of one sequence) with a static stride, the producer loading the next
+# item's Q and K/V under the current one's epilogue. The emulator launches it for EMU_SMS SMs
+# (default 3); here 1, 4 and 7: one CTA walking every item, and CTAs ending on different items.
+# Whatever the grid, each item's rows are computed by the same code in the same order: the results
+# must be the same bits. Cases: dense causal with Sq > Sk (its first query block sees no key: an
+# item without keys between items with keys; GQA, 24 items, three key blocks for the longest), and
+# the packed causal batch of _varlen_inputs (a sequence without keys, one without queries, tails).
+PERSISTENT_SMS = (1, 4, 7)
+
+
+def _persistent_runs(exe, tmp_path, q, k, v, opts, cu_q=None, cu_k=None):
+    """(out, lse) of the sm90ws forward for each SM count of PERSISTENT_SMS, after checking that they
+    are bitwise equal."""
+    results = []
+    for sms in PERSISTENT_SMS:
+        run_dir = tmp_path / f"sms{sms}"
+        run_dir.mkdir()
+        results.append(_run(exe, run_dir, q, k, v, dict(opts), cu_q, cu_k,
+                            env={"EMU_FLASH_GENERATION": "sm90ws", "EMU_SMS": str(sms)}))
+    (out, lse), *others = results
+    for sms, (o, l) in zip(PERSISTENT_SMS[1:], others):
+        assert torch.equal(o.view(torch.int16), out.view(torch.int16)), f"out with {sms} SMs differs from 1 SM"
+        assert torch.equal(l.view(torch.int32), lse.view(torch.int32)), f"lse with {sms} SMs differs from 1 SM"
+    return out, lse
+
+
+def test_flash_sm90ws_forward_persistent_dense(flash_emulator, tmp_path):
+    g = torch.Generator().manual_seed(41)
+    q, k, v = (torch.randn(2, h, s, 64, generator=g, dtype=torch.float64).to(torch.bfloat16)
+               for h, s in ((4, 300), (2, 100), (2, 100)))
+    opts = {"causal": True}
+    out, lse = _persistent_runs(flash_emulator, tmp_path, q, k, v, opts)
+    o64, l64 = _oracle(q, k, v, opts)
+    o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
+    assert_close_to_oracle(out, o_same, o64, "persistent dense out")
+    torch.testing.assert_close(lse.double(), l64, rtol=1e-4, atol=1e-4)
+    assert (out[:, :, :200].float() == 0).all() and (lse[:, :, :200] == -math.inf).all()  # rows that see no key
+
+
+def test_flash_sm90ws_forward_persistent_varlen(flash_emulator, tmp_path):
+    q, k, v, cu_q, cu_k = _varlen_inputs(seed=43)
+    opts = {"causal": True}
+    out, lse = _persistent_runs(flash_emulator, tmp_path, q, k, v, opts, cu_q, cu_k)
+    _check_varlen_forward(out, lse, q, k, v, cu_q, cu_k, opts, "persistent")
 
 
 @pytest.mark.parametrize("generation", ["sm80", "sm90", "sm90ws"])
@@ -436,7 +488,7 @@ PLANTED_FLASH_BUGS = {
     "sm90ws_v_read_from_stage_0": ("thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)))",
                                    "thr_o.make_fragment_B(thr_o.partition_B(sVt(0)))", "sm90ws"),
     "sm90ws_next_scores_read_before_their_wait": (
-        "      warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done", "", "sm90ws"),
+        "          warpgroup_wait<1>();  // groups complete in order: Q K^T of block i + 1 is done", "", "sm90ws"),
     "sm90_k_descriptor_not_advanced": ("    cute::gemm(mma, a(_, _, kk), b(_, _, kk), acc);\n    mma.accumulate_",
                                        "    cute::gemm(mma, a(_, _, kk), b(_, _, 0), acc);\n    mma.accumulate_", "sm90"),
     # TMA: both consumers' Q boxes land in the first consumer's rows; every K and V box copies D's first slab.
@@ -452,16 +504,16 @@ PLANTED_FLASH_BUGS = {
     # O rescaled after P V is issued instead of before (under Q K^T): O written while its wgmma is
     # in flight (the emulator's wgmma stand-in reports it; the numbers would come out right)
     "sm90ws_o_rescaled_while_pv_is_in_flight": (
-        "    rescale_rows(acc_o_rc, correction);  // block i's correction, under Q K^T of block i + 1\n"
-        "    Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));\n"
-        "    cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));\n"
-        "    warpgroup_fence_operand(acc_o90);\n    warpgroup_arrive();\n"
-        "    wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);\n",
-        "    Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));\n"
-        "    cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));\n"
-        "    warpgroup_fence_operand(acc_o90);\n    warpgroup_arrive();\n"
-        "    wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);\n"
-        "    rescale_rows(acc_o_rc, correction);\n", "sm90ws", "ring_wraps"),
+        "        rescale_rows(acc_o_rc, correction);  // block i's correction, under Q K^T of block i + 1\n"
+        "        Barrier::wait(&full_v[stage], Cfg::round_parity(position));\n"
+        "        cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));\n"
+        "        warpgroup_fence_operand(acc_o90);\n        warpgroup_arrive();\n"
+        "        wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);\n",
+        "        Barrier::wait(&full_v[stage], Cfg::round_parity(position));\n"
+        "        cute::Tensor tOrV = thr_o.make_fragment_B(thr_o.partition_B(sVt(stage)));\n"
+        "        warpgroup_fence_operand(acc_o90);\n        warpgroup_arrive();\n"
+        "        wgmma_accumulate(mma_o, tOrP, tOrV, acc_o90);\n"
+        "        rescale_rows(acc_o_rc, correction);\n", "sm90ws", "ring_wraps"),
     # the softcap instantiation's transform taking half the score; or its scores never masked by
     # position (hidden keys of the window weighed in)
     "sm90ws_softcap_of_half_the_score": ("for (int i = 0; i < size(acc_s); ++i) acc_s(i) = transform(acc_s(i));",
@@ -473,6 +525,14 @@ PLANTED_FLASH_BUGS = {
     # V's boxes at K's tile size apart (right for D = Dv only): caught where Dv != D.
     "sm90ws_v_tiles_at_k_tile_stride": ("v_tiles + stage * Cfg::kTileBytesV", "v_tiles + stage * Cfg::kTileBytesK",
                                         "sm90ws", "d192_dv128_causal"),
+    # The persistent forward (4 items of three key blocks on the emulator's 3 CTAs: CTA 0 walks
+    # items 0 and 3): a stride that skips items (their rows stay poisoned), and consumers that
+    # restart the ring at stage 0 for each item while the producer carries on from where it is
+    # (the emulator's run deadlocks: its mbarrier stand-in stops it).
+    "sm90ws_items_skipped_by_a_wrong_stride": ("t += gridDim.x) {", "t += gridDim.x + 1) {", "sm90ws",
+                                               "causal_window_gqa"),
+    "sm90ws_consumer_ring_restarted_per_item": ("      ring = (ring + std::uint32_t(blocks)) % Cfg::kRingPeriod;\n",
+                                                "", "sm90ws", "causal_window_gqa"),
 }
 
 
@@ -529,13 +589,15 @@ def planted(planted_emulators, request):
 
 
 def _run_planted(*args, **kwargs):
-    """_run of a kernel with a planted bug; None when the emulator's ordering or bounds check, or
-    its check of wgmma accumulators written in flight, reports it (caught, whatever the numbers)."""
+    """_run of a kernel with a planted bug; None when the emulator's ordering or bounds check, its
+    check of wgmma accumulators written in flight, or its mbarrier stand-in (a wait that missed its
+    phase, more arrivals than a phase takes, a deadlock) reports it (caught, whatever the numbers)."""
     try:
         return _run(*args, **kwargs)
     except AssertionError as e:
         if not any(report in str(e) for report in ("shared-memory ordering hazard", "shared-memory access out of bounds",
-                                                   "wgmma accumulator written while its wgmma was in flight")):
+                                                   "wgmma accumulator written while its wgmma was in flight",
+                                                   "mbarrier stand-in:")):
             raise
         return None
 
@@ -544,7 +606,9 @@ def _run_planted(*args, **kwargs):
 def test_flash_emulator_catches_planted_bug(planted, tmp_path, bug):
     exe, case, generation = planted
     q, k, v, opts = _flash_inputs(case, seed=21)
-    result = _run_planted(exe, tmp_path, q, k, v, dict(opts), env={"EMU_FLASH_GENERATION": generation})
+    # (a deadlocked run stops after 30 s without an mbarrier phase, not at the 600 s limit)
+    result = _run_planted(exe, tmp_path, q, k, v, dict(opts),
+                          env={"EMU_FLASH_GENERATION": generation, "EMU_STALL_SECONDS": "30"})
     if result is not None:
         o64, _ = _oracle(q, k, v, opts)
         assert not torch.allclose(result[0].double(), o64, atol=0.05), f"{bug} went unnoticed"
@@ -652,21 +716,28 @@ PLANTED_ORDERING_HAZARDS = {
         "    both(kStageRead);", "", "backward", "sm90", "d192_dv128_causal"),
     # the warp-specialized forward's consumers release V of a block before P V is done
     "sm90ws_stage_released_before_pv_is_done": (
-        "    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);\n    Barrier::arrive(&empty_v[stage]);",
-        "    Barrier::arrive(&empty_v[stage]);\n    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_o90);",
+        "        warpgroup_wait<0>();\n        warpgroup_fence_operand(acc_o90);\n        Barrier::arrive(&empty_v[stage]);",
+        "        Barrier::arrive(&empty_v[stage]);\n        warpgroup_wait<0>();\n        warpgroup_fence_operand(acc_o90);",
         "forward", "sm90ws", "ring_wraps"),
     # ... or K of block 0 before its Q K^T is done. (K of a later block released before its wait
     # is no hazard: the producer refills that stage only after V of the block before, released
     # once P V of the previous block is done, which is after that wait. A producer that skips the
     # wait on K's release hangs: its K copies run two phases ahead of the consumers' waits.)
     "sm90ws_first_k_released_before_its_scores_are_done": (
-        "    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_s90);\n    Barrier::arrive(&empty_k[0]);",
-        "    Barrier::arrive(&empty_k[0]);\n    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_s90);",
+        "      warpgroup_wait<0>();\n      warpgroup_fence_operand(acc_s90);\n      release_scores(0);",
+        "      release_scores(0);\n      warpgroup_wait<0>();\n      warpgroup_fence_operand(acc_s90);",
         "forward", "sm90ws", "ring_wraps"),
     # ... or read V after waiting for K's copy only (V's copies are issued with K's: right numbers)
     "sm90ws_v_read_after_waiting_for_k": (
-        "Barrier::wait(&full_v[stage], std::uint32_t((i / kStages) & 1));",
-        "Barrier::wait(&full_k[stage], std::uint32_t((i / kStages) & 1));", "forward", "sm90ws"),
+        "Barrier::wait(&full_v[stage], Cfg::round_parity(position));",
+        "Barrier::wait(&full_k[stage], Cfg::round_parity(position));", "forward", "sm90ws"),
+    # ... or hands Q back one key block early (after Q K^T of the next-to-last block), so that the
+    # producer loads the next item's Q while the last block's Q K^T is still to read this one's
+    # (4 items of three key blocks on the emulator's 3 CTAs: CTA 0 walks items 0 and 3)
+    "sm90ws_q_released_before_its_last_scores_are_done": (
+        "        if (i + 1 == blocks) Barrier::arrive(empty_q);",
+        "        if (i + 2 == blocks || blocks == 1) Barrier::arrive(empty_q);", "forward", "sm90ws",
+        "causal_window_gqa"),
     # the warp-specialized dk/dv kernel's consumers read each stage without waiting for its copies
     "sm90ws_backward_stage_read_before_it_lands": (
         "    Barrier::wait(&full[stage], std::uint32_t((i / kStages) & 1));\n    role.visit(", "    role.visit(",

@@ -120,8 +120,9 @@ def test_sm90_kernels_run_on_hgmma(name):
             assert registers > 0, (kernel, shared, registers, hmma)
 
 
-# The warp-specialized forward's hot loop (the key-block loop: the widest conditional backward
-# branch whose body holds HGMMA; the last block and the waits' retry paths lie outside it) in its
+# The warp-specialized forward's hot loop (the key-block loop: the narrowest conditional backward
+# branch whose body holds HGMMA, since the persistent kernel's item loop holds it and the whole
+# item; the last block and the waits' retry paths lie outside it) in its
 # plain instantiation and its softcap one (kSoftcap: Gemma-style models cap every call): no CALL
 # (bc8dffd's loops called the out-of-line score transform once per score), no local memory (a
 # spill there is paid every 128 keys), both products on HGMMA, and at most 32 KB of code, inside the
@@ -131,21 +132,21 @@ SM90WS_LOOP_BUDGET_BYTES = 32 * 1024
 
 
 def _hot_loop(lines):
-    """The SASS lines of the widest loop closed by a predicated backward branch whose body holds an
-    HGMMA (cuobjdump lines: "/*0a40*/ @!P0 BRA 0x6d90 ;")."""
+    """The SASS lines of the narrowest loop closed by a predicated backward branch whose body holds
+    an HGMMA (cuobjdump lines: "/*0a40*/ @!P0 BRA 0x6d90 ;")."""
     code = []
     for line in lines:
         m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
         if m:
             code.append((int(m.group(1), 16), m.group(2)))
-    best = []
+    best = None
     for pc, text in code:
         targets = re.findall(r"0x([0-9a-f]+)", text) if text.startswith("@") and " BRA " in text else []
         if targets and int(targets[-1], 16) < pc:
             body = [t for at, t in code if int(targets[-1], 16) <= at <= pc]
-            if any("HGMMA" in t for t in body) and len(body) > len(best):
+            if any("HGMMA" in t for t in body) and (best is None or len(body) < len(best)):
                 best = body
-    return best
+    return best or []
 
 
 def test_sm90ws_forward_hot_loops_fit_and_call_nothing():

@@ -101,6 +101,19 @@ Generation generation() {
 
 i64 blocks(i64 n, i64 tile) { return (n + tile - 1) / tile; }
 
+// EMU_SMS: the SM count the persistent sm90ws forward is launched for (the library's is the
+// device's). Default 3, so that every run has CTAs that walk several work items (the emulator
+// runs the CTAs one after another: fewer CTAs cost no time).
+int emulated_sms() {
+  const char* sms = std::getenv("EMU_SMS");
+  const int n = sms != nullptr ? std::atoi(sms) : 3;
+  if (n < 1) {
+    std::fprintf(stderr, "EMU_SMS must be a positive SM count\n");
+    std::exit(2);
+  }
+  return n;
+}
+
 struct FlashKernels {
   static constexpr bool kFloat32 = false;
 
@@ -121,18 +134,21 @@ struct FlashKernels {
               const auto tma = rudnn::attention::tma_forward_loads(p, q, k, v, emu_encode_tma);
               // the softcap instantiation where the library takes it (launch_forward_sm90ws)
               const bool softcap = !kPlain && p.softcap_scores();
-              emu_launch(EmuDim3{unsigned(blocks(p.sq, Ws::kRowsPerCta)), unsigned(p.hq), unsigned(p.batch)},
-                         Ws::kThreads, 1, Ws::kSmemBytes, [&] {
-                           if constexpr (!kPlain) {
-                             if (softcap) {
-                               forward_sm90ws_kernel<Element, D, Dv, false, true>(
-                                   p, as_element(q), as_element(k), as_element(v), as_element(out), lse, tma);
-                               return;
-                             }
-                           }
-                           forward_sm90ws_kernel<Element, D, Dv, kPlain>(p, as_element(q), as_element(k),
-                                                                         as_element(v), as_element(out), lse, tma);
-                         });
+              // persistent: the library's grid for an emulated SM count (launch_forward_sm90ws)
+              const Sm90WsWork work(p, Ws::kRowsPerCta);
+              const i64 ctas = work.ctas(emulated_sms());
+              if (ctas == 0) return;
+              emu_launch(EmuDim3{unsigned(ctas), 1, 1}, Ws::kThreads, 1, Ws::kSmemBytes, [&] {
+                if constexpr (!kPlain) {
+                  if (softcap) {
+                    forward_sm90ws_kernel<Element, D, Dv, false, true>(p, as_element(q), as_element(k), as_element(v),
+                                                                       as_element(out), lse, tma, work);
+                    return;
+                  }
+                }
+                forward_sm90ws_kernel<Element, D, Dv, kPlain>(p, as_element(q), as_element(k), as_element(v),
+                                                              as_element(out), lse, tma, work);
+              });
               return;
             }
           }

@@ -19,6 +19,8 @@
 // 1024-byte aligned dynamic shared memory.
 #pragma once
 
+#include <chrono>
+
 #include "emu_runtime.hpp"
 
 // Must precede CuTe's headers.
@@ -244,6 +246,17 @@ struct EmuMbarrier {
   static inline std::map<const void*, State> states;
   static inline unsigned long block = 0;
   static inline std::uint32_t engines = 0;  // of the running block
+  static inline unsigned long completions = 0;  // phases completed by any mbarrier: the run's progress
+  // A wait during which no mbarrier completes a phase for this long is taken for a deadlock (the
+  // run stops, naming it, instead of running into the test's time limit). EMU_STALL_SECONDS
+  // overrides the 120 s; an emulated CTA completes phases every few milliseconds.
+  static int stall_seconds() {
+    static const int seconds = [] {
+      const char* s = std::getenv("EMU_STALL_SECONDS");
+      return s != nullptr && std::atoi(s) > 0 ? std::atoi(s) : 120;
+    }();
+    return seconds;
+  }
 
   static void init(const std::uint64_t* bar, std::uint32_t count) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -258,6 +271,7 @@ struct EmuMbarrier {
     if (s.pending == 0 && s.tx == 0) {
       s.pending = s.count;
       ++s.completed;
+      ++completions;
       s.at_completion = s.joined;
       changed.notify_all();
     }
@@ -302,7 +316,7 @@ struct EmuMbarrier {
   static void wait(const std::uint64_t* bar, std::uint32_t parity) {
     std::unique_lock<std::mutex> lock(mutex);
     const unsigned at_start = states.at(bar).completed;
-    changed.wait(lock, [&] {
+    auto done = [&] {
       const unsigned completed = states.at(bar).completed;
       if ((at_start & 1u) == (parity & 1u) && completed - at_start >= 2) {
         std::fprintf(stderr, "mbarrier stand-in: a wait for parity %u missed its phase (the barrier completed "
@@ -310,7 +324,18 @@ struct EmuMbarrier {
         std::abort();
       }
       return (completed & 1u) != (parity & 1u);
-    });
+    };
+    unsigned long seen = completions;
+    int idle = 0;
+    while (!changed.wait_for(lock, std::chrono::seconds(1), done)) {
+      idle = completions == seen ? idle + 1 : 0;
+      seen = completions;
+      if (idle >= stall_seconds()) {
+        std::fprintf(stderr, "mbarrier stand-in: a wait for parity %u saw no mbarrier complete a phase for %d s "
+                             "(a deadlock)\n", parity & 1u, idle);
+        std::abort();
+      }
+    }
     emu_acquire(states.at(bar).at_completion);
   }
 };

@@ -5,8 +5,9 @@
 //               kernel (flash_sm90.cuh: wgmma for both GEMMs) runs for every pair. The
 //               environment variable RUDNN_ATTENTION_FLASH=sm80|sm90|sm90ws forces one
 //               generation where it has a kernel for the head dims (sm90ws: the warp-specialized
-//               sm90a kernel with TMA loads, flash_sm90_ws.cuh, not the default until measured;
-//               zero-stride operands and D = 96 run sm90 instead).
+//               sm90a kernel with TMA loads, flash_sm90_ws.cuh, persistent: one CTA per SM walking
+//               the query blocks; not the default until measured; zero-stride operands and D = 96
+//               run sm90 instead).
 //               backward, f16/bf16, the same head-dim pairs: the CuTe sm80 kernels
 //               (flash_bwd_sm80.cuh) where the device's shared memory per block holds their
 //               tiles (D = 256 takes 144 KiB: A100 and Hopper, not Ada or consumer Ampere); on
