@@ -27,39 +27,47 @@
 #include <array>
 #include <cstring>
 
+// The warp-collective body of an m16n8kK mma.sync stand-in: the lanes' A (4 registers) and B
+// (2 registers) fragments exchanged, then this lane's four outputs (c0, c1: (g, 2t), (g, 2t + 1);
+// c2, c3: (g + 8, 2t), (g + 8, 2t + 1), g = lane / 4, t = lane % 4) as c + sum over k of
+// a_at(f, row, k) * b_at(f, k, col), f the 32 lanes' fragments.
+struct EmuMmaFragments {
+  std::uint32_t a[4], b[2];
+};
+template <int kK, class AAt, class BAt>
+void emu_mma_m16n8(float& d0, float& d1, float& d2, float& d3, const EmuMmaFragments& mine, const float (&c)[4],
+                   AAt a_at, BAt b_at) {
+  float d[4];
+  emu_warp_exchange(mine, [&](auto lane_value) {
+    std::array<EmuMmaFragments, 32> f;
+    for (int l = 0; l < 32; ++l) f[l] = lane_value(l);
+    const int g = emu_lane / 4, t = emu_lane % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+      float acc = c[i];
+      for (int k = 0; k < kK; ++k) acc += a_at(f, row, k) * b_at(f, k, col);
+      d[i] = acc;
+    }
+  });
+  d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+}
+
 template <class Real, class In>
 struct EmuMma : Real {
   // Element (row, k) of A [16 x 16] and (k, n) of B [16 x 8] in the lanes' fragments (PTX ISA,
   // "Matrix Fragments for mma.m16n8k16 with floating point type"): groupID = lane / 4, thread
   // in group = lane % 4; a0..a3 hold (g, 2t..), (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..);
   // b0, b1 hold (2t.., g), (2t + 8.., g); two 16-bit values per register, lower column first.
-  struct Fragments {
-    std::uint32_t a[4], b[2];
-  };
   static float half_of(std::uint32_t reg, int k) {
     return float(In::bitcast(std::uint16_t(k % 2 ? reg >> 16 : reg & 0xffffu)));
   }
   static void fma(float& d0, float& d1, float& d2, float& d3, std::uint32_t const& a0, std::uint32_t const& a1,
                   std::uint32_t const& a2, std::uint32_t const& a3, std::uint32_t const& b0, std::uint32_t const& b1,
                   float const& c0, float const& c1, float const& c2, float const& c3) {
-    const float c[4] = {c0, c1, c2, c3};
-    float d[4];
-    emu_warp_exchange(Fragments{{a0, a1, a2, a3}, {b0, b1}}, [&](auto lane_value) {
-      std::array<Fragments, 32> f;
-      for (int l = 0; l < 32; ++l) f[l] = lane_value(l);
-      const int g = emu_lane / 4, t = emu_lane % 4;
-      for (int i = 0; i < 4; ++i) {  // c0, c1: (g, 2t + i); c2, c3: (g + 8, 2t + i - 2)
-        const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
-        float acc = c[i];
-        for (int k = 0; k < 16; ++k) {
-          const float a = half_of(f[(row % 8) * 4 + (k % 8) / 2].a[row / 8 + 2 * (k / 8)], k);
-          const float b = half_of(f[col * 4 + (k % 8) / 2].b[k / 8], k);
-          acc += a * b;
-        }
-        d[i] = acc;
-      }
-    });
-    d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+    emu_mma_m16n8<16>(
+        d0, d1, d2, d3, EmuMmaFragments{{a0, a1, a2, a3}, {b0, b1}}, {c0, c1, c2, c3},
+        [](const auto& f, int row, int k) { return half_of(f[(row % 8) * 4 + (k % 8) / 2].a[row / 8 + 2 * (k / 8)], k); },
+        [](const auto& f, int k, int col) { return half_of(f[col * 4 + (k % 8) / 2].b[k / 8], k); });
   }
 };
 
@@ -70,9 +78,6 @@ struct EmuMma : Real {
 // hardware reads the TF32 part: the stand-in drops the low 13 bits, so operands the kernel did not
 // round are truncated here.
 struct EmuMmaTf32 : cute::SM80_16x8x8_F32TF32TF32F32_TN {
-  struct Fragments {
-    std::uint32_t a[4], b[2];
-  };
   static float tf32_of(std::uint32_t bits) {
     bits &= 0xffffe000u;
     float f;
@@ -82,24 +87,10 @@ struct EmuMmaTf32 : cute::SM80_16x8x8_F32TF32TF32F32_TN {
   static void fma(float& d0, float& d1, float& d2, float& d3, std::uint32_t const& a0, std::uint32_t const& a1,
                   std::uint32_t const& a2, std::uint32_t const& a3, std::uint32_t const& b0, std::uint32_t const& b1,
                   float const& c0, float const& c1, float const& c2, float const& c3) {
-    const float c[4] = {c0, c1, c2, c3};
-    float d[4];
-    emu_warp_exchange(Fragments{{a0, a1, a2, a3}, {b0, b1}}, [&](auto lane_value) {
-      std::array<Fragments, 32> f;
-      for (int l = 0; l < 32; ++l) f[l] = lane_value(l);
-      const int g = emu_lane / 4, t = emu_lane % 4;
-      for (int i = 0; i < 4; ++i) {
-        const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
-        float acc = c[i];
-        for (int k = 0; k < 8; ++k) {  // A(row, k): lane (row % 8) * 4 + k % 4, register row / 8 + 2 (k / 4)
-          const float a = tf32_of(f[(row % 8) * 4 + k % 4].a[row / 8 + 2 * (k / 4)]);
-          const float b = tf32_of(f[col * 4 + k % 4].b[k / 4]);  // B(k, col): lane col * 4 + k % 4
-          acc += a * b;
-        }
-        d[i] = acc;
-      }
-    });
-    d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+    emu_mma_m16n8<8>(  // A(row, k): lane (row % 8) * 4 + k % 4, register row / 8 + 2 (k / 4); B(k, col): lane col * 4 + k % 4
+        d0, d1, d2, d3, EmuMmaFragments{{a0, a1, a2, a3}, {b0, b1}}, {c0, c1, c2, c3},
+        [](const auto& f, int row, int k) { return tf32_of(f[(row % 8) * 4 + k % 4].a[row / 8 + 2 * (k / 4)]); },
+        [](const auto& f, int k, int col) { return tf32_of(f[col * 4 + k % 4].b[k / 4]); });
   }
 };
 
