@@ -426,25 +426,32 @@ __global__ void __launch_bounds__(Sm80Config<Element, kHeadDim, kHeadDimV>::kThr
 
 namespace rudnn::attention::flash {
 
-// Host side of every flash forward kernel: one CTA of `threads` per `rows_per_cta` query rows of
-// each (head, sequence), the plain instantiation when Problem::plain_scores() allows it, the
-// general one otherwise. supports (attention_cuda.cu) has checked dtype, head dims, alignment and
-// grid limits. `extra` follows lse among the kernel's arguments (the sm90ws kernel's TMA
-// descriptors).
+// Host side of every flash forward kernel: launch_forward_kernel_on launches `kernel` on `grid`
+// (the persistent sm90ws forward: its own grid and instantiation); launch_forward_kernel takes one
+// CTA of `threads` per `rows_per_cta` query rows of each (head, sequence), the plain instantiation
+// when Problem::plain_scores() allows it, the general one otherwise. supports (attention_cuda.cu)
+// has checked dtype, head dims, alignment and grid limits. `extra` follows lse among the kernel's
+// arguments (the sm90ws kernel's TMA descriptors and work items).
 template <class Element, class Kernel, class... Extra>
-void launch_forward_kernel(const Problem& p, Kernel plain, Kernel general, int rows_per_cta, int threads,
-                           int smem_bytes, const void* q, const void* k, const void* v, void* out, float* lse,
-                           Stream stream, const Extra&... extra) {
-  const std::int64_t m_blocks = (p.sq + rows_per_cta - 1) / rows_per_cta;
-  if (m_blocks == 0 || p.hq == 0 || p.batch == 0) return;
-  const dim3 grid(unsigned(m_blocks), unsigned(p.hq), unsigned(p.batch));
-  Kernel kernel = p.plain_scores() ? plain : general;
+void launch_forward_kernel_on(dim3 grid, const Problem& p, Kernel kernel, int threads, int smem_bytes, const void* q,
+                              const void* k, const void* v, void* out, float* lse, Stream stream,
+                              const Extra&... extra) {
   if (smem_bytes > 48 * 1024)
     RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   kernel<<<grid, threads, smem_bytes, static_cast<cudaStream_t>(stream)>>>(
       p, static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
       static_cast<Element*>(out), lse, extra...);
   RUDNN_CUDA_CHECK_LAUNCH("attention flash forward kernel");
+}
+template <class Element, class Kernel, class... Extra>
+void launch_forward_kernel(const Problem& p, Kernel plain, Kernel general, int rows_per_cta, int threads,
+                           int smem_bytes, const void* q, const void* k, const void* v, void* out, float* lse,
+                           Stream stream, const Extra&... extra) {
+  const std::int64_t m_blocks = (p.sq + rows_per_cta - 1) / rows_per_cta;
+  if (m_blocks == 0 || p.hq == 0 || p.batch == 0) return;
+  launch_forward_kernel_on<Element>(dim3(unsigned(m_blocks), unsigned(p.hq), unsigned(p.batch)), p,
+                                    p.plain_scores() ? plain : general, threads, smem_bytes, q, k, v, out, lse,
+                                    stream, extra...);
 }
 
 // Calls launch(Element{}) with the problem's element type, float16 or bfloat16: what each

@@ -410,18 +410,15 @@ void launch_forward_sm90ws(const Problem& p, const void* q, const void* k, const
   if (p.sq == 0 || p.hq == 0 || p.batch == 0) return;
   const TmaLoads tma = tma_forward_loads(p, q, k, v, [&](const TmaTensor4d& t) { return encode_tma(t, p.dtype); });
   // Persistent: one CTA per SM at most (the device's SM count, cached by core::device_props); the
-  // plain, softcap or general instantiation as for the other flash forwards (launch_forward_kernel).
+  // plain, softcap or general instantiation, launched as the other flash forwards are.
   const Sm90WsWork work(p, Cfg::kRowsPerCta);
   const std::int64_t ctas = work.ctas(core::device_props(core::current_device()).sm_count);
   if (ctas == 0) return;
   auto kernel = p.plain_scores()     ? forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>
                 : p.softcap_scores() ? forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false, true>
                                      : forward_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>;
-  RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  kernel<<<dim3(unsigned(ctas)), Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(stream)>>>(
-      p, static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
-      static_cast<Element*>(out), lse, tma, work);
-  RUDNN_CUDA_CHECK_LAUNCH("attention flash forward kernel (sm90ws)");
+  launch_forward_kernel_on<Element>(dim3(unsigned(ctas)), p, kernel, Cfg::kThreads, Cfg::kSmemBytes, q, k, v, out,
+                                    lse, stream, tma, work);
 }
 
 }  // namespace rudnn::attention::flash

@@ -790,8 +790,12 @@ ChunkedBackwardLayout chunked_backward_layout(const Problem& p) {
 
 bool chunked_backward_supported(const Problem& p, int max_smem) {
   if (p.chunk_size > kBwdMaxC || p.K > kBwdMaxK) return false;
-  const BwdSmem s = bwd_smem_bytes(p.chunk_size, p.K, p.dtype != DType::f32);
-  return std::max({s.prep, s.forward, s.reverse, s.local}) <= std::size_t(max_smem);
+  bool fits = false;
+  dispatch(p.dtype, [&](auto tag) {  // the launcher's own choice of path (kBwdTensorCores)
+    const BwdSmem s = bwd_smem_bytes(p.chunk_size, p.K, kBwdTensorCores<typename decltype(tag)::type>);
+    fits = std::max({s.prep, s.forward, s.reverse, s.local}) <= std::size_t(max_smem);
+  });
+  return fits;
 }
 
 void chunked_backward(const Params& params, const ChunkedBackwardWorkspace& ws, DType dtype, void* dq, SeqStrides sdq,
