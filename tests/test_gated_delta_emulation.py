@@ -340,6 +340,31 @@ PLANTED_CB_MMA_BUGS = {
 }
 
 
+# The TF32 slice products of the local kernel (bwd_dx_tf32, bwd_pair_block_tf32), on a case with
+# C = 64 (at C = 16 their row blocks 1-3 are empty): dO U^T or dX U^T without U's lo part, dX U^T
+# without dX's lo part, the diagonal atom of each row block skipped, the slice tiles read at the
+# dense row stride instead of kSliceLd, and dX = T^T dU starting 8 tokens late, reading K K^T
+# from tm's strict upper triangle as T, or reading dU at the wrong column.
+PLANTED_CB_TF32_BUGS = {
+    "local_pair_u_lo_dropped": ("chunk_mma::mma_tf32(acc[j], a_hi, b_lo[0], b_lo[1]);", ""),
+    "local_pair_dx_lo_dropped": ("if (three) chunk_mma::mma_tf32(acc[j], a_lo, b_hi[0], b_hi[1]);", ""),
+    "local_pair_diagonal_atom_missed": ("g = lane / 4, t = lane % 4, atoms = 2 * r + 2;",
+                                        "g = lane / 4, t = lane % 4, atoms = 2 * r + 1;"),
+    "local_pair_tiles_dense_stride": ("return i < C ? tile[i * kSliceLd + f] : 0.0f;",
+                                      "return i < C ? tile[i * kBwdCols + f] : 0.0f;"),
+    "local_dx_starts_late": ("for (int j0 = 16 * r; j0 < C; j0 += 8) {", "for (int j0 = 16 * r + 8; j0 < C; j0 += 8) {"),
+    "local_dx_reads_upper_triangle": ("j >= i && j < C && i < C ? tm[j * C + i]", "j < C && i < C ? tm[j * C + i]"),
+    "local_dx_b_column_off": ("dus[j * kSliceLd + 8 * (atom0 + a) + g]", "dus[j * kSliceLd + 8 * (atom0 + a) + (g ^ 1)]"),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED_CB_TF32_BUGS))
+def test_emulator_catches_planted_chunked_backward_tf32_bug(tmp_path, bug):
+    exe = _build(cb_edits=[PLANTED_CB_TF32_BUGS[bug]])
+    with pytest.raises(AssertionError):
+        _check_chunked_backward(exe, tmp_path, (1, 1, 2, 93, 16, 8, 64, None, "bhtk"), torch.bfloat16)
+
+
 @pytest.mark.parametrize("bug", sorted(PLANTED_CB_MMA_BUGS))
 def test_emulator_catches_planted_chunked_backward_tensor_core_bug(tmp_path, bug):
     exe = _build(cb_edits=[PLANTED_CB_MMA_BUGS[bug]])

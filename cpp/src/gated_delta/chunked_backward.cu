@@ -4,8 +4,9 @@
 // in float32 with plain FMAs, except, for f16/bf16 inputs, the local kernel's K K^T and its seven
 // products that feed only dq and dk (mma.sync with ldmatrix operands, chunk_mma.cuh: 16-bit
 // operands, float32 sums; which products may lose float32 operands was settled by
-// bench/gated_delta_bwd_precision.py) and its K S0, Q S0, K dS_C rows (TF32 mma.sync, the state
-// split hi + lo). Its speed has not been measured (no GPU was available).
+// bench/gated_delta_bwd_precision.py), its K S0, Q S0, K dS_C rows (TF32 mma.sync, the state
+// split hi + lo) and its slice products dX = T^T dU, dO U^T, dX U^T (TF32, the float32 operands
+// split hi + lo: 3xTF32). Its speed has not been measured (no GPU was available).
 //
 // The math. Per value head, a chunk of C tokens (the last one padded with k = q = v = beta =
 // g = 0, which changes nothing), start state S0 [K, V], log decays g raised to -80
@@ -69,6 +70,10 @@ constexpr int kBwdThreads = 128;
 constexpr int kBwdMaxC = 64;    // chunk_size <= 64
 constexpr int kBwdMaxK = 128;   // K <= 128
 constexpr int kBwdCols = 32;    // value columns per slice (a warp's lanes)
+// Row stride (floats) of the local kernel's float32 slice tiles (U, dU, dX, dO): 4 past 32, so the
+// TF32 fragment reads (row g or g + 8, column t or t + 4 of a quad's lanes) fall in 32 different
+// banks (at 32 they were 8-way conflicts: every row starts in bank 0).
+constexpr int kSliceLd = kBwdCols + 4;
 constexpr unsigned kBwdFullMask = 0xffffffffu;
 
 // The local kernel's tensor-core operands (f16/bf16 inputs; float32 inputs keep FMAs and float32
@@ -104,13 +109,15 @@ __device__ __forceinline__ BwdUnit bwd_unit(const Params& p, const ChunkedBackwa
           ws.du + i * C * p.V, ws.s0 + i * p.K * p.V, ws.dsc + i * p.K * p.V};
 }
 
-// Rows [c0, c0 + C) of a [B, H, T, X] tensor into a dense f32 [C][X] tile, zeros past `valid`.
+// Columns [col0, col0 + cols) of rows [c0, c0 + C) of a [B, H, T, X] tensor into an f32 [C][cols]
+// tile of row stride ld (cols: dense), zeros past `valid` and X.
 template <class T>
 __device__ __forceinline__ void bwd_stage_rows(float* dst, const void* src, const SeqStrides& st, i64 b, i64 h, i64 c0,
-                                               int C, int valid, i64 col0, int cols, i64 X) {
+                                               int C, int valid, i64 col0, int cols, i64 X, int ld = 0) {
+  if (ld == 0) ld = cols;
   for (int e = threadIdx.x; e < C * cols; e += kBwdThreads) {
     const int r = e / cols, c = e % cols;
-    dst[e] = (r < valid && col0 + c < X) ? load<T>(src, st, b, h, c0 + r, col0 + c) : 0.0f;
+    dst[r * ld + c] = (r < valid && col0 + c < X) ? load<T>(src, st, b, h, c0 + r, col0 + c) : 0.0f;
   }
 }
 
@@ -200,6 +207,119 @@ __device__ __forceinline__ void bwd_row_terms_tf32(BwdRowTerms& r, const E* kb, 
       chunk_mma::mma_tf32(r.kd[j], ka, d_lo[0], d_lo[1]);
     }
   }
+}
+
+// dX = T^T dU of a slice on TF32 tensor cores (16-bit inputs): T (the lower triangle of tm, row
+// stride C; its strict upper triangle holds K K^T, read here as zeros) and dU are float32, so
+// 3xTF32 (hi hi + hi lo + lo hi), the accuracy dv, dbeta and dlog_decay need. T^T is upper
+// triangular: 16-row block r of dX sums over tokens j >= 16 r, 8 - 2 r k steps of 8. Warps 0 and
+// 1 take row blocks {0, 3}, warps 2 and 3 {1, 2}, each warp two of the four 8-column atoms (atoms
+// 2 (w % 2) and 2 (w % 2) + 1): 20 atom k-steps per warp. Each element of dX goes to dxs (rows at
+// or past C are not stored) and to out(i, column) (dv = beta dX, by the caller's store).
+template <class Out>
+__device__ __forceinline__ void bwd_dx_tf32(const float* tm, const float* dus, float* dxs, int C, Out&& out) {
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+  const int atom0 = 2 * (warp % 2);
+  // One row block at a time, stored before the next starts (both blocks' accumulators live at once
+  // spilled on sm_80).
+#pragma unroll 1
+  for (int rb = 0; rb < 2; ++rb) {
+    const int r = rb == 0 ? warp / 2 : 3 - warp / 2;
+    float acc[2][4] = {};  // [atom][element]
+#pragma unroll 1
+    for (int j0 = 16 * r; j0 < C; j0 += 8) {
+      std::uint32_t a_hi[4], a_lo[4];  // T^T(i, j) = T(j, i) for j >= i: rows g, g + 8, tokens t, t + 4
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * r + g + 8 * (e % 2), j = j0 + t + 4 * (e / 2);
+        chunk_mma::tf32_split(j >= i && j < C && i < C ? tm[j * C + i] : 0.0f, a_hi[e], a_lo[e]);
+      }
+#pragma unroll
+      for (int a = 0; a < 2; ++a) {
+        std::uint32_t b_hi[2], b_lo[2];  // dU(j0 + t (+ 4), 8 (atom0 + a) + g)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int j = j0 + t + 4 * h;
+          chunk_mma::tf32_split(j < C ? dus[j * kSliceLd + 8 * (atom0 + a) + g] : 0.0f, b_hi[h], b_lo[h]);
+        }
+        chunk_mma::mma_tf32(acc[a], a_hi, b_hi[0], b_hi[1]);
+        chunk_mma::mma_tf32(acc[a], a_hi, b_lo[0], b_lo[1]);
+        chunk_mma::mma_tf32(acc[a], a_lo, b_hi[0], b_hi[1]);
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * r + g + 8 * (e / 2), c = 8 * (atom0 + a) + 2 * t + e % 2;
+        if (i < C) {
+          dxs[i * kSliceLd + c] = acc[a][e];
+          out(i, c, acc[a][e]);
+        }
+      }
+  }
+}
+
+// One 16-row block r of dO U^T or dX U^T (A = dos or dxs) on TF32 tensor cores, added into out
+// (da or dd, [C][C] float32) for the 8-column atoms that reach the block's diagonal (2 r + 2 of
+// them, at most kAtoms). dO is a 16-bit input, exact in TF32, so U enters as hi + lo (2 MMAs);
+// dX and U are both float32 sums, so dX U^T is hi hi + hi lo + lo hi (3xTF32 when three; lo lo is
+// below float32's rounding). Fragments as in bwd_row_terms_tf32 (A: rows g, g + 8, columns t,
+// t + 4; B: U's rows 8 j + g, columns t, t + 4); rows at or past C read as zeros.
+template <int kAtoms>
+__device__ __forceinline__ void bwd_pair_block_tf32(const float* a_rows, const float* us, float* out, int r, bool three,
+                                                    int C) {
+  const int lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4, atoms = 2 * r + 2;
+  float acc[kAtoms][4];
+#pragma unroll
+  for (int j = 0; j < kAtoms; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+  auto at = [&](const float* tile, int i, int f) { return i < C ? tile[i * kSliceLd + f] : 0.0f; };
+#pragma unroll
+  for (int f0 = 0; f0 < kBwdCols; f0 += 8) {
+    std::uint32_t a_hi[4], a_lo[4];  // A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      chunk_mma::tf32_split(at(a_rows, 16 * r + g + 8 * (e % 2), f0 + t + 4 * (e / 2)), a_hi[e], a_lo[e]);
+#pragma unroll
+    for (int j = 0; j < kAtoms; ++j) {
+      if (j >= atoms) break;  // warp-uniform
+      std::uint32_t b_hi[2], b_lo[2];  // B(t, g), B(t + 4, g) of atom j: U(8 j + g, f0 + t (+ 4))
+#pragma unroll
+      for (int h = 0; h < 2; ++h) chunk_mma::tf32_split(at(us, 8 * j + g, f0 + t + 4 * h), b_hi[h], b_lo[h]);
+      chunk_mma::mma_tf32(acc[j], a_hi, b_hi[0], b_hi[1]);
+      chunk_mma::mma_tf32(acc[j], a_hi, b_lo[0], b_lo[1]);
+      if (three) chunk_mma::mma_tf32(acc[j], a_lo, b_hi[0], b_hi[1]);
+    }
+  }
+  // D(g, 2t), D(g, 2t + 1), D(g + 8, 2t), D(g + 8, 2t + 1) of atom j: row 16 r + g + 8 (e / 2),
+  // column 8 j + 2 t + e % 2. Each entry belongs to one lane of one warp.
+#pragma unroll
+  for (int j = 0; j < kAtoms; ++j) {
+    if (j >= atoms) break;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 16 * r + g + 8 * (e / 2), c = 8 * j + 2 * t + e % 2;
+      if (i < C && c < C) out[i * C + c] += acc[j][e];
+    }
+  }
+}
+
+// dO U^T and dX U^T of a slice (16-bit inputs), added into da and dd on and below the diagonal,
+// the entries the [C][C] terms read (dP = lower(dO U^T), dL = -strict_lower(dX U^T)), at the
+// float32 accuracy dbeta and dlog_decay need (bench/gated_delta_bwd_precision.py). Warps 0 and 1
+// form dO U^T, warps 2 and 3 dX U^T; each takes two 16-row blocks, {0, 3} (even warps) or {1, 2}
+// (odd): 10 atoms per warp. One block at a time, so at most 8 atoms of accumulators are live (both
+// at once spilled on sm_80).
+__device__ __forceinline__ void bwd_pair_terms_tf32(const float* dos, const float* dxs, const float* us, float* da,
+                                                    float* dd, int C) {
+  const int warp = int(threadIdx.x / 32);
+  const bool three = warp >= 2;  // dX U^T: dX's lo part too
+  const float* a_rows = three ? dxs : dos;
+  float* out = three ? dd : da;
+  bwd_pair_block_tf32<4>(a_rows, us, out, warp % 2, three, C);      // block 0 or 1: 2 or 4 atoms
+  bwd_pair_block_tf32<8>(a_rows, us, out, 3 - warp % 2, three, C);  // block 3 or 2: 8 or 6 atoms
 }
 
 // ---- 1. prep: per (chunk slot, value head) ----
@@ -431,9 +551,10 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
 // budgets; the row scales gamma, w, beta are folded into the A operands before rounding), each
 // product group's accumulator added into the float32 dq/dk workspace (bwd_add_own); the rows
 // K S0, Q S0 and K dS_C, which feed dbeta and dlog_decay, run on TF32 mma.sync with S0 and dS_C
-// split hi + lo (bwd_row_terms_tf32: float32's accuracy); the rest (dX, dO U^T, dX U^T, the
-// [C][C] terms) stays float32 FMAs. float32 inputs: every product is float32 FMAs. Either way
-// each workspace element is touched by one thread only.
+// split hi + lo (bwd_row_terms_tf32: float32's accuracy), and so do dX = T^T dU, dO U^T and
+// dX U^T (bwd_dx_tf32, bwd_pair_terms_tf32: 3xTF32 where both operands are float32 sums); the
+// [C][C] terms and the slice's row shares stay float32 FMAs. float32 inputs: every product is
+// float32 FMAs. Either way each workspace element is touched by one thread only.
 template <class T>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_local_kernel(Params p, ChunkedBackwardWorkspace ws, T* dq, SeqStrides sdq, T* dk, SeqStrides sdk, T* dbeta,
@@ -461,11 +582,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float* da = tm + C * C;          // [C][C] dO U^T accumulated, then dA
   float* dd = da + C * C;          // [C][C] dX U^T accumulated, then D
   float* ff = dd + C * C;          // [C][C] F = dL * Gam * K K^T
-  float* us = ff + C * C;          // [C][32] U slice
-  float* dus = us + C * kBwdCols;  // [C][32] dU slice
-  float* dxs = dus + C * kBwdCols; // [C][32] dX slice
-  float* dos = dxs + C * kBwdCols; // [C][32] dO slice
-  float* bs = dos + C * kBwdCols;  // [C] beta
+  float* us = ff + C * C;          // [C][32] U slice (row stride kSliceLd, as the next three)
+  float* dus = us + C * kSliceLd;  // [C][32] dU slice
+  float* dxs = dus + C * kSliceLd; // [C][32] dX slice
+  float* dos = dxs + C * kSliceLd; // [C][32] dO slice
+  float* bs = dos + C * kSliceLd;  // [C] beta
   float* gam = bs + C;             // [C] e^G
   float* wv = gam + C;             // [C] e^(G_last - G)
   float* dga = wv + C;             // [C] dG
@@ -547,24 +668,30 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       __syncthreads();  // gam / wv are complete; the previous slice's tiles are no longer read
       for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
         const int i = e / kBwdCols, f = e % kBwdCols;
-        us[e] = f < cols ? un.u[i * p.V + f0 + f] : 0.0f;
-        dus[e] = f < cols ? un.du[i * p.V + f0 + f] : 0.0f;
+        us[i * kSliceLd + f] = f < cols ? un.u[i * p.V + f0 + f] : 0.0f;
+        dus[i * kSliceLd + f] = f < cols ? un.du[i * p.V + f0 + f] : 0.0f;
       }
-      bwd_stage_rows<T>(dos, p.dout, p.sdout, b, h, sc.c0, C, valid, f0, kBwdCols, p.V);
+      bwd_stage_rows<T>(dos, p.dout, p.sdout, b, h, sc.c0, C, valid, f0, kBwdCols, p.V, kSliceLd);
       if constexpr (kTc) {
         bwd_fill_tile16<StateSliceTile>(b_s0, [&](int x, int f) { return x < K && f < cols ? un.s0[x * p.V + f0 + f] : 0.0f; });
         bwd_fill_tile16<StateSliceTile>(b_dsc, [&](int x, int f) { return x < K && f < cols ? un.dsc[x * p.V + f0 + f] : 0.0f; });
       }
       __syncthreads();
-      // dX = T^T dU at (row i of this warp, column lane), and dv = diag(beta) dX out.
+      // dX = T^T dU, and dv = diag(beta) dX out.
       const bool col_ok = lane < cols;
-      for (int i = warp; i < C; i += 4) {
-        float acc = 0.0f;
-        for (int j = i; j < C; ++j) acc += tm[j * C + i] * dus[j * kBwdCols + lane];
-        dxs[i * kBwdCols + lane] = acc;
-        if (i < valid && col_ok)
-          static_cast<T*>(p.out)[b * p.sout.b + h * p.sout.h + (sc.c0 + i) * p.sout.t + f0 + lane] =
-              from_float<T>(bs[i] * acc);
+      auto store_dv = [&](int i, int f, float dx) {
+        if (i < valid && f < cols)
+          static_cast<T*>(p.out)[b * p.sout.b + h * p.sout.h + (sc.c0 + i) * p.sout.t + f0 + f] = from_float<T>(bs[i] * dx);
+      };
+      if constexpr (kTc) {
+        bwd_dx_tf32(tm, dus, dxs, C, store_dv);
+      } else {
+        for (int i = warp; i < C; i += 4) {  // row i of this warp, column lane
+          float acc = 0.0f;
+          for (int j = i; j < C; ++j) acc += tm[j * C + i] * dus[j * kSliceLd + lane];
+          dxs[i * kSliceLd + lane] = acc;
+          store_dv(i, lane, acc);
+        }
       }
       float s_part = 0.0f;  // <dS_C, S0> over this thread's (x, column) pairs
       for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
@@ -576,7 +703,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       auto row_shares = [&](int i, int f, float ksv, float qsv, float kds, float& pb, float& pw, float& pg) {
         const bool in = i < valid && f < cols;
         const float v = in ? load<T>(p.v, p.sv, b, h, sc.c0 + i, f0 + f) : 0.0f;
-        const float dxv = dxs[i * kBwdCols + f], u = us[i * kBwdCols + f], dov = dos[i * kBwdCols + f];
+        const float dxv = dxs[i * kSliceLd + f], u = us[i * kSliceLd + f], dov = dos[i * kSliceLd + f];
         pb += dxv * (v - gam[i] * ksv);
         pw += wv[i] * kds * u;
         pg += p.scale * gam[i] * dov * qsv - bs[i] * gam[i] * dxv * ksv;
@@ -637,21 +764,25 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
       __syncthreads();  // dX and the partials are complete
       if (tid == 0) red[4] += red[0] + red[1] + red[2] + red[3];
       // dO U^T and dX U^T, accumulated over the slices.
-      for (int e = tid; e < C * C; e += kBwdThreads) {
-        const int i = e / C, j = e % C;
-        float a = 0.0f, c = 0.0f;
-        for (int f = 0; f < kBwdCols; ++f) {
-          a += dos[i * kBwdCols + f] * us[j * kBwdCols + f];
-          c += dxs[i * kBwdCols + f] * us[j * kBwdCols + f];
+      if constexpr (kTc) {
+        bwd_pair_terms_tf32(dos, dxs, us, da, dd, C);
+      } else {
+        for (int e = tid; e < C * C; e += kBwdThreads) {
+          const int i = e / C, j = e % C;
+          float a = 0.0f, c = 0.0f;
+          for (int f = 0; f < kBwdCols; ++f) {
+            a += dos[i * kSliceLd + f] * us[j * kSliceLd + f];
+            c += dxs[i * kSliceLd + f] * us[j * kSliceLd + f];
+          }
+          da[e] += a;
+          dd[e] += c;
         }
-        da[e] += a;
-        dd[e] += c;
       }
       // dq += scale diag(gamma) dO S0^T;  dk += diag(w) U dS_C^T - diag(beta gamma) dX S0^T.
       if constexpr (kTc) {
-        bwd_fill_tile16<RowSliceTile>(a_do, [&](int i, int f) { return i < C ? p.scale * gam[i] * dos[i * kBwdCols + f] : 0.0f; });
-        bwd_fill_tile16<RowSliceTile>(a_u, [&](int i, int f) { return i < C ? wv[i] * us[i * kBwdCols + f] : 0.0f; });
-        bwd_fill_tile16<RowSliceTile>(a_dx, [&](int i, int f) { return i < C ? -bs[i] * gam[i] * dxs[i * kBwdCols + f] : 0.0f; });
+        bwd_fill_tile16<RowSliceTile>(a_do, [&](int i, int f) { return i < C ? p.scale * gam[i] * dos[i * kSliceLd + f] : 0.0f; });
+        bwd_fill_tile16<RowSliceTile>(a_u, [&](int i, int f) { return i < C ? wv[i] * us[i * kSliceLd + f] : 0.0f; });
+        bwd_fill_tile16<RowSliceTile>(a_dx, [&](int i, int f) { return i < C ? -bs[i] * gam[i] * dxs[i * kSliceLd + f] : 0.0f; });
         __syncthreads();
         // A (64 rows, 32 slice columns) times B^T with B (128 key columns, 32 slice columns): both
         // contract along their tile's rows (ldmatrix without .trans).
@@ -669,9 +800,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
           float a = 0.0f, u = 0.0f, c = 0.0f;
           for (int f = 0; f < cols; ++f) {
             const float s0 = un.s0[x * p.V + f0 + f];
-            a += dos[i * kBwdCols + f] * s0;
-            u += us[i * kBwdCols + f] * un.dsc[x * p.V + f0 + f];
-            c += dxs[i * kBwdCols + f] * s0;
+            a += dos[i * kSliceLd + f] * s0;
+            u += us[i * kSliceLd + f] * un.dsc[x * p.V + f0 + f];
+            c += dxs[i * kSliceLd + f] * s0;
           }
           dqa[e] += p.scale * gam[i] * a;
           dka[e] += wv[i] * u - bs[i] * gam[i] * c;
@@ -768,7 +899,7 @@ inline BwdSmem bwd_smem_bytes(i64 C, i64 K, bool tensor_cores) {
   return {std::size_t(C * K + C * std::max<i64>(K, S) + 2 * C * C + 3 * C) * 4,
           std::size_t(S * K + C * K + S * C + 2 * C) * 4, std::size_t(S * K + 2 * C * K + C * C + 2 * S * C + 2 * C) * 4,
           (tensor_cores ? kBwdTcBytes : 0) +
-              std::size_t((tensor_cores ? 0 : 2 * C * K) + 4 * C * C + 4 * S * C + 9 * C + 8) * 4};
+              std::size_t((tensor_cores ? 0 : 2 * C * K) + 4 * C * C + 4 * kSliceLd * C + 9 * C + 8) * 4};
 }
 
 }  // namespace
