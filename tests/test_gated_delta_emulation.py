@@ -301,7 +301,7 @@ def test_chunked_backward_kernels_minus_inf_log_decays_without_initial_state(emu
 # e^(G_last) <dS_C, S0> or the E_ij pairs across t, and the local kernel skipping the second value
 # head of a group.
 PLANTED_CB_BUGS = {
-    "reverse_without_w_du": ("- wb[i * K + x] * dus[i * kBwdCols + f];", ";"),
+    "reverse_without_w_du": ("wb[i * ldk + x] * dus[i * kSliceLd + f];", "0.0f;"),
     "dk_without_ds_c": ("dka[e] += wv[i] * u - bs[i] * gam[i] * c;", "dka[e] += - bs[i] * gam[i] * c;"),
     "dg_without_state_term": ("const float state_term = expf(float(gs[C - 1])) * red[4];",
                               "const float state_term = 0.0f;"),
@@ -356,6 +356,32 @@ PLANTED_CB_TF32_BUGS = {
     "local_dx_reads_upper_triangle": ("j >= i && j < C && i < C ? tm[j * C + i]", "j < C && i < C ? tm[j * C + i]"),
     "local_dx_b_column_off": ("dus[j * kSliceLd + 8 * (atom0 + a) + g]", "dus[j * kSliceLd + 8 * (atom0 + a) + (g ^ 1)]"),
 }
+
+
+# The state passes on TF32 (bwd_forward_kernel, bwd_reverse_kernel; bf16), on the K = 128, C = 64
+# case (every row block in use): U = U' - W S0 without S0's lo part, K^T diag(w) U without
+# (w U)'s lo part, P^T dO without P's lo part, W^T dU without W's lo part, P^T dO starting 8
+# tokens late, the second 16-row block of the key rows at the wrong offset, K dS_C's B operand
+# read at the dense row stride.
+PLANTED_CB_STATE_BUGS = {
+    "forward_s0_lo_dropped": ("bwd_slice_mma_tf32<1, true, true>(", "bwd_slice_mma_tf32<1, true, false>("),
+    "forward_wu_lo_dropped": ("bwd_slice_mma_tf32<2, false, true>(\n          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? buf[",
+                              "bwd_slice_mma_tf32<2, false, false>(\n          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? buf["),
+    "reverse_p_lo_dropped": ("bwd_slice_mma_tf32<1, true, false>(", "bwd_slice_mma_tf32<1, false, false>("),
+    "reverse_w_lo_dropped": ("bwd_slice_mma_tf32<2, true, true>(", "bwd_slice_mma_tf32<2, false, true>("),
+    "reverse_pd_starts_late": ("pd, row0, C, 16 * warp, C,", "pd, row0, C, 16 * warp + 8, C,"),
+    "state_second_key_block_off": ("const int row0[2] = {16 * warp, 16 * warp + 64};",
+                                   "const int row0[2] = {16 * warp, 16 * warp + 48};"),
+    "reverse_kd_dense_stride": ("[&](int x, int f) { return x < K ? ds[x * kSliceLd + f] : 0.0f; });",
+                                "[&](int x, int f) { return x < K ? ds[x * kBwdCols + f] : 0.0f; });"),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED_CB_STATE_BUGS))
+def test_emulator_catches_planted_chunked_backward_state_pass_bug(tmp_path, bug):
+    exe = _build(cb_edits=[PLANTED_CB_STATE_BUGS[bug]])
+    with pytest.raises(AssertionError):
+        _check_chunked_backward(exe, tmp_path, (1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.bfloat16)
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED_CB_TF32_BUGS))

@@ -372,7 +372,11 @@ def test_gated_delta_chunked_kernels_stage_with_cp_async():
 # products run on TF32 too: dX = T^T dU (3xTF32, 2 atoms per warp in a rolled k-step loop: 6) and
 # dO U^T / dX U^T (3 MMAs per atom in the code, the third skipped at run time for dO; the 32 slice
 # columns unrolled as 4 k steps; one 16-row block of up to 4 atoms, one of up to 8: 4 x 12 x 3 =
-# 144), 174 in all. The other three kernels have no tensor-core product yet.
+# 144), 174 in all. The state passes run their products on TF32 too (bwd_slice_mma_tf32, each in
+# a rolled k-step loop, 4 atoms, 1-3 MMAs per atom as its operands are split): the forward pass
+# U' - W S0 (1 row block, 3 MMAs: 12) and K^T diag(w) U (2 row blocks, 2 MMAs: 16), 28; the
+# reverse pass P^T dO and K dS_C (1 block, 2 MMAs each: 16), Q^T (gamma dO) (2 blocks, 2: 16) and
+# W^T dU (2 blocks, 3: 24), 56. The prep kernel has no tensor-core product yet.
 @pytest.mark.parametrize("arch", ["80", "90a"])
 def test_gated_delta_chunked_backward_does_not_spill(arch):
     report, sass = _ptxas_report("chunked_backward.cu", family="gated_delta", arch=arch)
@@ -385,10 +389,13 @@ def test_gated_delta_chunked_backward_does_not_spill(arch):
         hmma_tf32 = sum(bool(re.search(r"\bHMMA\.1688\.F32\.TF32\b", line)) for line in lines)
         ldsm = sum(bool(re.search(r"\bLDSM\.16\.M88\.4\b", line)) for line in lines)
         ldsm_t = sum(bool(re.search(r"\bLDSM\.16\.MT88\.4\b", line)) for line in lines)
-        on_tensor_cores = "bwd_local_kernel" in kernel and "bwd_local_kernelIfE" not in kernel
-        if on_tensor_cores:
+        sixteen_bit = "kernelIfE" not in kernel
+        if sixteen_bit and "bwd_local_kernel" in kernel:
             assert (hmma - hmma_tf32, hmma_tf32, ldsm, ldsm_t) == (352, 174, 84, 56), (kernel, hmma, hmma_tf32, ldsm,
                                                                                       ldsm_t)
+        elif sixteen_bit and ("bwd_forward_kernel" in kernel or "bwd_reverse_kernel" in kernel):
+            expected = 28 if "bwd_forward_kernel" in kernel else 56
+            assert (hmma, hmma_tf32, ldsm, ldsm_t) == (expected, expected, 0, 0), (kernel, hmma, hmma_tf32, ldsm, ldsm_t)
         else:
             assert hmma == 0 and ldsm == 0 and ldsm_t == 0, (kernel, hmma, ldsm, ldsm_t)
 

@@ -322,6 +322,66 @@ __device__ __forceinline__ void bwd_pair_terms_tf32(const float* dos, const floa
   bwd_pair_block_tf32<8>(a_rows, us, out, 3 - warp % 2, three, C);  // block 3 or 2: 8 or 6 atoms
 }
 
+// A warp's rows of a [rows][32] slice product on TF32 tensor cores (the state passes, 16-bit
+// inputs): acc[rb][j] += sum over k in [k_begin, kdim) of a(row, k) b(k, column) for the 16-row
+// blocks starting at row0[rb] (blocks at or past `rows` skipped, warp-uniform) and the slice's 32
+// columns (four 8-column atoms), mma.sync m16n8k8 .tf32 (chunk_mma::mma_tf32). a and b return
+// float32 values, zero outside their operand (k past kdim included: k steps are 8 wide).
+// kSplitA / kSplitB: that operand is a float32 sum and enters as hi + lo (tf32_split); an operand
+// that is a 16-bit input is exact in TF32 and is passed unrounded. So 1, 2 or 3 MMAs per atom and
+// k step (3xTF32 when both are split: about float32's accuracy, which the state recurrences need,
+// bench/gated_delta_bwd_precision.py). Element e of atom j of block rb is row
+// row0[rb] + g + 8 (e / 2), column 8 j + 2 t + e % 2 (g = lane / 4, t = lane % 4).
+template <int kBlocks, bool kSplitA, bool kSplitB, class FA, class FB>
+__device__ __forceinline__ void bwd_slice_mma_tf32(float (&acc)[kBlocks][4][4], const int (&row0)[kBlocks], int rows,
+                                                   int k_begin, int kdim, FA&& a, FB&& b) {
+  const int lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+  auto operand = [](float v, std::uint32_t& hi, std::uint32_t& lo, auto split) {
+    if constexpr (decltype(split)::value) {
+      chunk_mma::tf32_split(v, hi, lo);
+    } else {
+      memcpy(&hi, &v, 4);  // exact in TF32
+      lo = 0;
+    }
+  };
+#pragma unroll 1
+  for (int k0 = k_begin; k0 < kdim; k0 += 8) {
+    std::uint32_t b_hi[4][2], b_lo[4][2];  // B(t, g), B(t + 4, g) of atom j
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        operand(b(k0 + t + 4 * h, 8 * j + g), b_hi[j][h], b_lo[j][h], std::bool_constant<kSplitB>{});
+#pragma unroll
+    for (int rb = 0; rb < kBlocks; ++rb) {
+      if (row0[rb] >= rows) continue;  // warp-uniform
+      std::uint32_t a_hi[4], a_lo[4];  // A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        operand(a(row0[rb] + g + 8 * (e % 2), k0 + t + 4 * (e / 2)), a_hi[e], a_lo[e], std::bool_constant<kSplitA>{});
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        chunk_mma::mma_tf32(acc[rb][j], a_hi, b_hi[j][0], b_hi[j][1]);
+        if constexpr (kSplitB) chunk_mma::mma_tf32(acc[rb][j], a_hi, b_lo[j][0], b_lo[j][1]);
+        if constexpr (kSplitA) chunk_mma::mma_tf32(acc[rb][j], a_lo, b_hi[j][0], b_hi[j][1]);
+      }
+    }
+  }
+}
+
+// Visits the elements of bwd_slice_mma_tf32's accumulators: f(rb, row, column, value).
+template <int kBlocks, class F>
+__device__ __forceinline__ void bwd_slice_mma_each(const float (&acc)[kBlocks][4][4], const int (&row0)[kBlocks],
+                                                   F&& f) {
+  const int lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int rb = 0; rb < kBlocks; ++rb)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(rb, row0[rb] + g + 8 * (e / 2), 8 * j + 2 * t + e % 2, acc[rb][j][e]);
+}
+
 // ---- 1. prep: per (chunk slot, value head) ----
 template <class T>
 __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, ChunkedBackwardWorkspace ws) {
@@ -423,21 +483,28 @@ __device__ __forceinline__ StateBlock bwd_state_block(const Params& p, const Chu
 }
 
 // ---- 2. forward over chunks: checkpoints S0 and U = U' - W S0 ----
+// Row strides: the state slice and U rows kSliceLd, the [C][K] tiles K + 4 floats, so that the TF32
+// fragment reads (4 rows x 8 columns of a quad pattern, either orientation) hit 32 banks.
+// f16/bf16 inputs: U = U' - W S0 on 3xTF32 (W and S0 float32 sums) and K^T diag(w) U on TF32
+// with w U split (K exact); float32 inputs: FMAs.
 template <class T>
 __global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, ChunkedBackwardWorkspace ws) {
+  constexpr bool kTc = kBwdTensorCores<T>;
   extern __shared__ __align__(16) unsigned char bwd_smem_raw[];
-  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x;
+  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x, warp = tid / 32, ldk = K + 4;
   double* gs = reinterpret_cast<double*>(bwd_smem_raw);  // [C] G
   float* sm = reinterpret_cast<float*>(gs + C);
-  float* ss = sm;                  // [K][32] the state slice
-  float* buf = ss + K * kBwdCols;  // [C][K] W, then K
-  float* us = buf + C * K;         // [C][32] U
+  float* ss = sm;                  // [K][32] the state slice (row stride kSliceLd)
+  float* buf = ss + K * kSliceLd;  // [C][K] W, then K (row stride ldk)
+  float* us = buf + C * ldk;       // [C][32] U (row stride kSliceLd)
+  float* wv = us + C * kSliceLd;   // [C] w = e^(G_last - G)
   const StateBlock sb = bwd_state_block(p, ws);
   const int cols = int(min(i64(kBwdCols), p.V - sb.f0));
 
   for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
     const int x = e / kBwdCols, f = e % kBwdCols;
-    ss[e] = (p.initial && f < cols) ? p.initial[sb.n * p.sinit.n + sb.h * p.sinit.h + x * p.sinit.k + sb.f0 + f] : 0.0f;
+    ss[x * kSliceLd + f] =
+        (p.initial && f < cols) ? p.initial[sb.n * p.sinit.n + sb.h * p.sinit.h + x * p.sinit.k + sb.f0 + f] : 0.0f;
   }
   for (i64 c0 = sb.s.bos, slot = sb.slot0; c0 < sb.s.eos; c0 += C, ++slot) {
     const BwdUnit un = bwd_unit(p, ws, slot, sb.h);
@@ -445,57 +512,94 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, Chun
     __syncthreads();  // ss is complete; buf, us and gs are no longer read
     for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
       const int x = e / kBwdCols, f = e % kBwdCols;
-      if (f < cols) un.s0[x * p.V + sb.f0 + f] = ss[e];
+      if (f < cols) un.s0[x * p.V + sb.f0 + f] = ss[x * kSliceLd + f];
     }
-    for (int e = tid; e < C * K; e += kBwdThreads) buf[e] = un.w[e];
-    if (tid < C) gs[tid] = un.g[tid];
+    for (int e = tid; e < C * K; e += kBwdThreads) buf[(e / K) * ldk + e % K] = un.w[e];
+    if (tid < C) {
+      gs[tid] = un.g[tid];
+      wv[tid] = expf(float(un.g[C - 1] - un.g[tid]));
+    }
     __syncthreads();
     // U = U' - W S0 (U' read and U written at each thread's own elements).
-    for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
-      const int i = e / kBwdCols, f = e % kBwdCols;
-      float acc = 0.0f;
-      if (f < cols) {
-        acc = un.u[i * p.V + sb.f0 + f];
-        for (int x = 0; x < K; ++x) acc -= buf[i * K + x] * ss[x * kBwdCols + f];
-        un.u[i * p.V + sb.f0 + f] = acc;
+    if constexpr (kTc) {
+      const int row0[1] = {16 * warp};  // rows of U
+      float acc[1][4][4] = {};
+      bwd_slice_mma_tf32<1, true, true>(
+          acc, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? buf[i * ldk + x] : 0.0f; },
+          [&](int x, int f) { return x < K ? ss[x * kSliceLd + f] : 0.0f; });
+      bwd_slice_mma_each(acc, row0, [&](int, int i, int f, float ws0) {
+        if (i >= C) return;
+        float u = 0.0f;
+        if (f < cols) {
+          u = un.u[i * p.V + sb.f0 + f] - ws0;
+          un.u[i * p.V + sb.f0 + f] = u;
+        }
+        us[i * kSliceLd + f] = u;
+      });
+    } else {
+      for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
+        const int i = e / kBwdCols, f = e % kBwdCols;
+        float acc = 0.0f;
+        if (f < cols) {
+          acc = un.u[i * p.V + sb.f0 + f];
+          for (int x = 0; x < K; ++x) acc -= buf[i * ldk + x] * ss[x * kSliceLd + f];
+          un.u[i * p.V + sb.f0 + f] = acc;
+        }
+        us[i * kSliceLd + f] = acc;
       }
-      us[e] = acc;
     }
-    __syncthreads();  // every thread is done with W
-    bwd_stage_rows<T>(buf, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K);
+    __syncthreads();  // every thread is done with W and with reading S0
+    bwd_stage_rows<T>(buf, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);
     __syncthreads();
-    // S = e^(G_last) S0 + K^T diag(w) U; element e is only ever touched by this thread.
-    const double g_last = gs[C - 1];
-    for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
-      const int x = e / kBwdCols, f = e % kBwdCols;
-      float acc = expf(float(g_last)) * ss[e];
-      for (int i = 0; i < C; ++i) acc += buf[i * K + x] * expf(float(g_last - gs[i])) * us[i * kBwdCols + f];
-      ss[e] = acc;
+    // S = e^(G_last) S0 + K^T diag(w) U; element (x, f) is only ever touched by one thread.
+    const float decay = expf(float(gs[C - 1]));
+    if constexpr (kTc) {
+      const int row0[2] = {16 * warp, 16 * warp + 64};  // rows (key dims) of S
+      float acc[2][4][4] = {};
+      bwd_slice_mma_tf32<2, false, true>(
+          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? buf[i * ldk + x] : 0.0f; },
+          [&](int i, int f) { return i < C ? wv[i] * us[i * kSliceLd + f] : 0.0f; });
+      bwd_slice_mma_each(acc, row0, [&](int, int x, int f, float kwu) {
+        if (x < K) ss[x * kSliceLd + f] = decay * ss[x * kSliceLd + f] + kwu;
+      });
+    } else {
+      for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
+        const int x = e / kBwdCols, f = e % kBwdCols;
+        float acc = decay * ss[x * kSliceLd + f];
+        for (int i = 0; i < C; ++i) acc += buf[i * ldk + x] * wv[i] * us[i * kSliceLd + f];
+        ss[x * kSliceLd + f] = acc;
+      }
     }
   }
 }
 
 // ---- 3. reverse over chunks: dS_C of every chunk, dU, dinitial_state ----
+// Row strides as in the forward pass (P: C + 4). f16/bf16 inputs: P^T dO with P split (dO exact),
+// K dS_C with dS_C split (K exact), Q^T (scale gamma dO) with the scaled dO split and W^T dU on
+// 3xTF32; float32 inputs: FMAs.
 template <class T>
 __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, ChunkedBackwardWorkspace ws) {
+  constexpr bool kTc = kBwdTensorCores<T>;
   extern __shared__ __align__(16) unsigned char bwd_smem_raw[];
-  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x;
+  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x, warp = tid / 32, ldk = K + 4, ldc = C + 4;
   double* gs = reinterpret_cast<double*>(bwd_smem_raw);  // [C] G
   float* sm = reinterpret_cast<float*>(gs + C);
-  float* ds = sm;                  // [K][32] dS slice
-  float* kq = ds + K * kBwdCols;   // [C][K] K, then Q
-  float* wb = kq + C * K;          // [C][K] W
-  float* pm = wb + C * K;          // [C][C] P
-  float* dos = pm + C * C;         // [C][32] dO
-  float* dus = dos + C * kBwdCols; // [C][32] dU
+  float* ds = sm;                  // [K][32] dS slice (row stride kSliceLd)
+  float* kq = ds + K * kSliceLd;   // [C][K] K, then Q (row stride ldk)
+  float* wb = kq + C * ldk;        // [C][K] W (row stride ldk)
+  float* pm = wb + C * ldk;        // [C][C] P (row stride ldc)
+  float* dos = pm + C * ldc;       // [C][32] dO (row stride kSliceLd)
+  float* dus = dos + C * kSliceLd; // [C][32] dU (row stride kSliceLd)
+  float* wv = dus + C * kSliceLd;  // [C] w = e^(G_last - G)
+  float* gam = wv + C;             // [C] scale e^G (the tensor-core path)
   const StateBlock sb = bwd_state_block(p, ws);
   const int cols = int(min(i64(kBwdCols), p.V - sb.f0));
   const i64 chunks = (sb.s.eos - sb.s.bos + C - 1) / C;
 
   for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
     const int x = e / kBwdCols, f = e % kBwdCols;
-    ds[e] = (p.dfinal && f < cols) ? p.dfinal[sb.n * p.sdfinal.n + sb.h * p.sdfinal.h + x * p.sdfinal.k + sb.f0 + f]
-                                   : 0.0f;
+    ds[x * kSliceLd + f] =
+        (p.dfinal && f < cols) ? p.dfinal[sb.n * p.sdfinal.n + sb.h * p.sdfinal.h + x * p.sdfinal.k + sb.f0 + f] : 0.0f;
   }
   for (i64 ch = chunks - 1; ch >= 0; --ch) {
     const i64 c0 = sb.s.bos + ch * C;
@@ -504,41 +608,84 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
     __syncthreads();  // ds is complete; the tiles are no longer read
     for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
       const int x = e / kBwdCols, f = e % kBwdCols;
-      if (f < cols) un.dsc[x * p.V + sb.f0 + f] = ds[e];
+      if (f < cols) un.dsc[x * p.V + sb.f0 + f] = ds[x * kSliceLd + f];
     }
-    for (int e = tid; e < C * C; e += kBwdThreads) pm[e] = un.pm[e];
-    bwd_stage_rows<T>(dos, p.dout, p.sdout, sb.s.b, sb.h, c0, C, valid, sb.f0, kBwdCols, p.V);
-    bwd_stage_rows<T>(kq, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K);
-    for (int e = tid; e < C * K; e += kBwdThreads) wb[e] = un.w[e];
-    if (tid < C) gs[tid] = un.g[tid];
+    for (int e = tid; e < C * C; e += kBwdThreads) pm[(e / C) * ldc + e % C] = un.pm[e];
+    bwd_stage_rows<T>(dos, p.dout, p.sdout, sb.s.b, sb.h, c0, C, valid, sb.f0, kBwdCols, p.V, kSliceLd);
+    bwd_stage_rows<T>(kq, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);
+    for (int e = tid; e < C * K; e += kBwdThreads) wb[(e / K) * ldk + e % K] = un.w[e];
+    if (tid < C) {
+      gs[tid] = un.g[tid];
+      wv[tid] = expf(float(un.g[C - 1] - un.g[tid]));
+      gam[tid] = p.scale * expf(float(un.g[tid]));
+    }
     __syncthreads();
-    const double g_last = gs[C - 1];
     // dU = P^T dO + diag(w) K dS_C.
-    for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
-      const int i = e / kBwdCols, f = e % kBwdCols;
-      float a = 0.0f, b = 0.0f;
-      for (int j = i; j < C; ++j) a += pm[j * C + i] * dos[j * kBwdCols + f];
-      for (int x = 0; x < K; ++x) b += kq[i * K + x] * ds[x * kBwdCols + f];
-      const float du = a + expf(float(g_last - gs[i])) * b;
-      dus[e] = du;
+    auto store_du = [&](int i, int f, float du) {
+      dus[i * kSliceLd + f] = du;
       if (f < cols) un.du[i * p.V + sb.f0 + f] = du;
+    };
+    if constexpr (kTc) {
+      const int row0[1] = {16 * warp};  // rows (tokens) of dU
+      float pd[1][4][4] = {}, kd[1][4][4] = {};
+      // P^T is upper triangular (prep stores P's upper triangle as zeros): rows [16 w, 16 w + 16)
+      // sum over tokens j >= 16 w.
+      bwd_slice_mma_tf32<1, true, false>(
+          pd, row0, C, 16 * warp, C, [&](int i, int j) { return i < C && j < C ? pm[j * ldc + i] : 0.0f; },
+          [&](int j, int f) { return j < C ? dos[j * kSliceLd + f] : 0.0f; });
+      bwd_slice_mma_tf32<1, false, true>(
+          kd, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? kq[i * ldk + x] : 0.0f; },
+          [&](int x, int f) { return x < K ? ds[x * kSliceLd + f] : 0.0f; });
+      const int lane = tid % 32, g = lane / 4, t = lane % 4;  // bwd_slice_mma_tf32's element mapping
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * warp + g + 8 * (e / 2), f = 8 * j + 2 * t + e % 2;
+          if (i < C) store_du(i, f, pd[0][j][e] + wv[i] * kd[0][j][e]);
+        }
+    } else {
+      for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
+        const int i = e / kBwdCols, f = e % kBwdCols;
+        float a = 0.0f, b = 0.0f;
+        for (int j = i; j < C; ++j) a += pm[j * ldc + i] * dos[j * kSliceLd + f];
+        for (int x = 0; x < K; ++x) b += kq[i * ldk + x] * ds[x * kSliceLd + f];
+        store_du(i, f, a + wv[i] * b);
+      }
     }
     __syncthreads();  // every thread is done with K and dS_C
-    bwd_stage_rows<T>(kq, p.q, p.sq, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K);
+    bwd_stage_rows<T>(kq, p.q, p.sq, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);
     __syncthreads();
-    // dS0 = e^(G_last) dS_C + scale (diag(gamma) Q)^T dO - W^T dU; element e only touched by this thread.
-    for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
-      const int x = e / kBwdCols, f = e % kBwdCols;
-      float acc = expf(float(g_last)) * ds[e];
-      for (int i = 0; i < C; ++i)
-        acc += p.scale * expf(float(gs[i])) * kq[i * K + x] * dos[i * kBwdCols + f] - wb[i * K + x] * dus[i * kBwdCols + f];
-      ds[e] = acc;
+    // dS0 = e^(G_last) dS_C + scale (diag(gamma) Q)^T dO - W^T dU; element (x, f) only touched by one thread.
+    const float decay = expf(float(gs[C - 1]));
+    if constexpr (kTc) {
+      const int row0[2] = {16 * warp, 16 * warp + 64};  // rows (key dims) of dS0
+      float acc[2][4][4] = {};
+      bwd_slice_mma_tf32<2, false, true>(
+          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? kq[i * ldk + x] : 0.0f; },
+          [&](int i, int f) { return i < C ? gam[i] * dos[i * kSliceLd + f] : 0.0f; });
+      bwd_slice_mma_tf32<2, true, true>(
+          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? wb[i * ldk + x] : 0.0f; },
+          [&](int i, int f) { return i < C ? -dus[i * kSliceLd + f] : 0.0f; });
+      bwd_slice_mma_each(acc, row0, [&](int, int x, int f, float sum) {
+        if (x < K) ds[x * kSliceLd + f] = decay * ds[x * kSliceLd + f] + sum;
+      });
+    } else {  // (gam[i] in this loop made ptxas spill 16 B on sm_80)
+      for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
+        const int x = e / kBwdCols, f = e % kBwdCols;
+        float acc = decay * ds[x * kSliceLd + f];
+        for (int i = 0; i < C; ++i)
+          acc += p.scale * expf(float(gs[i])) * kq[i * ldk + x] * dos[i * kSliceLd + f] -
+                 wb[i * ldk + x] * dus[i * kSliceLd + f];
+        ds[x * kSliceLd + f] = acc;
+      }
     }
   }
-  if (p.final_state)  // dinitial_state (element e was last written by this thread)
+  __syncthreads();  // dS is complete (the tensor-core path writes it in the MMA's element mapping)
+  if (p.final_state)  // dinitial_state
     for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
       const int x = e / kBwdCols, f = e % kBwdCols;
-      if (f < cols) p.final_state[sb.n * p.sfinal.n + sb.h * p.sfinal.h + x * p.sfinal.k + sb.f0 + f] = ds[e];
+      if (f < cols) p.final_state[sb.n * p.sfinal.n + sb.h * p.sfinal.h + x * p.sfinal.k + sb.f0 + f] = ds[x * kSliceLd + f];
     }
 }
 
@@ -897,7 +1044,8 @@ inline BwdSmem bwd_smem_bytes(i64 C, i64 K, bool tensor_cores) {
   const i64 S = kBwdCols;
   // G is double (first, or right after the local kernel's 16-bit tiles: 8-byte aligned); the rest float
   return {std::size_t(C * K + C * std::max<i64>(K, S) + 2 * C * C + 3 * C) * 4,
-          std::size_t(S * K + C * K + S * C + 2 * C) * 4, std::size_t(S * K + 2 * C * K + C * C + 2 * S * C + 2 * C) * 4,
+          std::size_t(kSliceLd * K + C * (K + 4) + kSliceLd * C + 3 * C) * 4,
+          std::size_t(kSliceLd * K + 2 * C * (K + 4) + C * (C + 4) + 2 * kSliceLd * C + 4 * C) * 4,
           (tensor_cores ? kBwdTcBytes : 0) +
               std::size_t((tensor_cores ? 0 : 2 * C * K) + 4 * C * C + 4 * kSliceLd * C + 9 * C + 8) * 4};
 }
