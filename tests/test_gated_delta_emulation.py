@@ -358,48 +358,47 @@ PLANTED_CB_TF32_BUGS = {
 }
 
 
-# The state passes on TF32 (bwd_forward_kernel, bwd_reverse_kernel; bf16), on the K = 128, C = 64
-# case (every row block in use): U = U' - W S0 without S0's lo part, K^T diag(w) U without
+# The state passes and the prep on TF32 (bwd_forward_kernel, bwd_reverse_kernel, bwd_prep_kernel;
+# bf16), on the K = 128, C = 64 case (every row block and column slice in use): U = U' - W S0 without S0's lo part, K^T diag(w) U without
 # (w U)'s lo part, P^T dO without P's lo part, W^T dU without W's lo part, P^T dO starting 8
 # tokens late, the second 16-row block of the key rows at the wrong offset, K dS_C's B operand
-# read at the dense row stride.
+# read at the dense row stride; in prep, K^T's second 32-key slice read as the first, Q K^T
+# computed as K K^T, W and U' without T's lo part, W's k steps stopping 8 tokens short of the
+# diagonal, W's key-dim slices all stored at the first.
 PLANTED_CB_STATE_BUGS = {
     "forward_s0_lo_dropped": ("bwd_slice_mma_tf32<1, true, true>(", "bwd_slice_mma_tf32<1, true, false>("),
     "forward_wu_lo_dropped": ("bwd_slice_mma_tf32<2, false, true>(\n          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? buf[",
                               "bwd_slice_mma_tf32<2, false, false>(\n          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? buf["),
-    "reverse_p_lo_dropped": ("bwd_slice_mma_tf32<1, true, false>(", "bwd_slice_mma_tf32<1, false, false>("),
+    "reverse_p_lo_dropped": ("bwd_slice_mma_tf32<1, true, false>(\n          pd,", "bwd_slice_mma_tf32<1, false, false>(\n          pd,"),
     "reverse_w_lo_dropped": ("bwd_slice_mma_tf32<2, true, true>(", "bwd_slice_mma_tf32<2, false, true>("),
     "reverse_pd_starts_late": ("pd, row0, C, 16 * warp, C,", "pd, row0, C, 16 * warp + 8, C,"),
     "state_second_key_block_off": ("const int row0[2] = {16 * warp, 16 * warp + 64};",
                                    "const int row0[2] = {16 * warp, 16 * warp + 48};"),
     "reverse_kd_dense_stride": ("[&](int x, int f) { return x < K ? ds[x * kSliceLd + f] : 0.0f; });",
                                 "[&](int x, int f) { return x < K ? ds[x * kBwdCols + f] : 0.0f; });"),
+    "prep_kt_slice_not_offset": ("ks[(n0 + j) * ldk + x]", "ks[j * ldk + x]"),
+    "prep_qk_reads_k": ("return i < C && x < K ? qs[i * ldk + x] : 0.0f; }, kt);",
+                        "return i < C && x < K ? ks[i * ldk + x] : 0.0f; }, kt);"),
+    "prep_w_t_lo_dropped": ("bwd_slice_mma_tf32<1, true, false>(\n          acc, row0, C, 0, kdim, [&](int i, int j) { return i < C && j < C ? tm[i * ldc + j] * bg[j]",
+                            "bwd_slice_mma_tf32<1, false, false>(\n          acc, row0, C, 0, kdim, [&](int i, int j) { return i < C && j < C ? tm[i * ldc + j] * bg[j]"),
+    "prep_u_t_lo_dropped": ("bwd_slice_mma_tf32<1, true, false>(\n          acc, row0, C, 0, kdim, [&](int i, int j) { return i < C && j < C ? tm[i * ldc + j] * bs[j]",
+                            "bwd_slice_mma_tf32<1, false, false>(\n          acc, row0, C, 0, kdim, [&](int i, int j) { return i < C && j < C ? tm[i * ldc + j] * bs[j]"),
+    "prep_w_stops_short": ("const int kdim = min(C, 16 * warp + 16);", "const int kdim = min(C, 16 * warp + 8);"),
+    "prep_w_slices_stored_at_first": ("out.w[i * K + n0 + x] = w;", "out.w[i * K + x] = w;"),
 }
 
 
-@pytest.mark.parametrize("bug", sorted(PLANTED_CB_STATE_BUGS))
-def test_emulator_catches_planted_chunked_backward_state_pass_bug(tmp_path, bug):
-    exe = _build(cb_edits=[PLANTED_CB_STATE_BUGS[bug]])
+# Each set of planted chunked-backward bugs with the case and dtype that run the code it breaks.
+PLANTED_CB_RUNS = [(PLANTED_CB_BUGS, (1, 2, 4, 70, 16, 12, 8, None, "bhtk"), torch.float32),
+                   (PLANTED_CB_MMA_BUGS, (1, 2, 4, 70, 16, 12, 16, None, "bhtk"), torch.bfloat16),
+                   (PLANTED_CB_TF32_BUGS, (1, 1, 2, 93, 16, 8, 64, None, "bhtk"), torch.bfloat16),
+                   (PLANTED_CB_STATE_BUGS, (1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.bfloat16)]
+
+
+@pytest.mark.parametrize("bug, case, dtype", [pytest.param(name, case, dtype, id=name)
+                                              for bugs, case, dtype in PLANTED_CB_RUNS for name in sorted(bugs)])
+def test_emulator_catches_planted_chunked_backward_bug(tmp_path, bug, case, dtype):
+    edits = next(bugs for bugs, _, _ in PLANTED_CB_RUNS if bug in bugs)
+    exe = _build(cb_edits=[edits[bug]])
     with pytest.raises(AssertionError):
-        _check_chunked_backward(exe, tmp_path, (1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.bfloat16)
-
-
-@pytest.mark.parametrize("bug", sorted(PLANTED_CB_TF32_BUGS))
-def test_emulator_catches_planted_chunked_backward_tf32_bug(tmp_path, bug):
-    exe = _build(cb_edits=[PLANTED_CB_TF32_BUGS[bug]])
-    with pytest.raises(AssertionError):
-        _check_chunked_backward(exe, tmp_path, (1, 1, 2, 93, 16, 8, 64, None, "bhtk"), torch.bfloat16)
-
-
-@pytest.mark.parametrize("bug", sorted(PLANTED_CB_MMA_BUGS))
-def test_emulator_catches_planted_chunked_backward_tensor_core_bug(tmp_path, bug):
-    exe = _build(cb_edits=[PLANTED_CB_MMA_BUGS[bug]])
-    with pytest.raises(AssertionError):
-        _check_chunked_backward(exe, tmp_path, (1, 2, 4, 70, 16, 12, 16, None, "bhtk"), torch.bfloat16)
-
-
-@pytest.mark.parametrize("bug", sorted(PLANTED_CB_BUGS))
-def test_emulator_catches_planted_chunked_backward_bug(tmp_path, bug):
-    exe = _build(cb_edits=[PLANTED_CB_BUGS[bug]])
-    with pytest.raises(AssertionError):
-        _check_chunked_backward(exe, tmp_path, (1, 2, 4, 70, 16, 12, 8, None, "bhtk"), torch.float32)
+        _check_chunked_backward(exe, tmp_path, case, dtype)

@@ -1,12 +1,14 @@
 // Chunked backward of the gated delta rule on CUDA (issue 26 item 2): states checkpointed at
 // chunk boundaries, the state gradient carried backwards across chunk boundaries, and the
 // gradients of each chunk's tokens from its checkpoints alone, all chunks in parallel. It computes
-// in float32 with plain FMAs, except, for f16/bf16 inputs, the local kernel's K K^T and its seven
-// products that feed only dq and dk (mma.sync with ldmatrix operands, chunk_mma.cuh: 16-bit
-// operands, float32 sums; which products may lose float32 operands was settled by
-// bench/gated_delta_bwd_precision.py), its K S0, Q S0, K dS_C rows (TF32 mma.sync, the state
-// split hi + lo) and its slice products dX = T^T dU, dO U^T, dX U^T (TF32, the float32 operands
-// split hi + lo: 3xTF32). Its speed has not been measured (no GPU was available).
+// in float32. For f16/bf16 inputs the products run on tensor cores (which products may lose
+// float32 operands was settled by bench/gated_delta_bwd_precision.py): the local kernel's K K^T
+// and its seven products that feed only dq and dk on 16-bit mma.sync with ldmatrix operands
+// (chunk_mma.cuh: 16-bit operands, float32 sums); every other product on TF32 mma.sync, a 16-bit
+// input operand exact, a float32 operand split hi + lo (3xTF32 when both are float32) so that the
+// sums keep float32's accuracy. Left on FMAs: the triangular inverse, the [C][C] elementwise
+// terms, the row shares of dbeta / dlog_decay. float32 inputs: FMAs throughout. Its speed has not
+// been measured (no GPU was available).
 //
 // The math. Per value head, a chunk of C tokens (the last one padded with k = q = v = beta =
 // g = 0, which changes nothing), start state S0 [K, V], log decays g raised to -80
@@ -383,17 +385,24 @@ __device__ __forceinline__ void bwd_slice_mma_each(const float (&acc)[kBlocks][4
 }
 
 // ---- 1. prep: per (chunk slot, value head) ----
+// Row strides: the [C][K] tiles K + 4 floats, the [C][C] tiles C + 4, the value slices kSliceLd
+// (TF32 fragment reads on 32 banks). f16/bf16 inputs: K K^T and Q K^T on TF32 (16-bit inputs are
+// exact in TF32: one MMA, float32 sums), W = (T diag(beta gamma)) K and U' = (T diag(beta)) V with
+// the float32 left factor split hi + lo (the right one exact: two MMAs); the triangular inverse
+// stays a forward substitution. float32 inputs: FMAs.
 template <class T>
 __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, ChunkedBackwardWorkspace ws) {
+  constexpr bool kTc = kBwdTensorCores<T>;
   extern __shared__ __align__(16) unsigned char bwd_smem_raw[];
-  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x;
+  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x, warp = tid / 32, ldk = K + 4, ldc = C + 4;
   double* gs = reinterpret_cast<double*>(bwd_smem_raw);  // [C] G
   float* sm = reinterpret_cast<float*>(gs + C);
-  float* ks = sm;                              // [C][K]
-  float* qs = ks + C * K;                      // [C][K]; later value slices [C][32]
-  float* lm = qs + C * max(K, kBwdCols);       // [C][C] L
-  float* tm = lm + C * C;      // [C][C] T
-  float* bs = tm + C * C;      // [C] beta
+  float* ks = sm;                                // [C][K] (row stride ldk)
+  float* qs = ks + C * ldk;                      // [C][K] (ldk); later value slices [C][32] (kSliceLd)
+  float* lm = qs + C * max(ldk, kSliceLd);       // [C][C] L (row stride ldc)
+  float* tm = lm + C * ldc;                      // [C][C] T (ldc)
+  float* bs = tm + C * ldc;                      // [C] beta
+  float* bg = bs + C;                            // [C] beta e^G
 
   if (p.N == 0) return;
   const i64 slot = blockIdx.x / p.Hv, h = blockIdx.x % p.Hv, hk = h / p.group;
@@ -403,8 +412,8 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, Chunked
   const i64 b = sc.s.b;
   const BwdUnit out = bwd_unit(p, ws, slot, h);
 
-  bwd_stage_rows<T>(ks, p.k, p.sk, b, hk, sc.c0, C, valid, 0, K, p.K);
-  bwd_stage_rows<T>(qs, p.q, p.sq, b, hk, sc.c0, C, valid, 0, K, p.K);
+  bwd_stage_rows<T>(ks, p.k, p.sk, b, hk, sc.c0, C, valid, 0, K, p.K, ldk);
+  bwd_stage_rows<T>(qs, p.q, p.sq, b, hk, sc.c0, C, valid, 0, K, p.K, ldk);
   if (tid < C) {
     bs[tid] = tid < valid ? load<T>(p.beta, p.sbeta, b, h, sc.c0 + tid) : 0.0f;
     gs[tid] = tid < valid ? chunked_log_decay(p.g[b * p.sg.b + h * p.sg.h + (sc.c0 + tid) * p.sg.t]) : 0.0f;
@@ -415,19 +424,45 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, Chunked
     for (int i = 0; i < C; ++i) gs[i] = cum += gs[i];
   }
   __syncthreads();
-  if (tid < C) out.g[tid] = gs[tid];
-  // L (strictly lower) and P (lower, scale included).
-  for (int e = tid; e < C * C; e += kBwdThreads) {
-    const int i = e / C, j = e % C;
-    float kk = 0.0f, qk = 0.0f;
-    if (j <= i)
-      for (int x = 0; x < K; ++x) {
-        kk += ks[i * K + x] * ks[j * K + x];
-        qk += qs[i * K + x] * ks[j * K + x];
-      }
+  if (tid < C) {
+    out.g[tid] = gs[tid];
+    bg[tid] = bs[tid] * expf(float(gs[tid]));
+  }
+  // L (strictly lower) and P (lower, scale included) from K K^T and Q K^T at (i, j).
+  auto store_lp = [&](int i, int j, float kk, float qk) {
     const float decay = j <= i ? expf(float(gs[i] - gs[j])) : 0.0f;
-    lm[e] = j < i ? bs[i] * decay * kk : 0.0f;
-    out.pm[e] = p.scale * decay * qk;
+    lm[i * ldc + j] = j < i ? bs[i] * decay * kk : 0.0f;
+    out.pm[i * C + j] = p.scale * decay * qk;
+  };
+  if constexpr (kTc) {
+    const int row0[1] = {16 * warp};
+    for (int n0 = 0; n0 < C; n0 += kBwdCols) {  // 32 columns (keys j) at a time
+      float kk[1][4][4] = {}, qk[1][4][4] = {};
+      auto kt = [&](int x, int j) { return x < K && n0 + j < C ? ks[(n0 + j) * ldk + x] : 0.0f; };  // K^T
+      bwd_slice_mma_tf32<1, false, false>(
+          kk, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? ks[i * ldk + x] : 0.0f; }, kt);
+      bwd_slice_mma_tf32<1, false, false>(
+          qk, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? qs[i * ldk + x] : 0.0f; }, kt);
+      const int lane = tid % 32, g = lane / 4, t = lane % 4;  // bwd_slice_mma_tf32's element mapping
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 16 * warp + g + 8 * (e / 2), c = n0 + 8 * j + 2 * t + e % 2;
+          if (i < C && c < C) store_lp(i, c, kk[0][j][e], qk[0][j][e]);
+        }
+    }
+  } else {
+    for (int e = tid; e < C * C; e += kBwdThreads) {
+      const int i = e / C, j = e % C;
+      float kk = 0.0f, qk = 0.0f;
+      if (j <= i)
+        for (int x = 0; x < K; ++x) {
+          kk += ks[i * ldk + x] * ks[j * ldk + x];
+          qk += qs[i * ldk + x] * ks[j * ldk + x];
+        }
+      store_lp(i, j, kk, qk);
+    }
   }
   __syncthreads();
   // T = (I + L)^-1 by forward substitution, one column per thread.
@@ -435,29 +470,53 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, Chunked
     const int j = tid;
     for (int i = 0; i < C; ++i) {
       float acc = i == j ? 1.0f : 0.0f;
-      for (int m = j; m < i; ++m) acc -= lm[i * C + m] * tm[m * C + j];
-      tm[i * C + j] = i >= j ? acc : 0.0f;
+      for (int m = j; m < i; ++m) acc -= lm[i * ldc + m] * tm[m * ldc + j];
+      tm[i * ldc + j] = i >= j ? acc : 0.0f;
     }
   }
   __syncthreads();
-  for (int e = tid; e < C * C; e += kBwdThreads) out.t[e] = tm[e];
-  // W = T diag(beta gamma) K.
-  for (int e = tid; e < C * K; e += kBwdThreads) {
-    const int i = e / K, x = e % K;
-    float acc = 0.0f;
-    for (int j = 0; j <= i; ++j) acc += tm[i * C + j] * bs[j] * expf(float(gs[j])) * ks[j * K + x];
-    out.w[e] = acc;
+  for (int e = tid; e < C * C; e += kBwdThreads) out.t[e] = tm[(e / C) * ldc + e % C];
+  // W = T diag(beta gamma) K. T is lower triangular: rows [16 w, 16 w + 16) sum over j < 16 w + 16.
+  [[maybe_unused]] const int row0[1] = {16 * warp};  // the tensor-core path's rows
+  [[maybe_unused]] const int kdim = min(C, 16 * warp + 16);
+  if constexpr (kTc) {
+    for (int n0 = 0; n0 < K; n0 += kBwdCols) {  // 32 key dims at a time
+      float acc[1][4][4] = {};
+      bwd_slice_mma_tf32<1, true, false>(
+          acc, row0, C, 0, kdim, [&](int i, int j) { return i < C && j < C ? tm[i * ldc + j] * bg[j] : 0.0f; },
+          [&](int j, int x) { return j < C && n0 + x < K ? ks[j * ldk + n0 + x] : 0.0f; });
+      bwd_slice_mma_each(acc, row0, [&](int, int i, int x, float w) {
+        if (i < C && n0 + x < K) out.w[i * K + n0 + x] = w;
+      });
+    }
+  } else {
+    for (int e = tid; e < C * K; e += kBwdThreads) {
+      const int i = e / K, x = e % K;
+      float acc = 0.0f;
+      for (int j = 0; j <= i; ++j) acc += tm[i * ldc + j] * bs[j] * expf(float(gs[j])) * ks[j * ldk + x];
+      out.w[e] = acc;
+    }
   }
   // U' = T diag(beta) V, 32 value columns at a time through qs's space.
   for (i64 f0 = 0; f0 < p.V; f0 += kBwdCols) {
     __syncthreads();  // qs / the previous slice is no longer read
-    bwd_stage_rows<T>(qs, p.v, p.sv, b, h, sc.c0, C, valid, f0, kBwdCols, p.V);
+    bwd_stage_rows<T>(qs, p.v, p.sv, b, h, sc.c0, C, valid, f0, kBwdCols, p.V, kSliceLd);
     __syncthreads();
-    for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
-      const int i = e / kBwdCols, f = e % kBwdCols;
-      float acc = 0.0f;
-      for (int j = 0; j <= i; ++j) acc += tm[i * C + j] * bs[j] * qs[j * kBwdCols + f];
-      if (f0 + f < p.V) out.u[i * p.V + f0 + f] = acc;
+    if constexpr (kTc) {
+      float acc[1][4][4] = {};
+      bwd_slice_mma_tf32<1, true, false>(
+          acc, row0, C, 0, kdim, [&](int i, int j) { return i < C && j < C ? tm[i * ldc + j] * bs[j] : 0.0f; },
+          [&](int j, int f) { return j < C ? qs[j * kSliceLd + f] : 0.0f; });
+      bwd_slice_mma_each(acc, row0, [&](int, int i, int f, float u) {
+        if (i < C && f0 + f < p.V) out.u[i * p.V + f0 + f] = u;
+      });
+    } else {
+      for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
+        const int i = e / kBwdCols, f = e % kBwdCols;
+        float acc = 0.0f;
+        for (int j = 0; j <= i; ++j) acc += tm[i * ldc + j] * bs[j] * qs[j * kSliceLd + f];
+        if (f0 + f < p.V) out.u[i * p.V + f0 + f] = acc;
+      }
     }
   }
 }
@@ -1041,9 +1100,8 @@ struct BwdSmem {
 };
 // tensor_cores: the local kernel's 16-bit path (kBwdTensorCores of the storage type).
 inline BwdSmem bwd_smem_bytes(i64 C, i64 K, bool tensor_cores) {
-  const i64 S = kBwdCols;
   // G is double (first, or right after the local kernel's 16-bit tiles: 8-byte aligned); the rest float
-  return {std::size_t(C * K + C * std::max<i64>(K, S) + 2 * C * C + 3 * C) * 4,
+  return {std::size_t(C * (K + 4) + C * std::max<i64>(K + 4, kSliceLd) + 2 * C * (C + 4) + 4 * C) * 4,
           std::size_t(kSliceLd * K + C * (K + 4) + kSliceLd * C + 3 * C) * 4,
           std::size_t(kSliceLd * K + 2 * C * (K + 4) + C * (C + 4) + 2 * kSliceLd * C + 4 * C) * 4,
           (tensor_cores ? kBwdTcBytes : 0) +
