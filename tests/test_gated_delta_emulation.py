@@ -367,8 +367,8 @@ PLANTED_CB_TF32_BUGS = {
 # diagonal, W's key-dim slices all stored at the first.
 PLANTED_CB_STATE_BUGS = {
     "forward_s0_lo_dropped": ("bwd_slice_mma_tf32<1, true, true>(", "bwd_slice_mma_tf32<1, true, false>("),
-    "forward_wu_lo_dropped": ("bwd_slice_mma_tf32<2, false, true>(\n          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? buf[",
-                              "bwd_slice_mma_tf32<2, false, false>(\n          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? buf["),
+    "forward_wu_lo_dropped": ("bwd_slice_mma_tf32<2, false, true>(\n          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? kbuf[",
+                              "bwd_slice_mma_tf32<2, false, false>(\n          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? kbuf["),
     "reverse_p_lo_dropped": ("bwd_slice_mma_tf32<1, true, false>(\n          pd,", "bwd_slice_mma_tf32<1, false, false>(\n          pd,"),
     "reverse_w_lo_dropped": ("bwd_slice_mma_tf32<2, true, true>(", "bwd_slice_mma_tf32<2, false, true>("),
     "reverse_pd_starts_late": ("pd, row0, C, 16 * warp, C,", "pd, row0, C, 16 * warp + 8, C,"),

@@ -554,8 +554,9 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, Chun
   double* gs = reinterpret_cast<double*>(bwd_smem_raw);  // [C] G
   float* sm = reinterpret_cast<float*>(gs + C);
   float* ss = sm;                  // [K][32] the state slice (row stride kSliceLd)
-  float* buf = ss + K * kSliceLd;  // [C][K] W, then K (row stride ldk)
-  float* us = buf + C * ldk;       // [C][32] U (row stride kSliceLd)
+  float* wbuf = ss + K * kSliceLd; // [C][K] W (row stride ldk)
+  float* kbuf = wbuf + C * ldk;    // [C][K] K (row stride ldk)
+  float* us = kbuf + C * ldk;      // [C][32] U (row stride kSliceLd)
   float* wv = us + C * kSliceLd;   // [C] w = e^(G_last - G)
   const StateBlock sb = bwd_state_block(p, ws);
   const int cols = int(min(i64(kBwdCols), p.V - sb.f0));
@@ -568,12 +569,14 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, Chun
   for (i64 c0 = sb.s.bos, slot = sb.slot0; c0 < sb.s.eos; c0 += C, ++slot) {
     const BwdUnit un = bwd_unit(p, ws, slot, sb.h);
     const int valid = int(min(i64(C), sb.s.eos - c0));
-    __syncthreads();  // ss is complete; buf, us and gs are no longer read
+    __syncthreads();  // ss is complete; wbuf, kbuf, us and gs are no longer read
     for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
       const int x = e / kBwdCols, f = e % kBwdCols;
       if (f < cols) un.s0[x * p.V + sb.f0 + f] = ss[x * kSliceLd + f];
     }
-    for (int e = tid; e < C * K; e += kBwdThreads) buf[(e / K) * ldk + e % K] = un.w[e];
+    // W and K in one round of loads (K in its own buffer: no second round between the products).
+    for (int e = tid; e < C * K; e += kBwdThreads) wbuf[(e / K) * ldk + e % K] = un.w[e];
+    bwd_stage_rows<T>(kbuf, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);
     if (tid < C) {
       gs[tid] = un.g[tid];
       wv[tid] = expf(float(un.g[C - 1] - un.g[tid]));
@@ -584,7 +587,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, Chun
       const int row0[1] = {16 * warp};  // rows of U
       float acc[1][4][4] = {};
       bwd_slice_mma_tf32<1, true, true>(
-          acc, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? buf[i * ldk + x] : 0.0f; },
+          acc, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? wbuf[i * ldk + x] : 0.0f; },
           [&](int x, int f) { return x < K ? ss[x * kSliceLd + f] : 0.0f; });
       bwd_slice_mma_each(acc, row0, [&](int, int i, int f, float ws0) {
         if (i >= C) return;
@@ -601,22 +604,20 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, Chun
         float acc = 0.0f;
         if (f < cols) {
           acc = un.u[i * p.V + sb.f0 + f];
-          for (int x = 0; x < K; ++x) acc -= buf[i * ldk + x] * ss[x * kSliceLd + f];
+          for (int x = 0; x < K; ++x) acc -= wbuf[i * ldk + x] * ss[x * kSliceLd + f];
           un.u[i * p.V + sb.f0 + f] = acc;
         }
         us[i * kSliceLd + f] = acc;
       }
     }
-    __syncthreads();  // every thread is done with W and with reading S0
-    bwd_stage_rows<T>(buf, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);
-    __syncthreads();
+    __syncthreads();  // U is complete; every thread is done with reading S0
     // S = e^(G_last) S0 + K^T diag(w) U; element (x, f) is only ever touched by one thread.
     const float decay = expf(float(gs[C - 1]));
     if constexpr (kTc) {
       const int row0[2] = {16 * warp, 16 * warp + 64};  // rows (key dims) of S
       float acc[2][4][4] = {};
       bwd_slice_mma_tf32<2, false, true>(
-          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? buf[i * ldk + x] : 0.0f; },
+          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? kbuf[i * ldk + x] : 0.0f; },
           [&](int i, int f) { return i < C ? wv[i] * us[i * kSliceLd + f] : 0.0f; });
       bwd_slice_mma_each(acc, row0, [&](int, int x, int f, float kwu) {
         if (x < K) ss[x * kSliceLd + f] = decay * ss[x * kSliceLd + f] + kwu;
@@ -625,7 +626,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, Chun
       for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
         const int x = e / kBwdCols, f = e % kBwdCols;
         float acc = decay * ss[x * kSliceLd + f];
-        for (int i = 0; i < C; ++i) acc += buf[i * ldk + x] * wv[i] * us[i * kSliceLd + f];
+        for (int i = 0; i < C; ++i) acc += kbuf[i * ldk + x] * wv[i] * us[i * kSliceLd + f];
         ss[x * kSliceLd + f] = acc;
       }
     }
@@ -644,8 +645,9 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
   double* gs = reinterpret_cast<double*>(bwd_smem_raw);  // [C] G
   float* sm = reinterpret_cast<float*>(gs + C);
   float* ds = sm;                  // [K][32] dS slice (row stride kSliceLd)
-  float* kq = ds + K * kSliceLd;   // [C][K] K, then Q (row stride ldk)
-  float* wb = kq + C * ldk;        // [C][K] W (row stride ldk)
+  float* kb = ds + K * kSliceLd;   // [C][K] K (row stride ldk)
+  float* qb = kb + C * ldk;        // [C][K] Q (row stride ldk)
+  float* wb = qb + C * ldk;        // [C][K] W (row stride ldk)
   float* pm = wb + C * ldk;        // [C][C] P (row stride ldc)
   float* dos = pm + C * ldc;       // [C][32] dO (row stride kSliceLd)
   float* dus = dos + C * kSliceLd; // [C][32] dU (row stride kSliceLd)
@@ -671,7 +673,8 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
     }
     for (int e = tid; e < C * C; e += kBwdThreads) pm[(e / C) * ldc + e % C] = un.pm[e];
     bwd_stage_rows<T>(dos, p.dout, p.sdout, sb.s.b, sb.h, c0, C, valid, sb.f0, kBwdCols, p.V, kSliceLd);
-    bwd_stage_rows<T>(kq, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);
+    bwd_stage_rows<T>(kb, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);
+    bwd_stage_rows<T>(qb, p.q, p.sq, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);  // (one round of loads)
     for (int e = tid; e < C * K; e += kBwdThreads) wb[(e / K) * ldk + e % K] = un.w[e];
     if (tid < C) {
       gs[tid] = un.g[tid];
@@ -693,7 +696,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
           pd, row0, C, 16 * warp, C, [&](int i, int j) { return i < C && j < C ? pm[j * ldc + i] : 0.0f; },
           [&](int j, int f) { return j < C ? dos[j * kSliceLd + f] : 0.0f; });
       bwd_slice_mma_tf32<1, false, true>(
-          kd, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? kq[i * ldk + x] : 0.0f; },
+          kd, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? kb[i * ldk + x] : 0.0f; },
           [&](int x, int f) { return x < K ? ds[x * kSliceLd + f] : 0.0f; });
       const int lane = tid % 32, g = lane / 4, t = lane % 4;  // bwd_slice_mma_tf32's element mapping
 #pragma unroll
@@ -708,20 +711,18 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
         const int i = e / kBwdCols, f = e % kBwdCols;
         float a = 0.0f, b = 0.0f;
         for (int j = i; j < C; ++j) a += pm[j * ldc + i] * dos[j * kSliceLd + f];
-        for (int x = 0; x < K; ++x) b += kq[i * ldk + x] * ds[x * kSliceLd + f];
+        for (int x = 0; x < K; ++x) b += kb[i * ldk + x] * ds[x * kSliceLd + f];
         store_du(i, f, a + wv[i] * b);
       }
     }
-    __syncthreads();  // every thread is done with K and dS_C
-    bwd_stage_rows<T>(kq, p.q, p.sq, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);
-    __syncthreads();
+    __syncthreads();  // dU is complete; every thread is done with reading dS_C
     // dS0 = e^(G_last) dS_C + scale (diag(gamma) Q)^T dO - W^T dU; element (x, f) only touched by one thread.
     const float decay = expf(float(gs[C - 1]));
     if constexpr (kTc) {
       const int row0[2] = {16 * warp, 16 * warp + 64};  // rows (key dims) of dS0
       float acc[2][4][4] = {};
       bwd_slice_mma_tf32<2, false, true>(
-          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? kq[i * ldk + x] : 0.0f; },
+          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? qb[i * ldk + x] : 0.0f; },
           [&](int i, int f) { return i < C ? gam[i] * dos[i * kSliceLd + f] : 0.0f; });
       bwd_slice_mma_tf32<2, true, true>(
           acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? wb[i * ldk + x] : 0.0f; },
@@ -734,7 +735,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
         const int x = e / kBwdCols, f = e % kBwdCols;
         float acc = decay * ds[x * kSliceLd + f];
         for (int i = 0; i < C; ++i)
-          acc += p.scale * expf(float(gs[i])) * kq[i * ldk + x] * dos[i * kSliceLd + f] -
+          acc += p.scale * expf(float(gs[i])) * qb[i * ldk + x] * dos[i * kSliceLd + f] -
                  wb[i * ldk + x] * dus[i * kSliceLd + f];
         ds[x * kSliceLd + f] = acc;
       }
@@ -1102,8 +1103,8 @@ struct BwdSmem {
 inline BwdSmem bwd_smem_bytes(i64 C, i64 K, bool tensor_cores) {
   // G is double (first, or right after the local kernel's 16-bit tiles: 8-byte aligned); the rest float
   return {std::size_t(C * (K + 4) + C * std::max<i64>(K + 4, kSliceLd) + 2 * C * (C + 4) + 4 * C) * 4,
-          std::size_t(kSliceLd * K + C * (K + 4) + kSliceLd * C + 3 * C) * 4,
-          std::size_t(kSliceLd * K + 2 * C * (K + 4) + C * (C + 4) + 2 * kSliceLd * C + 4 * C) * 4,
+          std::size_t(kSliceLd * K + 2 * C * (K + 4) + kSliceLd * C + 3 * C) * 4,
+          std::size_t(kSliceLd * K + 3 * C * (K + 4) + C * (C + 4) + 2 * kSliceLd * C + 4 * C) * 4,
           (tensor_cores ? kBwdTcBytes : 0) +
               std::size_t((tensor_cores ? 0 : 2 * C * K) + 4 * C * C + 4 * kSliceLd * C + 9 * C + 8) * 4};
 }
