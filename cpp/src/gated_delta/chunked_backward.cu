@@ -574,15 +574,20 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, Chun
       const int x = e / kBwdCols, f = e % kBwdCols;
       if (f < cols) un.s0[x * p.V + sb.f0 + f] = ss[x * kSliceLd + f];
     }
-    // W and K in one round of loads (K in its own buffer: no second round between the products).
+    // W, K and U' in one round of loads (each in its own buffer: no global load waited for between
+    // the products).
     for (int e = tid; e < C * K; e += kBwdThreads) wbuf[(e / K) * ldk + e % K] = un.w[e];
     bwd_stage_rows<T>(kbuf, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);
+    for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
+      const int i = e / kBwdCols, f = e % kBwdCols;
+      us[i * kSliceLd + f] = f < cols ? un.u[i * p.V + sb.f0 + f] : 0.0f;
+    }
     if (tid < C) {
       gs[tid] = un.g[tid];
       wv[tid] = expf(float(un.g[C - 1] - un.g[tid]));
     }
     __syncthreads();
-    // U = U' - W S0 (U' read and U written at each thread's own elements).
+    // U = U' - W S0 in place of U' (in us and in the workspace).
     if constexpr (kTc) {
       const int row0[1] = {16 * warp};  // rows of U
       float acc[1][4][4] = {};
@@ -591,19 +596,15 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, Chun
           [&](int x, int f) { return x < K ? ss[x * kSliceLd + f] : 0.0f; });
       bwd_slice_mma_each(acc, row0, [&](int, int i, int f, float ws0) {
         if (i >= C) return;
-        float u = 0.0f;
-        if (f < cols) {
-          u = un.u[i * p.V + sb.f0 + f] - ws0;
-          un.u[i * p.V + sb.f0 + f] = u;
-        }
+        const float u = us[i * kSliceLd + f] - ws0;  // 0 past cols (U' and S0 are zeros there)
         us[i * kSliceLd + f] = u;
+        if (f < cols) un.u[i * p.V + sb.f0 + f] = u;
       });
     } else {
       for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
         const int i = e / kBwdCols, f = e % kBwdCols;
-        float acc = 0.0f;
+        float acc = us[i * kSliceLd + f];  // U' (this thread's own element)
         if (f < cols) {
-          acc = un.u[i * p.V + sb.f0 + f];
           for (int x = 0; x < K; ++x) acc -= wbuf[i * ldk + x] * ss[x * kSliceLd + f];
           un.u[i * p.V + sb.f0 + f] = acc;
         }
