@@ -371,17 +371,17 @@ __device__ __forceinline__ void bwd_slice_mma_tf32(float (&acc)[kBlocks][4][4], 
   }
 }
 
-// Visits the elements of bwd_slice_mma_tf32's accumulators: f(rb, row, column, value).
-template <int kBlocks, class F>
-__device__ __forceinline__ void bwd_slice_mma_each(const float (&acc)[kBlocks][4][4], const int (&row0)[kBlocks],
-                                                   F&& f) {
+// Visits the elements of bwd_slice_mma_tf32's accumulators (one or more, same blocks):
+// f(row, column, value of each accumulator).
+template <int kBlocks, class F, class... Acc>
+__device__ __forceinline__ void bwd_slice_mma_each(const int (&row0)[kBlocks], F&& f, const Acc&... acc) {
   const int lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int rb = 0; rb < kBlocks; ++rb)
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) f(rb, row0[rb] + g + 8 * (e / 2), 8 * j + 2 * t + e % 2, acc[rb][j][e]);
+      for (int e = 0; e < 4; ++e) f(row0[rb] + g + 8 * (e / 2), 8 * j + 2 * t + e % 2, acc[rb][j][e]...);
 }
 
 // ---- 1. prep: per (chunk slot, value head) ----
@@ -443,14 +443,9 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, Chunked
           kk, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? ks[i * ldk + x] : 0.0f; }, kt);
       bwd_slice_mma_tf32<1, false, false>(
           qk, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? qs[i * ldk + x] : 0.0f; }, kt);
-      const int lane = tid % 32, g = lane / 4, t = lane % 4;  // bwd_slice_mma_tf32's element mapping
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 16 * warp + g + 8 * (e / 2), c = n0 + 8 * j + 2 * t + e % 2;
-          if (i < C && c < C) store_lp(i, c, kk[0][j][e], qk[0][j][e]);
-        }
+      bwd_slice_mma_each(row0, [&](int i, int c, float kkv, float qkv) {
+        if (i < C && n0 + c < C) store_lp(i, n0 + c, kkv, qkv);
+      }, kk, qk);
     }
   } else {
     for (int e = tid; e < C * C; e += kBwdThreads) {
@@ -485,9 +480,9 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, Chunked
       bwd_slice_mma_tf32<1, true, false>(
           acc, row0, C, 0, kdim, [&](int i, int j) { return i < C && j < C ? tm[i * ldc + j] * bg[j] : 0.0f; },
           [&](int j, int x) { return j < C && n0 + x < K ? ks[j * ldk + n0 + x] : 0.0f; });
-      bwd_slice_mma_each(acc, row0, [&](int, int i, int x, float w) {
+      bwd_slice_mma_each(row0, [&](int i, int x, float w) {
         if (i < C && n0 + x < K) out.w[i * K + n0 + x] = w;
-      });
+      }, acc);
     }
   } else {
     for (int e = tid; e < C * K; e += kBwdThreads) {
@@ -507,9 +502,9 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, Chunked
       bwd_slice_mma_tf32<1, true, false>(
           acc, row0, C, 0, kdim, [&](int i, int j) { return i < C && j < C ? tm[i * ldc + j] * bs[j] : 0.0f; },
           [&](int j, int f) { return j < C ? qs[j * kSliceLd + f] : 0.0f; });
-      bwd_slice_mma_each(acc, row0, [&](int, int i, int f, float u) {
+      bwd_slice_mma_each(row0, [&](int i, int f, float u) {
         if (i < C && f0 + f < p.V) out.u[i * p.V + f0 + f] = u;
-      });
+      }, acc);
     } else {
       for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
         const int i = e / kBwdCols, f = e % kBwdCols;
@@ -594,12 +589,12 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, Chun
       bwd_slice_mma_tf32<1, true, true>(
           acc, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? wbuf[i * ldk + x] : 0.0f; },
           [&](int x, int f) { return x < K ? ss[x * kSliceLd + f] : 0.0f; });
-      bwd_slice_mma_each(acc, row0, [&](int, int i, int f, float ws0) {
+      bwd_slice_mma_each(row0, [&](int i, int f, float ws0) {
         if (i >= C) return;
         const float u = us[i * kSliceLd + f] - ws0;  // 0 past cols (U' and S0 are zeros there)
         us[i * kSliceLd + f] = u;
         if (f < cols) un.u[i * p.V + sb.f0 + f] = u;
-      });
+      }, acc);
     } else {
       for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
         const int i = e / kBwdCols, f = e % kBwdCols;
@@ -620,9 +615,9 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, Chun
       bwd_slice_mma_tf32<2, false, true>(
           acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? kbuf[i * ldk + x] : 0.0f; },
           [&](int i, int f) { return i < C ? wv[i] * us[i * kSliceLd + f] : 0.0f; });
-      bwd_slice_mma_each(acc, row0, [&](int, int x, int f, float kwu) {
+      bwd_slice_mma_each(row0, [&](int x, int f, float kwu) {
         if (x < K) ss[x * kSliceLd + f] = decay * ss[x * kSliceLd + f] + kwu;
-      });
+      }, acc);
     } else {
       for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
         const int x = e / kBwdCols, f = e % kBwdCols;
@@ -699,14 +694,9 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
       bwd_slice_mma_tf32<1, false, true>(
           kd, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? kb[i * ldk + x] : 0.0f; },
           [&](int x, int f) { return x < K ? ds[x * kSliceLd + f] : 0.0f; });
-      const int lane = tid % 32, g = lane / 4, t = lane % 4;  // bwd_slice_mma_tf32's element mapping
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = 16 * warp + g + 8 * (e / 2), f = 8 * j + 2 * t + e % 2;
-          if (i < C) store_du(i, f, pd[0][j][e] + wv[i] * kd[0][j][e]);
-        }
+      bwd_slice_mma_each(row0, [&](int i, int f, float pdo, float kds) {
+        if (i < C) store_du(i, f, pdo + wv[i] * kds);
+      }, pd, kd);
     } else {
       for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
         const int i = e / kBwdCols, f = e % kBwdCols;
@@ -728,9 +718,9 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
       bwd_slice_mma_tf32<2, true, true>(
           acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? wb[i * ldk + x] : 0.0f; },
           [&](int i, int f) { return i < C ? -dus[i * kSliceLd + f] : 0.0f; });
-      bwd_slice_mma_each(acc, row0, [&](int, int x, int f, float sum) {
+      bwd_slice_mma_each(row0, [&](int x, int f, float sum) {
         if (x < K) ds[x * kSliceLd + f] = decay * ds[x * kSliceLd + f] + sum;
-      });
+      }, acc);
     } else {  // (gam[i] in this loop made ptxas spill 16 B on sm_80)
       for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
         const int x = e / kBwdCols, f = e % kBwdCols;
