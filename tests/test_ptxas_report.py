@@ -21,7 +21,7 @@ import subprocess
 
 import pytest
 
-from util import ROOT, ccache_env, cutlass_include, nvidia_tool
+from util import ROOT, build_lock, ccache_env, cutlass_include, nvidia_tool
 
 FILES = ["flash_fwd_sm90_d128.cu", "flash_fwd_sm90ws_d128.cu", "flash_bwd_sm90_d128.cu", "flash_bwd_sm90_d256.cu",
          "flash_bwd_sm90ws_d128.cu"]
@@ -47,15 +47,21 @@ def _ptxas_report(name, family="attention", arch="90a"):
                       "--expt-relaxed-constexpr", "-DRUDNN_WITH_CUDA=1", f"-I{os.path.join(ROOT, 'cpp', 'include')}",
                       f"-I{os.path.join(ROOT, 'cpp', 'src')}", "-isystem", cutlass, "-isystem", cutlass_util, "-Xptxas",
                       "-v", *depfile, "-c", os.path.join(ROOT, "cpp", "src", family, name), "-o", obj]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
-    assert result.returncode == 0, result.stderr[-4000:]
+    with build_lock(obj):  # another test worker may compile the same file
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+        assert result.returncode == 0, result.stderr[-4000:]
+        sass = _sass_of(obj)
+    _REPORTS[key] = (result.stdout + result.stderr, sass)
+    return _REPORTS[key]
+
+
+def _sass_of(obj):
     # cuobjdump is installed by requirements-dev.txt: its absence is a broken install, not a skip
     cuobjdump = nvidia_tool("cuobjdump")
     assert cuobjdump, "cuobjdump not found: requirements-dev.txt installs it (nvidia-cuda-cuobjdump)"
     sass = subprocess.run([cuobjdump, "-sass", obj], capture_output=True, text=True, timeout=300)
     assert sass.returncode == 0, sass.stderr[-4000:]
-    _REPORTS[key] = (result.stdout + result.stderr, sass.stdout)
-    return _REPORTS[key]
+    return sass.stdout
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -497,9 +503,10 @@ def _ptx_entries(name, family):
     cmd = [nvcc, "-O3", "-DNDEBUG", "-std=c++17", "-arch=compute_90a", "--expt-relaxed-constexpr", "-DRUDNN_WITH_CUDA=1",
            f"-I{os.path.join(ROOT, 'cpp', 'include')}", f"-I{os.path.join(ROOT, 'cpp', 'src')}", "-isystem", cutlass,
            "-ptx", os.path.join(ROOT, "cpp", "src", family, name), "-o", out]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-4000:]
-    ptx = open(out).read()
+    with build_lock(out):
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+        assert result.returncode == 0, result.stderr[-4000:]
+        ptx = open(out).read()
     parts = re.split(r"\.entry\s+(\S+?)\(", ptx)
     return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
 

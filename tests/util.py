@@ -1,5 +1,7 @@
 """Shared test helpers: devices, dtypes and the FlashAttention-style error budget."""
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -88,6 +90,21 @@ def ccache_env(obj):
     return [ccache], ["-MD", "-MF", f"{obj}.d"], env
 
 
+@contextlib.contextmanager
+def build_lock(path):
+    """Holds an exclusive lock on `path` + ".lock" while the caller compiles into `path`: the tests
+    run in parallel (.ci/run: pytest-xdist), and two workers may build the same emulator or ptxas
+    object at once; the second waits, then compiles again through ccache (a hit) instead of
+    writing the same files beside the first."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def cutlass_include():
     """CUTLASS/CuTe headers of the pinned nvidia-cutlass wheel, or None."""
     try:
@@ -125,11 +142,17 @@ def build_emulator(source, kernels_inc, needs_cutlass=False, defines=(), extra_i
     digest = hashlib.sha256("\0".join([source, kernels_inc, *defines, *(n + "\0" + t for n, t in extra)])
                             .encode()).hexdigest()[:16]
     build_dir = os.path.join(ROOT, "build", "emu", f"{stem}-{digest}")
+    with build_lock(build_dir):
+        return _build_emulator_in(build_dir, source, stem, cxx, cuda_inc, cutlass_inc, defines,
+                                  [("kernels.inc", kernels_inc), *extra])
+
+
+def _build_emulator_in(build_dir, source, stem, cxx, cuda_inc, cutlass_inc, defines, texts):
     os.makedirs(build_dir, exist_ok=True)
-    for name, text in [("kernels.inc", kernels_inc), *extra]:
+    for name, text in texts:
         inc = os.path.join(build_dir, name)
         if not os.path.exists(inc) or open(inc).read() != text:
-            with open(inc + ".tmp", "w") as f:  # same-content builds may run at once: replace atomically
+            with open(inc + ".tmp", "w") as f:
                 f.write(text)
             os.replace(inc + ".tmp", inc)
     flags = ["-std=c++20", "-O1", "-pthread", "-w", f"-I{build_dir}", f"-I{os.path.join(ROOT, 'cpp', 'src')}",
@@ -148,8 +171,10 @@ def build_emulator(source, kernels_inc, needs_cutlass=False, defines=(), extra_i
         assert result.returncode == 0, result.stderr[-4000:]
         objects.append(obj)
     exe = os.path.join(build_dir, stem)
-    result = subprocess.run([cxx, "-pthread", *objects, "-o", exe], capture_output=True, text=True)
+    # linked beside it, then renamed: another worker may be running the previous link of the same exe
+    result = subprocess.run([cxx, "-pthread", *objects, "-o", f"{exe}.{os.getpid()}"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
+    os.replace(f"{exe}.{os.getpid()}", exe)
     return exe
 
 
