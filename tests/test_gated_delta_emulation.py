@@ -42,8 +42,16 @@ CHUNK_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "u
                ("cp_async_fence()", "emu_cp_async_fence()"), ("cp_async_wait<", "emu_cp_async_wait<")]
 
 
-# The chunked backward's dynamic shared memory is the emulator's block buffer.
-CB_EDITS = [("extern __shared__ __align__(16) unsigned char bwd_smem_raw[];", "unsigned char* bwd_smem_raw = emu_smem;")]
+# The chunked backward's dynamic shared memory is the emulator's block buffer, its cp.async the
+# stand-in, and every read of a staged tile of its state passes (bwd_staged) is recorded for the
+# ordering check (a copy issued over a tile that another thread may still read, a tile read before
+# its copy has landed or without a barrier after it).
+CB_EDITS = [("extern __shared__ __align__(16) unsigned char bwd_smem_raw[];", "unsigned char* bwd_smem_raw = emu_smem;"),
+            ("SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<", "EmuCpAsyncZfill<"), ("cp_async_fence()", "emu_cp_async_fence()"),
+            ("cp_async_wait<", "emu_cp_async_wait<"),
+            ("__device__ __forceinline__ E bwd_staged(const E* at) { return *at; }",
+             "E bwd_staged(const E* at) {\n  emu_note_read(std::size_t(reinterpret_cast<const unsigned char*>(at) - emu_smem),"
+             " emu_clock);\n  return *at;\n}")]
 
 
 def _kernels_source(extra_edits=(), cb_edits=()):
@@ -296,12 +304,56 @@ def test_chunked_backward_kernels_minus_inf_log_decays_without_initial_state(emu
                             extreme=True, initial=False)
 
 
+# The state passes' staging plan (bwd_plan, bwd_copies) as the emulator's launch took it, and the
+# results under it: on H100/H200 (the default 232448 bytes a block may opt in to) both passes hold
+# two stages of 16-bit tiles, float32 only the forward's; on an A100 (166912) the 16-bit reverse
+# pass and every float32 pass run one stage. K = 12 16-bit rows (24 bytes) and V = 12 16-bit dO
+# rows cannot move as 16-byte pieces; the float32 workspace tiles always can at these K, V, C.
+STAGING_PLANS = [((1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.bfloat16, 232448, (2, 2, 1, 1, 1, 1, 1, 1, 1)),
+                 ((1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.bfloat16, 166912, (2, 1, 1, 1, 1, 1, 1, 1, 1)),
+                 ((1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.float32, 166912, (1, 1, 1, 1, 1, 1, 1, 1, 1)),
+                 ((2, 1, 2, 37, 12, 40, 16, None, "bhtk"), torch.bfloat16, 166912, (2, 2, 0, 0, 1, 1, 1, 1, 1)),
+                 ((1, 2, 4, 70, 16, 12, 8, None, "bhtk"), torch.bfloat16, 232448, (2, 2, 1, 1, 0, 1, 1, 1, 1))]
+
+
+@pytest.mark.parametrize("case, dtype, max_smem, plan", [
+    pytest.param(*plan, id="x".join(map(str, plan[0][:7])) + f"-{str(plan[1])[6:]}-{plan[2]}") for plan in STAGING_PLANS])
+def test_chunked_backward_state_pass_staging(emulator, tmp_path, monkeypatch, case, dtype, max_smem, plan):
+    monkeypatch.setenv("EMU_MAX_SMEM", str(max_smem))
+    _check_chunked_backward(emulator, tmp_path, case, dtype)
+    forward_stages, reverse_stages, *copies = map(int, (tmp_path / "staging.txt").read_text().split())
+    assert (forward_stages, reverse_stages, *copies) == plan
+
+
+# The state passes' staging order, broken: the forward pass issuing chunk c + 1's copies before
+# the barrier that ends chunk c - 1's reads of that stage, and the reverse pass reading a chunk's
+# tiles without waiting for their copies. The ordering check must report each (exit 3), on a case
+# with two stages and five chunks (a stage is refilled only from the third chunk on).
+PLANTED_STATE_STAGING_BUGS = {
+    "forward_refills_before_the_barrier": (
+        "    __syncthreads();  // ss is complete; chunk ch - 1's stage (chunk ch + 1's with two) and wv are no longer read\n"
+        "    if (st.stages == 1 || ch == 0) issue(ch);\n    cp_async_fence();\n"
+        "    if (st.stages == 2 && ch + 1 < chunks) issue(ch + 1);\n",
+        "    if (st.stages == 1 || ch == 0) issue(ch);\n    cp_async_fence();\n"
+        "    if (st.stages == 2 && ch + 1 < chunks) issue(ch + 1);\n    __syncthreads();\n"),
+    "reverse_reads_before_the_wait": (
+        "    cp_async_wait<1>();  // chunk ch's tiles have landed (chunk ch - 1's may be in flight)\n", ""),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED_STATE_STAGING_BUGS))
+def test_emulator_catches_planted_state_pass_staging_bug(tmp_path, bug):
+    exe = _build(cb_edits=[PLANTED_STATE_STAGING_BUGS[bug]])
+    with pytest.raises(AssertionError, match="shared-memory ordering hazard"):
+        _check_chunked_backward(exe, tmp_path, (1, 1, 2, 70, 32, 40, 16, None, "bhtk"), torch.bfloat16)
+
+
 # Planted bugs in the chunked backward that the cases above must catch: the reverse pass
 # forgetting the W^T dU term, the local kernel dropping the dS_C part of dk, dlog_decay missing
 # e^(G_last) <dS_C, S0> or the E_ij pairs across t, and the local kernel skipping the second value
 # head of a group.
 PLANTED_CB_BUGS = {
-    "reverse_without_w_du": ("wb[i * ldk + x] * dus[i * kSliceLd + f];", "0.0f;"),
+    "reverse_without_w_du": ("bwd_staged(tl.w + i * ldw + x) * dus[i * kSliceLd + f];", "0.0f;"),
     "dk_without_ds_c": ("dka[e] += wv[i] * u - bs[i] * gam[i] * c;", "dka[e] += - bs[i] * gam[i] * c;"),
     "dg_without_state_term": ("const float state_term = expf(float(gs[C - 1])) * red[4];",
                               "const float state_term = 0.0f;"),

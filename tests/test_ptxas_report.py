@@ -383,7 +383,9 @@ def test_gated_delta_chunked_kernels_stage_with_cp_async():
 # U' - W S0 (1 row block, 3 MMAs: 12) and K^T diag(w) U (2 row blocks, 2 MMAs: 16), 28; the
 # reverse pass P^T dO and K dS_C (1 block, 2 MMAs each: 16), Q^T (gamma dO) (2 blocks, 2: 16) and
 # W^T dU (2 blocks, 3: 24), 56; the prep kernel K K^T and Q K^T (exact operands, 1 MMA: 4 each)
-# and (T diag(beta gamma)) K, (T diag(beta)) V (T split, 2 MMAs: 8 each), 24.
+# and (T diag(beta gamma)) K, (T diag(beta)) V (T split, 2 MMAs: 8 each), 24. The state passes
+# stage each chunk's tiles with 16-byte cp.async (LDGSTS ... .128), every dtype: a regression to
+# element loads into shared memory fails here.
 @pytest.mark.parametrize("arch", ["80", "90a"])
 def test_gated_delta_chunked_backward_does_not_spill(arch):
     report, sass = _ptxas_report("chunked_backward.cu", family="gated_delta", arch=arch)
@@ -397,6 +399,9 @@ def test_gated_delta_chunked_backward_does_not_spill(arch):
         ldsm = sum(bool(re.search(r"\bLDSM\.16\.M88\.4\b", line)) for line in lines)
         ldsm_t = sum(bool(re.search(r"\bLDSM\.16\.MT88\.4\b", line)) for line in lines)
         sixteen_bit = "kernelIfE" not in kernel
+        ldgsts = sum(bool(re.search(r"\bLDGSTS\.\S*\.128\b", line)) for line in lines)
+        state_pass = "bwd_forward_kernel" in kernel or "bwd_reverse_kernel" in kernel
+        assert (ldgsts > 0) == state_pass, (kernel, ldgsts)
         if sixteen_bit and "bwd_local_kernel" in kernel:
             assert (hmma - hmma_tf32, hmma_tf32, ldsm, ldsm_t) == (352, 174, 84, 56), (kernel, hmma, hmma_tf32, ldsm,
                                                                                       ldsm_t)

@@ -11,9 +11,12 @@
 // the stand-ins through the macros below; the chunked backward's K K^T too). So its
 // partitioning, swizzled staging, fragment loads, barriers, triangular solve and epilogues are
 // the real code; a run that meets a shared-memory ordering hazard exits with 3 (the hazards are
-// on stderr). The
-// chunked forward writes <dir>/staging.txt: which of its tiles took 16-byte cp.async
-// ("qk v ws", 1 or 0 each, staging_for).
+// on stderr). The chunked backward's state passes stage through the same cp.async stand-in, and
+// the test wraps their reads of the staged tiles (bwd_staged) so that the check sees them too.
+// The chunked forward writes <dir>/staging.txt: which of its tiles took 16-byte cp.async
+// ("qk v ws", 1 or 0 each, staging_for); the chunked backward its state passes' plan
+// ("forward_stages reverse_stages k q dout g w u p", bwd_plan and bwd_copies for a device whose
+// blocks may opt in to EMU_MAX_SMEM bytes of shared memory, default 232448 as on H100/H200).
 //
 //   gated_delta_emu <recurrent_forward|chunked_forward|recurrent_backward|chunked_backward> <dir>
 // reads <dir>/meta.txt ("B T Hk Hv K V N has_initial has_cu has_dfinal bf16 scale [bthk [chunk_size]]") and
@@ -152,11 +155,24 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
     ws.s0 = ws0.data(), ws.dsc = wdsc.data(), ws.dq_acc = wdq.data(), ws.dk_acc = wdk.data();
     ws.C = pr.chunk_size;
     ws.chunks_per_batch = l.chunks_per_batch;
-    const emu_cb::BwdSmem smem = emu_cb::bwd_smem_bytes(ws.C, K, emu_cb::kBwdTensorCores<T>);
+    // The launcher's plan for a device whose blocks may opt in to EMU_MAX_SMEM bytes (default:
+    // H100/H200's 232448, two stages in the state passes where they fit; A100's 166912 gives the
+    // reverse pass one stage).
+    const char* max_smem_env = std::getenv("EMU_MAX_SMEM");
+    const i64 max_smem = max_smem_env ? std::atoll(max_smem_env) : 232448;
+    const emu_cb::BwdPlan smem = emu_cb::bwd_plan(ws.C, K, int(sizeof(T)), emu_cb::kBwdTensorCores<T>, max_smem);
+    emu_cb::BwdStaging forward = emu_cb::bwd_copies(p, ws, int(sizeof(T))), reverse = forward;
+    forward.stages = smem.forward_stages;
+    reverse.stages = smem.reverse_stages;
+    std::ofstream(dir + "/staging.txt") << forward.stages << " " << reverse.stages << " " << forward.k << " "
+                                        << forward.q << " " << forward.dout << " " << forward.g << " " << forward.w
+                                        << " " << forward.u << " " << forward.p << "\n";
     const i64 vtiles = (V + 31) / 32;
     launch(l.slots * Hv, emu_cb::kBwdThreads, 1, smem.prep, [&] { emu_cb::bwd_prep_kernel<T>(p, ws); });
-    launch(N * Hv * vtiles, emu_cb::kBwdThreads, 1, smem.forward, [&] { emu_cb::bwd_forward_kernel<T>(p, ws); });
-    launch(N * Hv * vtiles, emu_cb::kBwdThreads, 1, smem.reverse, [&] { emu_cb::bwd_reverse_kernel<T>(p, ws); });
+    launch(N * Hv * vtiles, emu_cb::kBwdThreads, 1, smem.forward,
+           [&] { emu_cb::bwd_forward_kernel<T>(p, ws, forward); });
+    launch(N * Hv * vtiles, emu_cb::kBwdThreads, 1, smem.reverse,
+           [&] { emu_cb::bwd_reverse_kernel<T>(p, ws, reverse); });
     launch(l.slots * Hk, emu_cb::kBwdThreads, 1, smem.local, [&] {
       emu_cb::bwd_local_kernel<T>(p, ws, reinterpret_cast<T*>(dq.data()), dense(Hk, T_, K),
                                   reinterpret_cast<T*>(dk.data()), dense(Hk, T_, K),
@@ -168,7 +184,7 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
     write(dir + "/dbeta.bin", dbeta);
     write(dir + "/dg.bin", dg);
     write(dir + "/dinit.bin", dinit);
-    return 0;
+    return emu_hazards > 0 ? 3 : 0;
   }
   // recurrent_backward
   auto dfinal = has_dfinal ? read<float>(dir + "/dfinal.bin", N * Hv * K * V) : std::vector<float>();

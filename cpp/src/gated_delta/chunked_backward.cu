@@ -60,6 +60,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include <cute/arch/copy_sm80.hpp>
+
 #include "core/cuda_check.hpp"
 #include "gated_delta/chunk_mma.cuh"
 #include "gated_delta/cuda_common.cuh"
@@ -67,6 +69,10 @@
 namespace rudnn::gated_delta::cuda {
 
 namespace {
+
+using cute::cp_async_fence;  // (named unqualified, as the host emulator's stand-ins replace them)
+using cute::cp_async_wait;
+using cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL;
 
 constexpr int kBwdThreads = 128;
 constexpr int kBwdMaxC = 64;    // chunk_size <= 64
@@ -516,6 +522,109 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, Chunked
   }
 }
 
+// ---- The state passes' shared memory and staging ----
+// Each chunk's tiles (forward pass: G, W, K, U'; reverse pass: G, P, dO, K, Q, W) are staged in
+// their source dtype (K, Q and dO 16-bit for f16/bf16 inputs: exact, and half the bytes of the
+// float32 copies they replace) and read as float32 by the products. They move as 16-byte cp.async
+// pieces where every source row is 16-byte aligned and whole pieces (bwd_copies decides on the
+// host; src-size 0, i.e. zeros, past the sequence end and past K or the slice's columns), element
+// copies otherwise. With two stages (bwd_plan: where shared memory allows) chunk c + 1's copies are
+// issued as chunk c starts, into the stage chunk c - 1 used, and land during chunk c's two
+// products; with one stage a chunk's copies are issued at its start and waited for at once (one
+// wait for global memory per chunk, as before).
+struct BwdStaging {
+  int stages = 1;                                    // 1 or 2 (ring of chunk tiles)
+  bool k = false, q = false, dout = false;           // input rows as 16-byte pieces
+  bool g = false, w = false, u = false, p = false;   // workspace tiles as 16-byte pieces
+};
+
+__host__ __device__ constexpr int bwd_round16(int bytes) { return (bytes + 15) / 16 * 16; }
+// Row stride (elements) of a staged tile with rows of n elements of esize bytes: n rounded up to
+// whole 16-byte pieces plus one piece. Rows start on 16 bytes (cp.async pieces), and consecutive
+// rows are 4 banks apart where n is a multiple of 32 words, so the TF32 fragment reads (a quad
+// pattern of 8 rows x 4 columns, either orientation) hit distinct banks.
+__host__ __device__ constexpr int bwd_tile_ld(int n, int esize) {
+  const int per = 16 / esize;
+  return (n + per - 1) / per * per + per;
+}
+
+// Byte offsets of the forward pass's shared memory: `stages` copies of a chunk's tiles (offsets
+// within a stage: g, w, k, u), then the state slice ss [K][32] and w = e^(G_last - G) [C].
+struct BwdForwardSmem {
+  int ldw, ldk;        // row strides (elements) of W (float) and K (input dtype)
+  int g, w, k, u, stage;
+  int ss, wv, bytes;
+};
+__host__ __device__ constexpr BwdForwardSmem bwd_forward_smem(int C, int K, int esize, int stages) {
+  BwdForwardSmem l{};
+  l.ldw = bwd_tile_ld(K, 4);
+  l.ldk = bwd_tile_ld(K, esize);
+  l.g = 0;
+  l.w = bwd_round16(8 * C);
+  l.k = l.w + C * l.ldw * 4;
+  l.u = l.k + bwd_round16(C * l.ldk * esize);
+  l.stage = l.u + C * kSliceLd * 4;
+  l.ss = stages * l.stage;
+  l.wv = l.ss + K * kSliceLd * 4;
+  l.bytes = l.wv + bwd_round16(4 * C);
+  return l;
+}
+
+// The reverse pass's: `stages` copies of (g, P, dO slice, K, Q, W), then the state gradient slice
+// ds [K][32], dU [C][32] and scale e^G [C].
+struct BwdReverseSmem {
+  int ldc, ldo, ldk, ldw;  // row strides (elements) of P (float), dO and K/Q (input dtype), W (float)
+  int g, p, dout, k, q, w, stage;
+  int ds, dus, gam, bytes;
+};
+__host__ __device__ constexpr BwdReverseSmem bwd_reverse_smem(int C, int K, int esize, int stages) {
+  BwdReverseSmem l{};
+  l.ldc = bwd_tile_ld(C, 4);
+  l.ldo = bwd_tile_ld(kBwdCols, esize);
+  l.ldk = bwd_tile_ld(K, esize);
+  l.ldw = bwd_tile_ld(K, 4);
+  l.g = 0;
+  l.p = bwd_round16(8 * C);
+  l.dout = l.p + C * l.ldc * 4;
+  l.k = l.dout + bwd_round16(C * l.ldo * esize);
+  l.q = l.k + bwd_round16(C * l.ldk * esize);
+  l.w = l.q + bwd_round16(C * l.ldk * esize);
+  l.stage = l.w + C * l.ldw * 4;
+  l.ds = stages * l.stage;
+  l.dus = l.ds + K * kSliceLd * 4;
+  l.gam = l.dus + C * kSliceLd * 4;
+  l.bytes = l.gam + bwd_round16(4 * C);
+  return l;
+}
+
+// Issues the copy of rows [0, rows) of n elements (source row r at src + r * src_stride) into dst
+// at row stride ld; rows >= valid_rows and elements >= valid_n become zeros. With vec16 (rows
+// 16-byte aligned, valid_n whole pieces) each 16-byte piece is one cp.async, which the caller
+// commits and waits for; otherwise element copies (ordered by the caller's barrier).
+template <class E>
+__device__ __forceinline__ void bwd_copy_rows(E* dst, int ld, const E* src, i64 src_stride, int rows, int n,
+                                              int valid_rows, int valid_n, bool vec16) {
+  constexpr int kPer = 16 / int(sizeof(E));
+  const int pieces = (n + kPer - 1) / kPer;
+  for (int e = threadIdx.x; e < rows * pieces; e += kBwdThreads) {
+    const int r = e / pieces, c = e % pieces * kPer;
+    const E* from = src + r * src_stride + c;
+    E* to = dst + r * ld + c;
+    if (vec16) {
+      const bool ok = r < valid_rows && c < valid_n;  // src-size 0: nothing read, 16 zero bytes
+      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
+          *reinterpret_cast<const cute::uint128_t*>(ok ? from : src), *reinterpret_cast<cute::uint128_t*>(to), ok);
+    } else {
+      for (int l = 0; l < kPer && c + l < n; ++l) to[l] = r < valid_rows && c + l < valid_n ? from[l] : E(0.0f);
+    }
+  }
+}
+
+// An element of a staged tile. (The host emulator's tests wrap this to record the read for their
+// shared-memory ordering check against the copies.)
+template <class E>
+__device__ __forceinline__ E bwd_staged(const E* at) { return *at; }
+
 // The (sequence, value head, value slice) of a state-pass CTA.
 struct StateBlock {
   i64 n, h, hk, f0;
@@ -537,84 +646,98 @@ __device__ __forceinline__ StateBlock bwd_state_block(const Params& p, const Chu
 }
 
 // ---- 2. forward over chunks: checkpoints S0 and U = U' - W S0 ----
-// Row strides: the state slice and U rows kSliceLd, the [C][K] tiles K + 4 floats, so that the TF32
-// fragment reads (4 rows x 8 columns of a quad pattern, either orientation) hit 32 banks.
 // f16/bf16 inputs: U = U' - W S0 on 3xTF32 (W and S0 float32 sums) and K^T diag(w) U on TF32
-// with w U split (K exact); float32 inputs: FMAs.
+// with w U split (K exact); float32 inputs: FMAs. (Occupancy 1 told to ptxas: left to itself it held the
+// float32 instantiation at 64 registers and spilled 8 bytes.)
 template <class T>
-__global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, ChunkedBackwardWorkspace ws) {
+__global__ void __launch_bounds__(kBwdThreads, 1) bwd_forward_kernel(Params p, ChunkedBackwardWorkspace ws, BwdStaging st) {
   constexpr bool kTc = kBwdTensorCores<T>;
   extern __shared__ __align__(16) unsigned char bwd_smem_raw[];
-  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x, warp = tid / 32, ldk = K + 4;
-  double* gs = reinterpret_cast<double*>(bwd_smem_raw);  // [C] G
-  float* sm = reinterpret_cast<float*>(gs + C);
-  float* ss = sm;                  // [K][32] the state slice (row stride kSliceLd)
-  float* wbuf = ss + K * kSliceLd; // [C][K] W (row stride ldk)
-  float* kbuf = wbuf + C * ldk;    // [C][K] K (row stride ldk)
-  float* us = kbuf + C * ldk;      // [C][32] U (row stride kSliceLd)
-  float* wv = us + C * kSliceLd;   // [C] w = e^(G_last - G)
+  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x, warp = tid / 32;
+  const BwdForwardSmem lay = bwd_forward_smem(C, K, int(sizeof(T)), st.stages);
+  const int ldw = lay.ldw, ldk = lay.ldk;
+  float* ss = reinterpret_cast<float*>(bwd_smem_raw + lay.ss);  // [K][32] the state slice (row stride kSliceLd)
+  float* wv = reinterpret_cast<float*>(bwd_smem_raw + lay.wv);  // [C] w = e^(G_last - G)
   const StateBlock sb = bwd_state_block(p, ws);
   const int cols = int(min(i64(kBwdCols), p.V - sb.f0));
+  const i64 chunks = (sb.s.eos - sb.s.bos + C - 1) / C;
+  const T* k_rows = static_cast<const T*>(p.k) + sb.s.b * p.sk.b + sb.hk * p.sk.h;
+
+  struct Tiles {
+    double* g;  // [C] G
+    float* w;   // [C][K] W (row stride ldw)
+    T* k;       // [C][K] K (row stride ldk)
+    float* u;   // [C][32] U', then U in place (row stride kSliceLd)
+  };
+  auto tiles = [&](i64 ch) {
+    unsigned char* at = bwd_smem_raw + int(ch % st.stages) * lay.stage;
+    return Tiles{reinterpret_cast<double*>(at + lay.g), reinterpret_cast<float*>(at + lay.w),
+                 reinterpret_cast<T*>(at + lay.k), reinterpret_cast<float*>(at + lay.u)};
+  };
+  auto issue = [&](i64 ch) {
+    const BwdUnit un = bwd_unit(p, ws, sb.slot0 + ch, sb.h);
+    const i64 c0 = sb.s.bos + ch * C;
+    const Tiles tl = tiles(ch);
+    bwd_copy_rows(tl.g, C, un.g, C, 1, C, 1, C, st.g);
+    bwd_copy_rows(tl.w, ldw, un.w, K, C, K, C, K, st.w);
+    bwd_copy_rows(tl.k, ldk, k_rows + c0 * p.sk.t, p.sk.t, C, K, int(min(i64(C), sb.s.eos - c0)), K, st.k);
+    bwd_copy_rows(tl.u, kSliceLd, un.u + sb.f0, p.V, C, kBwdCols, C, cols, st.u);
+  };
 
   for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
     const int x = e / kBwdCols, f = e % kBwdCols;
     ss[x * kSliceLd + f] =
         (p.initial && f < cols) ? p.initial[sb.n * p.sinit.n + sb.h * p.sinit.h + x * p.sinit.k + sb.f0 + f] : 0.0f;
   }
-  for (i64 c0 = sb.s.bos, slot = sb.slot0; c0 < sb.s.eos; c0 += C, ++slot) {
-    const BwdUnit un = bwd_unit(p, ws, slot, sb.h);
-    const int valid = int(min(i64(C), sb.s.eos - c0));
-    __syncthreads();  // ss is complete; wbuf, kbuf, us and gs are no longer read
+  for (i64 ch = 0; ch < chunks; ++ch) {
+    const BwdUnit un = bwd_unit(p, ws, sb.slot0 + ch, sb.h);
+    __syncthreads();  // ss is complete; chunk ch - 1's stage (chunk ch + 1's with two) and wv are no longer read
+    if (st.stages == 1 || ch == 0) issue(ch);
+    cp_async_fence();
+    if (st.stages == 2 && ch + 1 < chunks) issue(ch + 1);
+    cp_async_fence();  // (every thread commits two groups per chunk, empty or not: the waits stay in step)
     for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
       const int x = e / kBwdCols, f = e % kBwdCols;
       if (f < cols) un.s0[x * p.V + sb.f0 + f] = ss[x * kSliceLd + f];
     }
-    // W, K and U' in one round of loads (each in its own buffer: no global load waited for between
-    // the products).
-    for (int e = tid; e < C * K; e += kBwdThreads) wbuf[(e / K) * ldk + e % K] = un.w[e];
-    bwd_stage_rows<T>(kbuf, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);
-    for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
-      const int i = e / kBwdCols, f = e % kBwdCols;
-      us[i * kSliceLd + f] = f < cols ? un.u[i * p.V + sb.f0 + f] : 0.0f;
-    }
-    if (tid < C) {
-      gs[tid] = un.g[tid];
-      wv[tid] = expf(float(un.g[C - 1] - un.g[tid]));
-    }
+    cp_async_wait<1>();  // chunk ch's tiles have landed (chunk ch + 1's may be in flight)
     __syncthreads();
-    // U = U' - W S0 in place of U' (in us and in the workspace).
+    const Tiles tl = tiles(ch);
+    if (tid < C) wv[tid] = expf(float(bwd_staged(tl.g + C - 1) - bwd_staged(tl.g + tid)));
+    // U = U' - W S0 in place of U' (in the stage and in the workspace).
     if constexpr (kTc) {
       const int row0[1] = {16 * warp};  // rows of U
       float acc[1][4][4] = {};
       bwd_slice_mma_tf32<1, true, true>(
-          acc, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? wbuf[i * ldk + x] : 0.0f; },
+          acc, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? bwd_staged(tl.w + i * ldw + x) : 0.0f; },
           [&](int x, int f) { return x < K ? ss[x * kSliceLd + f] : 0.0f; });
       bwd_slice_mma_each(row0, [&](int i, int f, float ws0) {
         if (i >= C) return;
-        const float u = us[i * kSliceLd + f] - ws0;  // 0 past cols (U' and S0 are zeros there)
-        us[i * kSliceLd + f] = u;
+        const float u = bwd_staged(tl.u + i * kSliceLd + f) - ws0;  // 0 past cols (U' and S0 are zeros there)
+        tl.u[i * kSliceLd + f] = u;
         if (f < cols) un.u[i * p.V + sb.f0 + f] = u;
       }, acc);
     } else {
       for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
         const int i = e / kBwdCols, f = e % kBwdCols;
-        float acc = us[i * kSliceLd + f];  // U' (this thread's own element)
+        float acc = bwd_staged(tl.u + i * kSliceLd + f);  // U' (this thread's own element)
         if (f < cols) {
-          for (int x = 0; x < K; ++x) acc -= wbuf[i * ldk + x] * ss[x * kSliceLd + f];
+          for (int x = 0; x < K; ++x) acc -= bwd_staged(tl.w + i * ldw + x) * ss[x * kSliceLd + f];
           un.u[i * p.V + sb.f0 + f] = acc;
         }
-        us[i * kSliceLd + f] = acc;
+        tl.u[i * kSliceLd + f] = acc;
       }
     }
-    __syncthreads();  // U is complete; every thread is done with reading S0
+    __syncthreads();  // U and wv are complete; every thread is done with reading S0
     // S = e^(G_last) S0 + K^T diag(w) U; element (x, f) is only ever touched by one thread.
-    const float decay = expf(float(gs[C - 1]));
+    const float decay = expf(float(bwd_staged(tl.g + C - 1)));
     if constexpr (kTc) {
       const int row0[2] = {16 * warp, 16 * warp + 64};  // rows (key dims) of S
       float acc[2][4][4] = {};
       bwd_slice_mma_tf32<2, false, true>(
-          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? kbuf[i * ldk + x] : 0.0f; },
-          [&](int i, int f) { return i < C ? wv[i] * us[i * kSliceLd + f] : 0.0f; });
+          acc, row0, K, 0, C,
+          [&](int x, int i) { return x < K && i < C ? to_float(bwd_staged(tl.k + i * ldk + x)) : 0.0f; },
+          [&](int i, int f) { return i < C ? wv[i] * bwd_staged(tl.u + i * kSliceLd + f) : 0.0f; });
       bwd_slice_mma_each(row0, [&](int x, int f, float kwu) {
         if (x < K) ss[x * kSliceLd + f] = decay * ss[x * kSliceLd + f] + kwu;
       }, acc);
@@ -622,36 +745,61 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_forward_kernel(Params p, Chun
       for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
         const int x = e / kBwdCols, f = e % kBwdCols;
         float acc = decay * ss[x * kSliceLd + f];
-        for (int i = 0; i < C; ++i) acc += kbuf[i * ldk + x] * wv[i] * us[i * kSliceLd + f];
+        for (int i = 0; i < C; ++i)
+          acc += to_float(bwd_staged(tl.k + i * ldk + x)) * wv[i] * bwd_staged(tl.u + i * kSliceLd + f);
         ss[x * kSliceLd + f] = acc;
       }
     }
   }
+  cp_async_wait<0>();  // (only empty groups remain)
 }
 
 // ---- 3. reverse over chunks: dS_C of every chunk, dU, dinitial_state ----
-// Row strides as in the forward pass (P: C + 4). f16/bf16 inputs: P^T dO with P split (dO exact),
-// K dS_C with dS_C split (K exact), Q^T (scale gamma dO) with the scaled dO split and W^T dU on
-// 3xTF32; float32 inputs: FMAs.
+// f16/bf16 inputs: P^T dO with P split (dO exact), K dS_C with dS_C split (K exact), Q^T (scale
+// gamma dO) with the scaled dO split and W^T dU on 3xTF32; float32 inputs: FMAs.
 template <class T>
-__global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, ChunkedBackwardWorkspace ws) {
+__global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, ChunkedBackwardWorkspace ws, BwdStaging st) {
   constexpr bool kTc = kBwdTensorCores<T>;
   extern __shared__ __align__(16) unsigned char bwd_smem_raw[];
-  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x, warp = tid / 32, ldk = K + 4, ldc = C + 4;
-  double* gs = reinterpret_cast<double*>(bwd_smem_raw);  // [C] G
-  float* sm = reinterpret_cast<float*>(gs + C);
-  float* ds = sm;                  // [K][32] dS slice (row stride kSliceLd)
-  float* kb = ds + K * kSliceLd;   // [C][K] K (row stride ldk)
-  float* qb = kb + C * ldk;        // [C][K] Q (row stride ldk)
-  float* wb = qb + C * ldk;        // [C][K] W (row stride ldk)
-  float* pm = wb + C * ldk;        // [C][C] P (row stride ldc)
-  float* dos = pm + C * ldc;       // [C][32] dO (row stride kSliceLd)
-  float* dus = dos + C * kSliceLd; // [C][32] dU (row stride kSliceLd)
-  float* wv = dus + C * kSliceLd;  // [C] w = e^(G_last - G)
-  float* gam = wv + C;             // [C] scale e^G (the tensor-core path)
+  const int C = int(ws.C), K = int(p.K), tid = threadIdx.x, warp = tid / 32;
+  const BwdReverseSmem lay = bwd_reverse_smem(C, K, int(sizeof(T)), st.stages);
+  const int ldc = lay.ldc, ldo = lay.ldo, ldk = lay.ldk, ldw = lay.ldw;
+  float* ds = reinterpret_cast<float*>(bwd_smem_raw + lay.ds);    // [K][32] dS slice (row stride kSliceLd)
+  float* dus = reinterpret_cast<float*>(bwd_smem_raw + lay.dus);  // [C][32] dU (row stride kSliceLd)
+  float* gam = reinterpret_cast<float*>(bwd_smem_raw + lay.gam);  // [C] scale e^G (the tensor-core path)
   const StateBlock sb = bwd_state_block(p, ws);
   const int cols = int(min(i64(kBwdCols), p.V - sb.f0));
   const i64 chunks = (sb.s.eos - sb.s.bos + C - 1) / C;
+  const T* k_rows = static_cast<const T*>(p.k) + sb.s.b * p.sk.b + sb.hk * p.sk.h;
+  const T* q_rows = static_cast<const T*>(p.q) + sb.s.b * p.sq.b + sb.hk * p.sq.h;
+  const T* do_rows = static_cast<const T*>(p.dout) + sb.s.b * p.sdout.b + sb.h * p.sdout.h + sb.f0;
+
+  struct Tiles {
+    double* g;  // [C] G
+    float* pm;  // [C][C] P (row stride ldc)
+    T* dout;    // [C][32] dO's slice (row stride ldo)
+    T* k;       // [C][K] K (row stride ldk)
+    T* q;       // [C][K] Q (row stride ldk)
+    float* w;   // [C][K] W (row stride ldw)
+  };
+  auto tiles = [&](i64 ch) {
+    unsigned char* at = bwd_smem_raw + int(ch % st.stages) * lay.stage;
+    return Tiles{reinterpret_cast<double*>(at + lay.g), reinterpret_cast<float*>(at + lay.p),
+                 reinterpret_cast<T*>(at + lay.dout), reinterpret_cast<T*>(at + lay.k),
+                 reinterpret_cast<T*>(at + lay.q), reinterpret_cast<float*>(at + lay.w)};
+  };
+  auto issue = [&](i64 ch) {
+    const BwdUnit un = bwd_unit(p, ws, sb.slot0 + ch, sb.h);
+    const i64 c0 = sb.s.bos + ch * C;
+    const int valid = int(min(i64(C), sb.s.eos - c0));
+    const Tiles tl = tiles(ch);
+    bwd_copy_rows(tl.g, C, un.g, C, 1, C, 1, C, st.g);
+    bwd_copy_rows(tl.pm, ldc, un.pm, C, C, C, C, C, st.p);
+    bwd_copy_rows(tl.dout, ldo, do_rows + c0 * p.sdout.t, p.sdout.t, C, kBwdCols, valid, cols, st.dout);
+    bwd_copy_rows(tl.k, ldk, k_rows + c0 * p.sk.t, p.sk.t, C, K, valid, K, st.k);
+    bwd_copy_rows(tl.q, ldk, q_rows + c0 * p.sq.t, p.sq.t, C, K, valid, K, st.q);
+    bwd_copy_rows(tl.w, ldw, un.w, K, C, K, C, K, st.w);
+  };
 
   for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
     const int x = e / kBwdCols, f = e % kBwdCols;
@@ -659,79 +807,80 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
         (p.dfinal && f < cols) ? p.dfinal[sb.n * p.sdfinal.n + sb.h * p.sdfinal.h + x * p.sdfinal.k + sb.f0 + f] : 0.0f;
   }
   for (i64 ch = chunks - 1; ch >= 0; --ch) {
-    const i64 c0 = sb.s.bos + ch * C;
     const BwdUnit un = bwd_unit(p, ws, sb.slot0 + ch, sb.h);
-    const int valid = int(min(i64(C), sb.s.eos - c0));
-    __syncthreads();  // ds is complete; the tiles are no longer read
+    __syncthreads();  // ds is complete; chunk ch + 1's stage (chunk ch - 1's with two) and gam are no longer read
+    if (st.stages == 1 || ch == chunks - 1) issue(ch);
+    cp_async_fence();
+    if (st.stages == 2 && ch > 0) issue(ch - 1);
+    cp_async_fence();  // (two groups per chunk, empty or not)
     for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
       const int x = e / kBwdCols, f = e % kBwdCols;
       if (f < cols) un.dsc[x * p.V + sb.f0 + f] = ds[x * kSliceLd + f];
     }
-    for (int e = tid; e < C * C; e += kBwdThreads) pm[(e / C) * ldc + e % C] = un.pm[e];
-    bwd_stage_rows<T>(dos, p.dout, p.sdout, sb.s.b, sb.h, c0, C, valid, sb.f0, kBwdCols, p.V, kSliceLd);
-    bwd_stage_rows<T>(kb, p.k, p.sk, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);
-    bwd_stage_rows<T>(qb, p.q, p.sq, sb.s.b, sb.hk, c0, C, valid, 0, K, p.K, ldk);  // (one round of loads)
-    for (int e = tid; e < C * K; e += kBwdThreads) wb[(e / K) * ldk + e % K] = un.w[e];
-    if (tid < C) {
-      gs[tid] = un.g[tid];
-      wv[tid] = expf(float(un.g[C - 1] - un.g[tid]));
-      gam[tid] = p.scale * expf(float(un.g[tid]));
-    }
+    cp_async_wait<1>();  // chunk ch's tiles have landed (chunk ch - 1's may be in flight)
     __syncthreads();
-    // dU = P^T dO + diag(w) K dS_C.
-    auto store_du = [&](int i, int f, float du) {
+    const Tiles tl = tiles(ch);
+    const double g_last = bwd_staged(tl.g + C - 1);
+    if (kTc && tid < C) gam[tid] = p.scale * expf(float(bwd_staged(tl.g + tid)));
+    // dU = P^T dO + diag(w) K dS_C, w = e^(G_last - G).
+    auto store_du = [&](int i, int f, float pdo, float kds) {
+      const float du = pdo + expf(float(g_last - bwd_staged(tl.g + i))) * kds;
       dus[i * kSliceLd + f] = du;
       if (f < cols) un.du[i * p.V + sb.f0 + f] = du;
     };
+    auto dout_at = [&](int j, int f) { return to_float(bwd_staged(tl.dout + j * ldo + f)); };
     if constexpr (kTc) {
       const int row0[1] = {16 * warp};  // rows (tokens) of dU
       float pd[1][4][4] = {}, kd[1][4][4] = {};
       // P^T is upper triangular (prep stores P's upper triangle as zeros): rows [16 w, 16 w + 16)
       // sum over tokens j >= 16 w.
       bwd_slice_mma_tf32<1, true, false>(
-          pd, row0, C, 16 * warp, C, [&](int i, int j) { return i < C && j < C ? pm[j * ldc + i] : 0.0f; },
-          [&](int j, int f) { return j < C ? dos[j * kSliceLd + f] : 0.0f; });
+          pd, row0, C, 16 * warp, C, [&](int i, int j) { return i < C && j < C ? bwd_staged(tl.pm + j * ldc + i) : 0.0f; },
+          [&](int j, int f) { return j < C ? dout_at(j, f) : 0.0f; });
       bwd_slice_mma_tf32<1, false, true>(
-          kd, row0, C, 0, K, [&](int i, int x) { return i < C && x < K ? kb[i * ldk + x] : 0.0f; },
+          kd, row0, C, 0, K,
+          [&](int i, int x) { return i < C && x < K ? to_float(bwd_staged(tl.k + i * ldk + x)) : 0.0f; },
           [&](int x, int f) { return x < K ? ds[x * kSliceLd + f] : 0.0f; });
       bwd_slice_mma_each(row0, [&](int i, int f, float pdo, float kds) {
-        if (i < C) store_du(i, f, pdo + wv[i] * kds);
+        if (i < C) store_du(i, f, pdo, kds);
       }, pd, kd);
     } else {
       for (int e = tid; e < C * kBwdCols; e += kBwdThreads) {
         const int i = e / kBwdCols, f = e % kBwdCols;
         float a = 0.0f, b = 0.0f;
-        for (int j = i; j < C; ++j) a += pm[j * ldc + i] * dos[j * kSliceLd + f];
-        for (int x = 0; x < K; ++x) b += kb[i * ldk + x] * ds[x * kSliceLd + f];
-        store_du(i, f, a + wv[i] * b);
+        for (int j = i; j < C; ++j) a += bwd_staged(tl.pm + j * ldc + i) * dout_at(j, f);
+        for (int x = 0; x < K; ++x) b += to_float(bwd_staged(tl.k + i * ldk + x)) * ds[x * kSliceLd + f];
+        store_du(i, f, a, b);
       }
     }
-    __syncthreads();  // dU is complete; every thread is done with reading dS_C
+    __syncthreads();  // dU and gam are complete; every thread is done with reading dS_C
     // dS0 = e^(G_last) dS_C + scale (diag(gamma) Q)^T dO - W^T dU; element (x, f) only touched by one thread.
-    const float decay = expf(float(gs[C - 1]));
+    const float decay = expf(float(g_last));
     if constexpr (kTc) {
       const int row0[2] = {16 * warp, 16 * warp + 64};  // rows (key dims) of dS0
       float acc[2][4][4] = {};
       bwd_slice_mma_tf32<2, false, true>(
-          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? qb[i * ldk + x] : 0.0f; },
-          [&](int i, int f) { return i < C ? gam[i] * dos[i * kSliceLd + f] : 0.0f; });
+          acc, row0, K, 0, C,
+          [&](int x, int i) { return x < K && i < C ? to_float(bwd_staged(tl.q + i * ldk + x)) : 0.0f; },
+          [&](int i, int f) { return i < C ? gam[i] * dout_at(i, f) : 0.0f; });
       bwd_slice_mma_tf32<2, true, true>(
-          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? wb[i * ldk + x] : 0.0f; },
+          acc, row0, K, 0, C, [&](int x, int i) { return x < K && i < C ? bwd_staged(tl.w + i * ldw + x) : 0.0f; },
           [&](int i, int f) { return i < C ? -dus[i * kSliceLd + f] : 0.0f; });
       bwd_slice_mma_each(row0, [&](int x, int f, float sum) {
         if (x < K) ds[x * kSliceLd + f] = decay * ds[x * kSliceLd + f] + sum;
       }, acc);
-    } else {  // (gam[i] in this loop made ptxas spill 16 B on sm_80)
+    } else {  // (a shared scale e^G array in this loop made ptxas spill 16 B on sm_80)
       for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
         const int x = e / kBwdCols, f = e % kBwdCols;
         float acc = decay * ds[x * kSliceLd + f];
         for (int i = 0; i < C; ++i)
-          acc += p.scale * expf(float(gs[i])) * qb[i * ldk + x] * dos[i * kSliceLd + f] -
-                 wb[i * ldk + x] * dus[i * kSliceLd + f];
+          acc += p.scale * expf(float(bwd_staged(tl.g + i))) * to_float(bwd_staged(tl.q + i * ldk + x)) * dout_at(i, f) -
+                 bwd_staged(tl.w + i * ldw + x) * dus[i * kSliceLd + f];
         ds[x * kSliceLd + f] = acc;
       }
     }
   }
+  cp_async_wait<0>();   // (only empty groups remain)
   __syncthreads();  // dS is complete (the tensor-core path writes it in the MMA's element mapping)
   if (p.final_state)  // dinitial_state
     for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
@@ -1086,18 +1235,41 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   }
 }
 
-// Shared-memory bytes of each kernel for chunk size C and key dimension K.
-struct BwdSmem {
+// Shared-memory bytes of each kernel for chunk size C, key dimension K and esize-byte inputs, and the
+// state passes' stages: two where they fit in max_smem (the bytes a block may opt in to), else one.
+struct BwdPlan {
   std::size_t prep, forward, reverse, local;
+  int forward_stages, reverse_stages;
 };
 // tensor_cores: the local kernel's 16-bit path (kBwdTensorCores of the storage type).
-inline BwdSmem bwd_smem_bytes(i64 C, i64 K, bool tensor_cores) {
+inline BwdPlan bwd_plan(i64 C, i64 K, int esize, bool tensor_cores, i64 max_smem) {
+  BwdPlan pl;
   // G is double (first, or right after the local kernel's 16-bit tiles: 8-byte aligned); the rest float
-  return {std::size_t(C * (K + 4) + C * std::max<i64>(K + 4, kSliceLd) + 2 * C * (C + 4) + 4 * C) * 4,
-          std::size_t(kSliceLd * K + 2 * C * (K + 4) + kSliceLd * C + 3 * C) * 4,
-          std::size_t(kSliceLd * K + 3 * C * (K + 4) + C * (C + 4) + 2 * kSliceLd * C + 4 * C) * 4,
-          (tensor_cores ? kBwdTcBytes : 0) +
-              std::size_t((tensor_cores ? 0 : 2 * C * K) + 4 * C * C + 4 * kSliceLd * C + 9 * C + 8) * 4};
+  pl.prep = std::size_t(C * (K + 4) + C * std::max<i64>(K + 4, kSliceLd) + 2 * C * (C + 4) + 4 * C) * 4;
+  pl.local = (tensor_cores ? kBwdTcBytes : 0) +
+             std::size_t((tensor_cores ? 0 : 2 * C * K) + 4 * C * C + 4 * kSliceLd * C + 9 * C + 8) * 4;
+  pl.forward_stages = bwd_forward_smem(int(C), int(K), esize, 2).bytes <= max_smem ? 2 : 1;
+  pl.reverse_stages = bwd_reverse_smem(int(C), int(K), esize, 2).bytes <= max_smem ? 2 : 1;
+  pl.forward = std::size_t(bwd_forward_smem(int(C), int(K), esize, pl.forward_stages).bytes);
+  pl.reverse = std::size_t(bwd_reverse_smem(int(C), int(K), esize, pl.reverse_stages).bytes);
+  return pl;
+}
+
+// Which of the state passes' tiles move as 16-byte cp.async pieces: the input rows where
+// rows_in_16_bytes holds, the workspace tiles where the region is 16-byte aligned and a row is
+// whole pieces (W: K floats, U: V floats, the slices starting at multiples of 32; P: C floats; G:
+// C doubles).
+inline BwdStaging bwd_copies(const Params& p, const ChunkedBackwardWorkspace& ws, int esize) {
+  const auto aligned = [](const void* at) { return reinterpret_cast<std::uintptr_t>(at) % 16 == 0; };
+  BwdStaging st;
+  st.k = rows_in_16_bytes(p.k, p.sk, p.B, p.Hk, p.T, p.K, esize);
+  st.q = rows_in_16_bytes(p.q, p.sq, p.B, p.Hk, p.T, p.K, esize);
+  st.dout = rows_in_16_bytes(p.dout, p.sdout, p.B, p.Hv, p.T, p.V, esize);
+  st.g = aligned(ws.g) && ws.C % 2 == 0;
+  st.w = aligned(ws.w) && p.K % 4 == 0;
+  st.u = aligned(ws.u) && p.V % 4 == 0;
+  st.p = aligned(ws.p) && ws.C % 4 == 0;
+  return st;
 }
 
 }  // namespace
@@ -1121,7 +1293,8 @@ bool chunked_backward_supported(const Problem& p, int max_smem) {
   if (p.chunk_size > kBwdMaxC || p.K > kBwdMaxK) return false;
   bool fits = false;
   dispatch(p.dtype, [&](auto tag) {  // the launcher's own choice of path (kBwdTensorCores)
-    const BwdSmem s = bwd_smem_bytes(p.chunk_size, p.K, kBwdTensorCores<typename decltype(tag)::type>);
+    using T = typename decltype(tag)::type;
+    const BwdPlan s = bwd_plan(p.chunk_size, p.K, int(sizeof(T)), kBwdTensorCores<T>, max_smem);
     fits = std::max({s.prep, s.forward, s.reverse, s.local}) <= std::size_t(max_smem);
   });
   return fits;
@@ -1129,12 +1302,15 @@ bool chunked_backward_supported(const Problem& p, int max_smem) {
 
 void chunked_backward(const Params& params, const ChunkedBackwardWorkspace& ws, DType dtype, void* dq, SeqStrides sdq,
                       void* dk, SeqStrides sdk, void* dbeta, SeqStrides sdbeta, float* dg, SeqStrides sdg,
-                      i64 slots, cudaStream_t stream) {
+                      i64 slots, int max_smem, cudaStream_t stream) {
   const i64 vtiles = (params.V + kBwdCols - 1) / kBwdCols;
   const i64 unit_blocks = slots * params.Hv, local_blocks = slots * params.Hk, state_blocks = params.N * params.Hv * vtiles;
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const BwdSmem smem = bwd_smem_bytes(ws.C, params.K, kBwdTensorCores<T>);
+    const BwdPlan smem = bwd_plan(ws.C, params.K, int(sizeof(T)), kBwdTensorCores<T>, max_smem);
+    BwdStaging forward = bwd_copies(params, ws, int(sizeof(T))), reverse = forward;
+    forward.stages = smem.forward_stages;
+    reverse.stages = smem.reverse_stages;
     auto launch = [&](auto kernel, i64 blocks, std::size_t bytes, auto... args) {
       if (blocks <= 0) return;
       RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
@@ -1142,8 +1318,8 @@ void chunked_backward(const Params& params, const ChunkedBackwardWorkspace& ws, 
       RUDNN_CUDA_CHECK_LAUNCH(gated_delta_chunked_backward);
     };
     launch(bwd_prep_kernel<T>, unit_blocks, smem.prep);
-    launch(bwd_forward_kernel<T>, state_blocks, smem.forward);
-    launch(bwd_reverse_kernel<T>, state_blocks, smem.reverse);
+    launch(bwd_forward_kernel<T>, state_blocks, smem.forward, forward);
+    launch(bwd_reverse_kernel<T>, state_blocks, smem.reverse, reverse);
     launch(bwd_local_kernel<T>, local_blocks, smem.local, static_cast<T*>(dq), sdq, static_cast<T*>(dk), sdk,
            static_cast<T*>(dbeta), sdbeta, dg, sdg);
   });

@@ -116,14 +116,6 @@ struct Staging {
   bool ws = false;  // G, P, -W and U' in the workspace (256-byte aligned regions of its base)
 };
 
-// Rows of `cols` 16-bit elements at base + b * s.b + h * s.h + t * s.t start on 16-byte
-// boundaries and hold whole 16-byte pieces (a dimension of extent 1 never steps).
-inline bool rows_in_16_bytes(const void* base, const SeqStrides& s, i64 B, i64 H, i64 T, i64 cols) {
-  const auto whole = [](i64 elems) { return elems * 2 % 16 == 0; };
-  return reinterpret_cast<std::uintptr_t>(base) % 16 == 0 && whole(cols) && (B == 1 || whole(s.b)) &&
-         (H == 1 || whole(s.h)) && (T == 1 || whole(s.t));
-}
-
 inline Staging staging_for(const Params& p, const void* workspace) {
   Staging st;
   st.qk = rows_in_16_bytes(p.q, p.sq, p.B, p.Hk, p.T, p.K) && rows_in_16_bytes(p.k, p.sk, p.B, p.Hk, p.T, p.K);

@@ -69,6 +69,15 @@ __device__ __forceinline__ Sequence sequence(const Params& p, i64 n) {
   return {0, lo, hi};
 }
 
+// Rows of `cols` elements of esize bytes at base + b * s.b + h * s.h + t * s.t start on 16-byte
+// boundaries and hold whole 16-byte pieces (a dimension of extent 1 never steps): the chunked
+// kernels may then move them as 16-byte cp.async pieces.
+inline bool rows_in_16_bytes(const void* base, const SeqStrides& s, i64 B, i64 H, i64 T, i64 cols, i64 esize = 2) {
+  const auto whole = [esize](i64 elems) { return elems * esize % 16 == 0; };
+  return reinterpret_cast<std::uintptr_t>(base) % 16 == 0 && whole(cols) && (B == 1 || whole(s.b)) &&
+         (H == 1 || whole(s.h)) && (T == 1 || whole(s.t));
+}
+
 // Workspace slots of the chunked kernels (forward and backward): the slot of sequence n's chunk ch
 // is chunk_slot0 + ch, with ceil(T / C) slots per batch row, or bos / C + n with varlen, which
 // never overlaps the previous sequence's slots.
@@ -196,7 +205,7 @@ ChunkedBackwardLayout chunked_backward_layout(const Problem& p);
 bool chunked_backward_supported(const Problem& p, int max_smem_per_block);
 void chunked_backward(const Params& params, const ChunkedBackwardWorkspace& ws, DType dtype, void* dq, SeqStrides sdq,
                       void* dk, SeqStrides sdk, void* dbeta, SeqStrides sdbeta, float* dg, SeqStrides sdg,
-                      i64 slots, cudaStream_t stream);
+                      i64 slots, int max_smem, cudaStream_t stream);
 // The backward runs the chunked kernels from this many tokens on (strategy "auto"; a guess, not
 // measured: below it the token-by-token kernel's 64-token chain is short anyway).
 constexpr i64 kChunkedBackwardMinT = 256;
