@@ -44,12 +44,15 @@
 // tests/test_gated_delta_chunked_backward.py checks exactly these stages in float64 against torch
 // autograd through the token-by-token recurrence (several C, partial chunks, -inf decays, varlen).
 //
-// Kernels (128 threads each; f32 in shared memory; storage T = float, half or bfloat16):
+// Kernels (128 threads each; f32 in shared memory but for the state passes' staged inputs;
+// storage T = float, half or bfloat16):
 //  1. bwd_prep_kernel,    one CTA per (chunk slot, value head): G, T, P, W and U' to the workspace.
 //  2. bwd_forward_kernel, one CTA per (sequence, value head, 32 value columns), chunks in order:
 //     S0 of every chunk to the workspace (checkpoints), U = U' - W S0 in place of U'.
 //  3. bwd_reverse_kernel, same grid, chunks backwards: dS_C of every chunk and dU to the
 //     workspace, dinitial_state at the end.
+//     Both state passes stage a chunk's tiles by cp.async, the next chunk's during this one's
+//     products where shared memory holds two stages (bwd_plan).
 //  4. bwd_local_kernel,   one CTA per (chunk slot, q/k head): for each value head of the group in
 //     order the local gradients above; dq and dk accumulate in a float32 workspace tile each of
 //     whose elements only one thread touches (no atomics, fixed order), then go out in q's dtype.
