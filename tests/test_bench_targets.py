@@ -98,6 +98,35 @@ def test_gated_delta_chunk_flops_and_l2_flush():
         assert all(c.ok for c in p.check())
 
 
+def test_gated_delta_one_stage_rows_set_the_knob(monkeypatch):
+    """On a GPU the gated delta family times forward + backward also with
+    RUDNN_GATED_DELTA_BWD_STAGES=1 (the chunked backward's state passes on one stage), beside the
+    default rows of the same shapes, the knob set only while rudnn runs and checks."""
+    from rudnn.bench import gated_delta as bgd
+
+    for quick in (True, False):
+        cases = bgd.cases("cuda", quick=quick)
+        one = {c.shape for c in cases if c.op == "chunk_gated_delta_rule_fwd_bwd[1stage]"}
+        assert one and one <= {c.shape for c in cases if c.op == "chunk_gated_delta_rule_fwd_bwd"}
+    assert not [c for c in bgd.cases("cpu", quick=True) if c.op.endswith("[1stage]")]
+    monkeypatch.delenv("RUDNN_GATED_DELTA_BWD_STAGES", raising=False)
+    seen = []
+    import rudnn
+    real = rudnn.chunk_gated_delta_rule_backward
+
+    def spy(*args, **kwargs):
+        seen.append(os.environ.get("RUDNN_GATED_DELTA_BWD_STAGES"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rudnn, "chunk_gated_delta_rule_backward", spy)
+    p = bgd.prepare(bench.CaseSpec("gated_delta", "chunk_gated_delta_rule_fwd_bwd[1stage]", (1, 32, 2, 4, 32, 32),
+                                   "bfloat16"), "cpu")
+    assert all(c.ok for c in p.check())
+    p.run()
+    assert seen and set(seen) == {"1"}
+    assert "RUDNN_GATED_DELTA_BWD_STAGES" not in os.environ
+
+
 def test_norm_regs_rows_run_the_previous_kernel(monkeypatch):
     """On a GPU the norm family times rms_norm and add_rms_norm also with RUDNN_NORM_PIPELINED=0
     (the kernel before the pipelined one), set only while rudnn runs and checks."""

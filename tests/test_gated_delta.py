@@ -312,3 +312,22 @@ def test_last_algorithm_on_cuda():
 
     assert run(torch.bfloat16) == "chunked"  # the tensor-core chunked kernels take 16-bit inputs
     assert run(torch.float32) == "recurrent"
+
+
+@pytest.mark.cuda
+def test_chunked_backward_with_one_stage_gives_the_same_bits(monkeypatch):
+    """RUDNN_GATED_DELTA_BWD_STAGES=1 holds the chunked backward's state passes to one stage of
+    staged tiles (where the device holds two: H100/H200 for 16-bit inputs): the same products in
+    the same order, so the same bits; the bench times both."""
+    q, k, v, beta, g, state = make_inputs(1, 2, 4, 300, 128, 64, torch.bfloat16, device="cuda", decay=1.0, seed=3)
+    dout = torch.randn(v.shape, device="cuda").to(v.dtype)
+    dfinal = torch.randn(state.shape, device="cuda")
+    run = lambda: rudnn.chunk_gated_delta_rule_backward(dout, q, k, v, beta, g, state, dfinal, scale=0.3,
+                                                        chunk_size=64, strategy="chunked")
+    monkeypatch.delenv("RUDNN_GATED_DELTA_BWD_STAGES", raising=False)
+    two = run()
+    assert rudnn.gated_delta_last_algorithm() == "chunked_backward"
+    monkeypatch.setenv("RUDNN_GATED_DELTA_BWD_STAGES", "1")
+    one = run()
+    for name, a, b in zip(["dq", "dk", "dv", "dbeta", "dlog_decay", "dinitial_state"], two, one):
+        assert torch.equal(a, b), name

@@ -177,6 +177,23 @@ def compare(name, ours, ref, peer=None, *, expect_dtype=None, floor=None) -> Out
     return OutputCheck(name, err, peer_err, budget, ok, note)
 
 
+def with_env(fn, name: str, value: str):
+    """fn run with the environment variable `name` set to `value` (for a library knob read on every
+    call), restored after: a bench row that times a kernel variant beside the default in one run."""
+
+    def run(*args):
+        old = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return fn(*args)
+        finally:
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
+    return run
+
+
 def poison_allocator(device: str, shapes_dtypes) -> None:
     """Best effort for ops that allocate their own outputs: release the CUDA caching
     allocator's free blocks, then allocate NaN-filled buffers of the outputs' sizes and free

@@ -20,7 +20,7 @@ call of both sides.
 
 from __future__ import annotations
 
-from . import CaseSpec, Prepared, compare, same_precision_floor, torch_dtype
+from . import CaseSpec, Prepared, compare, same_precision_floor, torch_dtype, with_env
 
 FAMILY = "gated_delta"
 PEER = "flash-linear-attention (Triton)"
@@ -36,6 +36,11 @@ _GPU_MORE = {"chunk_gated_delta_rule": [(1, 32768), (8, 2048), (8, 8192), (8, 32
              "chunk_gated_delta_rule_fwd_bwd": [(1, 8192), (1, 32768), (8, 2048), (8, 8192)],
              "gated_delta_rule": []}
 _L2_BYTES = 60 << 20  # H200
+# "<op>[1stage]": forward + backward with RUDNN_GATED_DELTA_BWD_STAGES=1, the chunked backward's state
+# passes on one stage of cp.async tiles where they would run two (bench/NOTES.md, "the state passes'
+# tiles by cp.async"): both in one run say what the second stage is worth.
+_ONE_STAGE = "[1stage]"
+_ONE_STAGE_SIZES = {True: [(1, 2048)], False: [(1, 2048), (1, 8192), (8, 8192)]}  # by quick: beside the default rows
 _CPU = {"chunk_gated_delta_rule": [(1, 64)], "chunk_gated_delta_rule_fwd_bwd": [(1, 32)], "gated_delta_rule": [(4, 1)]}
 
 
@@ -44,10 +49,19 @@ def cases(device: str, quick: bool) -> list:
     if device == "cuda" and not quick:
         table = {op: table[op] + _GPU_MORE[op] for op in table}
     heads = (HK, HV, D, D) if device == "cuda" else (2, 4, 32, 32)
+    if device == "cuda":
+        table["chunk_gated_delta_rule_fwd_bwd" + _ONE_STAGE] = _ONE_STAGE_SIZES[quick]
     return [CaseSpec(FAMILY, op, (b, t) + heads, "bfloat16") for op, sizes in table.items() for b, t in sizes]
 
 
 def prepare(spec: CaseSpec, device: str) -> Prepared:
+    if spec.op.endswith(_ONE_STAGE):
+        import dataclasses
+
+        prepared = prepare(dataclasses.replace(spec, op=spec.op[:-len(_ONE_STAGE)]), device)
+        prepared.run = with_env(prepared.run, "RUDNN_GATED_DELTA_BWD_STAGES", "1")
+        prepared.check = with_env(prepared.check, "RUDNN_GATED_DELTA_BWD_STAGES", "1")
+        return prepared
     return _PREPARE[spec.op](spec, device)
 
 

@@ -12,7 +12,7 @@ math, independently of both libraries.
 
 from __future__ import annotations
 
-from . import STATS_FLOOR, CaseSpec, Prepared, compare, poison_allocator, torch_dtype
+from . import STATS_FLOOR, CaseSpec, Prepared, compare, poison_allocator, torch_dtype, with_env
 
 FAMILY = "norm"
 PEER = "torch eager"
@@ -58,29 +58,13 @@ def cases(device: str, quick: bool) -> list:
         [CaseSpec(FAMILY, op, shape, dt) for op in _FUSED for shape, dt in fused] + regs
 
 
-def _without_pipelined(fn):
-    """fn run with RUDNN_NORM_PIPELINED=0 (read by the library on every call), restored after."""
-    import os
-
-    def run(*args):
-        old = os.environ.get("RUDNN_NORM_PIPELINED")
-        os.environ["RUDNN_NORM_PIPELINED"] = "0"
-        try:
-            return fn(*args)
-        finally:
-            if old is None:
-                del os.environ["RUDNN_NORM_PIPELINED"]
-            else:
-                os.environ["RUDNN_NORM_PIPELINED"] = old
-    return run
-
-
 def prepare(spec: CaseSpec, device: str) -> Prepared:
     if spec.op.endswith(_REGS):
         import dataclasses
 
         prepared = prepare(dataclasses.replace(spec, op=spec.op[:-len(_REGS)]), device)
-        prepared.run, prepared.check = _without_pipelined(prepared.run), _without_pipelined(prepared.check)
+        prepared.run = with_env(prepared.run, "RUDNN_NORM_PIPELINED", "0")
+        prepared.check = with_env(prepared.check, "RUDNN_NORM_PIPELINED", "0")
         return prepared
     prepared = _PREPARE[spec.op](spec, device)
     if spec.shape[0] <= _DECODE_ROWS:
