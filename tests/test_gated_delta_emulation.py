@@ -43,12 +43,14 @@ CHUNK_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "u
 
 
 # The chunked backward's dynamic shared memory is the emulator's block buffer, its cp.async the
-# stand-in, and every read of a staged tile of its state passes (bwd_staged) is recorded for the
+# stand-in, its L2 prefetches plain byte reads, and every read of a staged tile of its state passes (bwd_staged) is recorded for the
 # ordering check (a copy issued over a tile that another thread may still read, a tile read before
 # its copy has landed or without a barrier after it).
 CB_EDITS = [("extern __shared__ __align__(16) unsigned char bwd_smem_raw[];", "unsigned char* bwd_smem_raw = emu_smem;"),
             ("SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<", "EmuCpAsyncZfill<"), ("cp_async_fence()", "emu_cp_async_fence()"),
             ("cp_async_wait<", "emu_cp_async_wait<"),
+            # the local kernel's L2 prefetches: the byte is read (an address far off faults)
+            ('asm volatile("prefetch.global.L2 [%0];" ::"l"(at));', "(void)*static_cast<const volatile char*>(at);"),
             ("__device__ __forceinline__ E bwd_staged(const E* at) { return *at; }",
              "E bwd_staged(const E* at) {\n  emu_note_read(std::size_t(reinterpret_cast<const unsigned char*>(at) - emu_smem),"
              " emu_clock);\n  return *at;\n}")]

@@ -385,7 +385,8 @@ def test_gated_delta_chunked_kernels_stage_with_cp_async():
 # W^T dU (2 blocks, 3: 24), 56; the prep kernel K K^T and Q K^T (exact operands, 1 MMA: 4 each)
 # and (T diag(beta gamma)) K, (T diag(beta)) V (T split, 2 MMAs: 8 each), 24. The state passes
 # stage each chunk's tiles with 16-byte cp.async (LDGSTS ... .128), every dtype: a regression to
-# element loads into shared memory fails here.
+# element loads into shared memory fails here. The local kernel asks L2 for the next slice's rows
+# (prefetch.global.L2: CCTL.E.PF2), no other kernel does.
 @pytest.mark.parametrize("arch", ["80", "90a"])
 def test_gated_delta_chunked_backward_does_not_spill(arch):
     report, sass = _ptxas_report("chunked_backward.cu", family="gated_delta", arch=arch)
@@ -402,6 +403,8 @@ def test_gated_delta_chunked_backward_does_not_spill(arch):
         ldgsts = sum(bool(re.search(r"\bLDGSTS\.\S*\.128\b", line)) for line in lines)
         state_pass = "bwd_forward_kernel" in kernel or "bwd_reverse_kernel" in kernel
         assert (ldgsts > 0) == state_pass, (kernel, ldgsts)
+        prefetches = sum(bool(re.search(r"\bCCTL\.E\.PF2\b", line)) for line in lines)
+        assert (prefetches > 0) == ("bwd_local_kernel" in kernel), (kernel, prefetches)
         if sixteen_bit and "bwd_local_kernel" in kernel:
             assert (hmma - hmma_tf32, hmma_tf32, ldsm, ldsm_t) == (352, 174, 84, 56), (kernel, hmma, hmma_tf32, ldsm,
                                                                                       ldsm_t)

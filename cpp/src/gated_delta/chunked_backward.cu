@@ -629,6 +629,19 @@ __device__ __forceinline__ void bwd_copy_rows(E* dst, int ld, const E* src, i64 
 template <class E>
 __device__ __forceinline__ E bwd_staged(const E* at) { return *at; }
 
+// Asks L2 for rows [0, rows) of row_bytes bytes each at base + r * stride_bytes, one
+// prefetch.global.L2 per 128 bytes (no register written, nothing waited for): the local kernel
+// issues the next slice's rows while it computes this one, so that its synchronous staging of
+// them finds them in L2 instead of HBM (one CTA per SM: no other block hides that wait).
+__device__ __forceinline__ void bwd_prefetch_rows(const void* base, i64 stride_bytes, int rows, int row_bytes) {
+  const int lines = (row_bytes + 127) / 128;
+#pragma unroll 1
+  for (int e = threadIdx.x; e < rows * lines; e += kBwdThreads) {
+    const char* at = static_cast<const char*>(base) + (e / lines) * stride_bytes + (e % lines) * 128;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+  }
+}
+
 // The (sequence, value head, value slice) of a state-pass CTA.
 struct StateBlock {
   i64 n, h, hk, f0;
@@ -957,6 +970,30 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
   float* dqa = ws.dq_acc + (slot * p.Hk + hk) * C * K;
   float* dka = ws.dk_acc + (slot * p.Hk + hk) * C * K;
   for (int e = tid; e < C * K; e += kBwdThreads) dqa[e] = dka[e] = 0.0f;  // before the barrier below
+  // L2 prefetches (bwd_prefetch_rows) of slice [f, f + 32) of value head hh: U, dU, S0, dS_C
+  // (workspace), dO and v; of a head: its T, G, beta and first slice.
+  auto prefetch_slice = [&](const BwdUnit& u, i64 hh, i64 f) {
+    const int bytes = int(min(i64(kBwdCols), p.V - f)) * 4, in_bytes = bytes / 4 * int(sizeof(T));
+    bwd_prefetch_rows(u.u + f, p.V * 4, C, bytes);
+    bwd_prefetch_rows(u.du + f, p.V * 4, C, bytes);
+    bwd_prefetch_rows(u.s0 + f, p.V * 4, K, bytes);
+    bwd_prefetch_rows(u.dsc + f, p.V * 4, K, bytes);
+    bwd_prefetch_rows(static_cast<const T*>(p.dout) + b * p.sdout.b + hh * p.sdout.h + sc.c0 * p.sdout.t + f,
+                      p.sdout.t * i64(sizeof(T)), valid, in_bytes);
+    bwd_prefetch_rows(static_cast<const T*>(p.v) + b * p.sv.b + hh * p.sv.h + sc.c0 * p.sv.t + f,
+                      p.sv.t * i64(sizeof(T)), valid, in_bytes);
+  };
+  auto prefetch_head = [&](i64 hh) {
+    const BwdUnit u = bwd_unit(p, ws, slot, hh);
+    bwd_prefetch_rows(u.t, 0, 1, C * C * 4);
+    bwd_prefetch_rows(u.g, 0, 1, C * 8);
+    const bool dense = p.sbeta.t == 1;  // the chunk's betas in one row, else one element per token
+    bwd_prefetch_rows(static_cast<const T*>(p.beta) + b * p.sbeta.b + hh * p.sbeta.h + sc.c0 * p.sbeta.t,
+                      p.sbeta.t * i64(sizeof(T)), dense ? 1 : valid, dense ? valid * int(sizeof(T)) : 1);
+    prefetch_slice(u, hh, 0);
+  };
+  prefetch_head(hk * p.group);  // (in flight while K and Q are staged and K K^T is formed)
+
 
   if constexpr (kTc) {
     bwd_fill_tile16<KqTile>(qb, [&](int i, int x) {
@@ -1028,6 +1065,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         bwd_fill_tile16<StateSliceTile>(b_dsc, [&](int x, int f) { return x < K && f < cols ? un.dsc[x * p.V + f0 + f] : 0.0f; });
       }
       __syncthreads();
+      // The next slice's rows (of this head, or the next head's first slice with its T, G and
+      // beta) into L2 while this slice computes.
+      if (f0 + kBwdCols < p.V) {
+        prefetch_slice(un, h, f0 + kBwdCols);
+      } else if (h + 1 < (hk + 1) * p.group) {
+        prefetch_head(h + 1);
+      }
       // dX = T^T dU, and dv = diag(beta) dX out.
       const bool col_ok = lane < cols;
       auto store_dv = [&](int i, int f, float dx) {
