@@ -260,11 +260,13 @@ def test_emulator_catches_planted_staging_bug(tmp_path, bug):
 # autograd through the float64 recurrence, with twice the float32 recurrence's error as budget.
 # (B, Hk, Hv, T, K, V, chunk_size, cu_seqlens, layout): one chunk, several with a partial last one,
 # grouped heads, V over two 32-column slices, K and V not multiples of anything, varlen with empty
-# and one-token sequences, the [B, T, H, X] layout, K = 128 with C = 64 (the largest shared memory).
+# and one-token sequences, the [B, T, H, X] layout, K = 128 with C = 64 (the largest shared memory)
+# C = 40 (T's blocked inverse with a partial block).
 CB_CASES = [(1, 1, 1, 16, 8, 8, 16, None, "bhtk"), (2, 1, 2, 37, 12, 40, 16, None, "bhtk"),
             (1, 2, 4, 70, 16, 12, 8, None, "bhtk"), (1, 1, 2, 93, 16, 8, 64, None, "bhtk"),
             (1, 2, 4, 57, 8, 8, 8, [0, 5, 5, 6, 40, 57], "bhtk"), (2, 1, 3, 29, 8, 36, 8, None, "bthk"),
-            (1, 1, 2, 70, 128, 40, 64, None, "bhtk")]  # the largest tiles: K = 128, C = 64
+            (1, 1, 2, 70, 128, 40, 64, None, "bhtk"),  # the largest tiles: K = 128, C = 64
+            (1, 1, 2, 90, 16, 8, 40, None, "bhtk")]  # the blocked inverse's three blocks, the last partial
 
 
 def _check_chunked_backward(exe, tmp_path, case, dtype, seed=7, decay=0.0, extreme=False, initial=True):

@@ -394,6 +394,58 @@ __device__ __forceinline__ void bwd_slice_mma_each(const int (&row0)[kBlocks], F
       for (int e = 0; e < 4; ++e) f(row0[rb] + g + 8 * (e / 2), 8 * j + 2 * t + e % 2, acc[rb][j][e]...);
 }
 
+// T = (I + L)^-1 for a strictly lower triangular [C][C] L (row stride ld, C <= 64) into tm (same
+// stride; the upper triangle zero), blocked by 16 rows: the diagonal blocks by forward substitution,
+// one column per thread (chains of at most 15 steps instead of C - 1), then block row a = 1, 2, 3
+// from those above it, T_ab = -T_aa (sum over b <= m < a of L_am T_mb) for every b < a at once
+// (X = the sum, in registers, then into L's block row a, which nothing reads after; then T_aa X).
+// Ends with a barrier; lm is scratch afterwards.
+__device__ __forceinline__ void bwd_unit_lower_inverse(float* lm, float* tm, int C, int ld) {
+  constexpr int kTb = 16, kMaxPerThread = kTb * (kBwdMaxC - kTb) / kBwdThreads;  // 6
+  const int tid = threadIdx.x;
+  for (int e = tid; e < C * C; e += kBwdThreads) {
+    const int i = e / C, j = e % C;
+    if (i / kTb != j / kTb || j >= i) tm[i * ld + j] = i == j ? 1.0f : 0.0f;  // (lower blocks below the diagonal: step 2)
+  }
+  if (tid < C) {  // column j of its diagonal block
+    const int j = tid, end = min(C, (j / kTb + 1) * kTb);
+    for (int i = j + 1; i < end; ++i) {
+      float acc = 0.0f;
+      for (int m = j; m < i; ++m) acc -= lm[i * ld + m] * (m == j ? 1.0f : tm[m * ld + j]);
+      tm[i * ld + j] = acc;
+    }
+  }
+  for (int a0 = kTb; a0 < C; a0 += kTb) {  // block row a: rows [a0, a1), columns [0, a0)
+    const int a1 = min(C, a0 + kTb), count = (a1 - a0) * a0;
+    __syncthreads();  // the blocks above are complete
+    float x[kMaxPerThread];
+#pragma unroll
+    for (int n = 0; n < kMaxPerThread; ++n) {
+      const int e = tid + n * kBwdThreads, i = a0 + e / a0, j = e % a0;
+      x[n] = 0.0f;
+      if (e < count)
+        for (int k = j / kTb * kTb; k < a0; ++k) x[n] += lm[i * ld + k] * tm[k * ld + j];
+    }
+    __syncthreads();  // every thread is done reading L's block row a
+#pragma unroll
+    for (int n = 0; n < kMaxPerThread; ++n) {
+      const int e = tid + n * kBwdThreads;
+      if (e < count) lm[(a0 + e / a0) * ld + e % a0] = x[n];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < kMaxPerThread; ++n) {
+      const int e = tid + n * kBwdThreads, i = a0 + e / a0, j = e % a0;
+      if (e < count) {
+        float acc = 0.0f;
+        for (int l = a0; l <= i; ++l) acc -= tm[i * ld + l] * lm[l * ld + j];
+        tm[i * ld + j] = acc;
+      }
+    }
+  }
+  __syncthreads();
+}
+
 // ---- 1. prep: per (chunk slot, value head) ----
 // Row strides: the [C][K] tiles K + 4 floats, the [C][C] tiles C + 4, the value slices kSliceLd
 // (TF32 fragment reads on 32 banks). f16/bf16 inputs: K K^T and Q K^T on TF32 (16-bit inputs are
@@ -429,9 +481,21 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, Chunked
     gs[tid] = tid < valid ? chunked_log_decay(p.g[b * p.sg.b + h * p.sg.h + (sc.c0 + tid) * p.sg.t]) : 0.0f;
   }
   __syncthreads();
-  if (tid == 0) {
-    double cum = 0.0;
-    for (int i = 0; i < C; ++i) gs[i] = cum += gs[i];
+  if (tid < 32) {
+    // G = cumsum(g) in float64 by a warp scan: lane l holds tokens 2l and 2l + 1 (C <= 64), their
+    // sum's inclusive scan over the lanes (5 shuffle steps), then the lane's own two.
+    const int i = 2 * tid;
+    const double a = i < C ? gs[i] : 0.0, c = i + 1 < C ? gs[i + 1] : 0.0;
+    double cum = a + c;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const double below = __shfl_up_sync(kBwdFullMask, cum, d);
+      if (tid >= d) cum += below;
+    }
+    const double before = __shfl_up_sync(kBwdFullMask, cum, 1);
+    const double g0 = (tid > 0 ? before : 0.0) + a;
+    if (i < C) gs[i] = g0;
+    if (i + 1 < C) gs[i + 1] = g0 + c;
   }
   __syncthreads();
   if (tid < C) {
@@ -470,16 +534,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, Chunked
     }
   }
   __syncthreads();
-  // T = (I + L)^-1 by forward substitution, one column per thread.
-  if (tid < C) {
-    const int j = tid;
-    for (int i = 0; i < C; ++i) {
-      float acc = i == j ? 1.0f : 0.0f;
-      for (int m = j; m < i; ++m) acc -= lm[i * ldc + m] * tm[m * ldc + j];
-      tm[i * ldc + j] = i >= j ? acc : 0.0f;
-    }
-  }
-  __syncthreads();
+  bwd_unit_lower_inverse(lm, tm, C, ldc);  // T = (I + L)^-1; L's space is scratch after it
   for (int e = tid; e < C * C; e += kBwdThreads) out.t[e] = tm[(e / C) * ldc + e % C];
   // W = T diag(beta gamma) K. T is lower triangular: rows [16 w, 16 w + 16) sum over j < 16 w + 16.
   [[maybe_unused]] const int row0[1] = {16 * warp};  // the tensor-core path's rows
