@@ -308,22 +308,31 @@ def test_chunked_backward_kernels_minus_inf_log_decays_without_initial_state(emu
                             extreme=True, initial=False)
 
 
-# The state passes' staging plan (bwd_plan, bwd_copies) as the emulator's launch took it, and the
-# results under it: on H100/H200 (the default 232448 bytes a block may opt in to) both passes hold
-# two stages of 16-bit tiles, float32 only the forward's; on an A100 (166912) the 16-bit reverse
-# pass and every float32 pass run one stage. K = 12 16-bit rows (24 bytes) and V = 12 16-bit dO
-# rows cannot move as 16-byte pieces; the float32 workspace tiles always can at these K, V, C.
-STAGING_PLANS = [((1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.bfloat16, 232448, (2, 2, 1, 1, 1, 1, 1, 1, 1)),
-                 ((1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.bfloat16, 166912, (2, 1, 1, 1, 1, 1, 1, 1, 1)),
-                 ((1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.float32, 166912, (1, 1, 1, 1, 1, 1, 1, 1, 1)),
-                 ((2, 1, 2, 37, 12, 40, 16, None, "bhtk"), torch.bfloat16, 166912, (2, 2, 0, 0, 1, 1, 1, 1, 1)),
-                 ((1, 2, 4, 70, 16, 12, 8, None, "bhtk"), torch.bfloat16, 232448, (2, 2, 1, 1, 0, 1, 1, 1, 1))]
+# The state passes' staging plan (bwd_launch_plan) as the emulator's launch took it, and the
+# results under it: on H100/H200 (the default: 232448 bytes a block may opt in to, 132 SMs) both
+# passes hold two stages of 16-bit tiles, float32 only the forward's; on an A100 (166912) the 16-bit
+# reverse pass and every float32 pass run one stage; on one SM the 16-bit forward pass's four CTAs
+# run one stage (two CTAs per SM instead of one, the grid more than a wave); K = 12 16-bit rows (24
+# bytes) and V = 12 16-bit dO rows cannot move as 16-byte pieces, so the passes that stage them keep
+# one stage; the float32 workspace tiles always can at these K, V, C.
+# (case, dtype, {EMU_...: value}, (forward stages, reverse stages, k q dout g w u p by cp.async))
+STAGING_PLANS = [((1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.bfloat16, {}, (2, 2, 1, 1, 1, 1, 1, 1, 1)),
+                 ((1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.bfloat16, {"MAX_SMEM": 166912},
+                  (2, 1, 1, 1, 1, 1, 1, 1, 1)),
+                 ((1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.bfloat16, {"SM_COUNT": 1},
+                  (1, 2, 1, 1, 1, 1, 1, 1, 1)),
+                 ((1, 1, 2, 70, 128, 40, 64, None, "bhtk"), torch.float32, {"MAX_SMEM": 166912},
+                  (1, 1, 1, 1, 1, 1, 1, 1, 1)),
+                 ((2, 1, 2, 37, 12, 40, 16, None, "bhtk"), torch.bfloat16, {}, (1, 1, 0, 0, 1, 1, 1, 1, 1)),
+                 ((1, 2, 4, 70, 16, 12, 8, None, "bhtk"), torch.bfloat16, {}, (2, 1, 1, 1, 0, 1, 1, 1, 1))]
 
 
-@pytest.mark.parametrize("case, dtype, max_smem, plan", [
-    pytest.param(*plan, id="x".join(map(str, plan[0][:7])) + f"-{str(plan[1])[6:]}-{plan[2]}") for plan in STAGING_PLANS])
-def test_chunked_backward_state_pass_staging(emulator, tmp_path, monkeypatch, case, dtype, max_smem, plan):
-    monkeypatch.setenv("EMU_MAX_SMEM", str(max_smem))
+@pytest.mark.parametrize("case, dtype, device, plan", [
+    pytest.param(*plan, id="x".join(map(str, plan[0][:7])) + f"-{str(plan[1])[6:]}" +
+                 "".join(f"-{k}{v}" for k, v in plan[2].items())) for plan in STAGING_PLANS])
+def test_chunked_backward_state_pass_staging(emulator, tmp_path, monkeypatch, case, dtype, device, plan):
+    for name, value in device.items():
+        monkeypatch.setenv("EMU_" + name, str(value))
     _check_chunked_backward(emulator, tmp_path, case, dtype)
     forward_stages, reverse_stages, *copies = map(int, (tmp_path / "staging.txt").read_text().split())
     assert (forward_stages, reverse_stages, *copies) == plan

@@ -129,9 +129,20 @@ struct EmuAsyncCopy {
 inline thread_local std::vector<EmuAsyncCopy> emu_open_group;
 inline thread_local std::vector<std::vector<EmuAsyncCopy>> emu_committed_groups;
 
+// cp.async.cg of 16 bytes needs both addresses 16-byte aligned (a misaligned one faults on the GPU):
+// the run ends here as it would there.
+inline void emu_check_cp_async_alignment(const void* src, const void* dst) {
+  if (reinterpret_cast<std::uintptr_t>(src) % 16 != 0 || reinterpret_cast<std::uintptr_t>(dst) % 16 != 0) {
+    std::fprintf(stderr, "cp.async with a misaligned address: global %p, shared byte %td, thread %u\n", src,
+                 static_cast<const unsigned char*>(dst) - emu_smem, emu_thread_id());
+    std::abort();
+  }
+}
+
 template <class TS, class TD = TS>
 struct EmuCpAsync : cute::SM80_CP_ASYNC_CACHEGLOBAL<TS, TD> {
   static void copy(TS const& gmem_src, TD& smem_dst) {
+    emu_check_cp_async_alignment(&gmem_src, &smem_dst);
     emu_note_async_write(std::size_t(reinterpret_cast<unsigned char*>(&smem_dst) - emu_smem));
     emu_open_group.push_back({&gmem_src, &smem_dst});
   }
@@ -140,6 +151,7 @@ struct EmuCpAsync : cute::SM80_CP_ASYNC_CACHEGLOBAL<TS, TD> {
 template <class TS, class TD = TS>
 struct EmuCpAsyncZfill : cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<TS, TD> {
   static void copy(TS const& gmem_src, TD& smem_dst, bool pred) {
+    emu_check_cp_async_alignment(&gmem_src, &smem_dst);  // (the source operand is given even when pred is false)
     emu_note_async_write(std::size_t(reinterpret_cast<unsigned char*>(&smem_dst) - emu_smem));
     emu_open_group.push_back({pred ? static_cast<const void*>(&gmem_src) : nullptr, &smem_dst});
   }

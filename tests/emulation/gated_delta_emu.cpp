@@ -15,8 +15,8 @@
 // the test wraps their reads of the staged tiles (bwd_staged) so that the check sees them too.
 // The chunked forward writes <dir>/staging.txt: which of its tiles took 16-byte cp.async
 // ("qk v ws", 1 or 0 each, staging_for); the chunked backward its state passes' plan
-// ("forward_stages reverse_stages k q dout g w u p", bwd_plan and bwd_copies for a device whose
-// blocks may opt in to EMU_MAX_SMEM bytes of shared memory, default 232448 as on H100/H200).
+// ("forward_stages reverse_stages k q dout g w u p", bwd_launch_plan for the device that
+// EMU_MAX_SMEM, EMU_SMEM_PER_SM and EMU_SM_COUNT describe, by default an H100/H200).
 //
 //   gated_delta_emu <recurrent_forward|chunked_forward|recurrent_backward|chunked_backward> <dir>
 // reads <dir>/meta.txt ("B T Hk Hv K V N has_initial has_cu has_dfinal bf16 scale [bthk [chunk_size]]") and
@@ -155,19 +155,25 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
     ws.s0 = ws0.data(), ws.dsc = wdsc.data(), ws.dq_acc = wdq.data(), ws.dk_acc = wdk.data();
     ws.C = pr.chunk_size;
     ws.chunks_per_batch = l.chunks_per_batch;
-    // The launcher's plan for a device whose blocks may opt in to EMU_MAX_SMEM bytes (default:
-    // H100/H200's 232448, two stages in the state passes where they fit; A100's 166912 gives the
-    // reverse pass one stage).
-    const char* max_smem_env = std::getenv("EMU_MAX_SMEM");
-    const i64 max_smem = max_smem_env ? std::atoll(max_smem_env) : 232448;
-    const emu_cb::BwdPlan smem = emu_cb::bwd_plan(ws.C, K, int(sizeof(T)), emu_cb::kBwdTensorCores<T>, max_smem);
-    emu_cb::BwdStaging forward = emu_cb::bwd_copies(p, ws, int(sizeof(T))), reverse = forward;
-    forward.stages = smem.forward_stages;
-    reverse.stages = smem.reverse_stages;
+    // The launcher's plan (bwd_launch_plan) for a device whose blocks may opt in to EMU_MAX_SMEM
+    // bytes (default: H100/H200's 232448; A100's is 166912), with EMU_SMEM_PER_SM bytes per SM
+    // (default: that + 1024, as on both) and EMU_SM_COUNT SMs (default 132).
+    const auto env_or = [](const char* name, i64 fallback) {
+      const char* v = std::getenv(name);
+      return v ? i64(std::atoll(v)) : fallback;
+    };
+    emu_cb::BwdDevice dev;
+    dev.max_smem_block = env_or("EMU_MAX_SMEM", 232448);
+    dev.smem_per_sm = env_or("EMU_SMEM_PER_SM", dev.max_smem_block + 1024);
+    dev.sm_count = env_or("EMU_SM_COUNT", 132);
+    const i64 vtiles = (V + 31) / 32;
+    const emu_cb::BwdLaunchPlan plan = emu_cb::bwd_launch_plan(p, ws, int(sizeof(T)), emu_cb::kBwdTensorCores<T>, dev,
+                                                               N * Hv * vtiles, false);
+    const emu_cb::BwdPlan& smem = plan.smem;
+    const emu_cb::BwdStaging &forward = plan.forward, &reverse = plan.reverse;
     std::ofstream(dir + "/staging.txt") << forward.stages << " " << reverse.stages << " " << forward.k << " "
                                         << forward.q << " " << forward.dout << " " << forward.g << " " << forward.w
                                         << " " << forward.u << " " << forward.p << "\n";
-    const i64 vtiles = (V + 31) / 32;
     launch(l.slots * Hv, emu_cb::kBwdThreads, 1, smem.prep, [&] { emu_cb::bwd_prep_kernel<T>(p, ws); });
     launch(N * Hv * vtiles, emu_cb::kBwdThreads, 1, smem.forward,
            [&] { emu_cb::bwd_forward_kernel<T>(p, ws, forward); });

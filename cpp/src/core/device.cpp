@@ -25,6 +25,7 @@ const DeviceProps& device_props(int device) {
     p.name = full.name;
     RUDNN_CUDA_CHECK(cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, device));
     RUDNN_CUDA_CHECK(cudaDeviceGetAttribute(&p.max_smem_per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    RUDNN_CUDA_CHECK(cudaDeviceGetAttribute(&p.max_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
     RUDNN_CUDA_CHECK(cudaDeviceGetAttribute(&p.max_threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
     RUDNN_CUDA_CHECK(cudaDeviceGetAttribute(&p.cc_major, cudaDevAttrComputeCapabilityMajor, device));
     RUDNN_CUDA_CHECK(cudaDeviceGetAttribute(&p.cc_minor, cudaDevAttrComputeCapabilityMinor, device));

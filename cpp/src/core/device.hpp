@@ -12,6 +12,7 @@ struct DeviceProps {
   std::string name;  // "NVIDIA H200", ...
   int sm_count = 0;
   int max_smem_per_block_optin = 0;  // bytes, with cudaFuncAttributeMaxDynamicSharedMemorySize
+  int max_smem_per_sm = 0;          // bytes, all resident blocks together (each also holds 1 KB the runtime reserves)
   int max_threads_per_sm = 0;
   int cc_major = 0;
   int cc_minor = 0;

@@ -67,6 +67,7 @@
 #include <cute/arch/copy_sm80.hpp>
 
 #include "core/cuda_check.hpp"
+#include "core/device.hpp"
 #include "gated_delta/chunk_mma.cuh"
 #include "gated_delta/cuda_common.cuh"
 
@@ -685,15 +686,18 @@ template <class E>
 __device__ __forceinline__ E bwd_staged(const E* at) { return *at; }
 
 // Asks L2 for rows [0, rows) of row_bytes bytes each at base + r * stride_bytes, one
-// prefetch.global.L2 per 128 bytes (no register written, nothing waited for): the local kernel
-// issues the next slice's rows while it computes this one, so that its synchronous staging of
-// them finds them in L2 instead of HBM (one CTA per SM: no other block hides that wait).
+// prefetch.global.L2 per 128-byte line a row touches (its first byte, then each later line's start
+// inside it; no register written, nothing waited for): the local kernel issues the next slice's
+// rows while it computes this one, so that its synchronous staging of them finds them in L2 instead
+// of HBM (one CTA per SM: no other block hides that wait).
 __device__ __forceinline__ void bwd_prefetch_rows(const void* base, i64 stride_bytes, int rows, int row_bytes) {
-  const int lines = (row_bytes + 127) / 128;
+  const int lines = (row_bytes + 126) / 128 + 1;  // the most lines a row of row_bytes can touch
 #pragma unroll 1
   for (int e = threadIdx.x; e < rows * lines; e += kBwdThreads) {
-    const char* at = static_cast<const char*>(base) + (e / lines) * stride_bytes + (e % lines) * 128;
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+    const char* row = static_cast<const char*>(base) + (e / lines) * stride_bytes;
+    const int l = e % lines;
+    const char* at = l == 0 ? row : row + (128 * l - int(reinterpret_cast<std::uintptr_t>(row) % 128));
+    if (at < row + row_bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
   }
 }
 
@@ -1339,21 +1343,35 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 }
 
 // Shared-memory bytes of each kernel for chunk size C, key dimension K and esize-byte inputs, and the
-// state passes' stages: two where they fit in max_smem (the bytes a block may opt in to) and
-// max_stages allows, else one.
+// state passes' stages (at most forward_stages / reverse_stages): two where they fit in the bytes a
+// block may opt in to, unless they leave fewer CTAs per SM (shared memory per SM, with the 1 KB
+// the runtime reserves per CTA) while the state_blocks CTAs of the grid need more than one wave of
+// them: there one stage and twice the CTAs hides the copies as well, and the waves halve. A device
+// of unknown SM count or per-SM shared memory (0) takes two stages wherever they fit.
+struct BwdDevice {
+  i64 max_smem_block = 0, smem_per_sm = 0, sm_count = 0;
+};
 struct BwdPlan {
   std::size_t prep, forward, reverse, local;
   int forward_stages, reverse_stages;
 };
 // tensor_cores: the local kernel's 16-bit path (kBwdTensorCores of the storage type).
-inline BwdPlan bwd_plan(i64 C, i64 K, int esize, bool tensor_cores, i64 max_smem, int max_stages = 2) {
+inline BwdPlan bwd_plan(i64 C, i64 K, int esize, bool tensor_cores, const BwdDevice& dev, i64 state_blocks = 0,
+                        int forward_stages = 2, int reverse_stages = 2) {
   BwdPlan pl;
   // G is double (first, or right after the local kernel's 16-bit tiles: 8-byte aligned); the rest float
   pl.prep = std::size_t(C * (K + 4) + C * std::max<i64>(K + 4, kSliceLd) + 2 * C * (C + 4) + 4 * C) * 4;
   pl.local = (tensor_cores ? kBwdTcBytes : 0) +
              std::size_t((tensor_cores ? 0 : 2 * C * K) + 4 * C * C + 4 * kSliceLd * C + 9 * C + 8) * 4;
-  pl.forward_stages = max_stages >= 2 && bwd_forward_smem(int(C), int(K), esize, 2).bytes <= max_smem ? 2 : 1;
-  pl.reverse_stages = max_stages >= 2 && bwd_reverse_smem(int(C), int(K), esize, 2).bytes <= max_smem ? 2 : 1;
+  const auto stages = [&](int most, auto bytes_of) {
+    const i64 one = bytes_of(1), two = bytes_of(2);
+    if (most < 2 || two > dev.max_smem_block) return 1;
+    if (dev.smem_per_sm <= 0 || dev.sm_count <= 0 || state_blocks <= 0) return 2;
+    const i64 ctas_one = dev.smem_per_sm / (one + 1024), ctas_two = dev.smem_per_sm / (two + 1024);
+    return ctas_two >= ctas_one || state_blocks <= ctas_two * dev.sm_count ? 2 : 1;
+  };
+  pl.forward_stages = stages(forward_stages, [&](int n) { return i64(bwd_forward_smem(int(C), int(K), esize, n).bytes); });
+  pl.reverse_stages = stages(reverse_stages, [&](int n) { return i64(bwd_reverse_smem(int(C), int(K), esize, n).bytes); });
   pl.forward = std::size_t(bwd_forward_smem(int(C), int(K), esize, pl.forward_stages).bytes);
   pl.reverse = std::size_t(bwd_reverse_smem(int(C), int(K), esize, pl.reverse_stages).bytes);
   return pl;
@@ -1374,6 +1392,27 @@ inline BwdStaging bwd_copies(const Params& p, const ChunkedBackwardWorkspace& ws
   st.u = aligned(ws.u) && p.V % 4 == 0;
   st.p = aligned(ws.p) && ws.C % 4 == 0;
   return st;
+}
+
+// Everything the launcher decides for the state passes, in one place (the host emulator runs it
+// too): which tiles move by cp.async, and the stages: two only where every tile of the pass does
+// (an element copy of the next chunk would stall the current one at its start, which is what one
+// stage costs anyway) and bwd_plan allows; one_stage: RUDNN_GATED_DELTA_BWD_STAGES=1.
+struct BwdLaunchPlan {
+  BwdPlan smem;
+  BwdStaging forward, reverse;
+};
+inline BwdLaunchPlan bwd_launch_plan(const Params& p, const ChunkedBackwardWorkspace& ws, int esize, bool tensor_cores,
+                                     const BwdDevice& dev, i64 state_blocks, bool one_stage) {
+  BwdLaunchPlan lp;
+  lp.forward = lp.reverse = bwd_copies(p, ws, esize);
+  const BwdStaging& c = lp.forward;
+  const int forward_most = !one_stage && c.g && c.w && c.k && c.u ? 2 : 1;
+  const int reverse_most = !one_stage && c.g && c.p && c.dout && c.k && c.q && c.w ? 2 : 1;
+  lp.smem = bwd_plan(ws.C, p.K, esize, tensor_cores, dev, state_blocks, forward_most, reverse_most);
+  lp.forward.stages = lp.smem.forward_stages;
+  lp.reverse.stages = lp.smem.reverse_stages;
+  return lp;
 }
 
 }  // namespace
@@ -1398,7 +1437,9 @@ bool chunked_backward_supported(const Problem& p, int max_smem) {
   bool fits = false;
   dispatch(p.dtype, [&](auto tag) {  // the launcher's own choice of path (kBwdTensorCores)
     using T = typename decltype(tag)::type;
-    const BwdPlan s = bwd_plan(p.chunk_size, p.K, int(sizeof(T)), kBwdTensorCores<T>, max_smem);
+    BwdDevice dev;
+    dev.max_smem_block = max_smem;
+    const BwdPlan s = bwd_plan(p.chunk_size, p.K, int(sizeof(T)), kBwdTensorCores<T>, dev);  // (one stage if two do not fit)
     fits = std::max({s.prep, s.forward, s.reverse, s.local}) <= std::size_t(max_smem);
   });
   return fits;
@@ -1406,29 +1447,32 @@ bool chunked_backward_supported(const Problem& p, int max_smem) {
 
 void chunked_backward(const Params& params, const ChunkedBackwardWorkspace& ws, DType dtype, void* dq, SeqStrides sdq,
                       void* dk, SeqStrides sdk, void* dbeta, SeqStrides sdbeta, float* dg, SeqStrides sdg,
-                      i64 slots, int max_smem, cudaStream_t stream) {
+                      i64 slots, const core::DeviceProps& device, cudaStream_t stream) {
   const i64 vtiles = (params.V + kBwdCols - 1) / kBwdCols;
   const i64 unit_blocks = slots * params.Hv, local_blocks = slots * params.Hk, state_blocks = params.N * params.Hv * vtiles;
+  BwdDevice dev;
+  dev.max_smem_block = device.max_smem_per_block_optin;
+  dev.smem_per_sm = device.max_smem_per_sm;
+  dev.sm_count = device.sm_count;
+  // RUDNN_GATED_DELTA_BWD_STAGES=1 holds the state passes to one stage (read on every call, so
+  // that one benchmark run times both; the results are the same bits).
+  const char* stages_env = std::getenv("RUDNN_GATED_DELTA_BWD_STAGES");
+  const bool one_stage = stages_env != nullptr && stages_env[0] == '1';
   dispatch(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // RUDNN_GATED_DELTA_BWD_STAGES=1 holds the state passes to one stage (read on every call, so
-    // that one benchmark run times both; the results are the same bits).
-    const char* stages_env = std::getenv("RUDNN_GATED_DELTA_BWD_STAGES");
-    const int max_stages = stages_env != nullptr && stages_env[0] == '1' ? 1 : 2;
-    const BwdPlan smem = bwd_plan(ws.C, params.K, int(sizeof(T)), kBwdTensorCores<T>, max_smem, max_stages);
-    BwdStaging forward = bwd_copies(params, ws, int(sizeof(T))), reverse = forward;
-    forward.stages = smem.forward_stages;
-    reverse.stages = smem.reverse_stages;
+    const BwdLaunchPlan plan = bwd_launch_plan(params, ws, int(sizeof(T)), kBwdTensorCores<T>, dev, state_blocks, one_stage);
     auto launch = [&](auto kernel, i64 blocks, std::size_t bytes, auto... args) {
       if (blocks <= 0) return;
-      RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+      // The opt-in limit, not `bytes`: the same value on every call, so two host threads launching
+      // with different plans never lower it under each other.
+      RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dev.max_smem_block)));
       kernel<<<unsigned(blocks), kBwdThreads, bytes, stream>>>(params, ws, args...);
       RUDNN_CUDA_CHECK_LAUNCH(gated_delta_chunked_backward);
     };
-    launch(bwd_prep_kernel<T>, unit_blocks, smem.prep);
-    launch(bwd_forward_kernel<T>, state_blocks, smem.forward, forward);
-    launch(bwd_reverse_kernel<T>, state_blocks, smem.reverse, reverse);
-    launch(bwd_local_kernel<T>, local_blocks, smem.local, static_cast<T*>(dq), sdq, static_cast<T*>(dk), sdk,
+    launch(bwd_prep_kernel<T>, unit_blocks, plan.smem.prep);
+    launch(bwd_forward_kernel<T>, state_blocks, plan.smem.forward, plan.forward);
+    launch(bwd_reverse_kernel<T>, state_blocks, plan.smem.reverse, plan.reverse);
+    launch(bwd_local_kernel<T>, local_blocks, plan.smem.local, static_cast<T*>(dq), sdq, static_cast<T*>(dk), sdk,
            static_cast<T*>(dbeta), sdbeta, dg, sdg);
   });
 }

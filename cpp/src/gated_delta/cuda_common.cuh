@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/convert.cuh"
+#include "core/device.hpp"
 #include "core/dispatch.hpp"
 #include "gated_delta/problem.hpp"
 
@@ -205,7 +206,7 @@ ChunkedBackwardLayout chunked_backward_layout(const Problem& p);
 bool chunked_backward_supported(const Problem& p, int max_smem_per_block);
 void chunked_backward(const Params& params, const ChunkedBackwardWorkspace& ws, DType dtype, void* dq, SeqStrides sdq,
                       void* dk, SeqStrides sdk, void* dbeta, SeqStrides sdbeta, float* dg, SeqStrides sdg,
-                      i64 slots, int max_smem, cudaStream_t stream);
+                      i64 slots, const core::DeviceProps& device, cudaStream_t stream);
 // The backward runs the chunked kernels from this many tokens on (strategy "auto"; a guess, not
 // measured: below it the token-by-token kernel's 64-token chain is short anyway).
 constexpr i64 kChunkedBackwardMinT = 256;

@@ -159,7 +159,7 @@ const char* backward_cuda(const GatedDeltaBackwardArgs& a, const Problem& p, Str
     ws.chunks_per_batch = l.chunks_per_batch;
     cuda::chunked_backward(params, ws, p.dtype, a.dq.data, p.dq, a.dk.data, p.dk, a.dbeta.data, p.dbeta,
                            a.dlog_decay.ptr<float>(), p.dg, l.slots,
-                           core::device_props(a.q.device.index).max_smem_per_block_optin,
+                           core::device_props(a.q.device.index),
                            static_cast<cudaStream_t>(stream));
     return "chunked_backward";
   }
