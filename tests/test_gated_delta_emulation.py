@@ -422,18 +422,17 @@ PLANTED_CB_TF32_BUGS = {
 
 # The state passes and the prep on TF32 (bwd_forward_kernel, bwd_reverse_kernel, bwd_prep_kernel;
 # bf16), on the K = 128, C = 64 case (every row block and column slice in use): U' - W S0 without
-# S0's lo part, W^T dU without W's lo part, P^T dO starting 8 tokens late, the second 16-row block
-# of the key rows at the wrong offset, K^T's second 32-key slice in prep read as the first, W
-# without T's lo part. (Seven more were caught when the code landed and were left out for CI
-# time: (w U)'s and P's lo parts, the dense stride for dS_C, Q K^T as K K^T, U' without T's lo
-# part, W stopping short, W's slices stored at the first; bench/NOTES.md.)
+# S0's lo part, W^T dU without W's lo part, the second 16-row block of the key rows at the wrong
+# offset, W without T's lo part. (Nine more were caught when the code landed and were left out for
+# CI time: (w U)'s and P's lo parts, the dense stride for dS_C, Q K^T as K K^T, U' without T's lo
+# part, W stopping short, W's slices stored at the first; bench/NOTES.md; and, dropped when the two
+# staging bugs above came in, P^T dO starting 8 tokens late and K^T's second 32-key slice in prep
+# read as the first.)
 PLANTED_CB_STATE_BUGS = {
     "forward_s0_lo_dropped": ("bwd_slice_mma_tf32<1, true, true>(", "bwd_slice_mma_tf32<1, true, false>("),
     "reverse_w_lo_dropped": ("bwd_slice_mma_tf32<2, true, true>(", "bwd_slice_mma_tf32<2, false, true>("),
-    "reverse_pd_starts_late": ("pd, row0, C, 16 * warp, C,", "pd, row0, C, 16 * warp + 8, C,"),
     "state_second_key_block_off": ("const int row0[2] = {16 * warp, 16 * warp + 64};",
                                    "const int row0[2] = {16 * warp, 16 * warp + 48};"),
-    "prep_kt_slice_not_offset": ("ks[(n0 + j) * ldk + x]", "ks[j * ldk + x]"),
     "prep_w_t_lo_dropped": ("bwd_slice_mma_tf32<1, true, false>(\n          acc, row0, C, 0, kdim, [&](int i, int j) { return i < C && j < C ? tm[i * ldc + j] * bg[j]",
                             "bwd_slice_mma_tf32<1, false, false>(\n          acc, row0, C, 0, kdim, [&](int i, int j) { return i < C && j < C ? tm[i * ldc + j] * bg[j]"),
 }
