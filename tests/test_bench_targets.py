@@ -98,6 +98,23 @@ def test_gated_delta_chunk_flops_and_l2_flush():
         assert all(c.ok for c in p.check())
 
 
+def _env_seen_by(monkeypatch, op, name):
+    """The value of environment variable `name` at each call of rudnn.<op> from now on (the variable
+    unset first): how a bench row's library knob is checked to be set while rudnn runs."""
+    import rudnn
+
+    monkeypatch.delenv(name, raising=False)
+    seen = []
+    real = getattr(rudnn, op)
+
+    def spy(*args, **kwargs):
+        seen.append(os.environ.get(name))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rudnn, op, spy)
+    return seen
+
+
 def test_gated_delta_one_stage_rows_set_the_knob(monkeypatch):
     """On a GPU the gated delta family times forward + backward also with
     RUDNN_GATED_DELTA_BWD_STAGES=1 (the chunked backward's state passes on one stage), beside the
@@ -109,16 +126,7 @@ def test_gated_delta_one_stage_rows_set_the_knob(monkeypatch):
         one = {c.shape for c in cases if c.op == "chunk_gated_delta_rule_fwd_bwd[1stage]"}
         assert one and one <= {c.shape for c in cases if c.op == "chunk_gated_delta_rule_fwd_bwd"}
     assert not [c for c in bgd.cases("cpu", quick=True) if c.op.endswith("[1stage]")]
-    monkeypatch.delenv("RUDNN_GATED_DELTA_BWD_STAGES", raising=False)
-    seen = []
-    import rudnn
-    real = rudnn.chunk_gated_delta_rule_backward
-
-    def spy(*args, **kwargs):
-        seen.append(os.environ.get("RUDNN_GATED_DELTA_BWD_STAGES"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(rudnn, "chunk_gated_delta_rule_backward", spy)
+    seen = _env_seen_by(monkeypatch, "chunk_gated_delta_rule_backward", "RUDNN_GATED_DELTA_BWD_STAGES")
     p = bgd.prepare(bench.CaseSpec("gated_delta", "chunk_gated_delta_rule_fwd_bwd[1stage]", (1, 32, 2, 4, 32, 32),
                                    "bfloat16"), "cpu")
     assert all(c.ok for c in p.check())
@@ -135,16 +143,7 @@ def test_norm_regs_rows_run_the_previous_kernel(monkeypatch):
     regs = [c for c in bnorm.cases("cuda", quick=True) if c.op.endswith("[regs]")]
     assert {c.op for c in regs} == {"rms_norm[regs]", "add_rms_norm[regs]"}
     assert not [c for c in bnorm.cases("cpu", quick=True) if c.op.endswith("[regs]")]
-    monkeypatch.delenv("RUDNN_NORM_PIPELINED", raising=False)
-    seen = []
-    import rudnn
-    real = rudnn.rms_norm
-
-    def spy(*args, **kwargs):
-        seen.append(os.environ.get("RUDNN_NORM_PIPELINED"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(rudnn, "rms_norm", spy)
+    seen = _env_seen_by(monkeypatch, "rms_norm", "RUDNN_NORM_PIPELINED")
     p = bnorm.prepare(bench.CaseSpec("norm", "add_rms_norm[regs]", (64, 256), "bfloat16"), "cpu")
     assert all(c.ok for c in p.check())
     p.run()

@@ -345,10 +345,8 @@ def test_chunked_backward_state_pass_staging(emulator, tmp_path, monkeypatch, ca
 PLANTED_STATE_STAGING_BUGS = {
     "forward_refills_before_the_barrier": (
         "    __syncthreads();  // ss is complete; chunk ch - 1's stage (chunk ch + 1's with two) and wv are no longer read\n"
-        "    if (st.stages == 1 || ch == 0) issue(ch);\n    cp_async_fence();\n"
-        "    if (st.stages == 2 && ch + 1 < chunks) issue(ch + 1);\n",
-        "    if (st.stages == 1 || ch == 0) issue(ch);\n    cp_async_fence();\n"
-        "    if (st.stages == 2 && ch + 1 < chunks) issue(ch + 1);\n    __syncthreads();\n"),
+        "    bwd_issue_ring(st, ch, 0, ch + 1 < chunks ? ch + 1 : -1, issue);\n",
+        "    bwd_issue_ring(st, ch, 0, ch + 1 < chunks ? ch + 1 : -1, issue);\n    __syncthreads();\n"),
     "reverse_reads_before_the_wait": (
         "    cp_async_wait<1>();  // chunk ch's tiles have landed (chunk ch - 1's may be in flight)\n", ""),
 }

@@ -52,7 +52,7 @@
 //  3. bwd_reverse_kernel, same grid, chunks backwards: dS_C of every chunk and dU to the
 //     workspace, dinitial_state at the end.
 //     Both state passes stage a chunk's tiles by cp.async, the next chunk's during this one's
-//     products where shared memory holds two stages (bwd_plan).
+//     products where two stages pay (bwd_launch_plan).
 //  4. bwd_local_kernel,   one CTA per (chunk slot, q/k head): for each value head of the group in
 //     order the local gradients above; dq and dk accumulate in a float32 workspace tile each of
 //     whose elements only one thread touches (no atomics, fixed order), then go out in q's dtype.
@@ -588,10 +588,10 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_prep_kernel(Params p, Chunked
 // float32 copies they replace) and read as float32 by the products. They move as 16-byte cp.async
 // pieces where every source row is 16-byte aligned and whole pieces (bwd_copies decides on the
 // host; src-size 0, i.e. zeros, past the sequence end and past K or the slice's columns), element
-// copies otherwise. With two stages (bwd_plan: where shared memory allows) chunk c + 1's copies are
+// copies otherwise. With two stages (bwd_launch_plan decides where) chunk c + 1's copies are
 // issued as chunk c starts, into the stage chunk c - 1 used, and land during chunk c's two
 // products; with one stage a chunk's copies are issued at its start and waited for at once (one
-// wait for global memory per chunk, as before).
+// wait for global memory per chunk, as before). bwd_issue_ring holds that order for both passes.
 struct BwdStaging {
   int stages = 1;                                    // 1 or 2 (ring of chunk tiles)
   bool k = false, q = false, dout = false;           // input rows as 16-byte pieces
@@ -678,6 +678,19 @@ __device__ __forceinline__ void bwd_copy_rows(E* dst, int ld, const E* src, i64 
       for (int l = 0; l < kPer && c + l < n; ++l) to[l] = r < valid_rows && c + l < valid_n ? from[l] : E(0.0f);
     }
   }
+}
+
+// The ring's copies at the start of chunk `ch` of a state pass (after the barrier that ends the
+// previous chunk's reads), `first`: the pass's first chunk, `next`: the chunk it takes after ch,
+// or -1. One stage: ch's own copies, waited for at once. Two: the first chunk's, then always the
+// next one's, into the stage chunk ch - 1 used. Every thread commits two groups either way, empty
+// or not, so the pass's cp_async_wait<1> leaves exactly the next chunk's copies in flight.
+template <class Issue>
+__device__ __forceinline__ void bwd_issue_ring(const BwdStaging& st, i64 ch, i64 first, i64 next, Issue&& issue) {
+  if (st.stages == 1 || ch == first) issue(ch);
+  cp_async_fence();
+  if (st.stages == 2 && next >= 0) issue(next);
+  cp_async_fence();
 }
 
 // An element of a staged tile. (The host emulator's tests wrap this to record the read for their
@@ -768,10 +781,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1) bwd_forward_kernel(Params p, C
   for (i64 ch = 0; ch < chunks; ++ch) {
     const BwdUnit un = bwd_unit(p, ws, sb.slot0 + ch, sb.h);
     __syncthreads();  // ss is complete; chunk ch - 1's stage (chunk ch + 1's with two) and wv are no longer read
-    if (st.stages == 1 || ch == 0) issue(ch);
-    cp_async_fence();
-    if (st.stages == 2 && ch + 1 < chunks) issue(ch + 1);
-    cp_async_fence();  // (every thread commits two groups per chunk, empty or not: the waits stay in step)
+    bwd_issue_ring(st, ch, 0, ch + 1 < chunks ? ch + 1 : -1, issue);
     for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
       const int x = e / kBwdCols, f = e % kBwdCols;
       if (f < cols) un.s0[x * p.V + sb.f0 + f] = ss[x * kSliceLd + f];
@@ -885,10 +895,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_reverse_kernel(Params p, Chun
   for (i64 ch = chunks - 1; ch >= 0; --ch) {
     const BwdUnit un = bwd_unit(p, ws, sb.slot0 + ch, sb.h);
     __syncthreads();  // ds is complete; chunk ch + 1's stage (chunk ch - 1's with two) and gam are no longer read
-    if (st.stages == 1 || ch == chunks - 1) issue(ch);
-    cp_async_fence();
-    if (st.stages == 2 && ch > 0) issue(ch - 1);
-    cp_async_fence();  // (two groups per chunk, empty or not)
+    bwd_issue_ring(st, ch, chunks - 1, ch - 1, issue);
     for (int e = tid; e < K * kBwdCols; e += kBwdThreads) {
       const int x = e / kBwdCols, f = e % kBwdCols;
       if (f < cols) un.dsc[x * p.V + sb.f0 + f] = ds[x * kSliceLd + f];
