@@ -46,8 +46,8 @@ def test_moe_checks_a_smaller_layer_than_it_times(monkeypatch):
     made = []
     original = bmoe._Layer.__init__
 
-    def init(self, spec, device, tokens=None):
-        original(self, spec, device, tokens)
+    def init(self, spec, device, fused=False, tokens=None):
+        original(self, spec, device, fused, tokens)
         made.append(self.T)
 
     monkeypatch.setattr(bmoe._Layer, "__init__", init)
@@ -60,6 +60,23 @@ def test_moe_checks_a_smaller_layer_than_it_times(monkeypatch):
         assert made == [16, 5], (op, made)  # timed at 16 tokens, checked at 5
         assert checks and all(c.ok for c in checks), (op, checks)
         assert p.timing == "host" and p.algorithm() == "cpu; peer: per-expert loop"
+
+
+def test_moe_unfused_rows_price_the_fused_gate_up(monkeypatch):
+    """GPU rows build the experts with fused_gate_up, their "[unfused]" twins without it (same op,
+    same shape); the CPU rows never fuse."""
+    seen = []
+    for name in ("_forward", "_grouped_gemm", "_forward_backward"):
+        monkeypatch.setattr(bmoe, name, lambda spec, device, fused, name=name: seen.append((name, fused)))
+    gpu = bmoe.cases("cuda", quick=True)
+    unfused = [c for c in gpu if c.op.endswith("[unfused]")]
+    assert {c.op for c in unfused} == {"moe_forward[unfused]", "moe_grouped_gemm[unfused]"}
+    for c in unfused:  # each beside a fused row of the same shape
+        assert any(d.op == c.op[:-len("[unfused]")] and d.shape == c.shape for d in gpu), c
+    for spec, device in [(unfused[0], "cuda"), (gpu[0], "cuda"), (gpu[0], "cpu")]:
+        bmoe.prepare(spec, device)
+    assert seen == [("_forward", False), ("_forward", True), ("_forward", False)], seen
+    assert not any(c.op.endswith("[unfused]") for c in bmoe.cases("cpu", quick=False))
 
 
 def test_paged_mixed_cases_check_on_the_cpu():

@@ -277,6 +277,84 @@ def test_tensor_core_refuses_what_it_cannot_do():
         moe.SwiGluExperts(gate, up, down).forward_dispatched(d, strategy="tensor_core")
 
 
+# ---- gate and up interleaved for the fused forward (fused_gate_up) ---------------------------
+
+def _interleaved(gate, up):
+    """gate_up written from its definition: per expert, 64-row blocks of gate and of up alternate."""
+    E, I, H = gate.shape
+    blocks = (gate.reshape(E, I // 64, 64, H), up.reshape(E, I // 64, 64, H))
+    return torch.stack(blocks, dim=2).reshape(E, 2 * I, H)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("E, I, H", [(E, I, H) for E in (1, 3) for I in (64, 192) for H in (8, 40)])
+def test_interleave_gate_up(device, dtype, E, I, H):
+    gate, up = rand((E, I, H), dtype, device, seed=1), rand((E, I, H), dtype, device, seed=2)
+    gate_up = moe.interleave_gate_up(gate, up)
+    assert gate_up.dtype == dtype and gate_up.device == gate.device and tuple(gate_up.shape) == (E, 2 * I, H)
+    assert torch.equal(gate_up.cpu(), _interleaved(gate.cpu(), up.cpu()))
+
+
+def test_interleave_gate_up_numpy_and_empty():
+    rng = np.random.default_rng(0)
+    gate, up = rng.standard_normal((2, 128, 5)).astype(np.float16), rng.standard_normal((2, 128, 5)).astype(np.float16)
+    gate_up = moe.interleave_gate_up(gate, up)
+    assert isinstance(gate_up, np.ndarray) and gate_up.dtype == np.float16
+    assert np.array_equal(gate_up, _interleaved(torch.from_numpy(gate), torch.from_numpy(up)).numpy())
+    for shape in ((0, 64, 8), (2, 0, 8), (2, 64, 0)):
+        assert moe.interleave_gate_up(torch.zeros(shape), torch.zeros(shape)).shape == (shape[0], 2 * shape[1],
+                                                                                      shape[2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_gate_up_on_the_cpu_changes_nothing(dtype):
+    # The CPU backend reads gate and up and ignores gate_up: the same bits as without it.
+    T, E, k, H, I = 9, 4, 2, 16, 128
+    gate, up, down = _experts(E, I, H, dtype, "cpu")
+    plain, fused = moe.SwiGluExperts(gate, up, down), moe.SwiGluExperts(gate, up, down, fused_gate_up=True)
+    assert plain.gate_up is None
+    assert torch.equal(fused.gate_up, _interleaved(gate, up))
+    x, logits = rand((T, H), dtype, seed=5), rand((T, E), dtype, seed=4)
+    d = moe.route(logits, k).dispatch(x)
+    assert torch.equal(fused.forward_dispatched(d), plain.forward_dispatched(d))
+    assert torch.equal(fused(x, logits, top_k=k), plain(x, logits, top_k=k))
+    (y_fused, cache_fused), (y_plain, cache_plain) = fused.forward_dispatched_training(d), \
+        plain.forward_dispatched_training(d)
+    assert torch.equal(y_fused, y_plain) and torch.equal(cache_fused.gate_pre, cache_plain.gate_pre)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("misaligned", [False, True])
+def test_interleave_gate_up_cuda_matches_the_cpu(dtype, misaligned):
+    E, I, H = 3, 192, 40
+    gate, up = rand((E, I, H), dtype, "cuda", seed=1), rand((E, I, H), dtype, "cuda", seed=2)
+    if misaligned:  # dense views one element past a 16-byte boundary: the element-by-element copy
+        gate = torch.cat([gate.new_zeros(1), gate.reshape(-1)])[1:].view(E, I, H)
+        up = torch.cat([up.new_zeros(1), up.reshape(-1)])[1:].view(E, I, H)
+    assert torch.equal(moe.interleave_gate_up(gate, up).cpu(), moe.interleave_gate_up(gate.cpu(), up.cpu()))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fused_gate_up_tensor_core_is_bitwise_the_unfused_result(dtype):
+    # The fused epilogue rounds a and b to the dtype before the SwiGLU, as the unfused path stores them.
+    T, E, k, H, I = 300, 8, 2, 256, 128
+    cc = torch.cuda.get_device_capability()
+    if cc != (9, 0) and cc[0] != 8:
+        pytest.skip("the tensor_core strategy needs sm_80-class or sm_90 GPUs in this build")
+    gate, up, down = _experts(E, I, H, dtype, "cuda")
+    plain, fused = moe.SwiGluExperts(gate, up, down), moe.SwiGluExperts(gate, up, down, fused_gate_up=True)
+    assert torch.equal(fused.gate_up.cpu(), moe.interleave_gate_up(gate.cpu(), up.cpu()))
+    d = moe.route(rand((T, E), dtype, "cuda", seed=4), k).dispatch(rand((T, H), dtype, "cuda", seed=5))
+    y_plain = plain.forward_dispatched(d, strategy="tensor_core")
+    assert moe.last_algorithm() == "tensor_core"
+    y_fused = fused.forward_dispatched(d, strategy="tensor_core")
+    assert moe.last_algorithm() == ("tensor_core_fused" if cc == (9, 0) else "tensor_core")
+    assert torch.equal(y_fused, y_plain)
+
+
 def _layer_check(out, x, logits, gate, up, down, indices, dtype, **route_opts):
     oracle = ref.moe_layer(x.cpu(), logits.cpu(), gate.cpu(), up.cpu(), down.cpu(), indices.cpu().long(),
                            **route_opts)

@@ -119,3 +119,39 @@ def test_invalid_ids_emulator_catches_a_combine_that_skips_bad_slots():
     silently wrong finite sum the definition rules out)."""
     result, lines = _run_invalid_ids_emulator(("        bad = true;\n        continue;", "        continue;"))
     assert result.returncode == 1 and any("is not NaN" in line for line in lines), result.stdout + result.stderr
+
+
+# ---- fused SwiGLU epilogue (cpp/src/moe/swiglu_epilogue.hpp) ----------------------------------
+
+def _swiglu_epilogue_run(mutation=None):
+    text = open(os.path.join(ROOT, "cpp", "src", "moe", "swiglu_epilogue.hpp")).read()
+    if mutation:
+        assert text.count(mutation[0]) == 1, mutation[0]
+        text = text.replace(*mutation)
+    exe = build_emulator("moe_swiglu_epilogue_emu.cpp", text, needs_cutlass=True)
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    return result, result.stdout.strip().splitlines()
+
+
+def test_swiglu_epilogue_tile_store_pairs_gate_and_up_and_stays_in_bounds():
+    """The fused gate/up GEMM's epilogue store, run on the CPU for all 256 threads of the real
+    TiledMma: the accumulator pairing it assumes holds, h = silu(a) * b is stored bitwise as the
+    documented math gives it (a, b rounded first), and rows past the expert's, like the columns
+    of h past the tile's 64, stay untouched (full tile, 77 rows, 1 row; bf16 and f16)."""
+    result, lines = _swiglu_epilogue_run()
+    assert result.returncode == 0 and len(lines) == 8 and all(line.endswith(" ok") for line in lines), \
+        result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("mutation", [
+    # a and b swapped: silu(b) * a
+    ("swiglu_of<Element>(acc(i), acc(i + kHalf))", "swiglu_of<Element>(acc(i + kHalf), acc(i))"),
+    # rows past the expert's written (the next expert's rows in the GEMM's D)
+    ("if (row < rows && col < cols) {", "if (col < cols) {"),
+    # a and b not rounded to the element type first (fused and unfused would differ)
+    ("const float a = static_cast<float>(Element(acc_a)), b = static_cast<float>(Element(acc_b));",
+     "const float a = acc_a, b = acc_b;"),
+], ids=["swapped", "rows", "unrounded"])
+def test_swiglu_epilogue_emulator_catches_planted_bugs(mutation):
+    result, lines = _swiglu_epilogue_run(mutation)
+    assert result.returncode == 1 and "MISMATCH" in result.stdout, result.stdout + result.stderr

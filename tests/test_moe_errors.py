@@ -133,6 +133,49 @@ EXPERT_ERRORS = [
      "MoeTrainingCache.backward: dy: expected the dtype of x (float32), got float16"),
 ]
 
+def _fused(d, I=128, dtype=torch.float32, gate_up_shape=None, gate_up_dtype=None, gate_up_dense=True):
+    """forward_dispatched with a gate_up of the given shape, dtype and layout (E = 4, H = 8)."""
+    gate, up, down = _t((4, I, 8), dtype, d), _t((4, I, 8), dtype, d), _t((4, 8, I), dtype, d)
+    shape = gate_up_shape or (4, 2 * I, 8)
+    gate_up = _t(shape, gate_up_dtype or dtype, d)
+    if not gate_up_dense:
+        gate_up = _t((shape[0], shape[2], shape[1]), gate_up_dtype or dtype, d).transpose(1, 2)
+    dd = _dispatched(d)
+    return moe._experts_forward("SwiGluExperts.forward_dispatched", gate, up, down, dd.x, dd.offsets, 0, False, None,
+                                gate_up)
+
+
+FUSED_GATE_UP_ERRORS = [
+    (lambda d: moe.interleave_gate_up(_t((2, 96, 8), device=d), _t((2, 96, 8), device=d)), rudnn.UnsupportedError,
+     "moe.interleave_gate_up: gate: the interleaved gate/up layout needs I to be a multiple of 64, got I = 96"),
+    (lambda d: moe.SwiGluExperts(_t((2, 96, 8), device=d), _t((2, 96, 8), device=d), _t((2, 8, 96), device=d),
+                                 fused_gate_up=True), rudnn.UnsupportedError,
+     "SwiGluExperts.forward_dispatched: gate_up: the interleaved gate/up layout needs I to be a multiple of 64, "
+     "got I = 96"),
+    (lambda d: moe.SwiGluExperts(_t((4, 64, 8), device=d), _t((4, 64, 8), device=d), _t((4, 8, 64), device=d),
+                                 fused_gate_up="yes"), rudnn.ArgumentError,
+     "SwiGluExperts: fused_gate_up: expected True or False, got 'yes'"),
+    (lambda d: moe.interleave_gate_up(_t((2, 64, 8), device=d), _t((2, 64, 8), f16, d)), rudnn.DTypeError,
+     "moe.interleave_gate_up: up: expected the dtype of gate (float32), got float16"),
+    (lambda d: moe.interleave_gate_up(_t((2, 64, 8), device=d), _t((2, 128, 8), device=d)), rudnn.ShapeError,
+     "moe.interleave_gate_up: up: expected shape [2, 64, 8] ([E, I, H] like gate), got [2, 128, 8]"),
+    (lambda d: moe.interleave_gate_up(_t((2, 64), device=d), _t((2, 64), device=d)), rudnn.ShapeError,
+     "moe.interleave_gate_up: gate: expected 3 axes [E, I, H], got shape [2, 64]"),
+    (lambda d: moe.interleave_gate_up(_t((2, 64, 8), i32, d), _t((2, 64, 8), i32, d)), rudnn.DTypeError,
+     "moe.interleave_gate_up: gate: expected float32, float16 or bfloat16, got int32"),
+    (lambda d: moe.interleave_gate_up(_t((2, 8, 64), device=d).transpose(1, 2), _t((2, 64, 8), device=d)),
+     rudnn.ShapeError, "moe.interleave_gate_up: gate: expected a dense (contiguous) array"),
+    (lambda d: _fused(d, gate_up_shape=(4, 128, 8)), rudnn.ShapeError,
+     "SwiGluExperts.forward_dispatched: gate_up: expected shape [4, 256, 8] ([E, 2I, H]), got [4, 128, 8]"),
+    (lambda d: _fused(d, gate_up_dtype=f16), rudnn.DTypeError,
+     "SwiGluExperts.forward_dispatched: gate_up: expected the dtype of x (float32), got float16"),
+    (lambda d: _fused(d, gate_up_dense=False), rudnn.ShapeError,
+     "SwiGluExperts.forward_dispatched: gate_up: expected a dense (contiguous) array"),
+    (lambda d: _fused(d, I=96), rudnn.UnsupportedError,
+     "SwiGluExperts.forward_dispatched: gate_up: the interleaved gate/up layout needs I to be a multiple of 64, "
+     "got I = 96"),
+]
+
 ROUTER_ERRORS = [
     (lambda d: moe.selected_router_weights(_t((3, 8), i32, d), torch.zeros(3, 2, dtype=i32, device=d)),
      rudnn.DTypeError, "moe.selected_router_weights: logits: expected float32, float16 or bfloat16, got int32"),
@@ -163,7 +206,8 @@ ROUTER_ERRORS = [
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("call, exc, message", ROUTE_ERRORS + DISPATCH_ERRORS + EXPERT_ERRORS + ROUTER_ERRORS)
+@pytest.mark.parametrize("call, exc, message",
+                         ROUTE_ERRORS + DISPATCH_ERRORS + EXPERT_ERRORS + FUSED_GATE_UP_ERRORS + ROUTER_ERRORS)
 def test_errors(device, call, exc, message):
     with pytest.raises(exc) as info:
         call(device)
@@ -197,3 +241,30 @@ def test_mixed_devices(device):
         moe.route(_t((3, 4), device=device), 2).dispatch(_t((3, 8)))
     with pytest.raises(rudnn.DeviceError):
         moe.SwiGluExperts(_t((4, 6, 8), device=device), _t((4, 6, 8)), _t((4, 8, 6), device=device))
+
+
+def test_gate_up_must_not_overlap_what_it_is_made_from_or_written_beside():
+    gate_up = torch.zeros(2, 128, 8)
+    gate = gate_up.view(-1)[:2 * 64 * 8].view(2, 64, 8)  # dense, inside gate_up
+    with pytest.raises(rudnn.ArgumentError) as info:
+        rudnn._C.moe_interleave_gate_up(gate, torch.zeros(2, 64, 8), gate_up, 0)
+    assert str(info.value).startswith("moe.interleave_gate_up: gate_up: shares memory with moe.interleave_gate_up: "
+                                      "gate"), str(info.value)
+    # the forward reads gate_up: no output may overlap it
+    gate, up, down = _t((2, 64, 8)), _t((2, 64, 8)), _t((2, 8, 64))
+    x, offsets = _t((3, 8)), torch.tensor([0, 1, 3], dtype=i32)
+    y = gate_up.view(-1)[:3 * 8].view(3, 8)
+    with pytest.raises(rudnn.ArgumentError) as info:
+        rudnn._C.moe_experts_forward(x, offsets, gate, up, down, y, None, None, 2, None, 0, gate_up=gate_up)
+    assert str(info.value).startswith("SwiGluExperts.forward_dispatched: y: shares memory with "
+                                      "SwiGluExperts.forward_dispatched: gate_up"), str(info.value)
+
+
+def test_fused_gate_up_is_not_for_jax():
+    jnp = pytest.importorskip("jax.numpy")
+    gate, up, down = jnp.zeros((2, 64, 8)), jnp.zeros((2, 64, 8)), jnp.zeros((2, 8, 64))
+    with pytest.raises(rudnn.UnsupportedError, match="^SwiGluExperts: fused_gate_up is not supported for JAX arrays"):
+        moe.SwiGluExperts(gate, up, down, fused_gate_up=True)
+    with pytest.raises(rudnn.UnsupportedError, match="^moe.interleave_gate_up: JAX arrays are not supported"):
+        moe.interleave_gate_up(gate, up)
+    assert moe.SwiGluExperts(gate, up, down).gate_up is None

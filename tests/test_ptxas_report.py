@@ -265,7 +265,7 @@ def test_moe_memory_bound_kernels(arch):
     report, sass = _ptxas_report("dispatch_cuda.cu", family="moe", arch=arch)
     spills = _spills(report)
     for kernel in ("walk_chunks_kernel", "scan_chunks_kernel", "scan_totals_kernel", "gather_rows_kernel",
-                   "combine_kernel", "claim_rows_kernel", "zero_unclaimed_rows_kernel"):
+                   "combine_kernel", "claim_rows_kernel", "zero_unclaimed_rows_kernel", "interleave_gate_up_kernel"):
         assert any(kernel in k for k in spills), (kernel, sorted(spills))
     assert not any(spills.values()), spills
     kernels = _sass_by_kernel(sass)
@@ -302,7 +302,7 @@ def test_moe_tensor_core_elementwise_kernels(arch):
     assert checked == 4, sorted(kernels)  # sum_partials for f32, f16, bf16 and the zeroing
 
 
-MOE_GEMM_SM90 = [f"grouped_gemm_sm90_{layouts}_bf16.cu" for layouts in ("nt", "nn", "tn")]
+MOE_GEMM_SM90 = [f"grouped_gemm_sm90_{layouts}_bf16.cu" for layouts in ("nt", "nn", "tn", "nt_swiglu")]
 
 
 @pytest.mark.parametrize("name", MOE_GEMM_SM90)
@@ -318,6 +318,21 @@ def test_moe_grouped_gemm_sm90(name):
     assert counts, "no GEMM kernel in the SASS listing"
     for kernel, (shared, registers, hmma) in counts.items():
         assert shared > 0 and hmma == 0, (kernel, shared, registers, hmma)
+
+
+def test_moe_fused_swiglu_epilogue_stores_h_only():
+    """The gate/up GEMM with SwiGLU in its epilogue (swiglu_epilogue.hpp): its GEMM kernel stores
+    h from registers as 32-bit global stores (two h values each; a generic ST would mean the
+    pointer lost its state space), 16 per tile and thread (64 h values per thread of a 128 x 64
+    h tile over 256 threads), one exp per h value, and no shared-memory epilogue (no TMA store)."""
+    _, sass = _ptxas_report("grouped_gemm_sm90_nt_swiglu_bf16.cu", family="moe", arch="90a")
+    gemm = {k: v for k, v in _sass_by_kernel(sass).items() if "SwigluEpilogueArray" in k}
+    assert len(gemm) == 1, sorted(_sass_by_kernel(sass))
+    lines = next(iter(gemm.values()))
+    stores = [m.group(0) for line in lines for m in [re.search(r"\b(STG|ST|UTMASTG)(\.[\w.]+)?", line)] if m]
+    assert stores.count("STG.E") == 16, stores
+    assert not any(st.startswith(("ST.", "UTMASTG")) for st in stores), stores
+    assert sum("MUFU.EX2" in line for line in lines) == 32
 
 
 def test_moe_grouped_gemm_sm80():

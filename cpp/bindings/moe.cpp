@@ -39,7 +39,8 @@ MoeExpertsBackwardArgs experts_backward_args(const In& dy, const In& x, const In
 
 MoeExpertsForwardArgs experts_forward_args(const In& x, const In& offsets, const In& gate, const In& up,
                                            const In& down, const Out& y, const OptOut& gate_pre,
-                                           const OptOut& up_pre, int strategy, std::optional<Tensor> (&keep)[3]) {
+                                           const OptOut& up_pre, const OptIn& gate_up, int strategy,
+                                           std::optional<Tensor> (&keep)[4]) {
   MoeExpertsForwardArgs a;
   a.x = to_tensor(x, "x");
   a.offsets = to_tensor(offsets, "offsets");
@@ -49,6 +50,7 @@ MoeExpertsForwardArgs experts_forward_args(const In& x, const In& offsets, const
   a.y = to_tensor(y, "y");
   a.gate_pre = opt_tensor(gate_pre, "gate_pre", keep[0]);
   a.up_pre = opt_tensor(up_pre, "up_pre", keep[1]);
+  a.gate_up = opt_tensor(gate_up, "gate_up", keep[3]);
   a.strategy = static_cast<MoeExpertsStrategy>(strategy);
   return a;
 }
@@ -169,10 +171,11 @@ void register_moe(nb::module_& m) {
       "moe_experts_forward",
       [](const In& x, const In& offsets, const In& gate, const In& up, const In& down, const Out& y,
          const OptOut& gate_pre, const OptOut& up_pre, int strategy, const OptOut& workspace, std::uintptr_t s,
-         const nb::object& workspace_alloc) {
-        std::optional<Tensor> keep[3];
+         const nb::object& workspace_alloc, const OptIn& gate_up) {
+        std::optional<Tensor> keep[4];
         std::optional<Out> held;
-        MoeExpertsForwardArgs a = experts_forward_args(x, offsets, gate, up, down, y, gate_pre, up_pre, strategy, keep);
+        MoeExpertsForwardArgs a =
+            experts_forward_args(x, offsets, gate, up, down, y, gate_pre, up_pre, gate_up, strategy, keep);
         a.workspace = workspace_from(workspace, workspace_alloc, [&] { return moe_experts_forward_workspace_bytes(a); },
                                      held, keep[2]);
         nb::gil_scoped_release release;
@@ -180,7 +183,16 @@ void register_moe(nb::module_& m) {
       },
       nb::arg("x"), nb::arg("offsets"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("y"),
       nb::arg("gate_pre").none(), nb::arg("up_pre").none(), nb::arg("strategy"), nb::arg("workspace").none(),
-      nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
+      nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none(), nb::arg("gate_up").none() = nb::none());
+
+  m.def(
+      "moe_interleave_gate_up",
+      [](const In& gate, const In& up, const Out& gate_up, std::uintptr_t s) {
+        const Tensor tg = to_tensor(gate, "gate"), tu = to_tensor(up, "up"), to = to_tensor(gate_up, "gate_up");
+        nb::gil_scoped_release release;
+        moe_interleave_gate_up(tg, tu, to, as_stream(s));
+      },
+      nb::arg("gate"), nb::arg("up"), nb::arg("gate_up"), nb::arg("stream"));
 
   m.def(
       "moe_experts_backward",

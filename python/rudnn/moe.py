@@ -208,11 +208,24 @@ class SwiGluExperts:
 
     gate, up: [E, I, H]; down: [E, H, I]; one float dtype and device. Reuse one object
     across batches. Strategies: "auto" (default), "tensor_core", "scalar".
+
+    fused_gate_up=True (torch, CuPy and NumPy arrays; I a multiple of 64) also keeps `gate_up`
+    [E, 2I, H], gate and up interleaved by `interleave_gate_up`: the sm90 "tensor_core" forward
+    (`forward_dispatched`, not the training forward) then computes gate · x and up · x in one
+    grouped GEMM with the SwiGLU in its epilogue, bit for bit the result of the unfused path; every
+    other path reads gate and up. This doubles the memory held for gate and up (gate and up stay
+    too: the training forward, the backward and the other strategies read them). gate_up is made
+    here, once: after gate or up change in place, set `experts.gate_up = interleave_gate_up(gate,
+    up)` again. Without it `gate_up` is None.
     """
 
-    def __init__(self, gate, up, down):
+    def __init__(self, gate, up, down, *, fused_gate_up=False):
+        fused_gate_up = flag("SwiGluExperts", "fused_gate_up", fused_gate_up)
         self.gate, self.up, self.down = gate, up, down
+        self.gate_up = None
         if fw.is_jax(gate):
+            if fused_gate_up:
+                raise UnsupportedError("SwiGluExperts: fused_gate_up is not supported for JAX arrays")
             from .jax import _ffi
 
             _ffi.ensure_ready("SwiGluExperts")
@@ -226,7 +239,11 @@ class SwiGluExperts:
             dtype = call.dtype_name(gate) if call.dtype_name(gate) in fw.FLOAT_DTYPES else "float32"
             x = call.empty((0, H), dtype)
             offsets = call.zeros((int(gate.shape[0]) + 1,), "int32")
-            _run_experts(call, gate, up, down, x, offsets, call.empty((0, H), dtype), None, None, 2)
+            gate_up = _gate_up_output(call, gate) if fused_gate_up else None
+            _run_experts(call, gate, up, down, x, offsets, call.empty((0, H), dtype), None, None, 2, gate_up)
+            if fused_gate_up:
+                _C.moe_interleave_gate_up(call.arg(gate), call.arg(up), call.arg(gate_up), call.stream)
+                self.gate_up = gate_up
         else:
             from .errors import ShapeError
 
@@ -243,7 +260,7 @@ class SwiGluExperts:
             return _rj().swiglu_experts(d.x, d.offsets, self.gate, self.up, self.down, strategy)
         stream = d.stream if stream is None else stream
         return _experts_forward("SwiGluExperts.forward_dispatched", self.gate, self.up, self.down, d.x, d.offsets,
-                                code, False, stream)
+                                code, False, stream, self.gate_up)
 
     def forward_dispatched_training(self, d, strategy="auto", *, stream=None):
         """(y [N, H], MoeTrainingCache) for the backward."""
@@ -353,6 +370,22 @@ def selected_router_backward(logits, indices, grad_weights, scoring="softmax", r
     return dlogits
 
 
+def interleave_gate_up(gate, up, *, stream=None):
+    """gate and up [E, I, H] interleaved into a new [E, 2I, H] array of their dtype and device:
+    for every j in [0, I / 64), rows [128 j, 128 j + 64) of gate_up[e] are gate[e]'s rows
+    [64 j, 64 j + 64) and rows [128 j + 64, 128 j + 128) are up[e]'s same rows. The layout of
+    `SwiGluExperts(..., fused_gate_up=True).gate_up`. gate and up dense, one float dtype and
+    device; I a multiple of 64 (UnsupportedError otherwise). Torch, CuPy and NumPy arrays (JAX
+    arrays: UnsupportedError)."""
+    op = "moe.interleave_gate_up"
+    if fw.is_jax(gate) or fw.is_jax(up):
+        raise UnsupportedError(f"{op}: JAX arrays are not supported")
+    call = fw.Call(op, {"gate": gate, "up": up}, stream, required=("gate", "up"))
+    gate_up = _gate_up_output(call, gate)
+    _C.moe_interleave_gate_up(call.arg(gate), call.arg(up), call.arg(gate_up), call.stream)
+    return gate_up
+
+
 def _rows_cols(a):
     shape = tuple(int(s) for s in a.shape)
     return (shape[0], shape[1]) if len(shape) == 2 else (shape[0] if shape else 0, 0)
@@ -406,16 +439,25 @@ def _row_outputs(call):
     return call.zeros if call.device[0] == "cuda" else call.empty
 
 
-def _run_experts(call, gate, up, down, x, offsets, y, gate_pre, up_pre, code):
+def _gate_up_output(call, gate):
+    """The [E, 2I, H] array of interleave_gate_up; empty for a gate that is not [E, I, H], which
+    libruDNN then refuses."""
+    E, I, H = (int(s) for s in gate.shape) if len(gate.shape) == 3 else (0, 0, 0)
+    dtype = call.dtype_name(gate) if call.dtype_name(gate) in fw.FLOAT_DTYPES else "float32"
+    return call.empty((E, 2 * I, H), dtype)
+
+
+def _run_experts(call, gate, up, down, x, offsets, y, gate_pre, up_pre, code, gate_up=None):
     # one export per array: the binding sizes the workspace and allocates it through the callback
     _C.moe_experts_forward(call.arg(x), call.arg(offsets), call.arg(gate), call.arg(up), call.arg(down), call.arg(y),
-                           call.arg(gate_pre), call.arg(up_pre), code, None, call.stream, call.workspace_alloc)
+                           call.arg(gate_pre), call.arg(up_pre), code, None, call.stream, call.workspace_alloc,
+                           gate_up=call.arg(gate_up))
 
 
-def _experts_forward(op, gate, up, down, x, offsets, code, training, stream):
-    """y [N, H] (and, for training, the pre-activations a, b [N, I])."""
+def _experts_forward(op, gate, up, down, x, offsets, code, training, stream, gate_up=None):
+    """y [N, H] (and, for training, the pre-activations a, b [N, I]); gate_up: see SwiGluExperts."""
     _no_jax(op, x)
-    call = fw.Call(op, {"x": x, "offsets": offsets, "gate": gate, "up": up, "down": down}, stream)
+    call = fw.Call(op, {"x": x, "offsets": offsets, "gate": gate, "up": up, "down": down, "gate_up": gate_up}, stream)
     dtype = call.dtype_name(x) if call.dtype_name(x) in fw.FLOAT_DTYPES else "float32"
     rows = _row_outputs(call)
     y = rows(tuple(x.shape), dtype)
@@ -423,7 +465,7 @@ def _experts_forward(op, gate, up, down, x, offsets, code, training, stream):
     if training:
         inter = (int(x.shape[0]), int(gate.shape[1]))
         gate_pre, up_pre = rows(inter, dtype), rows(inter, dtype)
-    _run_experts(call, gate, up, down, x, offsets, y, gate_pre, up_pre, code)
+    _run_experts(call, gate, up, down, x, offsets, y, gate_pre, up_pre, code, gate_up)
     return (y, gate_pre, up_pre) if training else y
 
 
@@ -442,10 +484,12 @@ def _experts_backward(gate, up, down, dy, x, offsets, gate_pre, up_pre, code, st
 
 
 __all__ = ["route", "route_sigmoid_grouped", "RoutingPlan", "DispatchedTokens", "SwiGluExperts", "MoeTrainingCache",
-           "selected_router_weights", "selected_router_backward", "last_algorithm"]
+           "selected_router_weights", "selected_router_backward", "interleave_gate_up", "last_algorithm"]
 
 
 def last_algorithm() -> str:
     """What the last experts forward or backward (SwiGluExperts, MoeTrainingCache.backward) on
-    this thread ran: "cpu", "scalar" or "tensor_core" ("none" before any)."""
+    this thread ran: "cpu", "scalar", "tensor_core" or "tensor_core_fused" (Hopper's forward with
+    SwiGLU in the gate/up GEMM's epilogue, for experts built with fused_gate_up) ("none" before
+    any)."""
     return _C.moe_last_algorithm()

@@ -112,6 +112,10 @@ void moe_combine_backward(const MoeCombineBackwardArgs& args, Stream stream = nu
 // For every expert e and its rows n: a = x[n]·gate[e]^T, b = x[n]·up[e]^T (float32
 // accumulation, rounded to the dtype), h = silu(a) * b (rounded), y[n] = h·down[e]^T.
 // Rows after offsets[E] are not written.
+// gate_up (optional) holds gate and up once more, interleaved by moe_interleave_gate_up: the sm90
+// tensor-core forward without gate_pre then computes a and b in one grouped GEMM and h in its
+// epilogue (a and b rounded to the dtype first, so h is the same as unfused); every other path
+// reads gate and up and ignores it. The caller keeps it equal to the interleaving of gate and up.
 enum class MoeExpertsStrategy { automatic, tensor_core, scalar };
 struct MoeExpertsForwardArgs {
   Tensor x;                          // [N, H] f32/f16/bf16, dispatched rows
@@ -121,11 +125,23 @@ struct MoeExpertsForwardArgs {
   Tensor y;                          // [N, H], x's dtype (output)
   const Tensor* gate_pre = nullptr;  // [N, I] x's dtype: a (output, for training); optional
   const Tensor* up_pre = nullptr;    // [N, I] x's dtype: b (output); given together with gate_pre
+  const Tensor* gate_up = nullptr;   // [E, 2I, H] x's dtype, dense: moe_interleave_gate_up(gate, up); optional
   MoeExpertsStrategy strategy = MoeExpertsStrategy::automatic;
   const Tensor* workspace = nullptr; // uint8, >= moe_experts_forward_workspace_bytes(args)
 };
 std::size_t moe_experts_forward_workspace_bytes(const MoeExpertsForwardArgs& args);
 void moe_experts_forward(const MoeExpertsForwardArgs& args, Stream stream = nullptr);
+
+// Rows of gate, then of up, per block of gate_up (moe_interleave_gate_up).
+constexpr int kMoeGateUpBlock = 64;
+
+// gate_up[e] = gate[e] and up[e] interleaved in blocks of kMoeGateUpBlock = 64 rows: for every
+// j in [0, I / 64), rows [128 j, 128 j + 64) of gate_up[e] are gate[e]'s rows [64 j, 64 j + 64)
+// and rows [128 j + 64, 128 j + 128) are up[e]'s same rows. gate, up [E, I, H] f32/f16/bf16 with
+// I a multiple of 64 (UnsupportedError otherwise), one dtype and device, dense; gate_up
+// [E, 2I, H] of their dtype and device, dense, apart from both (output). A plain copy: the
+// weights of MoeExpertsForwardArgs::gate_up, made once per set of weights.
+void moe_interleave_gate_up(const Tensor& gate, const Tensor& up, const Tensor& gate_up, Stream stream = nullptr);
 
 // Gradients of the forward above given a and b (gate_pre, up_pre). dx in x's dtype,
 // weight gradients float32, reduced over each expert's rows in row order (deterministic);
@@ -145,8 +161,9 @@ struct MoeExpertsBackwardArgs {
 std::size_t moe_experts_backward_workspace_bytes(const MoeExpertsBackwardArgs& args);
 void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream = nullptr);
 
-// What the last experts forward or backward on this thread ran: "cpu", "scalar" or
-// "tensor_core" ("none" before any).
+// What the last experts forward or backward on this thread ran: "cpu", "scalar",
+// "tensor_core" or "tensor_core_fused" (the sm90 forward with SwiGLU in the gate/up GEMM's
+// epilogue, over gate_up) ("none" before any).
 const char* moe_last_algorithm();
 
 // ---- differentiable router weights ----------------------------------------------------------

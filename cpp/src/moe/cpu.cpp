@@ -353,6 +353,20 @@ void experts_backward_cpu(const MoeExpertsBackwardArgs& a, const ExpertsProblem&
   }
 }
 
+// Dense arrays: block b of 64 rows of gate (counted over all experts: e * I / 64 + j) is block 2 b
+// of gate_up and block b of up is block 2 b + 1, each one contiguous run of bytes.
+void interleave_gate_up_cpu(const Tensor& gate, const Tensor& up, const Tensor& gate_up, const InterleaveProblem& p) {
+  const std::size_t block = std::size_t(kMoeGateUpBlock * p.hidden) * dtype_size(gate.dtype);
+  const std::int64_t blocks = p.experts * (p.inter / kMoeGateUpBlock);  // per source, over all experts
+  const char* g = static_cast<const char*>(gate.data);
+  const char* u = static_cast<const char*>(up.data);
+  char* out = static_cast<char*>(gate_up.data);
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    std::memcpy(out + std::size_t(2 * b) * block, g + std::size_t(b) * block, block);
+    std::memcpy(out + std::size_t(2 * b + 1) * block, u + std::size_t(b) * block, block);
+  }
+}
+
 namespace {
 
 // Scores p of one logits row: softmax over all experts or elementwise sigmoid.

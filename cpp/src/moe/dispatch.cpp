@@ -60,7 +60,7 @@ MoeExpertsStrategy resolve_backward(const MoeExpertsBackwardArgs& a, const moe::
 #if RUDNN_WITH_CUDA
 std::size_t forward_workspace_cuda(const MoeExpertsForwardArgs& a, const moe::ExpertsProblem& p) {
   if (p.strategy == MoeExpertsStrategy::tensor_core)
-    return moe::experts_forward_tensor_core_workspace_bytes(p, a.x.dtype, a.gate_pre != nullptr, a.x.device.index);
+    return moe::experts_forward_tensor_core_workspace_bytes(a, p);
   return moe::experts_forward_workspace_bytes_cuda(p, a.x.dtype);
 }
 #else
@@ -148,6 +148,10 @@ void moe_experts_forward(const MoeExpertsForwardArgs& args, Stream stream) {
   moe::ExpertsProblem p = moe::validate_experts_forward(args);
   p.strategy = resolve_forward(args, p, op);
   note_strategy(args.x.device, p.strategy);
+#if RUDNN_WITH_CUDA
+  if (p.strategy == MoeExpertsStrategy::tensor_core && moe::tensor_core_forward_fused(args))
+    last_algorithm = "tensor_core_fused";
+#endif
   if (p.rows == 0) return;
   core::on_device(args.x.device, op.c_str(), [&] { moe::experts_forward_cpu(args, p); },
             [&] {
@@ -185,6 +189,13 @@ void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream) {
 }
 
 const char* moe_last_algorithm() { return last_algorithm; }
+
+void moe_interleave_gate_up(const Tensor& gate, const Tensor& up, const Tensor& gate_up, Stream stream) {
+  const moe::InterleaveProblem p = moe::validate_interleave_gate_up(gate, up, gate_up);
+  if (p.experts == 0 || p.inter == 0 || p.hidden == 0) return;
+  core::on_device(gate.device, "moe.interleave_gate_up", [&] { moe::interleave_gate_up_cpu(gate, up, gate_up, p); },
+            [&] { moe::interleave_gate_up_cuda(gate, up, gate_up, p, stream); });
+}
 
 void moe_selected_router_weights(const MoeSelectedRouterArgs& args, Stream stream) {
   const moe::SelectedRouterProblem p = moe::validate_selected_router(args);

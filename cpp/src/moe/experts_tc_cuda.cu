@@ -12,7 +12,9 @@
 //      the GEMM has no source C to accumulate the second product into: ElementC is void),
 //   4. dgate = da^T x, dup = db^T x, ddown = dy^T h (3E groups, K = the expert's rows; the
 //      experts without rows, which get no tiles, keep the zeros written first, only for them).
-// (Fusing forward steps 1 and 2 into one GEMM with the SwiGLU in its epilogue is the next step.)
+// Fused forward (sm_90, inference, the experts built with gate_up, moe_interleave_gate_up's
+// layout): steps 1 and 2 are one grouped GEMM with E groups over gate_up (N = 2I) whose epilogue
+// writes h = silu(a) * b (swiglu_epilogue.hpp): a and b never reach memory.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -96,32 +98,41 @@ Arch forward_arch(int device) {
   return props.cc_major == 8 ? Arch::sm80 : Arch::none;
 }
 
-// Workspace bytes and launch of one forward segment GEMM on the chosen architecture.
-std::size_t forward_gemm_bytes(Arch arch, DType dtype, int groups, int device) {
-  return arch == Arch::sm80 ? sm80::workspace_bytes(dtype, groups)
-                            : sm90::workspace_bytes(sm90::Layouts::nt, dtype, groups, device);
+// Whether the forward runs gate/up as one GEMM with SwiGLU in its epilogue: Hopper, inference
+// (training keeps a and b for the backward), gate_up given and 16-byte aligned for TMA.
+bool fuses_swiglu(const MoeExpertsForwardArgs& a) {
+  return a.gate_up != nullptr && a.gate_pre == nullptr && aligned16(a.gate_up->data) &&
+         forward_arch(a.x.device.index) == Arch::sm90;
 }
 
-void run_forward_gemm(Arch arch, DType dtype, const sm90::SegmentGemm& g, void* ws, std::size_t bytes, int device,
-                      cudaStream_t stream) {
+// Workspace bytes and launch of one forward segment GEMM on the chosen architecture (sm90: the
+// layouts nt, or nt_swiglu for the fused gate/up GEMM).
+std::size_t forward_gemm_bytes(Arch arch, sm90::Layouts layouts, DType dtype, int groups, int device) {
+  return arch == Arch::sm80 ? sm80::workspace_bytes(dtype, groups)
+                            : sm90::workspace_bytes(layouts, dtype, groups, device);
+}
+
+void run_forward_gemm(Arch arch, sm90::Layouts layouts, DType dtype, const sm90::SegmentGemm& g, void* ws,
+                      std::size_t bytes, int device, cudaStream_t stream) {
   if (arch == Arch::sm80)
     sm80::run(dtype, g, ws, bytes, stream);
   else
-    sm90::run(sm90::Layouts::nt, dtype, g, ws, bytes, device, stream);
+    sm90::run(layouts, dtype, g, ws, bytes, device, stream);
 }
 
 struct Layout {
   std::size_t gemm1, gemm2, buffer;  // bytes of each part
-  int buffers;                       // [N, I] buffers: h, plus a and b when not training
+  int buffers;                       // [N, I] buffers: h, plus a and b when unfused and not training
 };
 
-Layout layout_of(const ExpertsProblem& p, DType dtype, bool training, int device) {
+Layout layout_of(const ExpertsProblem& p, DType dtype, bool training, bool fused, int device) {
   Layout l;
   const Arch arch = forward_arch(device);
-  l.gemm1 = align_up(forward_gemm_bytes(arch, dtype, 2 * p.experts, device));
-  l.gemm2 = align_up(forward_gemm_bytes(arch, dtype, p.experts, device));
+  l.gemm1 = align_up(fused ? forward_gemm_bytes(arch, sm90::Layouts::nt_swiglu, dtype, p.experts, device)
+                           : forward_gemm_bytes(arch, sm90::Layouts::nt, dtype, 2 * p.experts, device));
+  l.gemm2 = align_up(forward_gemm_bytes(arch, sm90::Layouts::nt, dtype, p.experts, device));
   l.buffer = align_up(std::size_t(p.rows) * std::size_t(p.inter) * dtype_size(dtype));
-  l.buffers = training ? 1 : 3;
+  l.buffers = training || fused ? 1 : 3;
   return l;
 }
 
@@ -140,9 +151,10 @@ const char* tensor_core_forward_unsupported(const MoeExpertsForwardArgs& a, cons
   return nullptr;
 }
 
-std::size_t experts_forward_tensor_core_workspace_bytes(const ExpertsProblem& p, DType dtype, bool training,
-                                                        int device) {
-  const Layout l = layout_of(p, dtype, training, device);
+bool tensor_core_forward_fused(const MoeExpertsForwardArgs& a) { return fuses_swiglu(a); }
+
+std::size_t experts_forward_tensor_core_workspace_bytes(const MoeExpertsForwardArgs& a, const ExpertsProblem& p) {
+  const Layout l = layout_of(p, a.x.dtype, a.gate_pre != nullptr, fuses_swiglu(a), a.x.device.index);
   return l.gemm1 + l.gemm2 + l.buffers * l.buffer;
 }
 
@@ -150,7 +162,8 @@ void experts_forward_tensor_core_cuda(const MoeExpertsForwardArgs& a, const Expe
   const cudaStream_t stream = as_cuda(s);
   const int device = a.x.device.index;
   const bool training = a.gate_pre != nullptr;
-  const Layout l = layout_of(p, a.x.dtype, training, device);
+  const bool fused = fuses_swiglu(a);
+  const Layout l = layout_of(p, a.x.dtype, training, fused, device);
   char* ws = static_cast<char*>(a.workspace->data);
   char* gemm1_ws = ws;
   char* gemm2_ws = ws + l.gemm1;
@@ -161,23 +174,30 @@ void experts_forward_tensor_core_cuda(const MoeExpertsForwardArgs& a, const Expe
   const std::int64_t H = p.hidden, I = p.inter;
 
   const int* offsets = a.offsets.ptr<int>();
-  sm90::SegmentGemm up_proj = segment_gemm(p, offsets, 2);
-  up_proj.set[0] = rows_set(a.x.data, p.x_stride, a.gate.data, I * H, H, pre_a, I, I, H);
-  up_proj.set[1] = rows_set(a.x.data, p.x_stride, a.up.data, I * H, H, pre_b, I, I, H);
   const Arch arch = forward_arch(device);
-  run_forward_gemm(arch, a.x.dtype, up_proj, gemm1_ws, l.gemm1, device, stream);
+  if (fused) {
+    // h [rows, I] straight from the epilogue of x · gate_up^T ([rows, 2I], never stored)
+    sm90::SegmentGemm up_proj = segment_gemm(p, offsets, 1);
+    up_proj.set[0] = rows_set(a.x.data, p.x_stride, a.gate_up->data, 2 * I * H, H, h, I, 2 * I, H);
+    run_forward_gemm(arch, sm90::Layouts::nt_swiglu, a.x.dtype, up_proj, gemm1_ws, l.gemm1, device, stream);
+  } else {
+    sm90::SegmentGemm up_proj = segment_gemm(p, offsets, 2);
+    up_proj.set[0] = rows_set(a.x.data, p.x_stride, a.gate.data, I * H, H, pre_a, I, I, H);
+    up_proj.set[1] = rows_set(a.x.data, p.x_stride, a.up.data, I * H, H, pre_b, I, I, H);
+    run_forward_gemm(arch, sm90::Layouts::nt, a.x.dtype, up_proj, gemm1_ws, l.gemm1, device, stream);
 
-  dispatch_float(a.x.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    swiglu_rows_kernel<T><<<grid_1d(p.rows * I, 256, 8192), 256, 0, stream>>>(
-        static_cast<const T*>(pre_a), static_cast<const T*>(pre_b), static_cast<T*>(h), a.offsets.ptr<int>(),
-        p.experts, p.rows, I);
-    RUDNN_CUDA_CHECK_LAUNCH(swiglu_rows_kernel);
-  });
+    dispatch_float(a.x.dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      swiglu_rows_kernel<T><<<grid_1d(p.rows * I, 256, 8192), 256, 0, stream>>>(
+          static_cast<const T*>(pre_a), static_cast<const T*>(pre_b), static_cast<T*>(h), a.offsets.ptr<int>(),
+          p.experts, p.rows, I);
+      RUDNN_CUDA_CHECK_LAUNCH(swiglu_rows_kernel);
+    });
+  }
 
   sm90::SegmentGemm down_proj = segment_gemm(p, offsets, 1);
   down_proj.set[0] = rows_set(h, I, a.down.data, H * I, I, a.y.data, p.y_stride, H, I);
-  run_forward_gemm(arch, a.x.dtype, down_proj, gemm2_ws, l.gemm2, device, stream);
+  run_forward_gemm(arch, sm90::Layouts::nt, a.x.dtype, down_proj, gemm2_ws, l.gemm2, device, stream);
 }
 
 }  // namespace rudnn::moe

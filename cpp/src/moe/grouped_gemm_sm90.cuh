@@ -15,8 +15,12 @@
 
 #include "core/cuda_check.hpp"
 #include "core/device.hpp"
+#include "cutlass/epilogue/collective/default_epilogue_array.hpp"
+#include "cutlass/epilogue/thread/linear_combination.h"
+
 #include "moe/grouped_gemm_sm90.hpp"
 #include "moe/problem.hpp"  // segment_of
+#include "moe/swiglu_epilogue.hpp"
 
 namespace rudnn::moe::sm90 {
 
@@ -40,7 +44,70 @@ template <class Element> struct LayoutsOf<Layouts::tn, Element> {
   using ElementD = float;
 };
 
-// D = A · B per group, fp32 accumulation, D row-major [M, N].
+template <class Element> struct LayoutsOf<Layouts::nt_swiglu, Element> : LayoutsOf<Layouts::nt, Element> {};
+static_assert(kSwigluBlock == kMoeGateUpBlock, "the epilogue's gate/up blocks are moe_interleave_gate_up's");
+
+// The epilogue of Layouts::nt_swiglu: CUTLASS's ptr-array epilogue without shared memory, its
+// per-element operator replaced by store_swiglu_tile (swiglu_epilogue.hpp). The GEMM's N is 2I
+// (gate_up's interleaved rows); D is h, [M, I], its row stride in dD. Each thread stores straight
+// from its accumulators: half the tile's columns, two h values (4 bytes) per store.
+template <class Element, class StrideD>
+class SwigluEpilogueArray
+    : public cutlass::epilogue::collective::DefaultEpilogueArray<
+          void, StrideD, StrideD,
+          cutlass::epilogue::thread::LinearCombination<Element, 1, float, float,
+                                                       cutlass::epilogue::thread::ScaleType::OnlyAlphaScaling,
+                                                       cutlass::FloatRoundStyle::round_to_nearest, Element>,
+          cutlass::epilogue::PtrArrayNoSmemWarpSpecialized> {
+  using Base = typename SwigluEpilogueArray::DefaultEpilogueArray;
+
+ public:
+  using typename Base::Params;
+
+  CUTLASS_HOST_DEVICE explicit SwigluEpilogueArray(Params const& params) : Base(params), params_(params) {}
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_HOST_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK, BlockCoordMNKL blk_coord_mnkl,
+                                      cute::Tensor<FrgEngine, FrgLayout> const& accumulators, TiledMma tiled_mma,
+                                      ResidueMNK, int thread_idx, char*) {
+    static_assert(std::is_same_v<BlockShapeMNK, SwigluTile>, "store_swiglu_tile's tile");
+    static_assert(std::is_same_v<TiledMma, SwigluTiledMma<Element>>, "store_swiglu_tile's fragment layout");
+    using InternalStrideD = cute::remove_pointer_t<StrideD>;
+    static_assert(cute::is_static<cute::remove_cvref_t<decltype(get<1>(InternalStrideD{}))>>::value,
+                  "row-major h: the leading dimension is the stride's first mode");
+    const int rows = int(get<0>(problem_shape_mnkl)), cols = int(get<1>(problem_shape_mnkl)) / 2;
+    const int m_block = int(get<0>(blk_coord_mnkl)), n_block = int(get<1>(blk_coord_mnkl));
+    const int group = int(get<3>(blk_coord_mnkl));
+    const std::int64_t ld = get<0>(params_.dD[group]);
+    const int row0 = m_block * int(size<0>(SwigluTile{})), col0 = n_block * kSwigluBlock;
+    Element* out = params_.ptr_D[group] + std::int64_t(row0) * ld + col0;
+    store_swiglu_tile<Element>(tiled_mma, thread_idx, accumulators, out, ld, rows - row0, cols - col0);
+  }
+
+ private:
+  Params params_;
+};
+
+// The collective epilogue of each layout: CUTLASS's TMA epilogue (D = alpha A B, no source C),
+// or the SwiGLU one.
+template <Layouts L, class Element, class TileShape, class ClusterShape, class LayoutD, class ElementD,
+          int kAlignmentD>
+struct EpilogueOf {
+  using type = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      void, LayoutD*, kAlignmentD,  // no source C
+      ElementD, LayoutD*, kAlignmentD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+};
+template <class Element, class TileShape, class ClusterShape, class LayoutD, class ElementD, int kAlignmentD>
+struct EpilogueOf<Layouts::nt_swiglu, Element, TileShape, ClusterShape, LayoutD, ElementD, kAlignmentD> {
+  using type = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
+      SwigluEpilogueArray<Element, cutlass::detail::TagToStrideC_t<LayoutD*>>>;
+};
+
+// D = A · B per group, fp32 accumulation, D row-major [M, N] (nt_swiglu: h [M, N / 2]).
 template <Layouts L, class Element>
 struct GroupedGemmConfig {
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M, N, K) per group
@@ -55,14 +122,9 @@ struct GroupedGemmConfig {
   using TileShape = Shape<_128, _128, _64>;
   using ClusterShape = Shape<_1, _1, _1>;
   using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      void, LayoutD*, kAlignmentD,  // no source C
-      ElementD, LayoutD*, kAlignmentD, EpilogueSchedule,
-      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+  using CollectiveEpilogue =
+      typename EpilogueOf<L, Element, TileShape, ClusterShape, LayoutD, ElementD, kAlignmentD>::type;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlignment, Element, LayoutB*,

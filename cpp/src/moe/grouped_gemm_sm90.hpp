@@ -14,6 +14,8 @@
 //   nt: A row-major, B K-contiguous, D in the input dtype   (forward: x · W^T)
 //   nn: A row-major, B N-contiguous, D float32               (backward: dy · W)
 //   tn: A M-contiguous, B N-contiguous, D float32            (weight gradients: da^T · x)
+//   nt_swiglu: as nt, B the interleaved gate_up weights (N = 2I), D = h = silu(a) * b [M, I]
+//              from the epilogue (swiglu_epilogue.hpp; N a multiple of 128)
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,7 +27,7 @@
 
 namespace rudnn::moe::sm90 {
 
-enum class Layouts { nt, nn, tn };
+enum class Layouts { nt, nn, tn, nt_swiglu };
 enum class Placement : unsigned char { segment, expert };
 
 struct Operand {
@@ -55,6 +57,8 @@ namespace detail {  // one pair per instantiation (grouped_gemm_sm90_<layouts>_<
                      cudaStream_t stream);
 RUDNN_SM90_GEMM_DECL(nt, bf16)
 RUDNN_SM90_GEMM_DECL(nt, f16)
+RUDNN_SM90_GEMM_DECL(nt_swiglu, bf16)
+RUDNN_SM90_GEMM_DECL(nt_swiglu, f16)
 RUDNN_SM90_GEMM_DECL(nn, bf16)
 RUDNN_SM90_GEMM_DECL(nn, f16)
 RUDNN_SM90_GEMM_DECL(tn, bf16)
@@ -68,6 +72,9 @@ inline std::size_t workspace_bytes(Layouts layouts, DType dtype, int groups, int
   switch (layouts) {
     case Layouts::nt: return bf16 ? detail::workspace_bytes_nt_bf16(groups, device) : detail::workspace_bytes_nt_f16(groups, device);
     case Layouts::nn: return bf16 ? detail::workspace_bytes_nn_bf16(groups, device) : detail::workspace_bytes_nn_f16(groups, device);
+    case Layouts::nt_swiglu:
+      return bf16 ? detail::workspace_bytes_nt_swiglu_bf16(groups, device)
+                  : detail::workspace_bytes_nt_swiglu_f16(groups, device);
     default: return bf16 ? detail::workspace_bytes_tn_bf16(groups, device) : detail::workspace_bytes_tn_f16(groups, device);
   }
 }
@@ -84,6 +91,9 @@ inline void run(Layouts layouts, DType dtype, const SegmentGemm& g, void* worksp
     case Layouts::nn:
       return bf16 ? detail::run_nn_bf16(g, workspace, workspace_size, device, stream)
                   : detail::run_nn_f16(g, workspace, workspace_size, device, stream);
+    case Layouts::nt_swiglu:
+      return bf16 ? detail::run_nt_swiglu_bf16(g, workspace, workspace_size, device, stream)
+                  : detail::run_nt_swiglu_f16(g, workspace, workspace_size, device, stream);
     default:
       return bf16 ? detail::run_tn_bf16(g, workspace, workspace_size, device, stream)
                   : detail::run_tn_f16(g, workspace, workspace_size, device, stream);

@@ -66,6 +66,12 @@ struct ExpertsProblem {
   MoeExpertsStrategy strategy = MoeExpertsStrategy::scalar;  // resolved (never automatic)
 };
 
+// moe_interleave_gate_up: gate, up [E, I, H] and gate_up [E, 2I, H], all dense; I a multiple of
+// kMoeGateUpBlock.
+struct InterleaveProblem {
+  std::int64_t experts = 0, inter = 0, hidden = 0;  // E, I, H
+};
+
 struct SelectedRouterProblem {
   std::int64_t tokens = 0;
   int experts = 0, top_k = 0;
@@ -81,6 +87,7 @@ CombineProblem validate_combine_backward(const MoeCombineBackwardArgs& a);
 // read_offsets: check host offsets' values (off for the JAX trace-time check, which has no data).
 ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a, bool read_offsets = true);
 ExpertsProblem validate_experts_backward(const MoeExpertsBackwardArgs& a, bool read_offsets = true);
+InterleaveProblem validate_interleave_gate_up(const Tensor& gate, const Tensor& up, const Tensor& gate_up);
 SelectedRouterProblem validate_selected_router(const MoeSelectedRouterArgs& a);
 SelectedRouterProblem validate_selected_router_backward(const MoeSelectedRouterBackwardArgs& a);
 
@@ -96,6 +103,7 @@ void combine_cpu(const MoeCombineArgs& a, const CombineProblem& p);
 void combine_backward_cpu(const MoeCombineBackwardArgs& a, const CombineProblem& p);
 void experts_forward_cpu(const MoeExpertsForwardArgs& a, const ExpertsProblem& p);
 void experts_backward_cpu(const MoeExpertsBackwardArgs& a, const ExpertsProblem& p);
+void interleave_gate_up_cpu(const Tensor& gate, const Tensor& up, const Tensor& gate_up, const InterleaveProblem& p);
 void selected_router_cpu(const MoeSelectedRouterArgs& a, const SelectedRouterProblem& p);
 void selected_router_backward_cpu(const MoeSelectedRouterBackwardArgs& a, const SelectedRouterProblem& p);
 
@@ -113,14 +121,18 @@ void experts_forward_cuda(const MoeExpertsForwardArgs& a, const ExpertsProblem& 
 // The "tensor_core" forward (experts_tc_cuda.cu): nullptr when this device and these arrays
 // are supported, otherwise the reason.
 const char* tensor_core_forward_unsupported(const MoeExpertsForwardArgs& a, const ExpertsProblem& p);
-std::size_t experts_forward_tensor_core_workspace_bytes(const ExpertsProblem& p, DType dtype, bool training,
-                                                        int device);
+std::size_t experts_forward_tensor_core_workspace_bytes(const MoeExpertsForwardArgs& a, const ExpertsProblem& p);
+// Whether that forward runs gate/up as one GEMM with SwiGLU in its epilogue (a.gate_up, sm_90,
+// inference).
+bool tensor_core_forward_fused(const MoeExpertsForwardArgs& a);
 void experts_forward_tensor_core_cuda(const MoeExpertsForwardArgs& a, const ExpertsProblem& p, Stream s);
 const char* tensor_core_backward_unsupported(const MoeExpertsBackwardArgs& a, const ExpertsProblem& p);
 std::size_t experts_backward_tensor_core_workspace_bytes(const ExpertsProblem& p, DType dtype, int device);
 void experts_backward_tensor_core_cuda(const MoeExpertsBackwardArgs& a, const ExpertsProblem& p, Stream s);
 std::size_t experts_backward_workspace_bytes_cuda(const ExpertsProblem& p, DType dtype);
 void experts_backward_cuda(const MoeExpertsBackwardArgs& a, const ExpertsProblem& p, Stream s);
+void interleave_gate_up_cuda(const Tensor& gate, const Tensor& up, const Tensor& gate_up, const InterleaveProblem& p,
+                             Stream s);
 void selected_router_cuda(const MoeSelectedRouterArgs& a, const SelectedRouterProblem& p, Stream s);
 void selected_router_backward_cuda(const MoeSelectedRouterBackwardArgs& a, const SelectedRouterProblem& p,
                                    Stream s);

@@ -397,6 +397,23 @@ void check_experts_workspace(const Tensor* w, const Tensor& x, const std::string
   core::expect_dtype(*w, DType::u8, op + ": workspace");
 }
 
+// The interleaved layout is made of whole blocks of kMoeGateUpBlock rows of gate and of up (the
+// fused kernel computes h 64 columns per tile from one such pair).
+void check_gate_up_blocks(std::int64_t inter, const std::string& name) {
+  if (inter % kMoeGateUpBlock != 0)
+    fail(ErrorKind::unsupported, name + ": the interleaved gate/up layout needs I to be a multiple of " +
+                                     str(kMoeGateUpBlock) + ", got I = " + str(inter));
+}
+
+// gate_up [E, 2I, H] on ref's device in ref's dtype, dense.
+void check_gate_up(const Tensor& gate_up, const Tensor& ref, const std::string& ref_name, std::int64_t experts,
+                   std::int64_t inter, std::int64_t hidden, const std::string& name) {
+  core::expect_same_device(gate_up, ref, name, ref_name);
+  expect_like_dtype(gate_up, ref.dtype, name, ref_name);
+  expect_shape(gate_up, shape_of(experts, 2 * inter, hidden), "[E, 2I, H]", name);
+  expect_dense(gate_up, name);
+}
+
 }  // namespace
 
 ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a, bool read_offsets) {
@@ -409,12 +426,16 @@ ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a, bool rea
   if (bool(a.gate_pre) != bool(a.up_pre)) fail(ErrorKind::value, op + ": gate_pre and up_pre must be given together");
   if (a.gate_pre) check_pre(*a.gate_pre, a.x, p, op + ": gate_pre");
   if (a.up_pre) check_pre(*a.up_pre, a.x, p, op + ": up_pre");
+  if (a.gate_up) {
+    check_gate_up(*a.gate_up, a.x, "x", p.experts, p.inter, p.hidden, op + ": gate_up");
+    check_gate_up_blocks(p.inter, op + ": gate_up");
+  }
   check_experts_workspace(a.workspace, a.x, op);
   p.y_stride = row_stride(a.y);
   core::expect_outputs_apart({{a.y, op + ": y"}, {a.gate_pre, op + ": gate_pre"}, {a.up_pre, op + ": up_pre"},
                               {a.workspace, op + ": workspace"}},
                              {{a.x, op + ": x"}, {a.offsets, op + ": offsets"}, {a.gate, op + ": gate"},
-                              {a.up, op + ": up"}, {a.down, op + ": down"}});
+                              {a.up, op + ": up"}, {a.down, op + ": down"}, {a.gate_up, op + ": gate_up"}});
   p.strategy = a.strategy;
   return p;
 }
@@ -441,6 +462,25 @@ ExpertsProblem validate_experts_backward(const MoeExpertsBackwardArgs& a, bool r
                               {a.gate_pre, op + ": gate_pre"}, {a.up_pre, op + ": up_pre"}});
   p.dy_stride = row_stride(a.dy);
   p.strategy = a.strategy;
+  return p;
+}
+
+InterleaveProblem validate_interleave_gate_up(const Tensor& gate, const Tensor& up, const Tensor& gate_up) {
+  const std::string op = "moe.interleave_gate_up";
+  core::expect_float(gate, op + ": gate");
+  if (gate.rank != 3) fail(ErrorKind::shape, op + ": gate: expected 3 axes [E, I, H], got shape " + gate.shape_str());
+  expect_dense(gate, op + ": gate");
+  core::expect_same_device(up, gate, op + ": up", "gate");
+  expect_like_dtype(up, gate.dtype, op + ": up", "gate");
+  expect_shape(up, gate.shape_str(), "[E, I, H] like gate", op + ": up");
+  expect_dense(up, op + ": up");
+  InterleaveProblem p;
+  p.experts = gate.shape[0];
+  p.inter = gate.shape[1];
+  p.hidden = gate.shape[2];
+  check_gate_up_blocks(p.inter, op + ": gate");
+  check_gate_up(gate_up, gate, "gate", p.experts, p.inter, p.hidden, op + ": gate_up");
+  core::expect_outputs_apart({{gate_up, op + ": gate_up"}}, {{gate, op + ": gate"}, {up, op + ": up"}});
   return p;
 }
 

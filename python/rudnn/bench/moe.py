@@ -18,6 +18,10 @@ float64 reference of the large cases would eat the run's budget: Mixtral at T = 
 TFLOP in float64); timing runs at the full size. Decode sizes (T ≤ 64) are timed host-inclusive
 (back-to-back calls, one synchronization: a decode step is bound by launches and host work).
 The check column names the experts strategy that served the row (rudnn.moe.last_algorithm()).
+On the GPU the experts are built with fused_gate_up (gate and up interleaved once, SwiGLU in the
+gate/up GEMM's epilogue on Hopper: "tensor_core_fused" in the check column), as the peer keeps its
+gate+up weights concatenated; rows "<op>[unfused]" time the same case on gate and up as given
+(two GEMM operand sets and a SwiGLU kernel), so one run prices the fusion.
 Shapes: Qwen3-30B-A3B (H=2048, I=768, E=128, k=8; SPEC shape T = 8192) and Mixtral 8x7B
 (H=4096, I=14336, E=8, k=2).
 """
@@ -33,6 +37,7 @@ TARGET = (0.60, 1.3)  # SPEC section 8: grouped GEMM >= 60% of the bf16 matmul r
 TARGETS = {"moe_grouped_gemm": (0.60, 0.0), "moe_forward": (0.0, 1.3)}  # the two halves of TARGET, per op
 
 OPS = ("moe_forward", "moe_grouped_gemm", "moe_forward_backward")
+_UNFUSED = "[unfused]"  # "<op>[unfused]": the experts without fused_gate_up (GPU rows only)
 _CHECK_TOKENS = 256  # correctness on at most this many tokens of the same model
 _DECODE_TOKENS = 64  # up to here rows are timed host-inclusive
 
@@ -44,6 +49,7 @@ _GPU_FWD = [(8192, "qwen3"), (1, "qwen3"), (16, "qwen3"), (64, "qwen3"), (2048, 
             (128, "mixtral"), (2048, "mixtral"), (16384, "mixtral")]
 _GPU_GEMM = [(8192, "qwen3"), (2048, "qwen3"), (16384, "mixtral")]
 _GPU_BWD_QUICK = [(128, "qwen3"), (2048, "qwen3"), (128, "mixtral")]
+_GPU_UNFUSED = {"moe_forward": [(8192, "qwen3")], "moe_grouped_gemm": [(8192, "qwen3"), (16384, "mixtral")]}
 _CPU = [(16, (64, 32, 8, 2)), (8, (32, 16, 16, 4))]
 
 
@@ -59,19 +65,23 @@ def cases(device: str, quick: bool) -> list:
     gemm = [CaseSpec(FAMILY, "moe_grouped_gemm", _shape(T, m), "bfloat16") for T, m in _GPU_GEMM]
     bwd_sizes = _GPU_BWD_QUICK if quick else _GPU_FWD
     bwd = [CaseSpec(FAMILY, "moe_forward_backward", _shape(T, m), "bfloat16") for T, m in bwd_sizes]
-    return fwd + gemm + bwd
+    unfused = [CaseSpec(FAMILY, op + _UNFUSED, _shape(T, m), "bfloat16")
+               for op, sizes in _GPU_UNFUSED.items() for T, m in sizes]
+    return fwd + gemm + unfused + bwd
 
 
 def prepare(spec: CaseSpec, device: str) -> Prepared:
+    fused = device == "cuda" and not spec.op.endswith(_UNFUSED)
+    op = spec.op[:-len(_UNFUSED)] if spec.op.endswith(_UNFUSED) else spec.op
     return {"moe_forward": _forward, "moe_grouped_gemm": _grouped_gemm,
-            "moe_forward_backward": _forward_backward}[spec.op](spec, device)
+            "moe_forward_backward": _forward_backward}[op](spec, device, fused)
 
 
 # ---------------------------------------------------------------------------------------------
 
 
 class _Layer:
-    def __init__(self, spec, device, tokens=None):
+    def __init__(self, spec, device, fused=False, tokens=None):
         import torch
 
         import rudnn
@@ -88,7 +98,8 @@ class _Layer:
         self.gate = r(self.E, self.I, self.H, scale=self.H ** -0.5)
         self.up = r(self.E, self.I, self.H, scale=self.H ** -0.5)
         self.down = r(self.E, self.H, self.I, scale=self.I ** -0.5)
-        self.experts = rudnn.moe.SwiGluExperts(self.gate, self.up, self.down)
+        self.fused = fused and self.I % 64 == 0  # fused_gate_up needs I in 64-row blocks
+        self.experts = rudnn.moe.SwiGluExperts(self.gate, self.up, self.down, fused_gate_up=self.fused)
         self.gate_up = torch.cat([self.gate, self.up], 1)  # [E, 2I, H]: the peer's one gate+up GEMM
         self.grouped_mm = getattr(torch, "_grouped_mm", None) if device == "cuda" else None
         self.flops_fwd = 2 * self.T * self.k * 3 * self.H * self.I
@@ -101,7 +112,7 @@ class _Layer:
 
     def small(self, spec):
         """A layer of the same model with at most _CHECK_TOKENS tokens (for the correctness check)."""
-        return self if self.T <= _CHECK_TOKENS else _Layer(spec, self.device, _CHECK_TOKENS)
+        return self if self.T <= _CHECK_TOKENS else _Layer(spec, self.device, self.fused, _CHECK_TOKENS)
 
     # -- torch pipeline ------------------------------------------------------------------------
     def _expert_mm(self, xs, w, offs):
@@ -194,8 +205,8 @@ def _prepared(L, peer, **kw):
     return Prepared(peer=peer, algorithm=L.algorithm, timing=_timing(L), **kw)
 
 
-def _forward(spec, device):
-    L = _Layer(spec, device)
+def _forward(spec, device, fused):
+    L = _Layer(spec, device, fused)
 
     def check():
         S = L.small(spec)
@@ -206,10 +217,10 @@ def _forward(spec, device):
                      check=check, flops=L.flops_fwd, bytes=(L.x.numel() * 2 + 3 * L.gate.numel()) * L.x.element_size())
 
 
-def _grouped_gemm(spec, device):
+def _grouped_gemm(spec, device, fused):
     """SwiGluExperts.forward_dispatched alone on a dispatched batch, against the peer's gate+up and
     down grouped GEMMs with SwiGLU between them on the same grouped rows."""
-    L = _Layer(spec, device)
+    L = _Layer(spec, device, fused)
     d = L.rudnn.moe.route(L.logits, L.k).dispatch(L.x)
     offs = d.offsets[1:].contiguous()  # the peer's segment ends
     xs = d.x
@@ -232,8 +243,8 @@ def _grouped_gemm(spec, device):
                      bytes=(2 * xs.numel() + 3 * L.gate.numel()) * L.x.element_size())
 
 
-def _forward_backward(spec, device):
-    L = _Layer(spec, device)
+def _forward_backward(spec, device, fused):
+    L = _Layer(spec, device, fused)
     torch = L.torch
 
     def peer_of(layer, dout):
