@@ -60,12 +60,13 @@ def test_attention_decode_capture(Hq, Hkv):
                          [q, k, v], [q2, k2, v2])
 
 
+@pytest.mark.parametrize("fused_gate_up", [False, True])
 @pytest.mark.parametrize("T", [1, 4, 64])
-def test_moe_layer_decode_capture(T):
+def test_moe_layer_decode_capture(T, fused_gate_up):
     E, k, H, I = 16, 4, 256, 128
     gate, up = rand((E, I, H), torch.bfloat16, "cuda", seed=8), rand((E, I, H), torch.bfloat16, "cuda", seed=9)
     down = rand((E, H, I), torch.bfloat16, "cuda", seed=10)
-    experts = moe.SwiGluExperts(gate * 0.1, up * 0.1, down * 0.1)
+    experts = moe.SwiGluExperts(gate * 0.1, up * 0.1, down * 0.1, fused_gate_up=fused_gate_up)
     (x, x2), (logits, logits2) = pair((T, H), torch.bfloat16, 11), pair((T, E), torch.float32, 12)
     replay_matches_eager(lambda x, logits: experts(x, logits, top_k=k), [x, logits], [x2, logits2])
 
