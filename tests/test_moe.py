@@ -338,20 +338,30 @@ def test_interleave_gate_up_cuda_matches_the_cpu(dtype, misaligned):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_fused_gate_up_tensor_core_is_bitwise_the_unfused_result(dtype):
+@pytest.mark.parametrize("T, E, k, H, I", [
+    (300, 8, 2, 256, 128),  # ~75 rows per expert: partial row tiles, two h tiles
+    (300, 4, 1, 40, 192),   # H = 40: a partial, zero-filled K tile; I = 192: a partial N tile unfused
+    (1, 4, 2, 16, 64),      # decode: two rows, most experts empty
+    (600, 4, 1, 72, 320),   # ~150 rows per expert: two row tiles
+])
+def test_fused_gate_up_tensor_core_is_bitwise_the_unfused_result(dtype, T, E, k, H, I, monkeypatch):
     # The fused epilogue rounds a and b to the dtype before the SwiGLU, as the unfused path stores them.
-    T, E, k, H, I = 300, 8, 2, 256, 128
+    monkeypatch.delenv("RUDNN_MOE_SM80_ON_SM90", raising=False)
     cc = torch.cuda.get_device_capability()
     if cc != (9, 0) and cc[0] != 8:
         pytest.skip("the tensor_core strategy needs sm_80-class or sm_90 GPUs in this build")
     gate, up, down = _experts(E, I, H, dtype, "cuda")
     plain, fused = moe.SwiGluExperts(gate, up, down), moe.SwiGluExperts(gate, up, down, fused_gate_up=True)
     assert torch.equal(fused.gate_up.cpu(), moe.interleave_gate_up(gate.cpu(), up.cpu()))
-    d = moe.route(rand((T, E), dtype, "cuda", seed=4), k).dispatch(rand((T, H), dtype, "cuda", seed=5))
+    logits = rand((T, E), dtype, "cuda", seed=4)
+    logits[:, 0] = -1e4  # expert 0 gets no rows: an empty group in both GEMMs
+    d = moe.route(logits, k).dispatch(rand((T, H), dtype, "cuda", seed=5))
+    assert int(d.offsets[1]) == 0
     y_plain = plain.forward_dispatched(d, strategy="tensor_core")
     assert moe.last_algorithm() == "tensor_core"
     y_fused = fused.forward_dispatched(d, strategy="tensor_core")
     assert moe.last_algorithm() == ("tensor_core_fused" if cc == (9, 0) else "tensor_core")
+    assert_close_to_oracle(y_fused, _same_dtype_experts(d, gate, up, down), _oracle_experts(d, gate, up, down), "y")
     assert torch.equal(y_fused, y_plain)
 
 

@@ -215,8 +215,9 @@ class SwiGluExperts:
     grouped GEMM with the SwiGLU in its epilogue, bit for bit the result of the unfused path; every
     other path reads gate and up. This doubles the memory held for gate and up (gate and up stay
     too: the training forward, the backward and the other strategies read them). gate_up is made
-    here, once: after gate or up change in place, set `experts.gate_up = interleave_gate_up(gate,
-    up)` again. Without it `gate_up` is None.
+    here, once, on the current stream: a forward on another stream must first wait for
+    it. After gate or up change in place, set `experts.gate_up = interleave_gate_up(gate, up)`
+    again. Without it `gate_up` is None.
     """
 
     def __init__(self, gate, up, down, *, fused_gate_up=False):

@@ -144,8 +144,10 @@ const char* tensor_core_forward_unsupported(const MoeExpertsForwardArgs& a, cons
   if (a.x.dtype != DType::f16 && a.x.dtype != DType::bf16) return "needs float16 or bfloat16 (use 'scalar')";
   if (p.hidden % 8 != 0 || p.inter % 8 != 0) return "needs H and I to be multiples of 8 (16-byte rows for TMA)";
   if (p.x_stride % 8 != 0 || p.y_stride % 8 != 0) return "needs row strides of x and y that are multiples of 8";
+  // the workspace too: it holds h (and a, b), which TMA reads and the fused epilogue writes in 4-byte words
   const void* ptrs[] = {a.x.data, a.y.data, a.gate.data, a.up.data, a.down.data,
-                        a.gate_pre ? a.gate_pre->data : nullptr, a.up_pre ? a.up_pre->data : nullptr};
+                        a.gate_pre ? a.gate_pre->data : nullptr, a.up_pre ? a.up_pre->data : nullptr,
+                        a.workspace ? a.workspace->data : nullptr};
   for (const void* ptr : ptrs)
     if (!aligned16(ptr)) return "needs 16-byte aligned arrays";
   return nullptr;

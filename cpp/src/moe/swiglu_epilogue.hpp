@@ -69,7 +69,8 @@ CUTE_HOST_DEVICE void store_swiglu_tile(TiledMma const& tiled_mma, int thread_id
       const std::uint32_t bits = std::uint32_t(h0.raw()) | std::uint32_t(h1.raw()) << 16;
       auto* word = reinterpret_cast<std::uint32_t*>(out + row * ld + col);
 #if defined(__CUDA_ARCH__)
-      // st.global: D's pointer comes from a parameter array, and a plain store would be generic
+      // st.global: D's pointer comes from a parameter array, and a plain store would be generic.
+      // No "memory" clobber: nothing in the kernel reads D, and volatile keeps the order.
       asm volatile("st.global.b32 [%0], %1;" ::"l"(word), "r"(bits));
 #else
       *word = bits;
