@@ -303,6 +303,25 @@ def test_flash_sm90_forward_kernels(flash_emulator, tmp_path, name, generation):
     torch.testing.assert_close(lse.double(), l64, rtol=1e-4, atol=1e-4)
 
 
+# A strided out= (rows longer than Dv): an even row stride keeps the epilogue's pair stores, an
+# odd one takes its element stores; the padding between rows must stay untouched (the emulator
+# checks it: exit 4 otherwise). Every generation, dense and packed.
+@pytest.mark.parametrize("generation", ["sm80", "sm90", "sm90ws"])
+@pytest.mark.parametrize("pad", [1, 8])
+def test_flash_forward_strided_out(flash_emulator, tmp_path, generation, pad):
+    env = {"EMU_FLASH_GENERATION": generation, "EMU_OUT_ROW_PAD": str(pad)}
+    name = next(n for n, c in FLASH_CASES.items() if c["shape"][5] == 128 and c["shape"][6] == 128)
+    q, k, v, opts = _flash_inputs(name, seed=23)
+    out, lse = _run(flash_emulator, tmp_path, q, k, v, dict(opts), env=env)
+    o64, l64 = _oracle(q, k, v, opts)
+    o_same, _ = _same_dtype(q, k, v, opts, torch.bfloat16)
+    assert_close_to_oracle(out, o_same, o64, f"{name} out, rows padded by {pad}")
+    torch.testing.assert_close(lse.double(), l64, rtol=1e-4, atol=1e-4)
+    qv, kv, vv, cu_q, cu_k = _varlen_inputs(seed=32)
+    out, lse = _run(flash_emulator, tmp_path, qv, kv, vv, {"causal": True}, cu_q, cu_k, env=env)
+    _check_varlen_forward(out, lse, qv, kv, vv, cu_q, cu_k, {"causal": True}, generation)
+
+
 # Packed variable-length batches on the flash kernels (bfloat16, D = 64, GQA 2, causal): an
 # empty query sequence, one without keys (its rows: output 0, lse -inf), sequences spanning
 # several 64- and 128-key blocks with tails, and one short enough to sit inside one tile.

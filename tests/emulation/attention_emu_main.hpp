@@ -21,6 +21,10 @@
 
 #include "emu_runtime.hpp"
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
 #include "attention/problem.hpp"
 
 namespace emu_attention {
@@ -78,10 +82,25 @@ int run(const std::string& which, const std::string& dir, Problem p, i64 mask_ba
     p.bias = {bias_f.data(), DType::f32, bias_batch > 1 ? plane : 0, p.sq * p.sk, p.sk, 1};
   }
   if (which == "forward") {
-    std::vector<Bits> out(rows_q * p.hq * p.dv);
-    poison(out);
+    // EMU_OUT_ROW_PAD=n: out's rows n elements longer than Dv (a strided out=; odd n gives an odd row
+    // stride, where the epilogue cannot store pairs of elements); the padding must stay poisoned.
+    const char* pad_env = std::getenv("EMU_OUT_ROW_PAD");
+    const i64 pad = pad_env ? std::atoll(pad_env) : 0, row_len = p.dv + pad;
+    if (pad > 0)
+      p.out = varlen ? Strides{0, row_len, p.hq * row_len} : Strides{p.hq * p.sq * row_len, p.sq * row_len, row_len};
+    std::vector<Bits> out_rows(rows_q * p.hq * row_len);
+    poison(out_rows);
+    const std::vector<Bits> poisoned = out_rows;
     std::vector<float> lse(rows_q * p.hq, NAN);
-    Kernels::forward(p, q.data(), k.data(), v.data(), out.data(), lse.data());
+    Kernels::forward(p, q.data(), k.data(), v.data(), out_rows.data(), lse.data());
+    std::vector<Bits> out(rows_q * p.hq * p.dv);
+    for (i64 row = 0; row < rows_q * p.hq; ++row) {
+      std::memcpy(&out[row * p.dv], &out_rows[row * row_len], p.dv * sizeof(Bits));
+      if (std::memcmp(&out_rows[row * row_len + p.dv], &poisoned[row * row_len + p.dv], pad * sizeof(Bits)) != 0) {
+        std::fprintf(stderr, "forward wrote into the padding of out's row %lld\n", (long long)row);
+        return 4;
+      }
+    }
     emu_write(dir + "/out.bin", out);
     emu_write(dir + "/lse.bin", lse);
     return 0;

@@ -294,8 +294,18 @@ __device__ __forceinline__ void accumulate_pv(const Acc& acc_s, Mma& mma, const 
   }
 }
 
+// Two output elements stored as one word (4 bytes for 16-bit types).
+template <class Element>
+struct alignas(2 * sizeof(Element)) ElementPair {
+  Element lo, hi;
+};
+
 // Epilogue: out = acc / sum, lse = max + log(sum) (max back in natural units from cuda::log2_factor's,
-// `to_log2`); rows that saw nothing: 0 and -inf.
+// `to_log2`); rows that saw nothing: 0 and -inf. Columns c and c + 1 (c even) of a thread's
+// accumulator rows are neighbouring output columns, the first even (the mma.sync and wgmma C
+// fragments hold two adjacent columns per thread): stored as one pair where out's rows allow it
+// (even row stride, base aligned to the pair), else one element at a time. A quad's four pairs
+// fill 8 (16-bit: 16) contiguous bytes of a row, where single elements left gaps per store.
 template <class Element, int kRows, class AccO, class Coords>
 __device__ __forceinline__ void store_forward_output(const AccO& acc_o_rc, const Coords& tOcO_rc,
                                                      const float (&row_max)[kRows], const float (&row_sum)[kRows],
@@ -303,15 +313,26 @@ __device__ __forceinline__ void store_forward_output(const AccO& acc_o_rc, const
                                                      std::int64_t h, std::int64_t q0, std::int64_t m0,
                                                      std::int64_t len_q, Element* out, float* lse, int tid) {
   Element* o_base = out + p.out.at(b, h, q0);
+  constexpr int kCols = decltype(size<1>(acc_o_rc))::value;
+  static_assert(kCols % 2 == 0, "pairs of adjacent columns");
+  const bool pairs =
+      p.out.s % 2 == 0 && reinterpret_cast<std::uintptr_t>(o_base) % sizeof(ElementPair<Element>) == 0;
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const float sum = quad_sum(row_sum[r]);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     const std::int64_t row = m0 + get<0>(tOcO_rc(r, 0));
     if (row < len_q) {
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(acc_o_rc); ++c)
-        o_base[row * p.out.s + get<1>(tOcO_rc(r, c))] = static_cast<Element>(acc_o_rc(r, c) * inv);
+      Element* o_row = o_base + row * p.out.s;
+      if (pairs) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; c += 2)
+          *reinterpret_cast<ElementPair<Element>*>(o_row + get<1>(tOcO_rc(r, c))) = {
+              static_cast<Element>(acc_o_rc(r, c) * inv), static_cast<Element>(acc_o_rc(r, c + 1) * inv)};
+      } else {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) o_row[get<1>(tOcO_rc(r, c))] = static_cast<Element>(acc_o_rc(r, c) * inv);
+      }
       if (lse != nullptr && tid % 4 == 0)
         lse[p.lse.at(b, h, q0 + row)] = sum > 0.0f ? row_max[r] * (to_log2 * cuda::kLn2) + logf(sum) : -INFINITY;
     }
