@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.library import opcheck
 
+import rudnn
 import rudnn.torch as rt
 from reference import moe as ref
 from util import DEVICES, DTYPES, assert_close_to_oracle, rand
@@ -73,6 +74,52 @@ def test_opcheck():
     y, a, b = ops.moe_experts(*(t.detach() if isinstance(t, torch.Tensor) else t for t in args))
     opcheck(ops.moe_experts_backward.default,
             (torch.randn_like(y), xd.detach(), offsets, gate.detach(), up.detach(), down.detach(), a, b, 0))
+
+
+def test_opcheck_inference_forward():
+    T, E, k, H, I = 5, 4, 2, 8, 64  # I: whole 64-row blocks for gate_up
+    x, logits, gate, up, down = _layer_inputs(T, E, H, I, torch.float32, "cpu")
+    indices, _ = rt.moe.route(logits, k)
+    xd, offsets, _, _ = rt.moe.dispatch(x, indices, E)
+    gate_up = rudnn.moe.interleave_gate_up(gate, up)
+    opcheck(ops.moe_experts_inference.default, (xd, offsets, gate, up, down, None, 2))
+    opcheck(ops.moe_experts_inference.default, (xd, offsets, gate, up, down, gate_up, 2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_experts_without_gradients_runs_the_inference_forward(device, dtype):
+    """No gradient needed: the inference op (nothing kept for a backward; gate_up used), the same y
+    as the differentiable op; with gradients gate_up changes nothing and they still flow."""
+    T, E, k, H, I = 7, 4, 2, 16, 128
+    x, logits, gate, up, down = _layer_inputs(T, E, H, I, dtype, device)
+    gate_up = rudnn.moe.interleave_gate_up(gate, up)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, gate, up, down)]
+    with_grad = rt.moe.moe_layer(leaves[0], logits, *leaves[1:], top_k=k, gate_up=gate_up)
+    grads = torch.autograd.grad(with_grad, leaves, torch.ones_like(with_grad))
+    plain_grads = torch.autograd.grad(rt.moe.moe_layer(leaves[0], logits, *leaves[1:], top_k=k), leaves,
+                                      torch.ones_like(with_grad))
+    assert all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+    with torch.no_grad():
+        inference = rt.moe.moe_layer(x, logits, gate, up, down, top_k=k)
+        fused = rt.moe.moe_layer(x, logits, gate, up, down, top_k=k, gate_up=gate_up)
+    assert torch.equal(inference, with_grad.detach()) and torch.equal(fused, inference)
+    if device == "cuda":
+        cc = torch.cuda.get_device_capability()
+        fused_here = cc == (9, 0) and dtype != torch.float32
+        assert rudnn.moe.last_algorithm() == ("tensor_core_fused" if fused_here else
+                                              "tensor_core" if cc[0] in (8, 9) and dtype != torch.float32 else
+                                              "scalar")
+
+
+def test_torch_compile_cpu_inference_with_gate_up():
+    T, E, k, H, I = 4, 4, 2, 8, 64
+    x, logits, gate, up, down = _layer_inputs(T, E, H, I, torch.float32, "cpu")
+    gate_up = rudnn.moe.interleave_gate_up(gate, up)
+    f = torch.compile(lambda *a: rt.moe.moe_layer(*a, top_k=k, gate_up=gate_up), backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x, logits, gate, up, down), rt.moe.moe_layer(x, logits, gate, up, down, top_k=k),
+                                   rtol=0, atol=0)
 
 
 def test_torch_compile_cpu():

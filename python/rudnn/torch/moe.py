@@ -9,6 +9,7 @@ autograd can see them:
     weights = selected_router_weights(logits, plan.expert_indices)    # differentiable in logits
     xd, offsets, token_of_row, row_of_slot = dispatch(x, plan)  # differentiable in x
     yd = swiglu_experts(xd, offsets, gate, up, down)          # differentiable in all four
+                                                              # (no_grad + gate_up=: fused on Hopper)
     out = combine(yd, row_of_slot, weights)                   # differentiable in yd, weights
 
 `moe_layer` / `moe_layer_sigmoid_grouped` run the whole chain.
@@ -286,35 +287,60 @@ def _experts_autograd(ctx, dy, dgate_pre, dup_pre):
 torch.library.register_autograd("rudnn::moe_experts", _experts_autograd, setup_context=_experts_setup)
 
 
-def swiglu_experts(x_dispatched, offsets, gate, up, down, strategy="auto"):
+@custom_op("rudnn::moe_experts_inference", mutates_args=())
+def _experts_inference(x: Tensor, offsets: Tensor, gate: Tensor, up: Tensor, down: Tensor,
+                       gate_up: Optional[Tensor], strategy: int) -> Tensor:
+    """y alone (no a, b kept for a backward); Hopper's tensor_core forward runs gate/up as one GEMM
+    with SwiGLU in its epilogue where gate_up (rudnn.moe.interleave_gate_up(gate, up)) is given."""
+    return _moe._experts_forward("SwiGluExperts.forward_dispatched", gate, up, down, x, offsets, strategy, False, None,
+                                 gate_up)
+
+
+@_experts_inference.register_fake
+def _(x, offsets, gate, up, down, gate_up, strategy):
+    return torch.empty_like(x)
+
+
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def swiglu_experts(x_dispatched, offsets, gate, up, down, strategy="auto", *, gate_up=None):
     """Expert outputs [N, H] of the dispatched rows; differentiable in x_dispatched and the
-    weights (weight gradients are computed in float32 and returned in the weights' dtype)."""
+    weights (weight gradients are computed in float32 and returned in the weights' dtype).
+    Where no gradient is needed (no_grad, or no input requires one) the inference forward runs:
+    nothing is kept for a backward, and gate_up (rudnn.moe.interleave_gate_up(gate, up), made once)
+    lets Hopper's tensor_core forward fuse the SwiGLU into the gate/up GEMM. With gradients gate_up
+    is not used (the backward needs the pre-activations)."""
     code = _moe._choice(_STRATEGY, strategy, "SwiGluExperts.forward_dispatched", "strategy")
+    if not _needs_grad(x_dispatched, gate, up, down):
+        return _experts_inference(x_dispatched, offsets, gate, up, down, gate_up, code)
     return _experts(x_dispatched, offsets, gate, up, down, code)[0]
 
 
 # ---- whole layers -----------------------------------------------------------------------------
 
-def _layer(x, logits, gate, up, down, indices, scoring, renormalize, scale, strategy):
+def _layer(x, logits, gate, up, down, indices, scoring, renormalize, scale, strategy, gate_up):
     weights = selected_router_weights(logits, indices, scoring, renormalize, scale)
     xd, offsets, _, row_of_slot = dispatch(x, indices, gate.shape[0])
-    yd = swiglu_experts(xd, offsets, gate, up, down, strategy)
+    yd = swiglu_experts(xd, offsets, gate, up, down, strategy, gate_up=gate_up)
     return combine(yd, row_of_slot, weights)
 
 
-def moe_layer(x, logits, gate, up, down, *, top_k, renormalize=True, strategy="auto"):
+def moe_layer(x, logits, gate, up, down, *, top_k, renormalize=True, strategy="auto", gate_up=None):
     """route -> dispatch -> SwiGLU experts -> combine, differentiable in x, logits (through the
-    selected experts' weights), gate, up and down. Output [T, H] in x's dtype."""
+    selected experts' weights), gate, up and down. Output [T, H] in x's dtype. gate_up: see
+    swiglu_experts (used where no gradient is needed)."""
     indices, _ = route(logits, top_k, renormalize)
-    return _layer(x, logits, gate, up, down, indices, "softmax", renormalize, 1.0, strategy)
+    return _layer(x, logits, gate, up, down, indices, "softmax", renormalize, 1.0, strategy, gate_up)
 
 
 def moe_layer_sigmoid_grouped(x, logits, gate, up, down, bias=None, *, top_k, groups, selected_groups,
-                              group_top_two=True, renormalize=True, scale=1.0, strategy="auto"):
+                              group_top_two=True, renormalize=True, scale=1.0, strategy="auto", gate_up=None):
     """Like moe_layer with DeepSeek-V3 grouped sigmoid routing (the bias gets no gradient)."""
     indices, _ = route_sigmoid_grouped(logits, bias, top_k=top_k, groups=groups, selected_groups=selected_groups,
                                        group_top_two=group_top_two, renormalize=renormalize, scale=scale)
-    return _layer(x, logits, gate, up, down, indices, "sigmoid", renormalize, scale, strategy)
+    return _layer(x, logits, gate, up, down, indices, "sigmoid", renormalize, scale, strategy, gate_up)
 
 
 # ---- the backward steps as functions, as rudnn.jax.moe has them (one API shape across the three) --
