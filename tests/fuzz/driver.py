@@ -740,20 +740,34 @@ def _grads(fn, wrt, douts):
     return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(xs, gs))
 
 
+def _interleave_ref(gate, up):
+    """gate_up from its definition: per expert, 64-row blocks of gate and of up alternate."""
+    E, I, H = gate.shape
+    blocks = (gate.reshape(E, I // 64, 64, H), up.reshape(E, I // 64, 64, H))
+    return torch.stack(blocks, dim=2).reshape(E, 2 * I, H)
+
+
 def fuzz_moe_experts(examples):
-    """SwiGluExperts.forward_dispatched, forward_dispatched_training + MoeTrainingCache.backward,
-    DispatchedTokens.combine_backward and dispatch_backward, on dispatched rows from a real dispatch
-    or drawn directly, with offsets and row_of_slot valid or broken in one way (every host-side
-    break must be refused), against tests/reference/moe.py and torch autograd in float64."""
+    """SwiGluExperts.forward_dispatched (with or without fused_gate_up), forward_dispatched_training
+    + MoeTrainingCache.backward, DispatchedTokens.combine_backward and dispatch_backward, on
+    dispatched rows from a real dispatch or drawn directly, with offsets and row_of_slot valid or
+    broken in one way (every host-side break must be refused), against tests/reference/moe.py and
+    torch autograd in float64; moe.interleave_gate_up against its layout."""
     @fuzz_cases(examples)
     def case(data):
         T, E = data.draw(st.integers(0, 4)), data.draw(st.integers(1, 3))
-        H, I = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+        H, I = data.draw(st.integers(1, 4)), data.draw(st.sampled_from([1, 2, 3, 4, 64]))
         k = data.draw(st.integers(1, E))
         g = torch.Generator().manual_seed(data.draw(st.integers(0, 9999)))
         N = T * k
         op = data.draw(st.sampled_from(["forward_dispatched", "forward_dispatched_training", "backward",
-                                        "combine_backward", "dispatch_backward"]))
+                                        "combine_backward", "dispatch_backward", "interleave_gate_up"]))
+        if op == "interleave_gate_up":
+            gate = mostly_dense(data, (E, I, H), torch.zeros(0, dtype=data.draw(st.sampled_from(FLOATS))))
+            up = mostly_dense(data, (E, I + (not often(data, 7)), H), gate)
+            check_call("moe_experts", "moe.interleave_gate_up", lambda: rudnn.moe.interleave_gate_up(gate, up),
+                       lambda: _interleave_ref(gate.double(), up.double()), [gate, up])
+            return
         indices = (torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]) if T
                    else torch.zeros(0, k, dtype=torch.int64)).to(torch.int32)
         weights = like(data, (T, k), torch.zeros(0))
@@ -795,8 +809,8 @@ def fuzz_moe_experts(examples):
         strategy = data.draw(st.sampled_from(["auto", "scalar", "auto", "scalar", "tensor_core", "fast"]))
         experts = None
         if op in ("forward_dispatched", "forward_dispatched_training", "backward"):
-            try:
-                experts = rudnn.moe.SwiGluExperts(gate, up, down)
+            try:  # fused_gate_up: refused at construction unless I is a multiple of 64
+                experts = rudnn.moe.SwiGluExperts(gate, up, down, fused_gate_up=data.draw(st.booleans()))
             except rudnn.Error as e:
                 stats["moe_experts"][type(e).__name__] += 1
                 assert str(e).startswith("SwiGluExperts"), e
