@@ -22,22 +22,22 @@ def _x(rows=4, device="cpu"):
     return torch.randn(rows, H, generator=torch.Generator().manual_seed(1)).to(device)
 
 
-OP = "SwiGluExperts.forward_dispatched_training"  # rudnn.torch runs the training forward
-
-
 @pytest.mark.parametrize("offsets, message", [
-    ([0, 2, 3], f"{OP}: offsets[2]: expected 4 (every row of x belongs to an expert), got 3"),
-    ([0, 3, 2], f"{OP}: offsets[2]: expected >= offsets[1] = 3 (offsets do not decrease), got 2"),
-    ([1, 2, 4], f"{OP}: offsets[0]: expected 0 (the first row), got 1"),
-    ([-1, 2, 4], f"{OP}: offsets[0]: expected 0 (the first row), got -1"),
-    ([0, 2, 5], f"{OP}: offsets[2]: expected 4 (every row of x belongs to an expert), got 5"),
+    ([0, 2, 3], "offsets[2]: expected 4 (every row of x belongs to an expert), got 3"),
+    ([0, 3, 2], "offsets[2]: expected >= offsets[1] = 3 (offsets do not decrease), got 2"),
+    ([1, 2, 4], "offsets[0]: expected 0 (the first row), got 1"),
+    ([-1, 2, 4], "offsets[0]: expected 0 (the first row), got -1"),
+    ([0, 2, 5], "offsets[2]: expected 4 (every row of x belongs to an expert), got 5"),
 ])
-def test_host_offsets_that_do_not_partition_the_rows(offsets, message):
+@pytest.mark.parametrize("grad", [True, False])
+def test_host_offsets_that_do_not_partition_the_rows(offsets, message, grad):
+    # rudnn.torch runs the training forward where a gradient is needed, the inference one otherwise
+    op = "SwiGluExperts.forward_dispatched_training" if grad else "SwiGluExperts.forward_dispatched"
     gate, up, down = _weights()
-    x = _x()
+    x = _x().requires_grad_(grad)
     with pytest.raises(rudnn.ArgumentError) as info:
         rt.moe.swiglu_experts(x, torch.tensor(offsets, dtype=torch.int32), gate, up, down)
-    assert str(info.value) == message
+    assert str(info.value) == f"{op}: {message}"
 
 
 def test_training_backward_checks_offsets_too():
