@@ -277,6 +277,11 @@ def test_moe_memory_bound_kernels(arch):
         assert any(a.startswith("LDG.E.128") for a in accesses), (kernel, accesses)
         stores = [a for a in accesses if a.startswith("STG")]
         assert stores and all(a.startswith("STG.E.128") for a in stores), (kernel, stores)  # whole packs only
+    # gate/up interleaving: its 16-byte word instantiation copies in 128-bit loads and stores only
+    words = [v for k, v in kernels.items() if "interleave_gate_up_kernelI5uint4" in k]
+    assert len(words) == 1, sorted(kernels)
+    accesses = _global_accesses(words[0])
+    assert accesses and all(a.startswith(("LDG.E.128", "STG.E.128")) for a in accesses), accesses
 
 
 @pytest.mark.parametrize("arch", ["80", "90a"])
