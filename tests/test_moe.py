@@ -330,7 +330,7 @@ def test_fused_gate_up_on_the_cpu_changes_nothing(dtype):
 def test_interleave_gate_up_cuda_matches_the_cpu(dtype, misaligned):
     E, I, H = 3, 192, 40
     gate, up = rand((E, I, H), dtype, "cuda", seed=1), rand((E, I, H), dtype, "cuda", seed=2)
-    if misaligned:  # dense views one element past a 16-byte boundary: the element-by-element copy
+    if misaligned:  # dense views one element past a 16-byte boundary (the 2-D copies take any alignment)
         gate = torch.cat([gate.new_zeros(1), gate.reshape(-1)])[1:].view(E, I, H)
         up = torch.cat([up.new_zeros(1), up.reshape(-1)])[1:].view(E, I, H)
     assert torch.equal(moe.interleave_gate_up(gate, up).cpu(), moe.interleave_gate_up(gate.cpu(), up.cpu()))

@@ -16,6 +16,7 @@
 
 #include "attention/cuda_common.cuh"
 #include "attention/kernels.hpp"
+#include "core/pack.cuh"  // flash_sm80.cuh's output stores
 
 // namespace rudnn::attention::flash { ...flash_sm80.cuh, flash_bwd_sm80.cuh, flash_sm90.cuh, flash_sm90_ws.cuh,
 // flash_bwd_sm90.cuh, flash_bwd_sm90_ws.cuh

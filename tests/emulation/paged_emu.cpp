@@ -31,6 +31,7 @@
 
 #include "attention/cuda_common.cuh"
 #include "core/convert.cuh"
+#include "core/pack.cuh"  // flash_sm80.cuh's output stores
 
 // namespace rudnn::paged::cuda { ...cuda_common.cuh... namespace emu_k { ...forward_cuda.cu's kernels... } }
 #include "kernels.inc"

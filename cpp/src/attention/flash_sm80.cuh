@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "attention/cuda_common.cuh"
+#include "core/pack.cuh"
 
 namespace rudnn::attention::flash {
 
@@ -294,12 +295,6 @@ __device__ __forceinline__ void accumulate_pv(const Acc& acc_s, Mma& mma, const 
   }
 }
 
-// Two output elements stored as one word (4 bytes for 16-bit types).
-template <class Element>
-struct alignas(2 * sizeof(Element)) ElementPair {
-  Element lo, hi;
-};
-
 // Epilogue: out = acc / sum, lse = max + log(sum) (max back in natural units from cuda::log2_factor's,
 // `to_log2`); rows that saw nothing: 0 and -inf. Columns c and c + 1 (c even) of a thread's
 // accumulator rows are neighbouring output columns, the first even (the mma.sync and wgmma C
@@ -315,8 +310,7 @@ __device__ __forceinline__ void store_forward_output(const AccO& acc_o_rc, const
   Element* o_base = out + p.out.at(b, h, q0);
   constexpr int kCols = decltype(size<1>(acc_o_rc))::value;
   static_assert(kCols % 2 == 0, "pairs of adjacent columns");
-  const bool pairs =
-      p.out.s % 2 == 0 && reinterpret_cast<std::uintptr_t>(o_base) % sizeof(ElementPair<Element>) == 0;
+  const bool pairs = p.out.s % 2 == 0 && core::pack_aligned<Element, 2>(o_base);
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const float sum = quad_sum(row_sum[r]);
@@ -327,8 +321,9 @@ __device__ __forceinline__ void store_forward_output(const AccO& acc_o_rc, const
       if (pairs) {
         CUTE_UNROLL
         for (int c = 0; c < kCols; c += 2)
-          *reinterpret_cast<ElementPair<Element>*>(o_row + get<1>(tOcO_rc(r, c))) = {
-              static_cast<Element>(acc_o_rc(r, c) * inv), static_cast<Element>(acc_o_rc(r, c + 1) * inv)};
+          core::store_pack<Element, 2>(o_row + get<1>(tOcO_rc(r, c)),
+                                       {{static_cast<Element>(acc_o_rc(r, c) * inv),
+                                         static_cast<Element>(acc_o_rc(r, c + 1) * inv)}});
       } else {
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) o_row[get<1>(tOcO_rc(r, c))] = static_cast<Element>(acc_o_rc(r, c) * inv);

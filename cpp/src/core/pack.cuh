@@ -23,9 +23,9 @@ struct alignas(sizeof(T) * L < 16 ? sizeof(T) * L : 16) Pack {
 template <class T>
 inline constexpr int kVecLanes = 16 / int(sizeof(T));
 
-// Whether `data` is aligned for Pack<T, L> accesses.
+// Whether `data` is aligned for Pack<T, L> accesses (host code picks a path with it, device code too).
 template <class T, int L>
-inline bool pack_aligned(const void* data) {
+RUDNN_HD bool pack_aligned(const void* data) {
   return reinterpret_cast<std::uintptr_t>(data) % alignof(Pack<T, L>) == 0;
 }
 

@@ -6,7 +6,7 @@
 // placing each slot at its base plus its rank (ranks inside a 32-slot step come from
 // __match_any_sync, so token order is kept). Combine and the
 // backward kernels gather in a fixed order with float32 accumulation (no atomics either). The
-// gate/up interleaving of moe_interleave_gate_up, a plain copy of weight rows, is here too.
+// gate/up interleaving of moe_interleave_gate_up, two strided copies of weight rows, is here too.
 #include <algorithm>
 #include <initializer_list>
 #include <utility>
@@ -376,27 +376,6 @@ __global__ void __launch_bounds__(kPlaneThreads)
   }
 }
 
-// ---- gate/up interleaving ----
-// Block q of 64 rows of gate_up is block q / 2 of gate (q even) or of up (q odd), blocks counted
-// over all experts (the arrays are dense). A block is 64 * H elements of 2 or 4 bytes, a whole
-// number of 16-byte words, so with the three arrays 16-byte aligned every block moves as 16-byte
-// words (W = uint4), else element by element (W of the element's size). Blocks go over the
-// grid's x axis, a block's words over its y axis and the threads.
-constexpr int kInterleaveThreads = 256;
-
-template <class W>
-__global__ void __launch_bounds__(kInterleaveThreads)
-    interleave_gate_up_kernel(const W* __restrict__ gate, const W* __restrict__ up, W* __restrict__ gate_up,
-                              std::int64_t blocks, std::int64_t block_words) {
-  const std::int64_t step = std::int64_t(gridDim.y) * blockDim.x;
-  for (std::int64_t q = blockIdx.x; q < blocks; q += gridDim.x) {
-    const W* src = (q % 2 ? up : gate) + (q / 2) * block_words;
-    W* dst = gate_up + q * block_words;
-    for (std::int64_t w = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x; w < block_words; w += step)
-      dst[w] = src[w];
-  }
-}
-
 }  // namespace
 
 std::size_t dispatch_plan_workspace_bytes_cuda(const DispatchPlanProblem& p) {
@@ -511,26 +490,18 @@ void combine_backward_cuda(const MoeCombineBackwardArgs& a, const CombineProblem
   });
 }
 
+// Block b of 64 rows of gate (counted over all experts: the arrays are dense) is block 2 b of
+// gate_up, block b of up is block 2 b + 1: each source is one strided 2-D copy (rows of one block's
+// bytes, every other block's place in gate_up), which the copy engine takes at any alignment.
 void interleave_gate_up_cuda(const Tensor& gate, const Tensor& up, const Tensor& gate_up, const InterleaveProblem& p,
                              Stream s) {
-  const std::int64_t blocks = 2 * p.experts * (p.inter / kMoeGateUpBlock);
-  const std::int64_t block_bytes = kMoeGateUpBlock * p.hidden * std::int64_t(dtype_size(gate.dtype));
-  const auto launch = [&](auto word) {
-    using W = decltype(word);
-    const std::int64_t words = block_bytes / std::int64_t(sizeof(W));
-    const int threads = int(std::min<std::int64_t>(kInterleaveThreads, (words + 31) / 32 * 32));
-    const dim3 grid(grid_1d(blocks, 1, INT_MAX), grid_1d(words, threads));
-    interleave_gate_up_kernel<W><<<grid, threads, 0, as_cuda(s)>>>(
-        static_cast<const W*>(gate.data), static_cast<const W*>(up.data), static_cast<W*>(gate_up.data), blocks, words);
-    RUDNN_CUDA_CHECK_LAUNCH(interleave_gate_up_kernel);
-  };
-  const auto aligned = [](const void* at) { return reinterpret_cast<std::uintptr_t>(at) % 16 == 0; };
-  if (aligned(gate.data) && aligned(up.data) && aligned(gate_up.data))
-    launch(uint4{});
-  else if (dtype_size(gate.dtype) == 4)
-    launch(std::uint32_t{});
-  else
-    launch(std::uint16_t{});
+  const std::size_t block = std::size_t(kMoeGateUpBlock * p.hidden) * dtype_size(gate.dtype);
+  const std::size_t blocks = std::size_t(p.experts * (p.inter / kMoeGateUpBlock));
+  char* out = static_cast<char*>(gate_up.data);
+  RUDNN_CUDA_CHECK(cudaMemcpy2DAsync(out, 2 * block, gate.data, block, block, blocks, cudaMemcpyDeviceToDevice,
+                                     as_cuda(s)));
+  RUDNN_CUDA_CHECK(cudaMemcpy2DAsync(out + block, 2 * block, up.data, block, block, blocks, cudaMemcpyDeviceToDevice,
+                                     as_cuda(s)));
 }
 
 }  // namespace rudnn::moe

@@ -98,13 +98,6 @@ Arch forward_arch(int device) {
   return props.cc_major == 8 ? Arch::sm80 : Arch::none;
 }
 
-// Whether the forward runs gate/up as one GEMM with SwiGLU in its epilogue: Hopper, inference
-// (training keeps a and b for the backward), gate_up given and 16-byte aligned for TMA.
-bool fuses_swiglu(const MoeExpertsForwardArgs& a) {
-  return a.gate_up != nullptr && a.gate_pre == nullptr && aligned16(a.gate_up->data) &&
-         forward_arch(a.x.device.index) == Arch::sm90;
-}
-
 // Workspace bytes and launch of one forward segment GEMM on the chosen architecture (sm90: the
 // layouts nt, or nt_swiglu for the fused gate/up GEMM).
 std::size_t forward_gemm_bytes(Arch arch, sm90::Layouts layouts, DType dtype, int groups, int device) {
@@ -153,10 +146,15 @@ const char* tensor_core_forward_unsupported(const MoeExpertsForwardArgs& a, cons
   return nullptr;
 }
 
-bool tensor_core_forward_fused(const MoeExpertsForwardArgs& a) { return fuses_swiglu(a); }
+// Hopper, inference (training keeps a and b for the backward), gate_up given and 16-byte aligned
+// for TMA.
+bool tensor_core_forward_fused(const MoeExpertsForwardArgs& a) {
+  return a.gate_up != nullptr && a.gate_pre == nullptr && aligned16(a.gate_up->data) &&
+         forward_arch(a.x.device.index) == Arch::sm90;
+}
 
 std::size_t experts_forward_tensor_core_workspace_bytes(const MoeExpertsForwardArgs& a, const ExpertsProblem& p) {
-  const Layout l = layout_of(p, a.x.dtype, a.gate_pre != nullptr, fuses_swiglu(a), a.x.device.index);
+  const Layout l = layout_of(p, a.x.dtype, a.gate_pre != nullptr, tensor_core_forward_fused(a), a.x.device.index);
   return l.gemm1 + l.gemm2 + l.buffers * l.buffer;
 }
 
@@ -164,7 +162,7 @@ void experts_forward_tensor_core_cuda(const MoeExpertsForwardArgs& a, const Expe
   const cudaStream_t stream = as_cuda(s);
   const int device = a.x.device.index;
   const bool training = a.gate_pre != nullptr;
-  const bool fused = fuses_swiglu(a);
+  const bool fused = tensor_core_forward_fused(a);
   const Layout l = layout_of(p, a.x.dtype, training, fused, device);
   char* ws = static_cast<char*>(a.workspace->data);
   char* gemm1_ws = ws;
