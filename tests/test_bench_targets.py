@@ -79,6 +79,30 @@ def test_moe_unfused_rows_price_the_fused_gate_up(monkeypatch):
     assert not any(c.op.endswith("[unfused]") for c in bmoe.cases("cpu", quick=False))
 
 
+def test_moe_cooperative_rows_price_the_pingpong_tiles(monkeypatch):
+    """"[cooperative]" twins exist only for cases whose default takes the ping-pong tiles (at most 64
+    rows per expert on average), beside the default row of the same shape, and their run and check
+    see RUDNN_MOE_GEMM_SCHEDULE=cooperative (restored after); the default rows see no override."""
+    monkeypatch.delenv("RUDNN_MOE_GEMM_SCHEDULE", raising=False)
+    env = lambda: os.environ.get("RUDNN_MOE_GEMM_SCHEDULE")
+    for name in ("_forward", "_grouped_gemm", "_forward_backward"):
+        monkeypatch.setattr(bmoe, name, lambda spec, device, fused: bench.Prepared(
+            run=lambda: (env(), fused), peer=lambda: None, check=lambda: (env(), fused)))
+    gpu = bmoe.cases("cuda", quick=True)
+    twins = [c for c in gpu if c.op.endswith("[cooperative]")]
+    assert {c.op for c in twins} == {"moe_forward[cooperative]", "moe_grouped_gemm[cooperative]"}
+    for c in twins:
+        T, H, I, E, k = c.shape
+        assert T * k <= 64 * E, c  # the default takes the ping-pong tiles here
+        assert any(d.op == c.op[:-len("[cooperative]")] and d.shape == c.shape for d in gpu), c
+        p = bmoe.prepare(c, "cuda")
+        assert p.run() == p.check() == ("cooperative", True), c  # fused, as the default row
+        assert env() is None
+    default = bmoe.prepare(next(c for c in gpu if c.op == "moe_forward"), "cuda")
+    assert default.run() == (None, True)
+    assert not any(c.op.endswith("[cooperative]") for c in bmoe.cases("cpu", quick=False))
+
+
 def test_paged_mixed_cases_check_on_the_cpu():
     from rudnn.bench import paged_mixed
 

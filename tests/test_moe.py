@@ -238,7 +238,7 @@ TC_CASES = [  # (T, E, k, H, I): H, I multiples of 8 as TMA needs
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kernel", ["native", "sm80"])
+@pytest.mark.parametrize("kernel", ["native", "sm80", "cooperative", "pingpong"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("T, E, k, H, I", TC_CASES)
 def test_experts_tensor_core(monkeypatch, kernel, dtype, T, E, k, H, I):
@@ -246,10 +246,14 @@ def test_experts_tensor_core(monkeypatch, kernel, dtype, T, E, k, H, I):
     cc = torch.cuda.get_device_capability()
     if cc != (9, 0) and cc[0] != 8:
         pytest.skip("the tensor_core strategy needs sm_80-class or sm_90 GPUs in this build")
+    monkeypatch.delenv("RUDNN_MOE_SM80_ON_SM90", raising=False)
+    monkeypatch.delenv("RUDNN_MOE_GEMM_SCHEDULE", raising=False)
+    if kernel != "native" and cc != (9, 0):
+        pytest.skip("'native' already is the sm80 kernel here (no Hopper schedules)")
     if kernel == "sm80":
-        if cc != (9, 0):
-            pytest.skip("'native' already is the sm80 kernel here")
         monkeypatch.setenv("RUDNN_MOE_SM80_ON_SM90", "1")  # the CUTLASS 2.x grouped kernel on Hopper
+    elif kernel != "native":  # the forward GEMMs' tiles forced (native: <= 64 rows per expert take pingpong)
+        monkeypatch.setenv("RUDNN_MOE_GEMM_SCHEDULE", kernel)
     gate, up, down = _experts(E, I, H, dtype, device)
     experts = moe.SwiGluExperts(gate, up, down)
     plan = moe.route(rand((T, E), dtype, device, seed=4), k)
@@ -363,6 +367,32 @@ def test_fused_gate_up_tensor_core_is_bitwise_the_unfused_result(dtype, T, E, k,
     assert moe.last_algorithm() == ("tensor_core_fused" if cc == (9, 0) else "tensor_core")
     assert_close_to_oracle(y_fused, _same_dtype_experts(d, gate, up, down), _oracle_experts(d, gate, up, down), "y")
     assert torch.equal(y_fused, y_plain)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T, E, k, H, I", [
+    (300, 8, 2, 256, 128),  # ~75 rows per expert: two 64-row tiles, one 128-row tile
+    (5, 16, 4, 40, 192),    # ~1 row per expert, H = 40 (a partial K tile), empty experts
+    (200, 2, 1, 72, 64),    # ~100 rows per expert, one partial N tile in the down projection
+])
+def test_forward_gemm_schedules_agree_bitwise(dtype, T, E, k, H, I, monkeypatch):
+    # 64-row ping-pong and 128-row cooperative tiles issue the same m64n128k16 wgmma for each output
+    # element over the same K order and round once in the epilogue: the same bits, fused or not.
+    monkeypatch.delenv("RUDNN_MOE_SM80_ON_SM90", raising=False)
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the forward GEMM schedules are Hopper's (sm_90)")
+    gate, up, down = _experts(E, I, H, dtype, "cuda")
+    d = moe.route(rand((T, E), dtype, "cuda", seed=4), k).dispatch(rand((T, H), dtype, "cuda", seed=5))
+    oracle, same = _oracle_experts(d, gate, up, down), _same_dtype_experts(d, gate, up, down)
+    for fused in (False, True):
+        experts = moe.SwiGluExperts(gate, up, down, fused_gate_up=fused)
+        y = {}
+        for schedule in ("cooperative", "pingpong"):
+            monkeypatch.setenv("RUDNN_MOE_GEMM_SCHEDULE", schedule)
+            y[schedule] = experts.forward_dispatched(d, strategy="tensor_core")
+            assert_close_to_oracle(y[schedule], same, oracle, f"y ({schedule}, fused={fused})")
+        assert torch.equal(y["cooperative"], y["pingpong"]), f"fused={fused}"
 
 
 def _layer_check(out, x, logits, gate, up, down, indices, dtype, **route_opts):

@@ -302,7 +302,7 @@ def test_moe_tensor_core_elementwise_kernels(arch):
     assert checked == 4, sorted(kernels)  # sum_partials for f32, f16, bf16 and the zeroing
 
 
-MOE_GEMM_SM90 = [f"grouped_gemm_sm90_{layouts}_bf16.cu" for layouts in ("nt", "nn", "tn", "nt_swiglu")]
+MOE_GEMM_SM90 = [f"grouped_gemm_sm90_{layouts}_bf16.cu" for layouts in ("nt", "nt_pingpong", "nn", "tn", "nt_swiglu")]
 
 
 @pytest.mark.parametrize("name", MOE_GEMM_SM90)

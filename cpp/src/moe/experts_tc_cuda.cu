@@ -12,6 +12,8 @@
 //      the GEMM has no source C to accumulate the second product into: ElementC is void),
 //   4. dgate = da^T x, dup = db^T x, ddown = dy^T h (3E groups, K = the expert's rows; the
 //      experts without rows, which get no tiles, keep the zeros written first, only for them).
+// Forward GEMM tiles on sm_90: 64-row ping-pong tiles when experts hold <= 64 rows on average,
+// 128x128 cooperative ones otherwise (forward_schedule below).
 // Fused forward (sm_90, inference, the experts built with gate_up, moe_interleave_gate_up's
 // layout): steps 1 and 2 are one grouped GEMM with E groups over gate_up (N = 2I) whose epilogue
 // writes h = silu(a) * b (swiglu_epilogue.hpp): a and b never reach memory.
@@ -98,19 +100,37 @@ Arch forward_arch(int device) {
   return props.cc_major == 8 ? Arch::sm80 : Arch::none;
 }
 
-// Workspace bytes and launch of one forward segment GEMM on the chosen architecture (sm90: the
-// layouts nt, or nt_swiglu for the fused gate/up GEMM).
-std::size_t forward_gemm_bytes(Arch arch, sm90::Layouts layouts, DType dtype, int groups, int device) {
-  return arch == Arch::sm80 ? sm80::workspace_bytes(dtype, groups)
-                            : sm90::workspace_bytes(layouts, dtype, groups, device);
+// The schedule of the forward's nt GEMMs on sm90 (issue 25's configuration table). With few rows
+// per expert on average (T * k / E <= 64: decode and small batches), 64-row ping-pong tiles: an
+// expert of r <= 64 rows is padded to 64 rows of MMA work instead of 128, and one warpgroup's
+// epilogue runs under the other's mainloop. Otherwise 128x128 cooperative tiles, which move a third
+// fewer operand bytes per FLOP. The fused gate/up GEMM (nt_swiglu) is cooperative always.
+// RUDNN_MOE_GEMM_SCHEDULE=cooperative or =pingpong forces one (the tests run both; the bench
+// prices the other one on decode rows); any other value means this rule.
+constexpr std::int64_t kPingpongRowsPerExpert = 64;
+
+sm90::Schedule forward_schedule(const ExpertsProblem& p) {
+  const char* force = std::getenv("RUDNN_MOE_GEMM_SCHEDULE");
+  const std::string forced = force ? force : "";
+  if (forced == "cooperative") return sm90::Schedule::cooperative;
+  if (forced == "pingpong") return sm90::Schedule::pingpong;
+  return p.rows <= kPingpongRowsPerExpert * p.experts ? sm90::Schedule::pingpong : sm90::Schedule::cooperative;
 }
 
-void run_forward_gemm(Arch arch, sm90::Layouts layouts, DType dtype, const sm90::SegmentGemm& g, void* ws,
-                      std::size_t bytes, int device, cudaStream_t stream) {
+// Workspace bytes and launch of one forward segment GEMM on the chosen architecture (sm90: the
+// layouts nt with the call's schedule, or nt_swiglu for the fused gate/up GEMM).
+std::size_t forward_gemm_bytes(Arch arch, sm90::Layouts layouts, sm90::Schedule schedule, DType dtype, int groups,
+                               int device) {
+  return arch == Arch::sm80 ? sm80::workspace_bytes(dtype, groups)
+                            : sm90::workspace_bytes(layouts, dtype, groups, device, schedule);
+}
+
+void run_forward_gemm(Arch arch, sm90::Layouts layouts, sm90::Schedule schedule, DType dtype,
+                      const sm90::SegmentGemm& g, void* ws, std::size_t bytes, int device, cudaStream_t stream) {
   if (arch == Arch::sm80)
     sm80::run(dtype, g, ws, bytes, stream);
   else
-    sm90::run(layouts, dtype, g, ws, bytes, device, stream);
+    sm90::run(layouts, dtype, g, ws, bytes, device, stream, schedule);
 }
 
 struct Layout {
@@ -121,9 +141,11 @@ struct Layout {
 Layout layout_of(const ExpertsProblem& p, DType dtype, bool training, bool fused, int device) {
   Layout l;
   const Arch arch = forward_arch(device);
-  l.gemm1 = align_up(fused ? forward_gemm_bytes(arch, sm90::Layouts::nt_swiglu, dtype, p.experts, device)
-                           : forward_gemm_bytes(arch, sm90::Layouts::nt, dtype, 2 * p.experts, device));
-  l.gemm2 = align_up(forward_gemm_bytes(arch, sm90::Layouts::nt, dtype, p.experts, device));
+  const sm90::Schedule schedule = forward_schedule(p);
+  l.gemm1 = align_up(
+      fused ? forward_gemm_bytes(arch, sm90::Layouts::nt_swiglu, sm90::Schedule::cooperative, dtype, p.experts, device)
+            : forward_gemm_bytes(arch, sm90::Layouts::nt, schedule, dtype, 2 * p.experts, device));
+  l.gemm2 = align_up(forward_gemm_bytes(arch, sm90::Layouts::nt, schedule, dtype, p.experts, device));
   l.buffer = align_up(std::size_t(p.rows) * std::size_t(p.inter) * dtype_size(dtype));
   l.buffers = training || fused ? 1 : 3;
   return l;
@@ -175,16 +197,18 @@ void experts_forward_tensor_core_cuda(const MoeExpertsForwardArgs& a, const Expe
 
   const int* offsets = a.offsets.ptr<int>();
   const Arch arch = forward_arch(device);
+  const sm90::Schedule schedule = forward_schedule(p);
   if (fused) {
     // h [rows, I] straight from the epilogue of x · gate_up^T ([rows, 2I], never stored)
     sm90::SegmentGemm up_proj = segment_gemm(p, offsets, 1);
     up_proj.set[0] = rows_set(a.x.data, p.x_stride, a.gate_up->data, 2 * I * H, H, h, I, 2 * I, H);
-    run_forward_gemm(arch, sm90::Layouts::nt_swiglu, a.x.dtype, up_proj, gemm1_ws, l.gemm1, device, stream);
+    run_forward_gemm(arch, sm90::Layouts::nt_swiglu, sm90::Schedule::cooperative, a.x.dtype, up_proj, gemm1_ws,
+                     l.gemm1, device, stream);
   } else {
     sm90::SegmentGemm up_proj = segment_gemm(p, offsets, 2);
     up_proj.set[0] = rows_set(a.x.data, p.x_stride, a.gate.data, I * H, H, pre_a, I, I, H);
     up_proj.set[1] = rows_set(a.x.data, p.x_stride, a.up.data, I * H, H, pre_b, I, I, H);
-    run_forward_gemm(arch, sm90::Layouts::nt, a.x.dtype, up_proj, gemm1_ws, l.gemm1, device, stream);
+    run_forward_gemm(arch, sm90::Layouts::nt, schedule, a.x.dtype, up_proj, gemm1_ws, l.gemm1, device, stream);
 
     dispatch_float(a.x.dtype, [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -197,7 +221,7 @@ void experts_forward_tensor_core_cuda(const MoeExpertsForwardArgs& a, const Expe
 
   sm90::SegmentGemm down_proj = segment_gemm(p, offsets, 1);
   down_proj.set[0] = rows_set(h, I, a.down.data, H * I, I, a.y.data, p.y_stride, H, I);
-  run_forward_gemm(arch, sm90::Layouts::nt, a.x.dtype, down_proj, gemm2_ws, l.gemm2, device, stream);
+  run_forward_gemm(arch, sm90::Layouts::nt, schedule, a.x.dtype, down_proj, gemm2_ws, l.gemm2, device, stream);
 }
 
 }  // namespace rudnn::moe

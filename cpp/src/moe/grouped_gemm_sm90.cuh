@@ -89,26 +89,40 @@ class SwigluEpilogueArray
   Params params_;
 };
 
+// The tile shape and the kernel and epilogue schedules of each Schedule (grouped_gemm_sm90.hpp).
+// No cluster: MoE segments are short in M, and clusters would multicast across unrelated experts.
+template <Schedule S> struct ScheduleOf;
+template <> struct ScheduleOf<Schedule::cooperative> {
+  using TileShape = Shape<_128, _128, _64>;  // two consumer warpgroups stacked along M on one tile
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+template <> struct ScheduleOf<Schedule::pingpong> {
+  using TileShape = Shape<_64, _128, _64>;  // one m64n128 warpgroup per tile, two tiles in flight
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
 // The collective epilogue of each layout: CUTLASS's TMA epilogue (D = alpha A B, no source C),
-// or the SwiGLU one.
-template <Layouts L, class Element, class TileShape, class ClusterShape, class LayoutD, class ElementD,
-          int kAlignmentD>
+// or the SwiGLU one (cooperative only: store_swiglu_tile knows that schedule's fragments).
+template <Layouts L, Schedule S, class Element, class LayoutD, class ElementD, int kAlignmentD>
 struct EpilogueOf {
   using type = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename ScheduleOf<S>::TileShape, Shape<_1, _1, _1>,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       void, LayoutD*, kAlignmentD,  // no source C
-      ElementD, LayoutD*, kAlignmentD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      ElementD, LayoutD*, kAlignmentD, typename ScheduleOf<S>::Epilogue,
       cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
 };
-template <class Element, class TileShape, class ClusterShape, class LayoutD, class ElementD, int kAlignmentD>
-struct EpilogueOf<Layouts::nt_swiglu, Element, TileShape, ClusterShape, LayoutD, ElementD, kAlignmentD> {
+template <class Element, class LayoutD, class ElementD, int kAlignmentD>
+struct EpilogueOf<Layouts::nt_swiglu, Schedule::cooperative, Element, LayoutD, ElementD, kAlignmentD> {
+  static_assert(std::is_same_v<typename ScheduleOf<Schedule::cooperative>::TileShape, SwigluTile>);
   using type = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
       SwigluEpilogueArray<Element, cutlass::detail::TagToStrideC_t<LayoutD*>>>;
 };
 
 // D = A · B per group, fp32 accumulation, D row-major [M, N] (nt_swiglu: h [M, N / 2]).
-template <Layouts L, class Element>
+template <Layouts L, class Element, Schedule S = Schedule::cooperative>
 struct GroupedGemmConfig {
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M, N, K) per group
   using LayoutA = typename LayoutsOf<L, Element>::A;
@@ -117,14 +131,11 @@ struct GroupedGemmConfig {
   using ElementD = typename LayoutsOf<L, Element>::ElementD;
   static constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte rows and bases
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
-  // 128x128x64 tiles, two consumer warpgroups sharing each tile (cooperative), no cluster:
-  // MoE segments are short in M, and clusters would multicast across unrelated experts.
-  using TileShape = Shape<_128, _128, _64>;
+  using TileShape = typename ScheduleOf<S>::TileShape;
   using ClusterShape = Shape<_1, _1, _1>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using KernelSchedule = typename ScheduleOf<S>::Kernel;
 
-  using CollectiveEpilogue =
-      typename EpilogueOf<L, Element, TileShape, ClusterShape, LayoutD, ElementD, kAlignmentD>::type;
+  using CollectiveEpilogue = typename EpilogueOf<L, S, Element, LayoutD, ElementD, kAlignmentD>::type;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlignment, Element, LayoutB*,
@@ -249,17 +260,17 @@ inline void check_status(cutlass::Status status, const char* what) {
                                      cutlassGetStatusString(status));
 }
 
-template <Layouts L, class Element>
+template <Layouts L, class Element, Schedule S = Schedule::cooperative>
 std::size_t workspace_bytes_impl(int groups, int device) {
-  using Config = GroupedGemmConfig<L, Element>;
+  using Config = GroupedGemmConfig<L, Element, S>;
   const GroupArrays<Config> none{};
   const auto args = make_arguments<Config>(none, groups, device);
   return GroupArrays<Config>::bytes(groups) + GroupArrays<Config>::align(Config::Gemm::get_workspace_size(args));
 }
 
-template <Layouts L, class Element>
+template <Layouts L, class Element, Schedule S = Schedule::cooperative>
 void run_impl(const SegmentGemm& g, void* workspace, std::size_t workspace_size, int device, cudaStream_t stream) {
-  using Config = GroupedGemmConfig<L, Element>;
+  using Config = GroupedGemmConfig<L, Element, S>;
   const int groups = g.experts * g.sets;
   const GroupArrays<Config> arrays = GroupArrays<Config>::carve(workspace, groups);
   build_group_arrays_kernel<Config><<<(groups + 127) / 128, 128, 0, stream>>>(g, arrays);

@@ -1,6 +1,6 @@
 // Grouped GEMM over expert segments for the "tensor_core" strategy: CUTLASS 3.x ptr-array
-// grouped kernel (sm90a: TMA loads, wgmma, warp-specialized cooperative schedule), built with
-// the collective builders. One instantiation per (layouts, dtype), each in its own .cu file.
+// grouped kernel (sm90a: TMA loads, wgmma, warp-specialized), built with the collective builders.
+// One instantiation per (layouts, schedule, dtype), each in its own .cu file.
 //
 // A "segment GEMM" is one grouped launch over the experts (and up to three operand sets):
 // for set s and expert e, D = A · B with fp32 accumulation, where each operand's base moves
@@ -16,6 +16,12 @@
 //   tn: A M-contiguous, B N-contiguous, D float32            (weight gradients: da^T · x)
 //   nt_swiglu: as nt, B the interleaved gate_up weights (N = 2I), D = h = silu(a) * b [M, I]
 //              from the epilogue (swiglu_epilogue.hpp; N a multiple of 128)
+//
+// Two schedules (issue 25's configuration table; experts_tc_cuda.cu picks one per call):
+//   cooperative: 128x128x64 tiles, both consumer warpgroups on one tile (every layout);
+//   pingpong:    64x128x64 tiles, each consumer warpgroup on its own tile, the two alternating so
+//                that one's epilogue runs under the other's mainloop (nt only: the forward's
+//                GEMMs when experts hold few rows, where a 128-row tile would be mostly padding).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,11 +29,13 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "rudnn/error.hpp"
 #include "rudnn/tensor.hpp"
 
 namespace rudnn::moe::sm90 {
 
 enum class Layouts { nt, nn, tn, nt_swiglu };
+enum class Schedule { cooperative, pingpong };
 enum class Placement : unsigned char { segment, expert };
 
 struct Operand {
@@ -57,6 +65,8 @@ namespace detail {  // one pair per instantiation (grouped_gemm_sm90_<layouts>_<
                      cudaStream_t stream);
 RUDNN_SM90_GEMM_DECL(nt, bf16)
 RUDNN_SM90_GEMM_DECL(nt, f16)
+RUDNN_SM90_GEMM_DECL(nt_pingpong, bf16)
+RUDNN_SM90_GEMM_DECL(nt_pingpong, f16)
 RUDNN_SM90_GEMM_DECL(nt_swiglu, bf16)
 RUDNN_SM90_GEMM_DECL(nt_swiglu, f16)
 RUDNN_SM90_GEMM_DECL(nn, bf16)
@@ -66,9 +76,20 @@ RUDNN_SM90_GEMM_DECL(tn, f16)
 #undef RUDNN_SM90_GEMM_DECL
 }  // namespace detail
 
+// The one (layouts, schedule) pair built beside the cooperative ones.
+inline void check_schedule(Layouts layouts, Schedule schedule) {
+  if (schedule == Schedule::pingpong && layouts != Layouts::nt)
+    throw Error(ErrorKind::unsupported, "SwiGluExperts (tensor_core): the ping-pong grouped GEMM is built for nt only");
+}
+
 // Device bytes one call with `groups` groups needs: argument arrays plus CUTLASS's workspace.
-inline std::size_t workspace_bytes(Layouts layouts, DType dtype, int groups, int device) {
+inline std::size_t workspace_bytes(Layouts layouts, DType dtype, int groups, int device,
+                                   Schedule schedule = Schedule::cooperative) {
   const bool bf16 = dtype == DType::bf16;
+  check_schedule(layouts, schedule);
+  if (schedule == Schedule::pingpong)
+    return bf16 ? detail::workspace_bytes_nt_pingpong_bf16(groups, device)
+                : detail::workspace_bytes_nt_pingpong_f16(groups, device);
   switch (layouts) {
     case Layouts::nt: return bf16 ? detail::workspace_bytes_nt_bf16(groups, device) : detail::workspace_bytes_nt_f16(groups, device);
     case Layouts::nn: return bf16 ? detail::workspace_bytes_nn_bf16(groups, device) : detail::workspace_bytes_nn_f16(groups, device);
@@ -82,8 +103,12 @@ inline std::size_t workspace_bytes(Layouts layouts, DType dtype, int groups, int
 // Queues the grouped GEMM (inputs f16 or bf16) on `stream`. The caller has checked that the
 // device is sm_90 and that every leading dimension and base pointer suits TMA (16 bytes).
 inline void run(Layouts layouts, DType dtype, const SegmentGemm& g, void* workspace, std::size_t workspace_size,
-                int device, cudaStream_t stream) {
+                int device, cudaStream_t stream, Schedule schedule = Schedule::cooperative) {
   const bool bf16 = dtype == DType::bf16;
+  check_schedule(layouts, schedule);
+  if (schedule == Schedule::pingpong)
+    return bf16 ? detail::run_nt_pingpong_bf16(g, workspace, workspace_size, device, stream)
+                : detail::run_nt_pingpong_f16(g, workspace, workspace_size, device, stream);
   switch (layouts) {
     case Layouts::nt:
       return bf16 ? detail::run_nt_bf16(g, workspace, workspace_size, device, stream)

@@ -21,14 +21,18 @@ The check column names the experts strategy that served the row (rudnn.moe.last_
 On the GPU the experts are built with fused_gate_up (gate and up interleaved once, SwiGLU in the
 gate/up GEMM's epilogue on Hopper: "tensor_core_fused" in the check column), as the peer keeps its
 gate+up weights concatenated; rows "<op>[unfused]" time the same case on gate and up as given
-(two GEMM operand sets and a SwiGLU kernel), so one run prices the fusion.
+(two GEMM operand sets and a SwiGLU kernel), so one run prices the fusion. On Hopper the forward's
+GEMMs take 64-row ping-pong tiles when experts hold <= 64 rows on average (decode and small
+batches), 128x128 cooperative tiles otherwise; rows "<op>[cooperative]" force the latter on such
+cases (RUDNN_MOE_GEMM_SCHEDULE, set and restored around each call: a few microseconds of Python in
+their host-timed rows), so one run prices the choice.
 Shapes: Qwen3-30B-A3B (H=2048, I=768, E=128, k=8; SPEC shape T = 8192) and Mixtral 8x7B
 (H=4096, I=14336, E=8, k=2).
 """
 
 from __future__ import annotations
 
-from . import CaseSpec, Prepared, compare, torch_dtype
+from . import CaseSpec, Prepared, compare, torch_dtype, with_env
 
 FAMILY = "moe"
 PEER = "torch pipeline (_grouped_mm, else per-expert loop)"
@@ -38,6 +42,7 @@ TARGETS = {"moe_grouped_gemm": (0.60, 0.0), "moe_forward": (0.0, 1.3)}  # the tw
 
 OPS = ("moe_forward", "moe_grouped_gemm", "moe_forward_backward")
 _UNFUSED = "[unfused]"  # "<op>[unfused]": the experts without fused_gate_up (GPU rows only)
+_COOPERATIVE = "[cooperative]"  # "<op>[cooperative]": the forward GEMMs' 128-row tiles forced (GPU rows only)
 _CHECK_TOKENS = 256  # correctness on at most this many tokens of the same model
 _DECODE_TOKENS = 64  # up to here rows are timed host-inclusive
 
@@ -47,9 +52,13 @@ MODELS = {"qwen3": (2048, 768, 128, 8), "mixtral": (4096, 14336, 8, 2)}  # H, I,
 # backward yet), so the quick list keeps its largest cases out.
 _GPU_FWD = [(8192, "qwen3"), (1, "qwen3"), (16, "qwen3"), (64, "qwen3"), (2048, "qwen3"), (16384, "qwen3"),
             (128, "mixtral"), (2048, "mixtral"), (16384, "mixtral")]
-_GPU_GEMM = [(8192, "qwen3"), (2048, "qwen3"), (16384, "mixtral")]
+_GPU_GEMM = [(8192, "qwen3"), (2048, "qwen3"), (512, "qwen3"), (16384, "mixtral")]
 _GPU_BWD_QUICK = [(128, "qwen3"), (2048, "qwen3"), (128, "mixtral")]
-_GPU_UNFUSED = {"moe_forward": [(8192, "qwen3")], "moe_grouped_gemm": [(8192, "qwen3"), (16384, "mixtral")]}
+_GPU_UNFUSED = {"moe_forward": [(8192, "qwen3"), (64, "qwen3")],
+                "moe_grouped_gemm": [(8192, "qwen3"), (16384, "mixtral")]}
+# cases where the default picks the ping-pong tiles (T * k / E <= 64), timed again on cooperative ones
+_GPU_COOPERATIVE = {"moe_forward": [(16, "qwen3"), (64, "qwen3"), (128, "mixtral")],
+                    "moe_grouped_gemm": [(512, "qwen3")]}
 _CPU = [(16, (64, 32, 8, 2)), (8, (32, 16, 16, 4))]
 
 
@@ -65,16 +74,24 @@ def cases(device: str, quick: bool) -> list:
     gemm = [CaseSpec(FAMILY, "moe_grouped_gemm", _shape(T, m), "bfloat16") for T, m in _GPU_GEMM]
     bwd_sizes = _GPU_BWD_QUICK if quick else _GPU_FWD
     bwd = [CaseSpec(FAMILY, "moe_forward_backward", _shape(T, m), "bfloat16") for T, m in bwd_sizes]
-    unfused = [CaseSpec(FAMILY, op + _UNFUSED, _shape(T, m), "bfloat16")
-               for op, sizes in _GPU_UNFUSED.items() for T, m in sizes]
-    return fwd + gemm + unfused + bwd
+    variants = [CaseSpec(FAMILY, op + suffix, _shape(T, m), "bfloat16")
+                for suffix, table in ((_UNFUSED, _GPU_UNFUSED), (_COOPERATIVE, _GPU_COOPERATIVE))
+                for op, sizes in table.items() for T, m in sizes]
+    return fwd + gemm + variants + bwd
 
 
 def prepare(spec: CaseSpec, device: str) -> Prepared:
-    fused = device == "cuda" and not spec.op.endswith(_UNFUSED)
-    op = spec.op[:-len(_UNFUSED)] if spec.op.endswith(_UNFUSED) else spec.op
-    return {"moe_forward": _forward, "moe_grouped_gemm": _grouped_gemm,
-            "moe_forward_backward": _forward_backward}[op](spec, device, fused)
+    op, variant = spec.op, ""
+    for suffix in (_UNFUSED, _COOPERATIVE):
+        if op.endswith(suffix):
+            op, variant = op[:-len(suffix)], suffix
+    fused = device == "cuda" and variant != _UNFUSED
+    prepared = {"moe_forward": _forward, "moe_grouped_gemm": _grouped_gemm,
+                "moe_forward_backward": _forward_backward}[op](spec, device, fused)
+    if variant == _COOPERATIVE:
+        prepared.run = with_env(prepared.run, "RUDNN_MOE_GEMM_SCHEDULE", "cooperative")
+        prepared.check = with_env(prepared.check, "RUDNN_MOE_GEMM_SCHEDULE", "cooperative")
+    return prepared
 
 
 # ---------------------------------------------------------------------------------------------
