@@ -134,13 +134,16 @@ def _swiglu_epilogue_run(mutation=None):
 
 
 def test_swiglu_epilogue_tile_store_pairs_gate_and_up_and_stays_in_bounds():
-    """The fused gate/up GEMM's epilogue store, run on the CPU for all 256 threads of the real
-    TiledMma: the accumulator pairing it assumes holds, h = silu(a) * b is stored bitwise as the
-    documented math gives it (a, b rounded first), and rows past the expert's, like the columns
-    of h past the tile's 64, stay untouched (full tile, 77 rows, 1 row; bf16 and f16)."""
+    """The fused gate/up GEMM's epilogue store, run on the CPU for every thread of both real
+    TiledMmas (cooperative: 128-row tiles, 256 threads; ping-pong: 64-row tiles, 128 threads): the
+    accumulator pairing it assumes holds, h = silu(a) * b is stored bitwise as the documented math
+    gives it (a, b rounded first), and rows past the expert's, like the columns of h past the
+    tile's 64, stay untouched (full tile, 3/5 of it, 1 row; bf16 and f16)."""
     result, lines = _swiglu_epilogue_run()
-    assert result.returncode == 0 and len(lines) == 8 and all(line.endswith(" ok") for line in lines), \
+    assert result.returncode == 0 and len(lines) == 16 and all(line.endswith(" ok") for line in lines), \
         result.stdout + result.stderr
+    for tile in ("128-row", "64-row"):
+        assert sum(tile in line for line in lines) == 8, lines
 
 
 @pytest.mark.parametrize("mutation", [

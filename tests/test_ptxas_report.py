@@ -302,7 +302,8 @@ def test_moe_tensor_core_elementwise_kernels(arch):
     assert checked == 4, sorted(kernels)  # sum_partials for f32, f16, bf16 and the zeroing
 
 
-MOE_GEMM_SM90 = [f"grouped_gemm_sm90_{layouts}_bf16.cu" for layouts in ("nt", "nt_pingpong", "nn", "tn", "nt_swiglu")]
+MOE_GEMM_SM90 = [f"grouped_gemm_sm90_{layouts}_bf16.cu"
+                 for layouts in ("nt", "nt_pingpong", "nn", "tn", "nt_swiglu", "nt_swiglu_pingpong")]
 
 
 @pytest.mark.parametrize("name", MOE_GEMM_SM90)
@@ -320,12 +321,14 @@ def test_moe_grouped_gemm_sm90(name):
         assert shared > 0 and hmma == 0, (kernel, shared, registers, hmma)
 
 
-def test_moe_fused_swiglu_epilogue_stores_h_only():
+@pytest.mark.parametrize("schedule", ["", "_pingpong"])
+def test_moe_fused_swiglu_epilogue_stores_h_only(schedule):
     """The gate/up GEMM with SwiGLU in its epilogue (swiglu_epilogue.hpp): its GEMM kernel stores
     h from registers as 32-bit global stores (two h values each; a generic ST would mean the
-    pointer lost its state space), 16 per tile and thread (64 h values per thread of a 128 x 64
-    h tile over 256 threads), one exp per h value, and no shared-memory epilogue (no TMA store)."""
-    _, sass = _ptxas_report("grouped_gemm_sm90_nt_swiglu_bf16.cu", family="moe", arch="90a")
+    pointer lost its state space), 16 per tile and thread (32 h values per thread: a 128 x 64 h
+    tile over 256 threads, cooperative, or a 64 x 64 one over a warpgroup, ping-pong), one exp per
+    h value, and no shared-memory epilogue (no TMA store)."""
+    _, sass = _ptxas_report(f"grouped_gemm_sm90_nt_swiglu{schedule}_bf16.cu", family="moe", arch="90a")
     gemm = {k: v for k, v in _sass_by_kernel(sass).items() if "SwigluEpilogueArray" in k}
     assert len(gemm) == 1, sorted(_sass_by_kernel(sass))
     lines = next(iter(gemm.values()))

@@ -1,11 +1,13 @@
 // Host run of the fused SwiGLU epilogue's tile store (cpp/src/moe/swiglu_epilogue.hpp, extracted by
-// tests/test_moe_emulation.py into kernels.inc, possibly with a planted bug) for every one of the
-// 256 consumer threads of the TiledMma the sm90a cooperative kernel runs (grouped_gemm_sm90.cuh
-// static_asserts that the collective builder chose that one). Checks, for bf16 and f16:
+// tests/test_moe_emulation.py into kernels.inc, possibly with a planted bug) for every consumer
+// thread of the two TiledMmas the sm90a kernels run: the cooperative one (128-row tiles, 256
+// threads) and the ping-pong one (64-row tiles, one warpgroup of 128 threads per tile;
+// grouped_gemm_sm90.cuh static_asserts that the collective builder chose these). Checks, for bf16
+// and f16 and both tiles of R rows:
 //   layout   each thread's accumulator i < half is column-paired as the store assumes: i + 1 is the
 //            next column (i even), i + half the same row 64 columns on (b of the same h column),
-//            and the threads' (row, column < 64) cover the 128 x 64 half tile exactly once;
-//   values   a 128 x 128 tile of accumulators (a in columns < 64, b in the rest) stored through
+//            and the threads' (row, column < 64) cover the R x 64 half tile exactly once;
+//   values   an R x 128 tile of accumulators (a in columns < 64, b in the rest) stored through
 //            store_swiglu_tile gives h = silu(round(a)) * round(b), rounded, at [row * ld + column]
 //            for rows < `rows` (full and partial tiles), and leaves every other element of the
 //            output (rows past `rows`, columns past 64 of a wider row) untouched.
@@ -28,15 +30,16 @@ namespace {
 using namespace cute;
 using rudnn::moe::sm90::SwigluTiledMma;
 
-constexpr int kRows = 128, kCols = 128, kHalfCols = 64;
+constexpr int kCols = 128, kHalfCols = 64;
 
-template <class Element>
+template <class Element, int kRows>
 bool check_layout(const char* name) {
-  SwigluTiledMma<Element> mma;
+  SwigluTiledMma<Element, kRows> mma;
+  static_assert(decltype(size(mma))::value == kRows * 2, "a warpgroup (128 threads) per 64 rows");
   std::vector<int> seen(kRows * kHalfCols, 0);
   bool ok = true;
-  for (int t = 0; t < 256 && ok; ++t) {
-    auto coords = mma.get_thread_slice(t).partition_C(make_identity_tensor(Shape<_128, _128>{}));
+  for (int t = 0; t < int(size(mma)) && ok; ++t) {
+    auto coords = mma.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<kRows>, _128>{}));
     const int n = int(size(coords)), half = n / 2;
     for (int i = 0; i < half && ok; ++i) {
       const int r = get<0>(coords(i)), c = get<1>(coords(i));
@@ -44,7 +47,8 @@ bool check_layout(const char* name) {
                            c < kHalfCols &&
                            (i % 2 == 1 || (get<0>(coords(i + 1)) == r && get<1>(coords(i + 1)) == c + 1 && c % 2 == 0));
       if (!pair_ok) {
-        std::printf("%s layout: thread %d element %d at (%d, %d) is not paired as the store assumes\n", name, t, i, r, c);
+        std::printf("%s %d-row layout: thread %d element %d at (%d, %d) is not paired as the store assumes\n", name,
+                    kRows, t, i, r, c);
         ok = false;
       } else {
         ++seen[r * kHalfCols + c];
@@ -53,10 +57,11 @@ bool check_layout(const char* name) {
   }
   for (int k = 0; k < kRows * kHalfCols && ok; ++k)
     if (seen[k] != 1) {
-      std::printf("%s layout: (%d, %d) held by %d threads\n", name, k / kHalfCols, k % kHalfCols, seen[k]);
+      std::printf("%s %d-row layout: (%d, %d) held by %d threads\n", name, kRows, k / kHalfCols, k % kHalfCols,
+                  seen[k]);
       ok = false;
     }
-  if (ok) std::printf("%s layout ok\n", name);
+  if (ok) std::printf("%s %d-row layout ok\n", name, kRows);
   return ok;
 }
 
@@ -69,19 +74,19 @@ Element expected_h(float acc_a, float acc_b) {
   return Element(a * sigmoid * b);
 }
 
-template <class Element>
+template <class Element, int kRows>
 bool check_values(const char* name, int rows, std::int64_t ld, std::uint32_t seed) {
-  SwigluTiledMma<Element> mma;
+  SwigluTiledMma<Element, kRows> mma;
   std::mt19937 rng(seed);
   std::normal_distribution<float> value(0.0f, 3.0f);
   std::vector<float> tile(kRows * kCols);
   for (float& v : tile) v = value(rng);
   const Element poison = Element(-12345.0f);
   std::vector<Element> out(std::size_t(kRows + 3) * std::size_t(ld), poison);
-  for (int t = 0; t < 256; ++t) {
+  for (int t = 0; t < int(size(mma)); ++t) {
     auto thr = mma.get_thread_slice(t);
-    auto coords = thr.partition_C(make_identity_tensor(Shape<_128, _128>{}));
-    auto acc = partition_fragment_C(mma, Shape<_128, _128>{});
+    auto coords = thr.partition_C(make_identity_tensor(Shape<Int<kRows>, _128>{}));
+    auto acc = partition_fragment_C(mma, Shape<Int<kRows>, _128>{});
     for (int i = 0; i < int(size(acc)); ++i) acc(i) = tile[get<0>(coords(i)) * kCols + get<1>(coords(i))];
     rudnn::moe::sm90::store_swiglu_tile<Element>(mma, t, acc, out.data(), ld, rows, kHalfCols);
   }
@@ -93,20 +98,27 @@ bool check_values(const char* name, int rows, std::int64_t ld, std::uint32_t see
       const Element want =
           written ? expected_h<Element>(tile[r * kCols + c], tile[r * kCols + c + kHalfCols]) : poison;
       if (got.raw() != want.raw() && bad++ < 5)
-        std::printf("%s rows=%d ld=%lld: h[%d, %lld] = %g, expected %g%s\n", name, rows, (long long)ld, r,
-                    (long long)c, float(got), float(want), written ? "" : " (must stay untouched)");
+        std::printf("%s %d-row tile, rows=%d ld=%lld: h[%d, %lld] = %g, expected %g%s\n", name, kRows, rows,
+                    (long long)ld, r, (long long)c, float(got), float(want), written ? "" : " (must stay untouched)");
     }
-  std::printf("%s rows=%d ld=%lld %s\n", name, rows, (long long)ld, bad ? "MISMATCH" : "ok");
+  std::printf("%s %d-row tile, rows=%d ld=%lld %s\n", name, kRows, rows, (long long)ld, bad ? "MISMATCH" : "ok");
   return bad == 0;
+}
+
+template <class Element, int kRows>
+bool run_tile(const char* name) {
+  bool ok = check_layout<Element, kRows>(name);
+  ok &= check_values<Element, kRows>(name, kRows, kHalfCols, 1);       // a full tile, h rows of 64
+  ok &= check_values<Element, kRows>(name, kRows * 3 / 5, 192, 2);     // partial tile, wider rows (I = 192)
+  ok &= check_values<Element, kRows>(name, 1, 64 + 8, 3);              // one row
+  return ok;
 }
 
 template <class Element>
 bool run_all(const char* name) {
-  bool ok = check_layout<Element>(name);
-  ok &= check_values<Element>(name, kRows, kHalfCols, 1);       // a full tile, h rows of 64
-  ok &= check_values<Element>(name, 77, 192, 2);                // partial tile, wider rows (I = 192)
-  ok &= check_values<Element>(name, 1, 64 + 8, 3);              // one row
-  return ok;
+  const bool cooperative = run_tile<Element, 128>(name);
+  const bool pingpong = run_tile<Element, 64>(name);
+  return cooperative && pingpong;
 }
 
 }  // namespace

@@ -12,8 +12,8 @@
 //      the GEMM has no source C to accumulate the second product into: ElementC is void),
 //   4. dgate = da^T x, dup = db^T x, ddown = dy^T h (3E groups, K = the expert's rows; the
 //      experts without rows, which get no tiles, keep the zeros written first, only for them).
-// Forward GEMM tiles on sm_90: 64-row ping-pong tiles when experts hold <= 64 rows on average,
-// 128x128 cooperative ones otherwise (forward_schedule below).
+// Forward GEMM tiles on sm_90 (fused or not): 64-row ping-pong tiles when experts hold <= 64 rows
+// on average, 128x128 cooperative ones otherwise (forward_schedule below).
 // Fused forward (sm_90, inference, the experts built with gate_up, moe_interleave_gate_up's
 // layout): steps 1 and 2 are one grouped GEMM with E groups over gate_up (N = 2I) whose epilogue
 // writes h = silu(a) * b (swiglu_epilogue.hpp): a and b never reach memory.
@@ -104,7 +104,7 @@ Arch forward_arch(int device) {
 // per expert on average (T * k / E <= 64: decode and small batches), 64-row ping-pong tiles: an
 // expert of r <= 64 rows is padded to 64 rows of MMA work instead of 128, and one warpgroup's
 // epilogue runs under the other's mainloop. Otherwise 128x128 cooperative tiles, which move a third
-// fewer operand bytes per FLOP. The fused gate/up GEMM (nt_swiglu) is cooperative always.
+// fewer operand bytes per FLOP. The fused gate/up GEMM (nt_swiglu) follows the same rule.
 // RUDNN_MOE_GEMM_SCHEDULE=cooperative or =pingpong forces one (the tests run both; the bench
 // prices the other one on decode rows); any other value means this rule.
 constexpr std::int64_t kPingpongRowsPerExpert = 64;
@@ -143,7 +143,7 @@ Layout layout_of(const ExpertsProblem& p, DType dtype, bool training, bool fused
   const Arch arch = forward_arch(device);
   const sm90::Schedule schedule = forward_schedule(p);
   l.gemm1 = align_up(
-      fused ? forward_gemm_bytes(arch, sm90::Layouts::nt_swiglu, sm90::Schedule::cooperative, dtype, p.experts, device)
+      fused ? forward_gemm_bytes(arch, sm90::Layouts::nt_swiglu, schedule, dtype, p.experts, device)
             : forward_gemm_bytes(arch, sm90::Layouts::nt, schedule, dtype, 2 * p.experts, device));
   l.gemm2 = align_up(forward_gemm_bytes(arch, sm90::Layouts::nt, schedule, dtype, p.experts, device));
   l.buffer = align_up(std::size_t(p.rows) * std::size_t(p.inter) * dtype_size(dtype));
@@ -202,8 +202,8 @@ void experts_forward_tensor_core_cuda(const MoeExpertsForwardArgs& a, const Expe
     // h [rows, I] straight from the epilogue of x · gate_up^T ([rows, 2I], never stored)
     sm90::SegmentGemm up_proj = segment_gemm(p, offsets, 1);
     up_proj.set[0] = rows_set(a.x.data, p.x_stride, a.gate_up->data, 2 * I * H, H, h, I, 2 * I, H);
-    run_forward_gemm(arch, sm90::Layouts::nt_swiglu, sm90::Schedule::cooperative, a.x.dtype, up_proj, gemm1_ws,
-                     l.gemm1, device, stream);
+    run_forward_gemm(arch, sm90::Layouts::nt_swiglu, schedule, a.x.dtype, up_proj, gemm1_ws, l.gemm1, device,
+                     stream);
   } else {
     sm90::SegmentGemm up_proj = segment_gemm(p, offsets, 2);
     up_proj.set[0] = rows_set(a.x.data, p.x_stride, a.gate.data, I * H, H, pre_a, I, I, H);

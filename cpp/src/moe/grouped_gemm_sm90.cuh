@@ -51,7 +51,7 @@ static_assert(kSwigluBlock == kMoeGateUpBlock, "the epilogue's gate/up blocks ar
 // per-element operator replaced by store_swiglu_tile (swiglu_epilogue.hpp). The GEMM's N is 2I
 // (gate_up's interleaved rows); D is h, [M, I], its row stride in dD. Each thread stores straight
 // from its accumulators: half the tile's columns, two h values (4 bytes) per store.
-template <class Element, class StrideD>
+template <class Element, class StrideD, int kRows>
 class SwigluEpilogueArray
     : public cutlass::epilogue::collective::DefaultEpilogueArray<
           void, StrideD, StrideD,
@@ -71,8 +71,8 @@ class SwigluEpilogueArray
   CUTLASS_HOST_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK, BlockCoordMNKL blk_coord_mnkl,
                                       cute::Tensor<FrgEngine, FrgLayout> const& accumulators, TiledMma tiled_mma,
                                       ResidueMNK, int thread_idx, char*) {
-    static_assert(std::is_same_v<BlockShapeMNK, SwigluTile>, "store_swiglu_tile's tile");
-    static_assert(std::is_same_v<TiledMma, SwigluTiledMma<Element>>, "store_swiglu_tile's fragment layout");
+    static_assert(std::is_same_v<BlockShapeMNK, SwigluTile<kRows>>, "store_swiglu_tile's tile");
+    static_assert(std::is_same_v<TiledMma, SwigluTiledMma<Element, kRows>>, "store_swiglu_tile's fragment layout");
     using InternalStrideD = cute::remove_pointer_t<StrideD>;
     static_assert(cute::is_static<cute::remove_cvref_t<decltype(get<1>(InternalStrideD{}))>>::value,
                   "row-major h: the leading dimension is the stride's first mode");
@@ -80,7 +80,7 @@ class SwigluEpilogueArray
     const int m_block = int(get<0>(blk_coord_mnkl)), n_block = int(get<1>(blk_coord_mnkl));
     const int group = int(get<3>(blk_coord_mnkl));
     const std::int64_t ld = get<0>(params_.dD[group]);
-    const int row0 = m_block * int(size<0>(SwigluTile{})), col0 = n_block * kSwigluBlock;
+    const int row0 = m_block * kRows, col0 = n_block * kSwigluBlock;
     Element* out = params_.ptr_D[group] + std::int64_t(row0) * ld + col0;
     store_swiglu_tile<Element>(tiled_mma, thread_idx, accumulators, out, ld, rows - row0, cols - col0);
   }
@@ -104,7 +104,7 @@ template <> struct ScheduleOf<Schedule::pingpong> {
 };
 
 // The collective epilogue of each layout: CUTLASS's TMA epilogue (D = alpha A B, no source C),
-// or the SwiGLU one (cooperative only: store_swiglu_tile knows that schedule's fragments).
+// or the SwiGLU one.
 template <Layouts L, Schedule S, class Element, class LayoutD, class ElementD, int kAlignmentD>
 struct EpilogueOf {
   using type = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -114,11 +114,11 @@ struct EpilogueOf {
       ElementD, LayoutD*, kAlignmentD, typename ScheduleOf<S>::Epilogue,
       cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
 };
-template <class Element, class LayoutD, class ElementD, int kAlignmentD>
-struct EpilogueOf<Layouts::nt_swiglu, Schedule::cooperative, Element, LayoutD, ElementD, kAlignmentD> {
-  static_assert(std::is_same_v<typename ScheduleOf<Schedule::cooperative>::TileShape, SwigluTile>);
+template <Schedule S, class Element, class LayoutD, class ElementD, int kAlignmentD>
+struct EpilogueOf<Layouts::nt_swiglu, S, Element, LayoutD, ElementD, kAlignmentD> {
+  static constexpr int kRows = size<0>(typename ScheduleOf<S>::TileShape{});
   using type = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<
-      SwigluEpilogueArray<Element, cutlass::detail::TagToStrideC_t<LayoutD*>>>;
+      SwigluEpilogueArray<Element, cutlass::detail::TagToStrideC_t<LayoutD*>, kRows>>;
 };
 
 // D = A · B per group, fp32 accumulation, D row-major [M, N] (nt_swiglu: h [M, N / 2]).

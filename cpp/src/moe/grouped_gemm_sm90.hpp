@@ -20,8 +20,9 @@
 // Two schedules (issue 25's configuration table; experts_tc_cuda.cu picks one per call):
 //   cooperative: 128x128x64 tiles, both consumer warpgroups on one tile (every layout);
 //   pingpong:    64x128x64 tiles, each consumer warpgroup on its own tile, the two alternating so
-//                that one's epilogue runs under the other's mainloop (nt only: the forward's
-//                GEMMs when experts hold few rows, where a 128-row tile would be mostly padding).
+//                that one's epilogue runs under the other's mainloop (nt and nt_swiglu only: the
+//                forward's GEMMs when experts hold few rows, where a 128-row tile would be mostly
+//                padding).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -69,6 +70,8 @@ RUDNN_SM90_GEMM_DECL(nt_pingpong, bf16)
 RUDNN_SM90_GEMM_DECL(nt_pingpong, f16)
 RUDNN_SM90_GEMM_DECL(nt_swiglu, bf16)
 RUDNN_SM90_GEMM_DECL(nt_swiglu, f16)
+RUDNN_SM90_GEMM_DECL(nt_swiglu_pingpong, bf16)
+RUDNN_SM90_GEMM_DECL(nt_swiglu_pingpong, f16)
 RUDNN_SM90_GEMM_DECL(nn, bf16)
 RUDNN_SM90_GEMM_DECL(nn, f16)
 RUDNN_SM90_GEMM_DECL(tn, bf16)
@@ -76,10 +79,11 @@ RUDNN_SM90_GEMM_DECL(tn, f16)
 #undef RUDNN_SM90_GEMM_DECL
 }  // namespace detail
 
-// The one (layouts, schedule) pair built beside the cooperative ones.
+// The forward's layouts also have ping-pong instantiations; the backward's are cooperative only.
 inline void check_schedule(Layouts layouts, Schedule schedule) {
-  if (schedule == Schedule::pingpong && layouts != Layouts::nt)
-    throw Error(ErrorKind::unsupported, "SwiGluExperts (tensor_core): the ping-pong grouped GEMM is built for nt only");
+  if (schedule == Schedule::pingpong && layouts != Layouts::nt && layouts != Layouts::nt_swiglu)
+    throw Error(ErrorKind::unsupported,
+                "SwiGluExperts (tensor_core): the ping-pong grouped GEMM is built for the forward's layouts only");
 }
 
 // Device bytes one call with `groups` groups needs: argument arrays plus CUTLASS's workspace.
@@ -87,6 +91,9 @@ inline std::size_t workspace_bytes(Layouts layouts, DType dtype, int groups, int
                                    Schedule schedule = Schedule::cooperative) {
   const bool bf16 = dtype == DType::bf16;
   check_schedule(layouts, schedule);
+  if (schedule == Schedule::pingpong && layouts == Layouts::nt_swiglu)
+    return bf16 ? detail::workspace_bytes_nt_swiglu_pingpong_bf16(groups, device)
+                : detail::workspace_bytes_nt_swiglu_pingpong_f16(groups, device);
   if (schedule == Schedule::pingpong)
     return bf16 ? detail::workspace_bytes_nt_pingpong_bf16(groups, device)
                 : detail::workspace_bytes_nt_pingpong_f16(groups, device);
@@ -106,6 +113,9 @@ inline void run(Layouts layouts, DType dtype, const SegmentGemm& g, void* worksp
                 int device, cudaStream_t stream, Schedule schedule = Schedule::cooperative) {
   const bool bf16 = dtype == DType::bf16;
   check_schedule(layouts, schedule);
+  if (schedule == Schedule::pingpong && layouts == Layouts::nt_swiglu)
+    return bf16 ? detail::run_nt_swiglu_pingpong_bf16(g, workspace, workspace_size, device, stream)
+                : detail::run_nt_swiglu_pingpong_f16(g, workspace, workspace_size, device, stream);
   if (schedule == Schedule::pingpong)
     return bf16 ? detail::run_nt_pingpong_bf16(g, workspace, workspace_size, device, stream)
                 : detail::run_nt_pingpong_f16(g, workspace, workspace_size, device, stream);

@@ -12,8 +12,12 @@
 // a and b are rounded to the element type before the SwiGLU, as the unfused path rounds them when
 // it stores them: fused and unfused give the same h for the same accumulators.
 //
+// Two schedules run it (grouped_gemm_sm90.hpp): cooperative, 128-row tiles shared by two consumer
+// warpgroups (256 threads), and ping-pong, 64-row tiles of one warpgroup each (128 threads); the
+// pairing is the same in both, as each warpgroup holds m64n128 fragments.
+//
 // The tile store below is plain CuTe and C++ (host and device): tests/emulation/
-// moe_swiglu_epilogue_emu.cpp runs it on the CPU for every thread of the real TiledMma.
+// moe_swiglu_epilogue_emu.cpp runs it on the CPU for every thread of both real TiledMmas.
 #pragma once
 
 #include <cmath>
@@ -27,17 +31,19 @@ namespace rudnn::moe::sm90 {
 
 // ---- tile store (tests/emulation/moe_swiglu_epilogue_emu.cpp extracts this section) ----
 
-// The CTA tile of the fused GEMM: 128 rows, 128 interleaved columns (64 of h), K by 64.
-using SwigluTile = cute::Shape<cute::_128, cute::_128, cute::_64>;
+// A CTA tile of the fused GEMM: kRows rows (128 cooperative, 64 ping-pong), 128 interleaved
+// columns (64 of h), K by 64.
+template <int kRows>
+using SwigluTile = cute::Shape<cute::Int<kRows>, cute::_128, cute::_64>;
 constexpr int kSwigluBlock = 64;  // weight rows per gate or up block of gate_up, h columns per tile
 
-// The tiled MMA the cooperative kernel runs on that tile (two consumer warpgroups stacked along
-// M, each an m64n128 wgmma): grouped_gemm_sm90.cuh checks that the collective builder chose it.
-template <class Element>
+// The tiled MMA the kernel runs on that tile (kRows / 64 consumer warpgroups stacked along M, each
+// an m64n128 wgmma): grouped_gemm_sm90.cuh checks that the collective builder chose it.
+template <class Element, int kRows>
 using SwigluTiledMma = decltype(cute::make_tiled_mma(
-    cute::SM90::GMMA::ss_op_selector<Element, Element, float, SwigluTile, cute::SM90::GMMA::Major::K,
+    cute::SM90::GMMA::ss_op_selector<Element, Element, float, SwigluTile<kRows>, cute::SM90::GMMA::Major::K,
                                      cute::SM90::GMMA::Major::K>(),
-    cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+    cute::Layout<cute::Shape<cute::Int<kRows / 64>, cute::_1, cute::_1>>{}));
 
 // h = silu(a) * b from float32 accumulators, a and b rounded to Element first (the unfused path
 // stores them rounded), in the unfused kernel's order: (a * sigmoid(a)) * b.
@@ -57,7 +63,7 @@ CUTE_HOST_DEVICE void store_swiglu_tile(TiledMma const& tiled_mma, int thread_id
                                         Element* out, std::int64_t ld, int rows, int cols) {
   using namespace cute;
   auto thr = tiled_mma.get_thread_slice(thread_idx);
-  auto coords = thr.partition_C(make_identity_tensor(Shape<_128, _128>{}));  // tile (row, column)
+  auto coords = thr.partition_C(make_identity_tensor(make_shape(tile_size<0>(tiled_mma), _128{})));  // (row, col)
   constexpr int kHalf = decltype(size(acc))::value / 2;
   static_assert(kHalf * 2 == decltype(size(coords))::value, "one coordinate per accumulator");
   CUTE_UNROLL
