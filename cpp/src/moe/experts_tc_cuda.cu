@@ -8,8 +8,8 @@
 // (grouped_gemm_sm80.hpp); RUDNN_MOE_SM80_ON_SM90=1 selects it on Hopper too (to test it there).
 // Backward (sm_90 only; float32 GEMM outputs, rounded once):
 //   1. dh = dy · down_e (E groups), 2. h, da, db from dh, a, b (elementwise),
-//   3. dx = da · gate_e + db · up_e (2E groups into two float32 partials, summed elementwise;
-//      the GEMM has no source C to accumulate the second product into: ElementC is void),
+//   3. dx = da · gate_e + db · up_e: p = da · gate_e into a float32 partial (E groups), then
+//      dx = db · up_e + p (E groups, the partial as the GEMM's source C, beta = 1), rounded once,
 //   4. dgate = da^T x, dup = db^T x, ddown = dy^T h (3E groups, K = the expert's rows; the
 //      experts without rows, which get no tiles, keep the zeros written first, only for them).
 // Forward GEMM tiles on sm_90 (fused or not): 64-row ping-pong tiles when experts hold <= 64 rows
@@ -22,7 +22,6 @@
 #include <string>
 
 #include "core/device.hpp"
-#include "core/pack.cuh"
 #include "moe/cuda_common.cuh"
 #include "moe/grouped_gemm_sm80.hpp"
 #include "moe/grouped_gemm_sm90.hpp"
@@ -250,42 +249,6 @@ __global__ void swiglu_backward_rows_kernel(const float* __restrict__ dh, const 
   }
 }
 
-// dx = round(p0 + p1) for rows up to offsets[E] (p0, p1 dense float32 [N, H], H a multiple of 8,
-// dx rows 16-byte aligned: tensor_core_backward_unsupported). Block r.x sums row r.x, one thread
-// per 8 columns (32-byte loads of each partial, a 16-byte store): no index division.
-constexpr int kSumThreads = 256;
-constexpr int kSumLanes = 8;
-
-template <class T>
-__global__ void __launch_bounds__(kSumThreads)
-    sum_partials_kernel(const float* __restrict__ p0, const float* __restrict__ p1, T* __restrict__ dx,
-                        std::int64_t dx_stride, const int* __restrict__ offsets, int E, std::int64_t rows,
-                        std::int64_t hidden) {
-  const std::int64_t used = min(max(std::int64_t(offsets[E]), std::int64_t(0)), rows);
-  const std::int64_t r = blockIdx.x;
-  // 32-bit (the grid bounds it): a 64-bit pack index splits the 16-byte store (see core/pack.cuh)
-  const unsigned c = (blockIdx.y * unsigned(kSumThreads) + threadIdx.x) * unsigned(kSumLanes);
-  if (r >= used || c >= hidden) return;
-  const float* a = p0 + r * hidden + c;
-  const float* b = p1 + r * hidden + c;
-  const core::Pack<float, 4> a0 = core::load_pack<float, 4>(a), a1 = core::load_pack<float, 4>(a + 4);
-  const core::Pack<float, 4> b0 = core::load_pack<float, 4>(b), b1 = core::load_pack<float, 4>(b + 4);
-  float sum[kSumLanes];
-#pragma unroll
-  for (int l = 0; l < 4; ++l) {
-    sum[l] = a0.v[l] + b0.v[l];
-    sum[l + 4] = a1.v[l] + b1.v[l];
-  }
-  constexpr int kStore = core::kVecLanes<T>;  // 16-byte stores: one for f16/bf16 (two for float)
-#pragma unroll
-  for (int q = 0; q < kSumLanes / kStore; ++q) {
-    core::Pack<T, kStore> out;
-#pragma unroll
-    for (int l = 0; l < kStore; ++l) out.v[l] = from_float<T>(sum[q * kStore + l]);
-    core::store_pack<T, kStore>(dx + r * dx_stride + c + q * kStore, out);
-  }
-}
-
 // The weight gradients of the experts without rows: zeros. Those experts get no tiles from the
 // weight-gradient GEMM; every other expert's [M, N] gradient is written whole by it (beta = 0, no
 // source C: written, not accumulated), so nothing else needs clearing. Grid: (slices, E, the
@@ -314,16 +277,17 @@ __global__ void __launch_bounds__(kZeroThreads)
 }
 
 struct BackwardLayout {
-  std::size_t gemm_dh, gemm_dx, gemm_w;  // workspaces of the three grouped GEMMs
-  std::size_t f32_inter, f32_hidden;     // dh [N, I]; each dx partial [N, H]
-  std::size_t inter;                     // each of h, da, db [N, I] in the dtype
-  std::size_t total() const { return gemm_dh + gemm_dx + gemm_w + f32_inter + 2 * f32_hidden + 3 * inter; }
+  std::size_t gemm_dh, gemm_p, gemm_dx, gemm_w;  // workspaces of the four grouped GEMMs
+  std::size_t f32_inter, f32_hidden;             // dh [N, I]; the dx partial p [N, H]
+  std::size_t inter;                             // each of h, da, db [N, I] in the dtype
+  std::size_t total() const { return gemm_dh + gemm_p + gemm_dx + gemm_w + f32_inter + f32_hidden + 3 * inter; }
 };
 
 BackwardLayout backward_layout(const ExpertsProblem& p, DType dtype, int device) {
   BackwardLayout l;
   l.gemm_dh = align_up(sm90::workspace_bytes(sm90::Layouts::nn, dtype, p.experts, device));
-  l.gemm_dx = align_up(sm90::workspace_bytes(sm90::Layouts::nn, dtype, 2 * p.experts, device));
+  l.gemm_p = align_up(sm90::workspace_bytes(sm90::Layouts::nn, dtype, p.experts, device));
+  l.gemm_dx = align_up(sm90::workspace_bytes(sm90::Layouts::nn_accumulate, dtype, p.experts, device));
   l.gemm_w = align_up(sm90::workspace_bytes(sm90::Layouts::tn, dtype, 3 * p.experts, device));
   const std::size_t n = std::size_t(p.rows);
   l.f32_inter = align_up(n * std::size_t(p.inter) * sizeof(float));
@@ -360,12 +324,12 @@ void experts_backward_tensor_core_cuda(const MoeExpertsBackwardArgs& a, const Ex
   const BackwardLayout l = backward_layout(p, dtype, device);
   char* ws = static_cast<char*>(a.workspace->data);
   char* gemm_dh_ws = ws;
-  char* gemm_dx_ws = gemm_dh_ws + l.gemm_dh;
+  char* gemm_p_ws = gemm_dh_ws + l.gemm_dh;
+  char* gemm_dx_ws = gemm_p_ws + l.gemm_p;
   char* gemm_w_ws = gemm_dx_ws + l.gemm_dx;
   float* dh = reinterpret_cast<float*>(gemm_w_ws + l.gemm_w);
-  float* dx0 = reinterpret_cast<float*>(reinterpret_cast<char*>(dh) + l.f32_inter);
-  float* dx1 = reinterpret_cast<float*>(reinterpret_cast<char*>(dx0) + l.f32_hidden);
-  char* h = reinterpret_cast<char*>(dx1) + l.f32_hidden;
+  float* dx_partial = reinterpret_cast<float*>(reinterpret_cast<char*>(dh) + l.f32_inter);
+  char* h = reinterpret_cast<char*>(dx_partial) + l.f32_hidden;
   char* da = h + l.inter;
   char* db = da + l.inter;
   const std::int64_t H = p.hidden, I = p.inter;
@@ -396,18 +360,16 @@ void experts_backward_tensor_core_cuda(const MoeExpertsBackwardArgs& a, const Ex
     RUDNN_CUDA_CHECK_LAUNCH(swiglu_backward_rows_kernel);
   });
 
-  // 3. dx = da · gate_e + db · up_e   (B(k = i, n = h) = gate[e][i][h]: N-contiguous with ld H)
-  sm90::SegmentGemm g_dx = segment_gemm(p, offsets, 2);
-  g_dx.set[0] = rows_set(da, I, a.gate.data, I * H, H, dx0, H, H, I);
-  g_dx.set[1] = rows_set(db, I, a.up.data, I * H, H, dx1, H, H, I);
-  sm90::run(sm90::Layouts::nn, dtype, g_dx, gemm_dx_ws, l.gemm_dx, device, stream);
-  dispatch_float(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const dim3 grid(unsigned(p.rows), unsigned((H / kSumLanes + kSumThreads - 1) / kSumThreads));
-    sum_partials_kernel<T><<<grid, kSumThreads, 0, stream>>>(dx0, dx1, a.dx.ptr<T>(), p.y_stride, offsets,
-                                                               p.experts, p.rows, H);
-    RUDNN_CUDA_CHECK_LAUNCH(sum_partials_kernel);
-  });
+  // 3. dx = da · gate_e + db · up_e   (B(k = i, n = h) = gate[e][i][h]: N-contiguous with ld H).
+  //    The second GEMM adds the first's float32 result through its source C and rounds once: the
+  //    same float sum as adding two partials, without writing and reading a second one.
+  sm90::SegmentGemm g_p = segment_gemm(p, offsets, 1);
+  g_p.set[0] = rows_set(da, I, a.gate.data, I * H, H, dx_partial, H, H, I);
+  sm90::run(sm90::Layouts::nn, dtype, g_p, gemm_p_ws, l.gemm_p, device, stream);
+  sm90::SegmentGemm g_dx = segment_gemm(p, offsets, 1);
+  g_dx.set[0] = rows_set(db, I, a.up.data, I * H, H, a.dx.data, p.y_stride, H, I);
+  g_dx.set[0].c = {dx_partial, H, Placement::segment, 0};
+  sm90::run(sm90::Layouts::nn_accumulate, dtype, g_dx, gemm_dx_ws, l.gemm_dx, device, stream);
 
   // 4. dgate_e = da_e^T x_e, dup_e = db_e^T x_e, ddown_e = dy_e^T h_e
   sm90::SegmentGemm g_w = segment_gemm(p, offsets, 3);

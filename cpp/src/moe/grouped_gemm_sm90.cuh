@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -26,22 +27,30 @@ namespace rudnn::moe::sm90 {
 
 using namespace cute;
 
-// The CUTLASS layouts of each Layouts value (grouped_gemm_sm90.hpp), and the output type.
+// The CUTLASS layouts of each Layouts value (grouped_gemm_sm90.hpp), the output type and the
+// source type (void: no source C, D = A · B).
 template <Layouts L, class Element> struct LayoutsOf;
 template <class Element> struct LayoutsOf<Layouts::nt, Element> {
   using A = cutlass::layout::RowMajor;     // [M, K], K contiguous
   using B = cutlass::layout::ColumnMajor;  // K x N with K contiguous: the [N, K] expert weights
   using ElementD = Element;
+  using ElementC = void;
 };
 template <class Element> struct LayoutsOf<Layouts::nn, Element> {
   using A = cutlass::layout::RowMajor;
   using B = cutlass::layout::RowMajor;     // K x N with N contiguous
   using ElementD = float;
+  using ElementC = void;
+};
+template <class Element> struct LayoutsOf<Layouts::nn_accumulate, Element> : LayoutsOf<Layouts::nn, Element> {
+  using ElementD = Element;                // D = A · B + C, rounded once
+  using ElementC = float;
 };
 template <class Element> struct LayoutsOf<Layouts::tn, Element> {
   using A = cutlass::layout::ColumnMajor;  // M x K with M contiguous: rows of activations, transposed
   using B = cutlass::layout::RowMajor;
   using ElementD = float;
+  using ElementC = void;
 };
 
 template <class Element> struct LayoutsOf<Layouts::nt_swiglu, Element> : LayoutsOf<Layouts::nt, Element> {};
@@ -103,16 +112,19 @@ template <> struct ScheduleOf<Schedule::pingpong> {
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 };
 
-// The collective epilogue of each layout: CUTLASS's TMA epilogue (D = alpha A B, no source C),
-// or the SwiGLU one.
+// The collective epilogue of each layout: CUTLASS's TMA epilogue (D = alpha A B + beta C, C
+// row-major like D, or no source C when ElementC is void), or the SwiGLU one.
 template <Layouts L, Schedule S, class Element, class LayoutD, class ElementD, int kAlignmentD>
 struct EpilogueOf {
+  using ElementC = typename LayoutsOf<L, Element>::ElementC;
+  static constexpr int kAlignmentC = std::is_void_v<ElementC> ? kAlignmentD : 16 / int(sizeof(
+                                         std::conditional_t<std::is_void_v<ElementC>, char, ElementC>));
   using type = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename ScheduleOf<S>::TileShape, Shape<_1, _1, _1>,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      void, LayoutD*, kAlignmentD,  // no source C
+      ElementC, LayoutD*, kAlignmentC,
       ElementD, LayoutD*, kAlignmentD, typename ScheduleOf<S>::Epilogue,
-      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, ElementC, float>>::CollectiveOp;
 };
 template <Schedule S, class Element, class LayoutD, class ElementD, int kAlignmentD>
 struct EpilogueOf<Layouts::nt_swiglu, S, Element, LayoutD, ElementD, kAlignmentD> {
@@ -129,6 +141,8 @@ struct GroupedGemmConfig {
   using LayoutB = typename LayoutsOf<L, Element>::B;
   using LayoutD = cutlass::layout::RowMajor;
   using ElementD = typename LayoutsOf<L, Element>::ElementD;
+  using ElementC = typename LayoutsOf<L, Element>::ElementC;
+  static constexpr bool kHasSource = !std::is_void_v<ElementC>;
   static constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte rows and bases
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
   using TileShape = typename ScheduleOf<S>::TileShape;
@@ -149,6 +163,7 @@ struct GroupedGemmConfig {
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
   using StrideD = typename Kernel::InternalStrideD;
+  using StrideC = typename Kernel::InternalStrideC;
   using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 };
 
@@ -157,20 +172,23 @@ template <class Config>
 struct GroupArrays {
   using Element = typename Config::Gemm::ElementA;
   using ElementD = typename Config::ElementD;
+  using ElementC = std::conditional_t<Config::kHasSource, typename Config::ElementC, char>;
   typename Config::Shape3* shapes;
   const Element** a;
   const Element** b;
   ElementD** d;
+  const ElementC** c;  // the source C (Config::kHasSource only)
   typename Config::StrideA* stride_a;
   typename Config::StrideB* stride_b;
   typename Config::StrideD* stride_d;
+  typename Config::StrideC* stride_c;
 
   static std::size_t align(std::size_t v) { return (v + 255) / 256 * 256; }
   static std::size_t bytes(int groups) {
     const std::size_t g = std::size_t(groups);
-    return align(g * sizeof(typename Config::Shape3)) + 3 * align(g * sizeof(void*)) +
+    return align(g * sizeof(typename Config::Shape3)) + 4 * align(g * sizeof(void*)) +
            align(g * sizeof(typename Config::StrideA)) + align(g * sizeof(typename Config::StrideB)) +
-           align(g * sizeof(typename Config::StrideD));
+           align(g * sizeof(typename Config::StrideD)) + align(g * sizeof(typename Config::StrideC));
   }
   static GroupArrays carve(void* workspace, int groups) {
     const std::size_t g = std::size_t(groups);
@@ -185,9 +203,11 @@ struct GroupArrays {
     r.a = reinterpret_cast<const Element**>(take(g * sizeof(void*)));
     r.b = reinterpret_cast<const Element**>(take(g * sizeof(void*)));
     r.d = reinterpret_cast<ElementD**>(take(g * sizeof(void*)));
+    r.c = reinterpret_cast<const ElementC**>(take(g * sizeof(void*)));
     r.stride_a = reinterpret_cast<typename Config::StrideA*>(take(g * sizeof(typename Config::StrideA)));
     r.stride_b = reinterpret_cast<typename Config::StrideB*>(take(g * sizeof(typename Config::StrideB)));
     r.stride_d = reinterpret_cast<typename Config::StrideD*>(take(g * sizeof(typename Config::StrideD)));
+    r.stride_c = reinterpret_cast<typename Config::StrideC*>(take(g * sizeof(typename Config::StrideC)));
     return r;
   }
 };
@@ -233,6 +253,10 @@ __global__ void build_group_arrays_kernel(SegmentGemm g, GroupArrays<Config> arr
   arrays.stride_a[group] = leading_stride<typename Config::StrideA>(op.a.ld);
   arrays.stride_b[group] = leading_stride<typename Config::StrideB>(op.b.ld);
   arrays.stride_d[group] = leading_stride<typename Config::StrideD>(op.d.ld);
+  if constexpr (Config::kHasSource) {
+    arrays.c[group] = place<const typename Config::ElementC>(op.c, e, lo);
+    arrays.stride_c[group] = leading_stride<typename Config::StrideC>(op.c.ld);
+  }
 }
 
 template <class Config>
@@ -245,9 +269,15 @@ typename Config::Gemm::Arguments make_arguments(const GroupArrays<Config>& array
   args.problem_shape = {groups, arrays.shapes, nullptr};  // sizes live on the device only
   args.mainloop = {arrays.a, arrays.stride_a, arrays.b, arrays.stride_b};
   args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = 0.0f;
-  args.epilogue.ptr_C = nullptr;
-  args.epilogue.dC = nullptr;
+  if constexpr (Config::kHasSource) {  // D = A · B + C
+    args.epilogue.thread.beta = 1.0f;
+    args.epilogue.ptr_C = arrays.c;
+    args.epilogue.dC = arrays.stride_c;
+  } else {
+    args.epilogue.thread.beta = 0.0f;
+    args.epilogue.ptr_C = nullptr;
+    args.epilogue.dC = nullptr;
+  }
   args.epilogue.ptr_D = arrays.d;
   args.epilogue.dD = arrays.stride_d;
   args.hw_info = hw;

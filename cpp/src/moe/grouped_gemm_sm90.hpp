@@ -14,6 +14,8 @@
 //   nt: A row-major, B K-contiguous, D in the input dtype   (forward: x · W^T)
 //   nn: A row-major, B N-contiguous, D float32               (backward: dy · W)
 //   tn: A M-contiguous, B N-contiguous, D float32            (weight gradients: da^T · x)
+//   nn_accumulate: as nn, plus a float32 source C (row-major, beta = 1), D = A · B + C in the input
+//              dtype, rounded once (backward: dx = db · up + (da · gate))
 //   nt_swiglu: as nt, B the interleaved gate_up weights (N = 2I), D = h = silu(a) * b [M, I]
 //              from the epilogue (swiglu_epilogue.hpp; N a multiple of 128)
 //
@@ -35,7 +37,7 @@
 
 namespace rudnn::moe::sm90 {
 
-enum class Layouts { nt, nn, tn, nt_swiglu };
+enum class Layouts { nt, nn, tn, nt_swiglu, nn_accumulate };
 enum class Schedule { cooperative, pingpong };
 enum class Placement : unsigned char { segment, expert };
 
@@ -48,6 +50,7 @@ struct Operand {
 
 struct OperandSet {
   Operand a, b, d;
+  Operand c;                              // the source C of nn_accumulate (placed as d); else unused
   int m = -1, n = 0, k = 0;               // -1: the expert's row count
 };
 
@@ -74,6 +77,8 @@ RUDNN_SM90_GEMM_DECL(nt_swiglu_pingpong, bf16)
 RUDNN_SM90_GEMM_DECL(nt_swiglu_pingpong, f16)
 RUDNN_SM90_GEMM_DECL(nn, bf16)
 RUDNN_SM90_GEMM_DECL(nn, f16)
+RUDNN_SM90_GEMM_DECL(nn_accumulate, bf16)
+RUDNN_SM90_GEMM_DECL(nn_accumulate, f16)
 RUDNN_SM90_GEMM_DECL(tn, bf16)
 RUDNN_SM90_GEMM_DECL(tn, f16)
 #undef RUDNN_SM90_GEMM_DECL
@@ -100,6 +105,9 @@ inline std::size_t workspace_bytes(Layouts layouts, DType dtype, int groups, int
   switch (layouts) {
     case Layouts::nt: return bf16 ? detail::workspace_bytes_nt_bf16(groups, device) : detail::workspace_bytes_nt_f16(groups, device);
     case Layouts::nn: return bf16 ? detail::workspace_bytes_nn_bf16(groups, device) : detail::workspace_bytes_nn_f16(groups, device);
+    case Layouts::nn_accumulate:
+      return bf16 ? detail::workspace_bytes_nn_accumulate_bf16(groups, device)
+                  : detail::workspace_bytes_nn_accumulate_f16(groups, device);
     case Layouts::nt_swiglu:
       return bf16 ? detail::workspace_bytes_nt_swiglu_bf16(groups, device)
                   : detail::workspace_bytes_nt_swiglu_f16(groups, device);
@@ -126,6 +134,9 @@ inline void run(Layouts layouts, DType dtype, const SegmentGemm& g, void* worksp
     case Layouts::nn:
       return bf16 ? detail::run_nn_bf16(g, workspace, workspace_size, device, stream)
                   : detail::run_nn_f16(g, workspace, workspace_size, device, stream);
+    case Layouts::nn_accumulate:
+      return bf16 ? detail::run_nn_accumulate_bf16(g, workspace, workspace_size, device, stream)
+                  : detail::run_nn_accumulate_f16(g, workspace, workspace_size, device, stream);
     case Layouts::nt_swiglu:
       return bf16 ? detail::run_nt_swiglu_bf16(g, workspace, workspace_size, device, stream)
                   : detail::run_nt_swiglu_f16(g, workspace, workspace_size, device, stream);
