@@ -37,7 +37,7 @@ endif()
 # (mma.sync, cp.async) to the others: Hopper runs them only when asked to (RUDNN_ATTENTION_FLASH=sm80,
 # RUDNN_MOE_SM80_ON_SM90=1, attention's "autotune"), from their compute_80 PTX, which the driver
 # compiles at first use. A list without entries of one kind (the GPU check's "90a") compiles that
-# generation for the whole list. This halves the compiles of 48 of the 74 CUDA files (40 of the 66 without sm90ws).
+# generation for the whole list. This halves the compiles of 50 of the 76 CUDA files (42 of the 68 without sm90ws).
 set(RUDNN_KERNEL_OBJECTS "")
 if(RUDNN_WITH_CUDA)
   set(_rudnn_archs_sm90 ${RUDNN_CUDA_ARCHS})
