@@ -541,19 +541,46 @@ def test_norm_stream_forward_l2_hints():
     stream = {k: v for k, v in entries.items() if "norm_forward_stream" in k}
     assert len(stream) == 10, sorted(entries)
     for kernel, body in stream.items():
-        # each access's policy register, traced back to the createpolicy that made it
-        policy = {m.group(2): m.group(1) for m in re.finditer(r"createpolicy\.fractional\.L2::(evict_\w+)\.b64\s+(%rd\d+)", body)}
-        hinted = {}
-        for m in re.finditer(r"(ld|st)\.global\.L2::cache_hint(\S*)\s+[^;]*,\s*(%rd\d+);", body):
-            key = (m.group(1), policy.get(m.group(3), "unknown"))
-            hinted[key] = hinted.get(key, 0) + 1
-            if re.search(r"Li[48]EE", kernel):  # 16-byte chunks: whole 128-bit pieces
-                assert m.group(2) == ".v4.u32", (kernel, m.group(0))
         # U = 4 chunks a step: pass 1 x alone evict_last; with a residual x and residual evict_first,
         # residual_out stored evict_last; pass 2's re-read evict_first
+        hinted = _l2_hinted_accesses(kernel, body)
         assert hinted == {("ld", "evict_last"): 4, ("ld", "evict_first"): 12, ("st", "evict_last"): 4}, (kernel, hinted)
         plain = re.findall(r"ld\.global\.(?!L2::cache_hint)\S+", body)
         assert len(plain) <= 16, (kernel, plain)  # parameter chunks only: w, b of one step's 4 chunks
     for kernel, body in entries.items():
         if "norm_forward_regs" in kernel:
             assert "cache_hint" not in body and "createpolicy" not in body, kernel
+
+
+def _l2_hinted_accesses(kernel, body):
+    """{(ld or st, evict_*): count} of a PTX body's L2::cache_hint accesses, each traced back to the
+    createpolicy that made its policy register; 16-byte chunk kernels (VEC 4 or 8) must move whole
+    128-bit pieces."""
+    policy = {m.group(2): m.group(1) for m in re.finditer(r"createpolicy\.fractional\.L2::(evict_\w+)\.b64\s+(%rd\d+)", body)}
+    hinted = {}
+    for m in re.finditer(r"(ld|st)\.global\.L2::cache_hint(\S*)\s+[^;]*,\s*(%rd\d+);", body):
+        key = (m.group(1), policy.get(m.group(3), "unknown"))
+        hinted[key] = hinted.get(key, 0) + 1
+        if re.search(r"Li[48]EE", kernel):
+            assert m.group(2) == ".v4.u32", (kernel, m.group(0))
+    return hinted
+
+
+@pytest.mark.parametrize("name, stream_kernels, regs_kernel", [
+    ("softmax_cuda.cu", ("softmax_forward_stream", "softmax_backward_stream"), "_regs"),
+    ("norm_bwd_cuda.cu", ("norm_backward_stream",), "norm_backward_regs"),
+])
+def test_norm_family_two_read_kernels_l2_hints(name, stream_kernels, regs_kernel):
+    """The other two-read kernels (softmax forward and backward, the norm backward) keep their first
+    pass's rows in L2 for the second: pass 1 loads evict_last, pass 2's re-reads evict_first (4
+    chunks a step of one row tensor, or 2 chunks of each of two), no hinted store; the register
+    kernels read once and carry no hint."""
+    entries = _ptx_entries(name, "norm")
+    stream = {k: v for k, v in entries.items() if any(s in k for s in stream_kernels)}
+    assert len(stream) >= 2 * len(stream_kernels), sorted(entries)
+    for kernel, body in stream.items():
+        assert _l2_hinted_accesses(kernel, body) == {("ld", "evict_last"): 4, ("ld", "evict_first"): 4}, kernel
+    regs = [k for k in entries if regs_kernel in k]
+    assert regs, sorted(entries)
+    for kernel in regs:
+        assert "cache_hint" not in entries[kernel] and "createpolicy" not in entries[kernel], kernel

@@ -148,7 +148,9 @@ __device__ __forceinline__ void add_row_sums(const BackwardParams<T, P>& p, i64 
   }
 }
 
-template <int VEC, int N, class T, class Regs, class Chunk>
+// kHint: the stream kernel's L2 eviction priority (kernels.cuh): pass 1 reads rows pass 2 reads
+// again (evict_last), pass 2's reads are the last (evict_first).
+template <int VEC, L2Hint kHint = L2Hint::none, int N, class T, class Regs, class Chunk>
 __device__ __forceinline__ void load_rows(const T* dy_row, const T* x_row, i64 chunks, Regs& dy, Regs& x,
                                           const bool (&valid)[N], Chunk chunk_of) {
   using cute::_;
@@ -157,8 +159,8 @@ __device__ __forceinline__ void load_rows(const T* dy_row, const T* x_row, i64 c
 #pragma unroll
   for (int s = 0; s < N; ++s)
     if (valid[s]) {
-      load_chunk(gdy(_, chunk_of(s)), dy(_, s));
-      load_chunk(gx(_, chunk_of(s)), x(_, s));
+      load_chunk<kHint>(gdy(_, chunk_of(s)), dy(_, s));
+      load_chunk<kHint>(gx(_, chunk_of(s)), x(_, s));
     }
 }
 
@@ -232,7 +234,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_backwar
       for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
       auto dy = chunk_registers<T, VEC, U>();
       auto x = chunk_registers<T, VEC, U>();
-      load_rows<VEC>(dy_row, x_row, chunks, dy, x, valid, chunk_of);
+      load_rows<VEC, L2Hint::evict_last>(dy_row, x_row, chunks, dy, x, valid, chunk_of);
       add_row_sums<VEC>(p, chunks, dy, x, valid, chunk_of, st, sums);
     }
     team_allreduce(sums, team, scratch, SumOp{}, 0.f);
@@ -247,7 +249,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_backwar
       for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
       auto dy = chunk_registers<T, VEC, U>();
       auto x = chunk_registers<T, VEC, U>();
-      load_rows<VEC>(dy_row, x_row, chunks, dy, x, valid, chunk_of);
+      load_rows<VEC, L2Hint::evict_first>(dy_row, x_row, chunks, dy, x, valid, chunk_of);
       store_dx<VEC>(p, dx_row, chunks, dy, x, valid, chunk_of, st, mean_g, mean_gx, team_rows);
     }
   }

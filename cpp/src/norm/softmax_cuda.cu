@@ -25,13 +25,15 @@ struct SoftmaxParams {
   int team;
 };
 
-template <int VEC, int N, class T, class Regs, class Chunk>
+// kHint: the stream kernels' L2 eviction priority (kernels.cuh): their first pass reads rows the
+// second reads again (evict_last), the second pass's reads are the last (evict_first).
+template <int VEC, L2Hint kHint = L2Hint::none, int N, class T, class Regs, class Chunk>
 __device__ __forceinline__ void load_row(const T* row, i64 chunks, Regs& regs, const bool (&valid)[N], Chunk chunk_of) {
   using cute::_;
   const auto g = chunked_row<VEC>(row, chunks);
 #pragma unroll
   for (int s = 0; s < N; ++s)
-    if (valid[s]) load_chunk(g(_, chunk_of(s)), regs(_, s));
+    if (valid[s]) load_chunk<kHint>(g(_, chunk_of(s)), regs(_, s));
 }
 
 // y = exp(x - max) * (1 / sum) for the chunks in registers, written in place and stored.
@@ -123,7 +125,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) softmax_forw
 #pragma unroll
       for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
       auto x = chunk_registers<T, VEC, U>();
-      load_row<VEC>(x_row, chunks, x, valid, chunk_of);
+      load_row<VEC, L2Hint::evict_last>(x_row, chunks, x, valid, chunk_of);
       float step_max = -INFINITY;
 #pragma unroll
       for (int u = 0; u < U; ++u)
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) softmax_forw
 #pragma unroll
       for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
       auto x = chunk_registers<T, VEC, U>();
-      load_row<VEC>(x_row, chunks, x, valid, chunk_of);
+      load_row<VEC, L2Hint::evict_first>(x_row, chunks, x, valid, chunk_of);
       store_softmax<VEC>(y_row, chunks, x, valid, chunk_of, run.max, inv_sum);
     }
   }
@@ -227,8 +229,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) softmax_back
       for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
       auto dy = chunk_registers<T, VEC, U>();
       auto y = chunk_registers<T, VEC, U>();
-      load_row<VEC>(dy_row, chunks, dy, valid, chunk_of);
-      load_row<VEC>(y_row, chunks, y, valid, chunk_of);
+      load_row<VEC, L2Hint::evict_last>(dy_row, chunks, dy, valid, chunk_of);
+      load_row<VEC, L2Hint::evict_last>(y_row, chunks, y, valid, chunk_of);
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (valid[u]) {
@@ -246,8 +248,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) softmax_back
       for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
       auto dy = chunk_registers<T, VEC, U>();
       auto y = chunk_registers<T, VEC, U>();
-      load_row<VEC>(dy_row, chunks, dy, valid, chunk_of);
-      load_row<VEC>(y_row, chunks, y, valid, chunk_of);
+      load_row<VEC, L2Hint::evict_first>(dy_row, chunks, dy, valid, chunk_of);
+      load_row<VEC, L2Hint::evict_first>(y_row, chunks, y, valid, chunk_of);
       store_softmax_grad<VEC>(dx_row, chunks, dy, y, valid, chunk_of, dot[0]);
     }
   }
