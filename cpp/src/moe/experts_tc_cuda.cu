@@ -38,6 +38,13 @@ std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign;
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
+// The workspace holds CUTLASS's TMA descriptors (64-byte aligned, cutlass::MinTensorMapWorkspaceAlignment)
+// and the buffers TMA reads; its parts are carved at 256-byte offsets from its base.
+constexpr std::uintptr_t kWorkspaceAlign = 128;
+bool workspace_aligned(const Tensor* workspace) {
+  return !workspace || (reinterpret_cast<std::uintptr_t>(workspace->data) % kWorkspaceAlign) == 0;
+}
+
 // h = silu(a) * b for the rows that belong to an expert (a, b already rounded to T).
 template <class T>
 __global__ void swiglu_rows_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ h,
@@ -158,12 +165,11 @@ const char* tensor_core_forward_unsupported(const MoeExpertsForwardArgs& a, cons
   if (a.x.dtype != DType::f16 && a.x.dtype != DType::bf16) return "needs float16 or bfloat16 (use 'scalar')";
   if (p.hidden % 8 != 0 || p.inter % 8 != 0) return "needs H and I to be multiples of 8 (16-byte rows for TMA)";
   if (p.x_stride % 8 != 0 || p.y_stride % 8 != 0) return "needs row strides of x and y that are multiples of 8";
-  // the workspace too: it holds h (and a, b), which TMA reads and the fused epilogue writes in 4-byte words
   const void* ptrs[] = {a.x.data, a.y.data, a.gate.data, a.up.data, a.down.data,
-                        a.gate_pre ? a.gate_pre->data : nullptr, a.up_pre ? a.up_pre->data : nullptr,
-                        a.workspace ? a.workspace->data : nullptr};
+                        a.gate_pre ? a.gate_pre->data : nullptr, a.up_pre ? a.up_pre->data : nullptr};
   for (const void* ptr : ptrs)
     if (!aligned16(ptr)) return "needs 16-byte aligned arrays";
+  if (!workspace_aligned(a.workspace)) return "needs a 128-byte aligned workspace";
   return nullptr;
 }
 
@@ -310,6 +316,7 @@ const char* tensor_core_backward_unsupported(const MoeExpertsBackwardArgs& a, co
                         a.gate_pre.data, a.up_pre.data, a.dgate.data, a.dup.data,  a.ddown.data};
   for (const void* ptr : ptrs)
     if (!aligned16(ptr)) return "needs 16-byte aligned arrays";
+  if (!workspace_aligned(a.workspace)) return "needs a 128-byte aligned workspace";
   return nullptr;
 }
 
