@@ -317,3 +317,17 @@ void run_impl(const SegmentGemm& g, void* workspace, std::size_t workspace_size,
 }
 
 }  // namespace rudnn::moe::sm90
+
+// The two functions grouped_gemm_sm90.hpp declares for one instantiation, defined in its own
+// translation unit (grouped_gemm_sm90_<NAME>_<DTYPE>.cu: CUTLASS 3.x kernels compile slowly, and
+// separate files build in parallel).
+#define RUDNN_SM90_GEMM_DEFINE(NAME, DTYPE, LAYOUTS, SCHEDULE, ELEMENT)                                       \
+  namespace rudnn::moe::sm90::detail {                                                                     \
+  std::size_t workspace_bytes_##NAME##_##DTYPE(int groups, int device) {                                   \
+    return workspace_bytes_impl<Layouts::LAYOUTS, ELEMENT, Schedule::SCHEDULE>(groups, device);            \
+  }                                                                                                        \
+  void run_##NAME##_##DTYPE(const SegmentGemm& g, void* workspace, std::size_t workspace_size, int device, \
+                            cudaStream_t stream) {                                                         \
+    run_impl<Layouts::LAYOUTS, ELEMENT, Schedule::SCHEDULE>(g, workspace, workspace_size, device, stream); \
+  }                                                                                                        \
+  }

@@ -62,7 +62,7 @@ struct SegmentGemm {
   std::int64_t rows = 0;                  // dispatched rows (offsets are clamped to them)
 };
 
-namespace detail {  // one pair per instantiation (grouped_gemm_sm90_<layouts>_<dtype>.cu)
+namespace detail {  // one pair per instantiation (grouped_gemm_sm90_<name>_<dtype>.cu: RUDNN_SM90_GEMM_DEFINE)
 #define RUDNN_SM90_GEMM_DECL(L, D)                                                                     \
   std::size_t workspace_bytes_##L##_##D(int groups, int device);                                       \
   void run_##L##_##D(const SegmentGemm& g, void* workspace, std::size_t workspace_size, int device,     \

@@ -1,15 +1,4 @@
-// The (nt, f16) instantiation of the sm90a ptr-array grouped GEMM (one per translation unit:
-// CUTLASS 3.x kernels compile slowly, and separate files build in parallel).
+// The (nt, f16) instantiation of the sm90a ptr-array grouped GEMM.
 #include "moe/grouped_gemm_sm90.cuh"
 
-namespace rudnn::moe::sm90::detail {
-
-std::size_t workspace_bytes_nt_f16(int groups, int device) {
-  return workspace_bytes_impl<Layouts::nt, cutlass::half_t>(groups, device);
-}
-
-void run_nt_f16(const SegmentGemm& g, void* workspace, std::size_t workspace_size, int device, cudaStream_t stream) {
-  run_impl<Layouts::nt, cutlass::half_t>(g, workspace, workspace_size, device, stream);
-}
-
-}  // namespace rudnn::moe::sm90::detail
+RUDNN_SM90_GEMM_DEFINE(nt, f16, nt, cooperative, cutlass::half_t)

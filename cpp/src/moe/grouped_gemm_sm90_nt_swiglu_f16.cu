@@ -2,15 +2,4 @@
 // GEMM over the interleaved gate_up weights, SwiGLU in the epilogue (swiglu_epilogue.hpp).
 #include "moe/grouped_gemm_sm90.cuh"
 
-namespace rudnn::moe::sm90::detail {
-
-std::size_t workspace_bytes_nt_swiglu_f16(int groups, int device) {
-  return workspace_bytes_impl<Layouts::nt_swiglu, cutlass::half_t>(groups, device);
-}
-
-void run_nt_swiglu_f16(const SegmentGemm& g, void* workspace, std::size_t workspace_size, int device,
-                      cudaStream_t stream) {
-  run_impl<Layouts::nt_swiglu, cutlass::half_t>(g, workspace, workspace_size, device, stream);
-}
-
-}  // namespace rudnn::moe::sm90::detail
+RUDNN_SM90_GEMM_DEFINE(nt_swiglu, f16, nt_swiglu, cooperative, cutlass::half_t)
