@@ -171,6 +171,20 @@ def test_large_padding_leaves_tma_for_the_sm80_kernels():
                    "dilation [1, 1, 1]; the sm80 kernels take kernel extents <= 32 per axis, got [1, 33, 33]")
 
 
+def test_strides_over_8_leave_tma_for_the_sm80_kernels():
+    # A ViT patch embedding (kernel 16, stride 16): the stride is TMA im2col's traversal stride,
+    # which a tensor map encodes up to 8 only; the sm80 kernels take any stride.
+    x, w, y = fprop_case(c=64, k=128, size=64, r=16, s=16)
+    assert plan(FWD, x, w, y, stride=16) == ("implicit_gemm_sm80", "", 0, (False, False, False, False))
+    assert plan(WGRAD, y, x, w, stride=16)[:2] == ("implicit_gemm_sm80", "")
+    x, w, y = fprop_case(c=64, k=128, size=64, r=8, s=8)
+    assert plan(FWD, x, w, y, stride=8)[0] == "implicit_gemm_sm90"
+    x, w, y = fprop_case(c=64, k=128, size=80, r=33, s=9)
+    assert plan(FWD, x, w, y, stride=9)[:2] == (
+        "direct", "the sm90 kernels' TMA im2col loads take stride <= 8, got [1, 9, 9]; "
+                  "the sm80 kernels take kernel extents <= 32 per axis, got [1, 33, 33]")
+
+
 def test_floor_dropped_padding_is_not_negative_upper_padding():
     # in 8, kernel 3, stride 2, no padding: out 3 and the last input row is never read.
     x, w, y = fprop_case(size=8, r=3, s=2, p=0)

@@ -130,3 +130,19 @@ def test_nothing_written_on_error():
     with pytest.raises(rudnn.ArgumentError):
         rudnn.ctc_loss_backward(torch.ones(()), lp, _tg(((1, 2, 9), (1, 1, 1))), IL, TL)
     assert torch.equal(lp, before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_misaligned_workspace(device, monkeypatch):
+    """A C++ caller's workspace must hold the 8-byte sequence records at an aligned address; the
+    Python layer allocates it aligned, so a misaligned one is made here by offsetting the
+    allocation one byte."""
+    from rudnn import _frameworks
+
+    def misaligned(self, nbytes):
+        return self.arg(self.empty((nbytes + 1,), "uint8")[1:])
+
+    monkeypatch.setattr(_frameworks.Call, "workspace_alloc", misaligned)
+    for op, call in zip(("ctc_loss", "ctc_loss_backward"), _both(device)):
+        with pytest.raises(rudnn.ArgumentError, match=f"^{op}: workspace: expected an address aligned to 8 bytes$"):
+            call()

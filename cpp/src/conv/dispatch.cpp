@@ -56,7 +56,8 @@ void drop_plan_without_workspace(conv::ig::Plan& plan, ConvStrategy strategy, co
 template <class Cpu, class Cuda>
 void run(const Device& device, const char* op, std::size_t need, const Tensor* workspace, const Tensor& ref,
          Cpu&& cpu, Cuda&& cuda) {
-  core::expect_workspace(workspace, ref, "the arrays", need, op);
+  // 16: the implicit-GEMM kernels' operand copies are read by 16-byte cp.async and TMA
+  core::expect_workspace(workspace, ref, "the arrays", need, op, 16);
   core::on_device(
       device, op,
       [&] {

@@ -77,12 +77,17 @@ std::string sm80_refusal(const Extents& s, Op op) {
 // "auto" decides on the host.
 std::string sm90_refusal(const Extents& s, Op op) {
   constexpr int kPadLimit = 16, kCorner = 16, kOffsetLimit = 31;  // 2^(16/3 - 1), 2^(16/3) - 1
+  constexpr int kMaxTraversalStride = 8;
   if (op == Op::data_backward)
     for (int a = 0; a < kAxes; ++a)
       if (s.stride[a] != 1)
         return "the sm90 data-gradient kernel is used with stride 1 only, got " + axes_list(s.stride);
   for (int a = 0; a < kAxes; ++a) {
     const int reach = (s.kernel[a] - 1) * s.dilation[a];
+    // The stride is the im2col descriptor's traversal stride (cute's make_im2col_tma_copy), which
+    // cuTensorMapEncodeIm2col takes up to 8; CUTLASS's can_implement does not check it.
+    if (s.stride[a] > kMaxTraversalStride)
+      return "the sm90 kernels' TMA im2col loads take stride <= 8, got " + axes_list(s.stride);
     if (s.pad_before[a] > kPadLimit || s.pad_after[a] > kPadLimit)
       return "the sm90 kernels' TMA im2col loads take padding <= 16, got " + axes_list(s.pad_before);
     if (reach >= kOffsetLimit)

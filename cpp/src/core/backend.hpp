@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "core/check.hpp"
@@ -26,10 +27,11 @@ void on_device(const Device& device, const char* op, Cpu&& cpu, Cuda&& cuda) {
 #endif
 }
 
-// A caller-allocated workspace: uint8 on the device of `ref`, at least `need` bytes
-// (it may be null when nothing is needed).
+// A caller-allocated workspace: uint8 on the device of `ref`, at least `need` bytes (it may be
+// null when nothing is needed), its base aligned to `alignment` bytes when it is needed (what the
+// op keeps in it: 16-byte copies, 8-byte records).
 inline void expect_workspace(const Tensor* workspace, const Tensor& ref, const std::string& ref_name,
-                             std::size_t need, const std::string& op) {
+                             std::size_t need, const std::string& op, std::size_t alignment = 1) {
   if (workspace) {
     expect_same_device(*workspace, ref, op + ": workspace", ref_name);
     expect_dtype(*workspace, DType::u8, op + ": workspace");
@@ -38,6 +40,9 @@ inline void expect_workspace(const Tensor* workspace, const Tensor& ref, const s
   if (have < need)
     fail(ErrorKind::value, op + ": workspace: expected at least " + std::to_string(need) + " bytes, got " +
                                std::to_string(have));
+  if (need > 0 && reinterpret_cast<std::uintptr_t>(workspace->data) % alignment != 0)
+    fail(ErrorKind::value, op + ": workspace: expected an address aligned to " + std::to_string(alignment) +
+                               " bytes");
 }
 
 }  // namespace rudnn::core
