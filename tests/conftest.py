@@ -23,3 +23,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def jax_on_cpu():
+    """JAX's default device set to the CPU for the test: where JAX has a GPU backend (the GPU
+    check's machine), arrays and jit would otherwise run on the GPU, which tests that compare bits
+    with rudnn's CPU backend, or use handlers registered for the cpu platform only, must not."""
+    jax = pytest.importorskip("jax")
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield

@@ -15,6 +15,8 @@ import rudnn.jax as rj  # noqa: E402
 if not rudnn._C.has_jax_ffi:
     pytest.skip("this build has no XLA FFI handlers", allow_module_level=True)
 
+pytestmark = pytest.mark.usefixtures("jax_on_cpu")  # the CTC handlers are registered for the cpu platform
+
 TOL = 2e-5
 TARGETS = np.array([[1, 2, 2, 3], [4, 1, 1, 0], [3, 3, 3, 3]], np.int32)
 IL, TL = np.array([14, 11, 6], np.int32), np.array([4, 3, 4], np.int32)  # the last is impossible

@@ -48,6 +48,7 @@ def test_moe_layer_jit_and_grad(routing):
         np.testing.assert_allclose(np.asarray(ours), oracle.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.usefixtures("jax_on_cpu")  # bitwise against the NumPy (CPU) path: JAX on the same backend
 def test_steps_match_the_eager_api():
     T, E, k, H, I = 5, 8, 2, 6, 4
     x, logits, gate, up, down = _inputs(T, E, H, I, seed=3)
@@ -78,6 +79,7 @@ def test_errors_at_trace_time():
         rj.moe.selected_router_weights(logits, np.zeros((3, 2), np.float32))
 
 
+@pytest.mark.usefixtures("jax_on_cpu")  # bitwise against the NumPy (CPU) path: JAX on the same backend
 @pytest.mark.parametrize("routing", ["softmax", "sigmoid"])
 def test_eager_api_with_jax_arrays(routing):
     """rudnn.moe's plan objects take JAX arrays (through the FFI calls) and give the results
