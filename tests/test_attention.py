@@ -490,7 +490,8 @@ def test_flash_backward_d256_needs_its_shared_memory():
     dout = torch.randn_like(out)
     if _device_holds_d256_backward():
         rudnn.attention_backward(dout, q, k, v, out, lse, strategy="flash")  # its values: test_backward_*
-        assert rudnn.attention_last_algorithm() == "flash_sm80"
+        hopper = torch.cuda.get_device_capability() == (9, 0)  # the sm90a backward has D = 256 too
+        assert rudnn.attention_last_algorithm() == ("flash_sm90" if hopper else "flash_sm80")
     else:
         with pytest.raises(rudnn.UnsupportedError, match=r"attention_backward: strategy 'flash': needs 144 KiB of "
                                                          r"shared memory per block for head dims \(256, 256\)"):
@@ -683,7 +684,8 @@ def test_autotune_times_every_flash_generation_and_keeps_its_pick(monkeypatch):
                                        _grads(q, k, v, opts, dout, torch.float64), ("dq", "dk", "dv")):
         assert_close_to_oracle(ours, same, exact, what)
     monkeypatch.setenv("RUDNN_ATTENTION_FLASH", "sm80")
-    q, k, v, opts = _inputs(CASES["flash_long_d64"], torch.bfloat16, "cuda")  # a new shape class
+    # a shape class no other test tunes (a tuned pick is kept whatever the variable says)
+    q, k, v, opts = _inputs(dict(shape=(1, 2, 1, 600, 700, 64, 64)), torch.bfloat16, "cuda")
     rudnn.attention(q, k, v, strategy="autotune", **opts)
     assert rudnn.attention_last_algorithm() in {"fallback", "flash_sm80"}
 

@@ -258,6 +258,9 @@ FLASH_CASES = {
     # softcap with causal and GQA at D = 128 over three 128-key blocks: the warp-specialized
     # forward's softcap instantiation (transform inline) where Gemma-style models run it
     "d128_softcap_causal_gqa": dict(shape=(1, 4, 2, 100, 300, 128, 128), causal=True, softcap=30.0),
+    # a cap far beyond the inline transform's range (Problem::kInlineSoftcapMax), where its
+    # cap - 2 cap / (1 + e^(2x)) would be 0 for every logit: the general instantiation takes it
+    "softcap_beyond_inline": dict(shape=(1, 2, 1, 70, 130, 64, 64), causal=True, softcap=1e35),
     # six blocks of the warp-specialized forward's 128 keys: its ring of K/V stages (3) goes
     # round twice
     "ring_wraps": dict(shape=(1, 2, 1, 70, 700, 64, 64)),

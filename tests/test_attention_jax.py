@@ -180,6 +180,7 @@ def test_errors_of_arguments_and_frameworks():
         jax.jit(lambda s: rj.attention_backward(J(q), J(q), J(k), J(v), J(q), jnp.zeros((2, 4, 6)), softcap=s))(2.0)
 
 
+@pytest.mark.usefixtures("jax_on_cpu")  # the CPU handler checks the values (CUDA clamps them)
 def test_cu_seqlens_values_are_checked_when_the_call_runs():
     """The offsets' values are data, read by the CPU handler when XLA runs it: an eager call raises
     the rudnn error the handler reported; under jit the failure comes when the compiled function

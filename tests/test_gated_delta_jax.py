@@ -85,6 +85,7 @@ def test_trace_time_errors(device):
         jax.jit(lambda s: rj.gated_delta_rule(*args, scale=s))(0.5)
 
 
+@pytest.mark.usefixtures("jax_on_cpu")  # the CPU algorithms, bitwise against the torch CPU path
 def test_strategy_reaches_the_kernel():
     """On the CPU the two strategies are different algorithms: each matches the torch path bitwise."""
     args = make_inputs(1, 1, 2, 40, 8, 8, torch.float32, seed=79)

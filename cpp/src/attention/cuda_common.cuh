@@ -187,9 +187,10 @@ __device__ __forceinline__ float rcp_approx(float x) {
 // The softcap logit cap tanh(scale dot / cap) inline, for the flash kernels' softcap
 // instantiation (no call, no tanhf slow path): tanh(x) = 1 - 2 / (1 + e^(2x)), so
 // cap tanh(x) = cap - 2 cap / (1 + 2^(dot k)) with k = 2 log2(e) scale / cap: FMUL, ex2, FADD,
-// rcp, FFMA. Absolute error a few 1e-7 cap (ex2.approx and rcp.approx are within 2 ulp; no
-// cancellation grows it, as the result is bounded by cap), where the logit's own rounding to
-// float32 is 6e-8 cap: far inside the tolerance of any 16-bit output. Saturates to +-cap
+// rcp, FFMA. Absolute error a few 1e-7 cap (ex2.approx and rcp.approx are within 2 ulp; the
+// final cap - ... cancels where |logit| << cap, so the error is relative to cap, not to the
+// logit): within a 16-bit output's tolerance for cap <= Problem::kInlineSoftcapMax, which
+// softcap_scores() enforces (a huge cap would give 0 for every logit). Saturates to +-cap
 // (2^(dot k) = inf gives rcp = 0; 0 gives -cap); NaN stays NaN.
 struct SoftcapTransform {
   float k = 0.0f, cap = 0.0f, minus_two_cap = 0.0f;
