@@ -18,6 +18,10 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     if cuda_available():
+        # The CUDA tests first (each group in its collection order): the GPU check gives the whole
+        # suite a few minutes of a rare GPU session, and the CPU-only tests (the host emulators'
+        # and ptxas checks' compiles, most of the suite's time) are what CI runs anyway.
+        items[:] = sorted(items, key=lambda item: "cuda" not in item.keywords)
         return
     skip = pytest.mark.skip(reason="no CUDA GPU (or rudnn built without CUDA)")
     for item in items:
