@@ -56,8 +56,7 @@ void drop_plan_without_workspace(conv::ig::Plan& plan, ConvStrategy strategy, co
 template <class Cpu, class Cuda>
 void run(const Device& device, const char* op, std::size_t need, const Tensor* workspace, const Tensor& ref,
          Cpu&& cpu, Cuda&& cuda) {
-  // 16: the implicit-GEMM kernels' operand copies are read by 16-byte cp.async and TMA
-  core::expect_workspace(workspace, ref, "the arrays", need, op, 16);
+  core::expect_workspace(workspace, ref, "the arrays", need, op, 16, "operand copies read 16 bytes at a time");
   core::on_device(
       device, op,
       [&] {

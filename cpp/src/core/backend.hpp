@@ -28,10 +28,11 @@ void on_device(const Device& device, const char* op, Cpu&& cpu, Cuda&& cuda) {
 }
 
 // A caller-allocated workspace: uint8 on the device of `ref`, at least `need` bytes (it may be
-// null when nothing is needed), its base aligned to `alignment` bytes when it is needed (what the
-// op keeps in it: 16-byte copies, 8-byte records).
+// null when nothing is needed), its base aligned to `alignment` bytes when it is needed, for what
+// the op keeps in it (`holds`, named in the error).
 inline void expect_workspace(const Tensor* workspace, const Tensor& ref, const std::string& ref_name,
-                             std::size_t need, const std::string& op, std::size_t alignment = 1) {
+                             std::size_t need, const std::string& op, std::size_t alignment = 1,
+                             const char* holds = "") {
   if (workspace) {
     expect_same_device(*workspace, ref, op + ": workspace", ref_name);
     expect_dtype(*workspace, DType::u8, op + ": workspace");
@@ -42,7 +43,7 @@ inline void expect_workspace(const Tensor* workspace, const Tensor& ref, const s
                                std::to_string(have));
   if (need > 0 && reinterpret_cast<std::uintptr_t>(workspace->data) % alignment != 0)
     fail(ErrorKind::value, op + ": workspace: expected an address aligned to " + std::to_string(alignment) +
-                               " bytes");
+                               " bytes (it holds " + holds + ")");
 }
 
 }  // namespace rudnn::core

@@ -190,7 +190,8 @@ Problem validate_forward(const CtcLossArgs& args, bool check_outputs) {
   expect_loss_shape(args.loss, p, op + ": loss");
   core::expect_data(args.loss, op + ": loss");
   p.loss_n = args.loss.rank ? args.loss.strides[0] : 0;
-  core::expect_workspace(args.workspace, args.log_probs, "log_probs", p.ws.total, op, alignof(Sequence));
+  core::expect_workspace(args.workspace, args.log_probs, "log_probs", p.ws.total, op, alignof(Sequence),
+                         "8-byte sequence records");
   core::expect_outputs_apart({{args.loss, op + ": loss"}, {args.workspace, op + ": workspace"}},
                              {{args.log_probs, op + ": log_probs"}, {args.targets, op + ": targets"},
                               {args.input_lengths, op + ": input_lengths"},
@@ -216,7 +217,8 @@ Problem validate_backward(const CtcLossBackwardArgs& args, bool check_outputs) {
   core::expect_data(g, op + ": dlog_probs");
   p.grad_t = g.strides[0];
   p.grad_n = g.strides[1];
-  core::expect_workspace(args.workspace, args.log_probs, "log_probs", p.ws.total, op, alignof(Sequence));
+  core::expect_workspace(args.workspace, args.log_probs, "log_probs", p.ws.total, op, alignof(Sequence),
+                         "8-byte sequence records");
   core::expect_outputs_apart({{g, op + ": dlog_probs"}, {args.workspace, op + ": workspace"}},
                              {{args.dloss, op + ": dloss"}, {args.log_probs, op + ": log_probs"},
                               {args.targets, op + ": targets"}, {args.input_lengths, op + ": input_lengths"},

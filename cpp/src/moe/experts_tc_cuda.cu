@@ -36,14 +36,12 @@ namespace {
 constexpr std::size_t kAlign = 256;
 std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+bool aligned(const void* p, std::uintptr_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+bool aligned16(const void* p) { return aligned(p, 16); }
 
 // The workspace holds CUTLASS's TMA descriptors (64-byte aligned, cutlass::MinTensorMapWorkspaceAlignment)
 // and the buffers TMA reads; its parts are carved at 256-byte offsets from its base.
-constexpr std::uintptr_t kWorkspaceAlign = 128;
-bool workspace_aligned(const Tensor* workspace) {
-  return !workspace || (reinterpret_cast<std::uintptr_t>(workspace->data) % kWorkspaceAlign) == 0;
-}
+bool workspace_aligned(const Tensor* workspace) { return !workspace || aligned(workspace->data, 128); }
 
 // h = silu(a) * b for the rows that belong to an expert (a, b already rounded to T).
 template <class T>

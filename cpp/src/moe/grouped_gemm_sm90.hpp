@@ -82,68 +82,48 @@ RUDNN_SM90_GEMM_DECL(nn_accumulate, f16)
 RUDNN_SM90_GEMM_DECL(tn, bf16)
 RUDNN_SM90_GEMM_DECL(tn, f16)
 #undef RUDNN_SM90_GEMM_DECL
-}  // namespace detail
 
-// The forward's layouts also have ping-pong instantiations; the backward's are cooperative only.
-inline void check_schedule(Layouts layouts, Schedule schedule) {
-  if (schedule == Schedule::pingpong && layouts != Layouts::nt && layouts != Layouts::nt_swiglu)
+// The two functions of one instantiation.
+struct Instantiation {
+  std::size_t (*workspace_bytes)(int groups, int device);
+  void (*run)(const SegmentGemm& g, void* workspace, std::size_t workspace_size, int device, cudaStream_t stream);
+};
+
+// The instantiation of (layouts, schedule, dtype): the forward's layouts (nt, nt_swiglu) have both
+// schedules, the backward's are cooperative only.
+inline Instantiation instantiation(Layouts layouts, Schedule schedule, DType dtype) {
+  const bool bf16 = dtype == DType::bf16;
+#define RUDNN_SM90_GEMM_PICK(NAME)                                                   \
+  (bf16 ? Instantiation{workspace_bytes_##NAME##_bf16, run_##NAME##_bf16}           \
+        : Instantiation{workspace_bytes_##NAME##_f16, run_##NAME##_f16})
+  if (schedule == Schedule::pingpong) {
+    if (layouts == Layouts::nt) return RUDNN_SM90_GEMM_PICK(nt_pingpong);
+    if (layouts == Layouts::nt_swiglu) return RUDNN_SM90_GEMM_PICK(nt_swiglu_pingpong);
     throw Error(ErrorKind::unsupported,
                 "SwiGluExperts (tensor_core): the ping-pong grouped GEMM is built for the forward's layouts only");
+  }
+  switch (layouts) {
+    case Layouts::nt: return RUDNN_SM90_GEMM_PICK(nt);
+    case Layouts::nt_swiglu: return RUDNN_SM90_GEMM_PICK(nt_swiglu);
+    case Layouts::nn: return RUDNN_SM90_GEMM_PICK(nn);
+    case Layouts::nn_accumulate: return RUDNN_SM90_GEMM_PICK(nn_accumulate);
+    default: return RUDNN_SM90_GEMM_PICK(tn);
+  }
+#undef RUDNN_SM90_GEMM_PICK
 }
+}  // namespace detail
 
 // Device bytes one call with `groups` groups needs: argument arrays plus CUTLASS's workspace.
 inline std::size_t workspace_bytes(Layouts layouts, DType dtype, int groups, int device,
                                    Schedule schedule = Schedule::cooperative) {
-  const bool bf16 = dtype == DType::bf16;
-  check_schedule(layouts, schedule);
-  if (schedule == Schedule::pingpong && layouts == Layouts::nt_swiglu)
-    return bf16 ? detail::workspace_bytes_nt_swiglu_pingpong_bf16(groups, device)
-                : detail::workspace_bytes_nt_swiglu_pingpong_f16(groups, device);
-  if (schedule == Schedule::pingpong)
-    return bf16 ? detail::workspace_bytes_nt_pingpong_bf16(groups, device)
-                : detail::workspace_bytes_nt_pingpong_f16(groups, device);
-  switch (layouts) {
-    case Layouts::nt: return bf16 ? detail::workspace_bytes_nt_bf16(groups, device) : detail::workspace_bytes_nt_f16(groups, device);
-    case Layouts::nn: return bf16 ? detail::workspace_bytes_nn_bf16(groups, device) : detail::workspace_bytes_nn_f16(groups, device);
-    case Layouts::nn_accumulate:
-      return bf16 ? detail::workspace_bytes_nn_accumulate_bf16(groups, device)
-                  : detail::workspace_bytes_nn_accumulate_f16(groups, device);
-    case Layouts::nt_swiglu:
-      return bf16 ? detail::workspace_bytes_nt_swiglu_bf16(groups, device)
-                  : detail::workspace_bytes_nt_swiglu_f16(groups, device);
-    default: return bf16 ? detail::workspace_bytes_tn_bf16(groups, device) : detail::workspace_bytes_tn_f16(groups, device);
-  }
+  return detail::instantiation(layouts, schedule, dtype).workspace_bytes(groups, device);
 }
 
 // Queues the grouped GEMM (inputs f16 or bf16) on `stream`. The caller has checked that the
 // device is sm_90 and that every leading dimension and base pointer suits TMA (16 bytes).
 inline void run(Layouts layouts, DType dtype, const SegmentGemm& g, void* workspace, std::size_t workspace_size,
                 int device, cudaStream_t stream, Schedule schedule = Schedule::cooperative) {
-  const bool bf16 = dtype == DType::bf16;
-  check_schedule(layouts, schedule);
-  if (schedule == Schedule::pingpong && layouts == Layouts::nt_swiglu)
-    return bf16 ? detail::run_nt_swiglu_pingpong_bf16(g, workspace, workspace_size, device, stream)
-                : detail::run_nt_swiglu_pingpong_f16(g, workspace, workspace_size, device, stream);
-  if (schedule == Schedule::pingpong)
-    return bf16 ? detail::run_nt_pingpong_bf16(g, workspace, workspace_size, device, stream)
-                : detail::run_nt_pingpong_f16(g, workspace, workspace_size, device, stream);
-  switch (layouts) {
-    case Layouts::nt:
-      return bf16 ? detail::run_nt_bf16(g, workspace, workspace_size, device, stream)
-                  : detail::run_nt_f16(g, workspace, workspace_size, device, stream);
-    case Layouts::nn:
-      return bf16 ? detail::run_nn_bf16(g, workspace, workspace_size, device, stream)
-                  : detail::run_nn_f16(g, workspace, workspace_size, device, stream);
-    case Layouts::nn_accumulate:
-      return bf16 ? detail::run_nn_accumulate_bf16(g, workspace, workspace_size, device, stream)
-                  : detail::run_nn_accumulate_f16(g, workspace, workspace_size, device, stream);
-    case Layouts::nt_swiglu:
-      return bf16 ? detail::run_nt_swiglu_bf16(g, workspace, workspace_size, device, stream)
-                  : detail::run_nt_swiglu_f16(g, workspace, workspace_size, device, stream);
-    default:
-      return bf16 ? detail::run_tn_bf16(g, workspace, workspace_size, device, stream)
-                  : detail::run_tn_f16(g, workspace, workspace_size, device, stream);
-  }
+  detail::instantiation(layouts, schedule, dtype).run(g, workspace, workspace_size, device, stream);
 }
 
 }  // namespace rudnn::moe::sm90
