@@ -177,12 +177,13 @@ def test_gated_delta_one_stage_rows_set_the_knob(monkeypatch):
 
 
 def test_norm_regs_rows_run_the_previous_kernel(monkeypatch):
-    """On a GPU the norm family times rms_norm and add_rms_norm also with RUDNN_NORM_PIPELINED=0
-    (the kernel before the pipelined one), set only while rudnn runs and checks."""
+    """On a GPU the norm family times rms_norm, add_rms_norm and layer_norm_backward also with
+    RUDNN_NORM_PIPELINED=0 (the kernels before the pipelined ones), set only while rudnn runs and
+    checks."""
     from rudnn.bench import norm as bnorm
 
     regs = [c for c in bnorm.cases("cuda", quick=True) if c.op.endswith("[regs]")]
-    assert {c.op for c in regs} == {"rms_norm[regs]", "add_rms_norm[regs]"}
+    assert {c.op for c in regs} == {"rms_norm[regs]", "add_rms_norm[regs]", "layer_norm_backward[regs]"}
     assert not [c for c in bnorm.cases("cpu", quick=True) if c.op.endswith("[regs]")]
     seen = _env_seen_by(monkeypatch, "rms_norm", "RUDNN_NORM_PIPELINED")
     p = bnorm.prepare(bench.CaseSpec("norm", "add_rms_norm[regs]", (64, 256), "bfloat16"), "cpu")

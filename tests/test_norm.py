@@ -190,6 +190,40 @@ def test_pipelined_forward_is_bitwise_the_1024_thread_kernel(monkeypatch, kind, 
     for a, e in zip(pipelined, plain):
         assert torch.equal(a, e), (kind, dtype, shape)
 
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind, dtype, param_dtype, shape", [
+    ("layer", torch.bfloat16, "x", (300, 2048)),   # teams of 128, several rows each, fused weight gradients
+    ("rms", torch.float16, "f32", (100, 512)),     # float32 weights of 16-bit rows: not cached
+    ("layer", torch.float32, "f32", (23, 1000)),   # a partial last slot
+    ("rms", torch.bfloat16, "x", (1000, 64)),      # teams of 4
+    ("layer", torch.float16, "x", (3, 4, 4096)),   # teams of 256, two leading axes collapsed to one
+])
+def test_pipelined_backward_dx_is_bitwise_the_1024_thread_kernel(monkeypatch, kind, dtype, param_dtype, shape):
+    """Rows of 16-byte chunks whose teams fit 256 threads run norm_backward_regs_pipelined (the
+    weight in registers, the next row's loads in flight); RUDNN_NORM_PIPELINED=0 runs
+    norm_backward_regs on the same call. Same per-row arithmetic and order: dx has the same bits.
+    The weight gradients are summed over fewer teams per block (256-thread blocks instead of up to
+    512), so only their rounding may differ: to 1e-5 of the sum of the terms' magnitudes."""
+    x, dy = rand(shape, dtype, "cuda", seed=5, scale=3.0), rand(shape, dtype, "cuda", seed=6)
+    w, b = _params(shape[-1], dtype, param_dtype, "cuda", bias=kind == "layer")
+    if kind == "layer":
+        _, mean, rstd = rudnn.layer_norm(x, w, b, return_stats=True)
+        fn = lambda: rudnn.layer_norm_backward(dy, x, w, mean, rstd)
+        xhat = (x.double() - mean.double().unsqueeze(-1)) * rstd.double().unsqueeze(-1)
+    else:
+        _, rstd = rudnn.rms_norm(x, w, return_stats=True)
+        fn = lambda: rudnn.rms_norm_backward(dy, x, w, rstd)
+        xhat = x.double() * rstd.double().unsqueeze(-1)
+    pipelined = fn()
+    monkeypatch.setenv("RUDNN_NORM_PIPELINED", "0")
+    plain = fn()
+    assert torch.equal(pipelined[0], plain[0]), (kind, dtype, shape)
+    H = shape[-1]
+    magnitudes = [(dy.double() * xhat).abs().reshape(-1, H).sum(0), dy.double().abs().reshape(-1, H).sum(0)]
+    for a, e, m in zip(pipelined[1:], plain[1:], magnitudes):
+        assert ((a.double() - e.double()).abs() <= 1e-5 * m).all(), (kind, dtype, shape)
+
 # ---- backward --------------------------------------------------------------------------------
 
 def _autograd(fn, dtype, dy, *inputs):

@@ -513,6 +513,35 @@ def test_norm_forward_kernels(arch):
             assert any(a == "LDG.E.128" for a in after), (kernel, after)
 
 
+@pytest.mark.parametrize("arch", ["80", "90a"])
+def test_norm_backward_pipelined_kernels(arch):
+    """The pipelined norm backward (norm_backward_regs_pipelined, cpp/src/norm/norm_bwd_cuda.cu: teams
+    of <= 256 threads, the weight in registers, the team's next row loaded before the current row's
+    reductions), for both architectures: no spills; in its row loop, 128-bit loads (the next row's
+    dy and x, two slots each) before the first reduction shuffle, dx stored in 128-bit pieces after
+    it, no local memory, and where a weight chunk is one 16-byte piece (16-bit weights, or float32
+    ones with float32 rows) no global load after the reductions (norm_backward_regs loads the
+    weight there twice per slot: for the row sums and for dx)."""
+    report, sass = _ptxas_report("norm_bwd_cuda.cu", family="norm", arch=arch)
+    spills = {k: v for k, v in _spills(report).items() if "pipelined" in k}
+    assert len(spills) == 5 and not any(spills.values()), spills  # one per dtype pair, 16-byte chunks only
+    kernels = {k: v for k, v in _sass_by_kernel(sass).items() if "pipelined" in k}
+    assert len(kernels) == 5, sorted(kernels)
+    for kernel, lines in kernels.items():
+        loop = _row_loop(lines)
+        first_shuffle = next(i for i, line in enumerate(loop) if "SHFL.BFLY" in line)
+        before, after = _global_accesses(loop[:first_shuffle]), _global_accesses(loop[first_shuffle:])
+        assert sum(a == "LDG.E.128" for a in before) >= 4, (kernel, before)  # the next row's dy and x
+        assert sum(a == "STG.E.128" for a in after) >= 2, (kernel, after)  # this row's dx
+        assert all(a == "STG.E.128" for a in after if a.startswith("STG")), (kernel, after)
+        assert not any(re.search(r"\b(STL|LDL)\b", line) for line in loop), kernel
+        cached = re.search(r"I(13__nv_bfloat16S3_|6__halfS3_|ffLi4)", kernel)  # P is T (or both float)
+        if cached:
+            assert not any(a.startswith("LDG") for a in after), (kernel, after)
+        else:  # float32 weights of 16-bit rows: loaded per slot, after the reductions
+            assert any(a == "LDG.E.128" for a in after), (kernel, after)
+
+
 def _ptx_entries(name, family):
     """{entry: its PTX body} of one translation unit compiled to PTX for compute_90a (the source has
     no architecture-dependent paths in the kernels checked with it)."""

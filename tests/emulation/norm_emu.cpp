@@ -1,17 +1,29 @@
-// Host emulator of the LayerNorm / RMSNorm forward CUDA kernels (tests/test_norm_emulation.py
-// builds and runs it). The kernels' own source (norm_fwd_cuda.cu from `using namespace kern;` to
-// its emulation mark, with norm/kernels.cuh compiled for the host: RUDNN_HOST_EMULATOR turns its
-// st.global pieces into plain stores) and the host planner's team shapes (norm_cuda.cu's
-// row_shape) run on the CPU through emu_runtime.hpp, a std::thread per CUDA thread. The grid is
-// spread as spread_rows does, for a device of kSms SMs holding one block each, so that blocks walk
-// several rows and teams idle past the end. Each case compares y, mean, rstd and residual_out with
-// the CPU backend: residual_out bitwise (one rounding of x + residual in both), the statistics to
-// float32 rounding, y to 2 ulps of its dtype plus float32 sum error relative to the largest |y| (the
-// kernels sum in float32 in a butterfly order, the CPU backend in double). Covers sub-warp and multi-warp teams, the two-read stream kernel, the
-// 16-byte and the single-element paths, weight and bias present or absent, f32/f16/bf16 and f32
-// parameters with 16-bit x. Where the planner picks norm_forward_regs_pipelined (16-byte chunks,
-// teams of <= 256 threads), the case also runs norm_forward_regs on the same inputs and requires
-// the same bits in every output. Prints one line per case; exits 1 on a mismatch.
+// Host emulator of the LayerNorm / RMSNorm CUDA kernels (tests/test_norm_emulation.py builds and
+// runs it: `norm_emu forward` or `norm_emu backward`). The kernels' own source (norm_fwd_cuda.cu and
+// norm_bwd_cuda.cu, each from `using namespace kern;` to its emulation mark, with norm/kernels.cuh
+// compiled for the host: RUDNN_HOST_EMULATOR turns its st.global pieces into plain stores) and the
+// host planner (norm_cuda.cu's row_shape, regs_pipelined, spread_rows_over, wgrad_plan,
+// fused_wgrad_launch) run on the CPU through emu_runtime.hpp, a std::thread per CUDA thread, for a
+// device of kSms SMs holding one block each (the grid spread as spread_rows does), so that blocks
+// walk several rows and teams idle past the end.
+//
+// Forward: each case compares y, mean, rstd and residual_out with the CPU backend: residual_out
+// bitwise (one rounding of x + residual in both), the statistics to float32 rounding, y to 2 ulps
+// of its dtype plus float32 sum error relative to the largest |y| (the kernels sum in float32 in a
+// butterfly order, the CPU backend in double). Covers sub-warp and multi-warp teams, the two-read
+// stream kernel, the 16-byte and the single-element paths, weight and bias present or absent,
+// f32/f16/bf16 and f32 parameters with 16-bit x. Where the planner picks norm_forward_regs_pipelined
+// (16-byte chunks, teams of <= 256 threads), the case also runs norm_forward_regs on the same inputs
+// and requires the same bits in every output.
+//
+// Backward: dx against the CPU backend (2 ulps plus float32 sum error relative to the largest |dx|),
+// dweight and dbias to float32 accumulation error relative to the sum of the terms' magnitudes
+// (the kernels' order: per team in row order, teams in order, splits in order). Covers the fused
+// weight gradients (one and several splits), the column kernel and its split reduction (rows too
+// long for the shared-memory accumulators), the register, pipelined and two-read kernels, the
+// single-element path, weight absent, float32 weights of 16-bit rows. Where the planner picks
+// norm_backward_regs_pipelined, the case also runs norm_backward_regs and requires dx's bits.
+// Prints one line per case; exits 1 on a mismatch.
 #include "emu_runtime.hpp"
 
 #include <cmath>
@@ -39,12 +51,16 @@ namespace rudnn::norm::plan {
 #include "plan.inc"
 }  // namespace rudnn::norm::plan
 
-// norm_fwd_cuda.cu's kernels (extracted by the test), outside rudnn::norm so that its CPU
-// backend's host from_float does not meet kern's device one
+// norm_fwd_cuda.cu's and norm_bwd_cuda.cu's kernels (extracted by the test), outside rudnn::norm so
+// that its CPU backend's host from_float does not meet kern's device one
 namespace rudnn::norm_emu {
 namespace kern = rudnn::norm::kern;
 #include "kernels.inc"
 }  // namespace rudnn::norm_emu
+namespace rudnn::norm_bwd_emu {
+namespace kern = rudnn::norm::kern;
+#include "kernels_bwd.inc"
+}  // namespace rudnn::norm_bwd_emu
 
 #include "emu_arrays.hpp"
 
@@ -95,13 +111,11 @@ bool launch(const NormForwardArgs& args, const ForwardProblem& pr, Pick pick) {
   auto run = [&](auto vec_tag) {
     constexpr int VEC = decltype(vec_tag)::value;
     plan::RowLaunch l = plan::row_shape(p.hidden / VEC, kern::kSlots, kern::kSlots);
-    pipelined = pick == Pick::planner && plan::forward_pipelined(l, VEC, rows_collapsed(p));
-    const i64 teams = l.block / l.team;
-    const i64 groups = (p.rows + teams - 1) / teams;
-    const i64 blocks = std::min<i64>(groups, kSms);
+    pipelined = pick == Pick::planner && plan::regs_pipelined(l, VEC, rows_collapsed(p));
+    plan::spread_rows_over(l, p.rows, kSms);
     p.team = l.team;
-    p.rows_per_block = (groups + blocks - 1) / blocks * teams;
-    const unsigned grid = unsigned((p.rows + p.rows_per_block - 1) / p.rows_per_block);
+    p.rows_per_block = l.rows_per_block;
+    const unsigned grid = unsigned(l.grid);
     if (pick == Pick::planner)
       std::printf("[vec=%d team=%d block=%d grid=%u rows/block=%lld %s] ", VEC, l.team, l.block, grid,
                   (long long)p.rows_per_block, l.stream ? "stream" : pipelined ? "pipelined" : "regs");
@@ -193,30 +207,244 @@ bool run_case(const Case& c) {
   return ok;
 }
 
+// ---- backward ----
+
+constexpr std::size_t kOptin = 232448;  // opt-in shared memory per block of the emulated device (H100/H200)
+
+struct BackwardCase {
+  const char* name;
+  NormKind kind;
+  DType dtype, param_dtype;
+  i64 rows, hidden;
+  bool weight, dweight, dbias;
+  int plan_sms = kSms;  // SMs the weight-gradient plan is made for (the kernels run on kSms either way)
+};
+
+// Runs the backward kernels on args' arrays as launch_backward does (the column kernel, the dx
+// kernel, the split reduction); returns whether the pipelined kernel ran.
+template <class T, class P>
+bool launch_backward(const NormBackwardArgs& args, const BackwardProblem& pr, Pick pick, int plan_sms) {
+  using namespace rudnn::norm_bwd_emu;
+  const bool layer = args.kind == NormKind::layer;
+  float* dweight = args.dweight != nullptr ? args.dweight->ptr<float>() : nullptr;
+  float* dbias = args.dbias != nullptr ? args.dbias->ptr<float>() : nullptr;
+  const bool want_wgrad = dweight != nullptr || dbias != nullptr;
+  const plan::WgradPlan wgrad = plan::wgrad_plan(pr.rows, pr.hidden, plan_sms, kOptin);
+  float* dweight_part = dweight;
+  float* dbias_part = dbias;
+  std::vector<float> workspace;
+  if (want_wgrad && wgrad.splits > 1) {
+    workspace.assign(wgrad.workspace_bytes / sizeof(float), std::nanf(""));
+    dweight_part = dweight != nullptr ? workspace.data() : nullptr;
+    dbias_part = dbias != nullptr ? workspace.data() + wgrad.splits * pr.hidden : nullptr;
+  }
+  if (want_wgrad && !wgrad.fused) {
+    WgradParams<T> w{};
+    w.dy = args.dy.ptr<const T>();
+    w.x = args.x.ptr<const T>();
+    w.mean = layer ? args.mean->ptr<const float>() : nullptr;
+    w.rstd = args.rstd.ptr<const float>();
+    w.dweight_part = dweight_part;
+    w.dbias_part = dbias_part;
+    w.dy_rows = pr.dy, w.x_rows = pr.x, w.mean_rows = pr.mean, w.rstd_rows = pr.rstd;
+    w.rows = pr.rows, w.hidden = pr.hidden, w.rows_per_split = wgrad.rows_per_split, w.layer = layer;
+    const EmuDim3 grid{unsigned((pr.hidden + kern::kWgradColumns - 1) / kern::kWgradColumns), unsigned(wgrad.splits), 1};
+    emu_launch(grid, kern::kWgradColumns * kern::kWgradRowLanes, 1, 0, [&] { norm_wgrad_columns<T>(w); });
+  }
+
+  BackwardParams<T, P> p{};
+  p.dy = args.dy.ptr<const T>();
+  p.x = args.x.ptr<const T>();
+  p.dx = args.dx.ptr<T>();
+  p.weight = args.weight != nullptr ? args.weight->ptr<const P>() : nullptr;
+  p.mean = layer ? args.mean->ptr<const float>() : nullptr;
+  p.rstd = args.rstd.ptr<const float>();
+  p.dweight_part = wgrad.fused ? dweight_part : nullptr;
+  p.dbias_part = wgrad.fused ? dbias_part : nullptr;
+  p.dy_rows = pr.dy, p.x_rows = pr.x, p.dx_rows = pr.dx, p.mean_rows = pr.mean, p.rstd_rows = pr.rstd;
+  p.rows = pr.rows, p.hidden = pr.hidden, p.layer = layer;
+  const bool accumulate = p.dweight_part != nullptr || p.dbias_part != nullptr;
+  constexpr int kVec = kern::kVec16<T>;
+  bool pipelined = false;
+  auto run = [&](auto vec_tag) {
+    constexpr int VEC = decltype(vec_tag)::value;
+    plan::RowLaunch l = plan::row_shape(p.hidden / VEC, kern::kPairSlots, kern::kPairSlots);
+    pipelined = VEC > 1 && pick == Pick::planner && plan::regs_pipelined(l, VEC, rows_collapsed(p));
+    if (accumulate) {
+      plan::fused_wgrad_launch(l, wgrad, p.hidden, pipelined ? kern::kRegsBlockTarget : kern::kFusedBlockMax);
+    } else {
+      plan::spread_rows_over(l, p.rows, kSms);
+    }
+    p.team = l.team;
+    p.rows_per_block = l.rows_per_block;
+    if (pick == Pick::planner)
+      std::printf("[vec=%d team=%d block=%d grid=%d rows/block=%lld smem=%zu %s, wgrad %s splits=%lld] ", VEC, l.team,
+                  l.block, l.grid, (long long)p.rows_per_block, l.smem,
+                  l.stream ? "stream" : pipelined ? "pipelined" : "regs",
+                  !want_wgrad ? "none" : wgrad.fused ? "fused" : "columns", want_wgrad ? (long long)wgrad.splits : 0LL);
+    emu_launch(EmuDim3{unsigned(l.grid), 1, 1}, unsigned(l.block), 1, l.smem, [&] {
+      if (l.stream) {
+        norm_backward_stream<T, P, VEC>(p);
+      } else if (pipelined) {
+        if constexpr (VEC > 1) norm_backward_regs_pipelined<T, P, VEC>(p);
+      } else {
+        norm_backward_regs<T, P, VEC>(p);
+      }
+    });
+  };
+  if (p.hidden % kVec == 0)  // the arrays here are dense and 16-byte aligned
+    run(std::integral_constant<int, kVec>{});
+  else
+    run(std::integral_constant<int, 1>{});
+  if (want_wgrad && wgrad.splits > 1) {
+    const unsigned blocks = unsigned((pr.hidden + kern::kReduceThreads - 1) / kern::kReduceThreads);
+    emu_launch(EmuDim3{blocks, 1, 1}, kern::kReduceThreads, 1, 0, [&] {
+      norm_wgrad_reduce(dweight_part, dbias_part, wgrad.splits, pr.hidden, dweight, dbias);
+    });
+  }
+  return pipelined;
+}
+
+bool run_backward_case(const BackwardCase& c) {
+  const i64 R = c.rows, H = c.hidden;
+  emu::Array x = emu::make(c.dtype, {R, H}, 11), dy = emu::make(c.dtype, {R, H}, 12);
+  emu::Array w = emu::make(c.param_dtype, {H}, 13);
+  // The statistics of x, as the forward leaves them.
+  emu::Array y = emu::make(c.dtype, {R, H}, 0, false), mean = emu::make(DType::f32, {R}, 0, false),
+             rstd = emu::make(DType::f32, {R}, 0, false);
+  {
+    NormForwardArgs f;
+    f.kind = c.kind;
+    f.x = x.t;
+    f.y = y.t;
+    f.mean = c.kind == NormKind::layer ? &mean.t : nullptr;
+    f.rstd = &rstd.t;
+    f.eps = 1e-5f;
+    forward_cpu(f, validate_forward(f));
+  }
+  auto outputs = [&] {
+    return std::array<emu::Array, 3>{emu::make(c.dtype, {R, H}, 0, false), emu::make(DType::f32, {H}, 0, false),
+                                     emu::make(DType::f32, {H}, 0, false)};
+  };
+  auto ref = outputs(), got = outputs(), regs = outputs();
+  auto args_of = [&](std::array<emu::Array, 3>& o) {
+    NormBackwardArgs a;
+    a.kind = c.kind;
+    a.dy = dy.t;
+    a.x = x.t;
+    a.weight = c.weight ? &w.t : nullptr;
+    a.mean = c.kind == NormKind::layer ? &mean.t : nullptr;
+    a.rstd = rstd.t;
+    a.dx = o[0].t;
+    a.dweight = c.dweight ? &o[1].t : nullptr;
+    a.dbias = c.dbias ? &o[2].t : nullptr;
+    return a;
+  };
+  const NormBackwardArgs ra = args_of(ref), ga = args_of(got), na = args_of(regs);
+  backward_cpu(ra, validate_backward(ra));
+  const BackwardProblem pg = validate_backward(ga), pn = validate_backward(na);
+  std::printf("%s ", c.name);
+  bool pipelined = false;
+  core::dispatch_float<__half, __nv_bfloat16>(c.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (pg.param_dtype == DType::f32) {
+      pipelined = launch_backward<T, float>(ga, pg, Pick::planner, c.plan_sms);
+      if (pipelined) launch_backward<T, float>(na, pn, Pick::regs1024, c.plan_sms);
+    } else {
+      pipelined = launch_backward<T, T>(ga, pg, Pick::planner, c.plan_sms);
+      if (pipelined) launch_backward<T, T>(na, pn, Pick::regs1024, c.plan_sms);
+    }
+  });
+  // The pipelined kernel must give norm_backward_regs's dx bits (same arithmetic and order per row).
+  const bool identical = !pipelined || emu::same_bytes(got[0].t, regs[0].t);
+  float scale = 0;
+  for (i64 i = 0; i < R * H; ++i) scale = std::max(scale, std::fabs(emu::value_at(ref[0].t, i)));
+  bool ok = true;
+  double worst_dx = 0, worst_wgrad = 0;
+  for (i64 i = 0; i < R * H; ++i) {
+    const float a = emu::value_at(got[0].t, i), e = emu::value_at(ref[0].t, i);
+    const double d = std::fabs(a - e) / (ulp_of(c.dtype, e) + 4e-6f * scale);
+    worst_dx = std::max(worst_dx, d);
+    ok = ok && d <= 2.0;
+  }
+  // dweight[j] = sum_r dy * xhat, dbias[j] = sum_r dy: float32 sums of R terms against double sums,
+  // to 1e-5 of the terms' magnitudes.
+  for (int g = 1; g <= 2; ++g) {
+    if ((g == 1 && !c.dweight) || (g == 2 && !c.dbias)) continue;
+    for (i64 j = 0; j < H; ++j) {
+      double magnitude = 0;
+      for (i64 r = 0; r < R; ++r) {
+        const double xhat = (double(emu::value_at(x.t, r * H + j)) - (c.kind == NormKind::layer ? emu::value_at(mean.t, r) : 0.0)) *
+                            emu::value_at(rstd.t, r);
+        magnitude += std::fabs(emu::value_at(dy.t, r * H + j) * (g == 1 ? xhat : 1.0));
+      }
+      const double d = std::fabs(double(emu::value_at(got[g].t, j)) - emu::value_at(ref[g].t, j)) / (1e-5 * magnitude + 1e-30);
+      worst_wgrad = std::max(worst_wgrad, d);
+      ok = ok && d <= 1.0;
+    }
+  }
+  if (pipelined) std::printf("%s ", identical ? "dx bitwise as regs1024" : "dx DIFFERS from regs1024");
+  ok = ok && identical;
+  std::printf("worst dx %.2f, dweight/dbias %.3f of the budget %s\n", worst_dx, worst_wgrad, ok ? "ok" : "MISMATCH");
+  return ok;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const std::string which = argc > 1 ? argv[1] : "";
   const auto L = NormKind::layer, S = NormKind::rms;
   const auto f32 = DType::f32, f16 = DType::f16, bf16 = DType::bf16;
-  const Case cases[] = {
-      {"layer_bf16_subwarp_teams", L, bf16, bf16, 37, 64, true, true, false},
-      {"rms_f16_residual_f32_weight", S, f16, f32, 21, 256, true, false, true},
-      {"layer_f32_multiwarp_team", L, f32, f32, 9, 4096, true, true, true},
-      {"layer_f16_scalar_path", L, f16, f16, 11, 1001, true, false, false},
-      {"rms_bf16_no_weight", S, bf16, bf16, 13, 512, false, false, false},
-      {"layer_bf16_stream", L, bf16, bf16, 4, 40000, true, true, true},
-      {"rms_f32_stream_scalar", S, f32, f32, 3, 17001, true, false, false},
-      // the pipelined kernel: several rows per team (the next row's loads cross rows), the last row
-      // of a block, blocks whose rows do not divide by their teams, a partial last slot, one row
-      {"layer_bf16_pipelined_rows", L, bf16, bf16, 29, 2048, true, true, true},
-      {"rms_f16_pipelined_f32_weight", S, f16, f32, 100, 512, true, false, true},
-      {"layer_f32_pipelined_partial_slot", L, f32, f32, 23, 1000, true, false, false},
-      {"layer_bf16_pipelined_f32_params", L, bf16, f32, 50, 1024, true, true, false},
-      {"rms_bf16_pipelined_subwarp_many_rows", S, bf16, bf16, 1000, 64, true, false, true},
-      {"layer_f16_pipelined_one_row", L, f16, f16, 1, 1024, true, true, true},
-      {"layer_bf16_team512_regs", L, bf16, bf16, 7, 16384, true, true, true},
-  };
   bool ok = true;
-  for (const Case& c : cases) ok = run_case(c) && ok;
+  if (which == "forward") {
+    const Case cases[] = {
+        {"layer_bf16_subwarp_teams", L, bf16, bf16, 37, 64, true, true, false},
+        {"rms_f16_residual_f32_weight", S, f16, f32, 21, 256, true, false, true},
+        {"layer_f32_multiwarp_team", L, f32, f32, 9, 4096, true, true, true},
+        {"layer_f16_scalar_path", L, f16, f16, 11, 1001, true, false, false},
+        {"rms_bf16_no_weight", S, bf16, bf16, 13, 512, false, false, false},
+        {"layer_bf16_stream", L, bf16, bf16, 4, 40000, true, true, true},
+        {"rms_f32_stream_scalar", S, f32, f32, 3, 17001, true, false, false},
+        // the pipelined kernel: several rows per team (the next row's loads cross rows), the last row
+        // of a block, blocks whose rows do not divide by their teams, a partial last slot, one row
+        {"layer_bf16_pipelined_rows", L, bf16, bf16, 29, 2048, true, true, true},
+        {"rms_f16_pipelined_f32_weight", S, f16, f32, 100, 512, true, false, true},
+        {"layer_f32_pipelined_partial_slot", L, f32, f32, 23, 1000, true, false, false},
+        {"layer_bf16_pipelined_f32_params", L, bf16, f32, 50, 1024, true, true, false},
+        {"rms_bf16_pipelined_subwarp_many_rows", S, bf16, bf16, 1000, 64, true, false, true},
+        {"layer_f16_pipelined_one_row", L, f16, f16, 1, 1024, true, true, true},
+        {"layer_bf16_team512_regs", L, bf16, bf16, 7, 16384, true, true, true},
+    };
+    for (const Case& c : cases) ok = run_case(c) && ok;
+  } else if (which == "backward") {
+    const BackwardCase cases[] = {
+        // pipelined (teams <= 256, 16-byte chunks), fused weight gradients over 6 splits
+        {"layer_bf16_pipelined_fused", L, bf16, bf16, 50, 1024, true, true, true},
+        // float32 weights of 16-bit rows: loaded per slot in the pipelined kernel
+        {"rms_f16_pipelined_f32_weight", S, f16, f32, 100, 512, true, true, false},
+        // float32 rows (4-element chunks), a partial last slot, dbias only
+        {"layer_f32_pipelined_partial_slot", L, f32, f32, 23, 1000, true, false, true},
+        // sub-warp teams walking many rows, no weight gradients (rows spread over the SMs)
+        {"rms_bf16_pipelined_subwarp_dx_only", S, bf16, bf16, 1000, 64, true, false, false},
+        // no weight at all
+        {"layer_f16_pipelined_no_weight", L, f16, f16, 37, 256, false, false, true},
+        // one row: one split, the gradients written directly
+        {"layer_bf16_pipelined_one_row", L, bf16, f32, 1, 2048, true, true, true},
+        // the single-element path (H not a multiple of 8): norm_backward_regs
+        {"layer_f16_scalar_path", L, f16, f16, 11, 1001, true, true, true},
+        // teams of 512 threads: norm_backward_regs, fused
+        {"layer_bf16_team512_regs_fused", L, bf16, bf16, 7, 8192, true, true, true},
+        // rows too long for registers and for the shared-memory accumulators: the two-read kernel,
+        // the column kernel (one split), and with a 132-SM plan two splits and their reduction
+        {"layer_bf16_stream_columns", L, bf16, bf16, 6, 40000, true, true, true},
+        {"layer_f16_stream_column_splits", L, f16, f16, 130, 30000, true, true, true, 132},
+        // float32 rows of the single-element path, too long for registers, short enough for the fused sums
+        {"rms_f32_stream_scalar_fused", S, f32, f32, 3, 17001, true, true, false},
+    };
+    for (const BackwardCase& c : cases) ok = run_backward_case(c) && ok;
+  } else {
+    std::fprintf(stderr, "usage: norm_emu forward|backward\n");
+    return 2;
+  }
   return ok ? 0 : 1;
 }

@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <cute/tensor.hpp>
 #include <type_traits>
 #include <utility>
@@ -51,7 +52,7 @@ constexpr int kStreamUnroll = 4;       // chunks in flight per thread per step i
 constexpr int kPairStreamUnroll = 2;   // the same for kernels that read two row tensors
 constexpr int kStreamMinBlocks = 2;    // stream kernels: >= 2 blocks per SM (<= 64 registers)
 constexpr int kRegsBlockTarget = 256;  // threads per block for short rows (several teams per block)
-constexpr int kPipelinedMinBlocks = 2; // norm forward for teams of <= 256 threads: >= 2 such blocks per SM
+constexpr int kPipelinedMinBlocks = 2; // pipelined norm kernels (teams of <= 256 threads): >= 2 such blocks per SM
                                        // (<= 128 registers for the weight/bias cache and the next row)
 constexpr int kFusedBlockMax = 512;    // fused norm backward: two such blocks per SM at <= 64 registers
                                        // (a team of 1024 threads makes a block of its own)
@@ -381,6 +382,26 @@ __device__ __forceinline__ T* row_ptr(T* base, const core::RowIndexer& ix, i64 r
   return base + ix.offset(row);
 }
 
+// Row `row` of a tensor; kCollapsed: its indexer has at most one leading axis (ndims <= 1, checked
+// by the host: indexers_collapsed), so the offset is one multiply (ndims = 0 has stride 0), without
+// the general path's 64-bit divisions.
+template <bool kCollapsed, class T>
+__device__ __forceinline__ T* row_at(T* base, const core::RowIndexer& ix, i64 row) {
+  if constexpr (kCollapsed) {
+    return base + row * ix.strides[0];
+  } else {
+    return row_ptr(base, ix, row);
+  }
+}
+
+// Whether every indexer has at most one leading axis after collapsing (the pipelined kernels'
+// precondition).
+inline bool indexers_collapsed(std::initializer_list<const core::RowIndexer*> indexers) {
+  for (const core::RowIndexer* ix : indexers)
+    if (ix->ndims > 1) return false;
+  return true;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rows of a block: block b owns [b * rows_per_block, min(rows, (b + 1) * rows_per_block)).
 
@@ -417,12 +438,13 @@ struct RowLaunch {
 // `max_slots`), teams of at most kMaxTeam threads; longer rows use the stream kernels.
 RowLaunch row_shape(i64 chunks, int slot_target, int max_slots);
 
-// Whether the norm forward runs norm_forward_regs_pipelined (weight/bias kept in registers, the next
-// row's loads in flight) rather than norm_forward_regs: register rows of `vec` > 1 element chunks
-// whose teams fit its kRegsBlockTarget-thread blocks, when every row tensor's leading axes collapse
-// to one (`collapsed`). RUDNN_NORM_PIPELINED=0 in the environment keeps norm_forward_regs (read at
-// each call), to compare the two on a GPU.
-bool forward_pipelined(const RowLaunch& launch, int vec, bool collapsed);
+// Whether a norm forward or backward runs its pipelined register kernel
+// (norm_forward_regs_pipelined, norm_backward_regs_pipelined: weight/bias kept in registers, the
+// next row's loads in flight) rather than norm_forward_regs / norm_backward_regs: register rows of
+// `vec` > 1 element chunks whose teams fit its kRegsBlockTarget-thread blocks, when every row
+// tensor's leading axes collapse to one (`collapsed`). RUDNN_NORM_PIPELINED=0 in the environment
+// keeps the 1024-thread kernels (read at each call), to compare the two on a GPU.
+bool regs_pipelined(const RowLaunch& launch, int vec, bool collapsed);
 
 // Blocks of `kernel` (with `block` threads, `smem` dynamic bytes) resident per SM; raises the
 // kernel's dynamic shared-memory limit first when smem > 48 KB. Cached per device and kernel.
@@ -431,6 +453,8 @@ int resident_blocks(const void* kernel, int block, std::size_t smem);
 // Fills grid / rows_per_block: the rows spread evenly over at most resident_blocks * SMs blocks,
 // each a multiple of `teams` rows.
 void spread_rows(RowLaunch& launch, i64 rows, const void* kernel);
+// The same over at most `max_blocks` blocks (the device-free part, which the host emulator runs).
+void spread_rows_over(RowLaunch& launch, i64 rows, i64 max_blocks);
 
 // True when a tensor's rows can be read with 16-byte accesses of `vec` elements.
 bool rows_vectorizable(const void* data, const core::RowIndexer& rows, int vec);
@@ -449,5 +473,13 @@ struct WgradPlan {
   std::size_t workspace_bytes = 0;
 };
 WgradPlan wgrad_plan(i64 rows, i64 hidden, int device);
+// The same for a device of `sm_count` SMs and `optin` bytes of opt-in shared memory per block.
+WgradPlan wgrad_plan(i64 rows, i64 hidden, int sm_count, std::size_t optin);
+
+// The fused weight-gradient launch of a dx kernel whose blocks take at most `max_block` threads:
+// one block per split (the plan the workspace was sized for: one wave of one or two blocks per
+// SM), as many teams per block as the plan's shared-memory budget allows, whole warps only, and
+// [teams][2][H] floats of dynamic shared memory. Fills block, smem, grid and rows_per_block.
+void fused_wgrad_launch(RowLaunch& launch, const WgradPlan& wgrad, i64 hidden, int max_block);
 
 }  // namespace rudnn::norm::plan

@@ -52,10 +52,18 @@ struct RowStats {
   float mean, rstd;
 };
 
-template <class T, class P>
+template <bool kCollapsed = false, class T, class P>
 __device__ __forceinline__ RowStats row_stats(const BackwardParams<T, P>& p, i64 row) {
-  return RowStats{p.layer ? *row_ptr(p.mean, p.mean_rows, row) : 0.f, *row_ptr(p.rstd, p.rstd_rows, row)};
+  return RowStats{p.layer ? *row_at<kCollapsed>(p.mean, p.mean_rows, row) : 0.f,
+                  *row_at<kCollapsed>(p.rstd, p.rstd_rows, row)};
 }
+
+// The weights of the row helpers below: `w` holds either every slot's chunk (loaded once, before
+// the row loop: the pipelined kernel) or, with one slot, nothing, and the helper loads each slot's
+// chunk from global memory (L1 after the first row) into a register chunk of that slot's own (a
+// chunk shared across the slots or the helpers makes the 64-register kernels spill).
+template <class WRegs>
+inline constexpr int kWeightSlots = int(decltype(cute::size<1>(std::declval<WRegs>()))::value);
 
 // The shared-memory weight-gradient rows of one team: [2][H] floats (dweight, then dbias), seen
 // as CuTe tensors of VEC-float chunks. Each thread only ever touches its own columns, so no
@@ -92,27 +100,30 @@ __device__ __forceinline__ void zero_shared(float* data, i64 count) {
 }
 
 // dx (and the weight-gradient terms) of the chunks in registers. Sums of the row are done.
-// Computes every slot first (global loads of w and shared-memory accumulators only), then stores dx,
-// so the loads of all slots can overlap.
-template <int VEC, int N, class T, class P, class Regs, class Chunk>
+// Computes every slot first (weight loads, if w holds one slot, and shared-memory accumulators
+// only), then stores dx, so the loads of all slots can overlap.
+template <int VEC, int N, class T, class P, class Regs, class WRegs, class Chunk>
 __device__ __forceinline__ void store_dx(const BackwardParams<T, P>& p, T* dx_row, i64 chunks, Regs& dy, const Regs& x,
-                                         const bool (&valid)[N], Chunk chunk_of, RowStats st, float mean_g,
+                                         const WRegs& w, const bool (&valid)[N], Chunk chunk_of, RowStats st, float mean_g,
                                          float mean_gx, float* team_rows) {
   using cute::_;
   const bool accumulate = team_rows != nullptr;
+  constexpr bool kPerSlot = kWeightSlots<WRegs> == 1;
+  static_assert(kPerSlot || kWeightSlots<WRegs> == N, "w holds one slot or all of them");
   const auto gw = chunked_row<VEC>(p.weight, chunks);
 #pragma unroll
   for (int s = 0; s < N; ++s) {
     if (!valid[s]) continue;
-    auto w = chunk_registers<P, VEC, 1>();
-    if (p.weight != nullptr) load_chunk(gw(_, chunk_of(s)), w(_, 0));
+    auto own_w = chunk_registers<P, VEC, 1>();
+    if (kPerSlot && p.weight != nullptr) load_chunk(gw(_, chunk_of(s)), own_w(_, 0));
+    const auto weight = [&](int v) { return kPerSlot ? to_float(own_w(v, 0)) : to_float(w(v, s)); };
     // (VEC, 2): running dweight and dbias of this chunk's columns.
     auto acc = chunk_registers<float, VEC, 2>();
     if (accumulate) cute::copy_aligned(wgrad_chunk<VEC>(team_rows, p.hidden, chunk_of(s)), acc);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
       const float dyv = to_float(dy(v, s));
-      const float g = p.weight != nullptr ? dyv * to_float(w(v, 0)) : dyv;
+      const float g = p.weight != nullptr ? dyv * weight(v) : dyv;
       const float xhat = (to_float(x(v, s)) - st.mean) * st.rstd;
       acc(v, 0) += dyv * xhat;
       acc(v, 1) += dyv;
@@ -126,21 +137,25 @@ __device__ __forceinline__ void store_dx(const BackwardParams<T, P>& p, T* dx_ro
     if (valid[s]) store_chunk(dy(_, s), gdx(_, chunk_of(s)));
 }
 
-// Sum_j g and Sum_j g * xhat over the chunks in registers (this thread's share).
-template <int VEC, int N, class T, class P, class Regs, class Chunk>
+// Sum_j g and Sum_j g * xhat over the chunks in registers (this thread's share); w as store_dx's.
+template <int VEC, int N, class T, class P, class Regs, class WRegs, class Chunk>
 __device__ __forceinline__ void add_row_sums(const BackwardParams<T, P>& p, i64 chunks, const Regs& dy, const Regs& x,
-                                             const bool (&valid)[N], Chunk chunk_of, RowStats st, float (&sums)[2]) {
+                                             const WRegs& w, const bool (&valid)[N], Chunk chunk_of, RowStats st,
+                                             float (&sums)[2]) {
   using cute::_;
+  constexpr bool kPerSlot = kWeightSlots<WRegs> == 1;
+  static_assert(kPerSlot || kWeightSlots<WRegs> == N, "w holds one slot or all of them");
   const auto gw = chunked_row<VEC>(p.weight, chunks);
 #pragma unroll
   for (int s = 0; s < N; ++s) {
     if (!valid[s]) continue;
-    auto w = chunk_registers<P, VEC, 1>();
-    if (p.weight != nullptr) load_chunk(gw(_, chunk_of(s)), w(_, 0));
+    auto own_w = chunk_registers<P, VEC, 1>();
+    if (kPerSlot && p.weight != nullptr) load_chunk(gw(_, chunk_of(s)), own_w(_, 0));
+    const auto weight = [&](int v) { return kPerSlot ? to_float(own_w(v, 0)) : to_float(w(v, s)); };
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
       const float dyv = to_float(dy(v, s));
-      const float g = p.weight != nullptr ? dyv * to_float(w(v, 0)) : dyv;
+      const float g = p.weight != nullptr ? dyv * weight(v) : dyv;
       const float xhat = (to_float(x(v, s)) - st.mean) * st.rstd;
       sums[0] += g;
       sums[1] += g * xhat;
@@ -189,18 +204,107 @@ __global__ void __launch_bounds__(kMaxTeam) norm_backward_regs(const BackwardPar
 
     auto dy = chunk_registers<T, VEC, kPairSlots>();
     auto x = chunk_registers<T, VEC, kPairSlots>();
+    const auto w = chunk_registers<P, VEC, 1>();  // one slot: the helpers load the weights
     RowStats st{0.f, 0.f};
     float sums[2] = {0.f, 0.f};
     if (active) {
       load_rows<VEC>(row_ptr(p.dy, p.dy_rows, row), row_ptr(p.x, p.x_rows, row), chunks, dy, x, valid, chunk_of);
       st = row_stats(p, row);
-      add_row_sums<VEC>(p, chunks, dy, x, valid, chunk_of, st, sums);
+      add_row_sums<VEC>(p, chunks, dy, x, w, valid, chunk_of, st, sums);
     }
     team_allreduce(sums, team, scratch, SumOp{}, 0.f);
     if (!active) continue;  // no barrier follows in this iteration
     const float mean_g = p.layer ? sums[0] / hidden : 0.f;
     const float mean_gx = sums[1] / hidden;
-    store_dx<VEC>(p, row_ptr(p.dx, p.dx_rows, row), chunks, dy, x, valid, chunk_of, st, mean_g, mean_gx, team_rows);
+    store_dx<VEC>(p, row_ptr(p.dx, p.dx_rows, row), chunks, dy, x, w, valid, chunk_of, st, mean_g, mean_gx,
+                  team_rows);
+  }
+  if (accumulate) write_wgrad_partials(p, all_rows, team.count);
+}
+
+// The same rows for teams of at most kRegsBlockTarget threads (blocks of that size), with the
+// changes of the forward's norm_forward_regs_pipelined, which need registers the 1024-thread bound
+// above does not leave:
+//   * a thread's weight chunks (its columns are the same in every row) are loaded once, before the
+//     row loop, and stay in registers (where a chunk of them is one 16-byte piece: 16-bit weights,
+//     or float32 ones with float32 rows; float32 weights of 16-bit rows are loaded per slot, from
+//     L1 after the first row, as norm_backward_regs does);
+//   * the loads of the team's next row (dy, x, mean, rstd) are issued before the current row's
+//     reductions, so they are in flight while it reduces and writes dx.
+// Per row the arithmetic and its order are norm_backward_regs's (add_row_sums, store_dx), so dx
+// has the same bits; the weight gradients, summed per team in row order and then over the block's
+// teams, differ in rounding where a block holds fewer teams than norm_backward_regs's would.
+// Chosen by plan::regs_pipelined (16-byte chunks, teams of <= 256 threads, collapsed row tensors).
+template <class T, class P, int VEC>
+__global__ void __launch_bounds__(kRegsBlockTarget, kPipelinedMinBlocks)
+    norm_backward_regs_pipelined(const BackwardParams<T, P> p) {
+  using cute::_;
+  extern __shared__ float4 wgrad_smem[];
+  __shared__ float scratch[2 * 32];
+  const Team team = make_team(p.team);
+  const i64 chunks = p.hidden / VEC;
+  const float hidden = float(p.hidden);
+  const auto chunk_of = [&](int s) { return slot_chunk(team, s); };
+  const bool accumulate = p.dweight_part != nullptr || p.dbias_part != nullptr;
+  float* all_rows = reinterpret_cast<float*>(wgrad_smem);
+  float* team_rows = accumulate ? all_rows + i64(team.index) * 2 * p.hidden : nullptr;
+  if (accumulate) zero_shared(all_rows, i64(team.count) * 2 * p.hidden);
+  const BlockRows mine = block_rows(p.rows, p.rows_per_block);
+
+  bool column[kPairSlots];  // this thread's slots that fall inside a row: the same for every row
+#pragma unroll
+  for (int s = 0; s < kPairSlots; ++s) column[s] = chunk_of(s) < chunks;
+
+  constexpr bool kCache = VEC * int(sizeof(P)) <= 16;
+  auto w = chunk_registers<P, VEC, kCache ? kPairSlots : 1>();
+  if constexpr (kCache) {
+#pragma unroll
+    for (int s = 0; s < kPairSlots; ++s)
+      if (column[s] && p.weight != nullptr) load_chunk(chunked_row<VEC>(p.weight, chunks)(_, chunk_of(s)), w(_, s));
+  }
+
+  // dy, x and the statistics of the team's next row, in flight.
+  auto next_dy = chunk_registers<T, VEC, kPairSlots>();
+  auto next_x = chunk_registers<T, VEC, kPairSlots>();
+  RowStats next_st{0.f, 0.f};
+  i64 row = mine.begin + team.index;
+  if (row < mine.end) {
+    load_rows<VEC>(row_at<true>(p.dy, p.dy_rows, row), row_at<true>(p.x, p.x_rows, row), chunks, next_dy, next_x,
+                   column, chunk_of);
+    next_st = row_stats<true>(p, row);
+  }
+
+  // Every thread runs the same number of iterations (teams past the end idle), so the barriers
+  // inside team_allreduce are reached by the whole block.
+  for (i64 base = mine.begin; base < mine.end; base += team.count, row += team.count) {
+    const bool active = row < mine.end;
+    bool valid[kPairSlots];
+#pragma unroll
+    for (int s = 0; s < kPairSlots; ++s) valid[s] = active && column[s];
+    auto dy = next_dy;
+    const auto x = next_x;
+    const RowStats st = next_st;
+
+    // The next row's loads go out before this row's reductions.
+    const i64 next = row + team.count;
+    if (next < mine.end) {
+      load_rows<VEC>(row_at<true>(p.dy, p.dy_rows, next), row_at<true>(p.x, p.x_rows, next), chunks, next_dy,
+                     next_x, column, chunk_of);
+      next_st = row_stats<true>(p, next);
+    }
+    // (w is converted to float32 in each row: hoisted, the float32 copies would take twice the
+    // registers)
+    if constexpr (kCache) forget_values(w);
+
+    float sums[2] = {0.f, 0.f};
+    if (active) add_row_sums<VEC>(p, chunks, dy, x, w, valid, chunk_of, st, sums);
+    team_allreduce(sums, team, scratch, SumOp{}, 0.f);
+    if (!active) continue;  // no barrier follows in this iteration
+    const float mean_g = p.layer ? sums[0] / hidden : 0.f;
+    const float mean_gx = sums[1] / hidden;
+    if constexpr (kCache) forget_values(w);
+    store_dx<VEC>(p, row_at<true>(p.dx, p.dx_rows, row), chunks, dy, x, w, valid, chunk_of, st, mean_g, mean_gx,
+                  team_rows);
   }
   if (accumulate) write_wgrad_partials(p, all_rows, team.count);
 }
@@ -234,8 +338,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_backwar
       for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
       auto dy = chunk_registers<T, VEC, U>();
       auto x = chunk_registers<T, VEC, U>();
+      const auto w = chunk_registers<P, VEC, 1>();  // one slot: the helpers load the weights
       load_rows<VEC, L2Hint::evict_last>(dy_row, x_row, chunks, dy, x, valid, chunk_of);
-      add_row_sums<VEC>(p, chunks, dy, x, valid, chunk_of, st, sums);
+      add_row_sums<VEC>(p, chunks, dy, x, w, valid, chunk_of, st, sums);
     }
     team_allreduce(sums, team, scratch, SumOp{}, 0.f);
     const float mean_g = p.layer ? sums[0] / hidden : 0.f;
@@ -249,8 +354,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_backwar
       for (int u = 0; u < U; ++u) valid[u] = chunk_of(u) < chunks;
       auto dy = chunk_registers<T, VEC, U>();
       auto x = chunk_registers<T, VEC, U>();
+      const auto w = chunk_registers<P, VEC, 1>();
       load_rows<VEC, L2Hint::evict_first>(dy_row, x_row, chunks, dy, x, valid, chunk_of);
-      store_dx<VEC>(p, dx_row, chunks, dy, x, valid, chunk_of, st, mean_g, mean_gx, team_rows);
+      store_dx<VEC>(p, dx_row, chunks, dy, x, w, valid, chunk_of, st, mean_g, mean_gx, team_rows);
     }
   }
   if (accumulate) write_wgrad_partials(p, team_rows, 1);
@@ -328,27 +434,28 @@ __global__ void __launch_bounds__(kReduceThreads)
   }
 }
 
+// Whether every row tensor of a backward call has at most one leading axis after collapsing (the
+// pipelined kernel's precondition).
+template <class T, class P>
+bool rows_collapsed(const BackwardParams<T, P>& p) {
+  return indexers_collapsed({&p.dy_rows, &p.x_rows, &p.dx_rows, &p.mean_rows, &p.rstd_rows});
+}
+
+// (tests/emulation/norm_emu.cpp runs everything from `using namespace kern;` above to this line on the CPU.)
+
 template <class T, class P, int VEC>
 void run_backward(BackwardParams<T, P> p, const plan::WgradPlan& wgrad, cudaStream_t stream) {
   const bool accumulate = p.dweight_part != nullptr || p.dbias_part != nullptr;
   plan::RowLaunch launch = plan::row_shape(p.hidden / VEC, kPairSlots, kPairSlots);
+  // The pipelined kernel exists for 16-byte chunks only (the VEC = 1 path is the fallback).
+  bool pipelined = false;
+  if constexpr (VEC > 1) pipelined = plan::regs_pipelined(launch, VEC, rows_collapsed(p));
   const void* kernel = launch.stream ? reinterpret_cast<const void*>(&norm_backward_stream<T, P, VEC>)
                                      : reinterpret_cast<const void*>(&norm_backward_regs<T, P, VEC>);
+  if constexpr (VEC > 1)
+    if (pipelined) kernel = reinterpret_cast<const void*>(&norm_backward_regs_pipelined<T, P, VEC>);
   if (accumulate) {
-    // Fused weight gradients: one block per split (the plan the workspace was sized for: one wave
-    // of one or two blocks per SM), as many teams per block as the shared-memory budget and
-    // kFusedBlockMax threads allow, whole warps only.
-    const std::size_t team_bytes = std::size_t(p.hidden) * 2 * sizeof(float);
-    int teams = 1;
-    if (!launch.stream) {
-      teams = int(std::min<std::size_t>(std::max(1, kFusedBlockMax / launch.team),
-                                        wgrad.fused_smem_budget / team_bytes));
-      if (launch.team < 32) teams = std::max(teams - teams % (32 / launch.team), 32 / launch.team);
-      launch.block = teams * launch.team;
-    }
-    launch.smem = std::size_t(teams) * team_bytes;
-    launch.grid = int(wgrad.splits);
-    launch.rows_per_block = wgrad.rows_per_split;
+    plan::fused_wgrad_launch(launch, wgrad, p.hidden, pipelined ? kRegsBlockTarget : kFusedBlockMax);
     plan::resident_blocks(kernel, launch.block, launch.smem);  // opts in to > 48 KB of shared memory
   } else {
     plan::spread_rows(launch, p.rows, kernel);
@@ -358,10 +465,17 @@ void run_backward(BackwardParams<T, P> p, const plan::WgradPlan& wgrad, cudaStre
   if (launch.stream) {
     norm_backward_stream<T, P, VEC><<<launch.grid, launch.block, launch.smem, stream>>>(p);
     RUDNN_CUDA_CHECK_LAUNCH("norm_backward_stream");
-  } else {
-    norm_backward_regs<T, P, VEC><<<launch.grid, launch.block, launch.smem, stream>>>(p);
-    RUDNN_CUDA_CHECK_LAUNCH("norm_backward_regs");
+    return;
   }
+  if constexpr (VEC > 1) {
+    if (pipelined) {
+      norm_backward_regs_pipelined<T, P, VEC><<<launch.grid, launch.block, launch.smem, stream>>>(p);
+      RUDNN_CUDA_CHECK_LAUNCH("norm_backward_regs_pipelined");
+      return;
+    }
+  }
+  norm_backward_regs<T, P, VEC><<<launch.grid, launch.block, launch.smem, stream>>>(p);
+  RUDNN_CUDA_CHECK_LAUNCH("norm_backward_regs");
 }
 
 template <class T, class P>

@@ -44,10 +44,71 @@ RowLaunch row_shape(i64 chunks, int slot_target, int max_slots) {
   return launch;
 }
 
-bool forward_pipelined(const RowLaunch& launch, int vec, bool collapsed) {
+bool regs_pipelined(const RowLaunch& launch, int vec, bool collapsed) {
   if (launch.stream || vec == 1 || !collapsed || launch.team > kern::kRegsBlockTarget) return false;
   const char* env = std::getenv("RUDNN_NORM_PIPELINED");
   return !(env != nullptr && env[0] == '0');
+}
+
+void spread_rows_over(RowLaunch& launch, i64 rows, i64 max_blocks) {
+  const int teams = launch.block / launch.team;
+  const i64 groups = ceil_div(rows, teams);  // rows in units of one row per team
+  const i64 blocks = std::min(groups, max_blocks);
+  launch.rows_per_block = ceil_div(groups, blocks) * teams;
+  launch.grid = int(ceil_div(rows, launch.rows_per_block));
+}
+
+WgradPlan wgrad_plan(i64 rows, i64 hidden, int sm_count, std::size_t optin) {
+  WgradPlan plan;
+  // Shared memory of a fused block: two per SM when two blocks' accumulators fit (at most 96 KB
+  // each), else one per SM with all the opt-in memory. 2 KB per block stay free for the kernels'
+  // static shared memory and the per-block reservation.
+  const std::size_t two_per_sm = std::min<std::size_t>(kFusedSmemCap, optin / 2 - 2048);
+  const std::size_t one_per_sm = optin - 2048;
+  const std::size_t two_rows = std::size_t(hidden) * 2 * sizeof(float);  // one team's dweight + dbias
+  int blocks_per_sm = 0;
+  if (two_rows <= two_per_sm) {
+    blocks_per_sm = 2;
+    plan.fused_smem_budget = two_per_sm;
+  } else if (two_rows <= one_per_sm) {
+    blocks_per_sm = 1;
+    plan.fused_smem_budget = one_per_sm;
+  }
+  plan.fused = blocks_per_sm > 0;
+  if (rows == 0) {
+    plan.splits = 0;
+    return plan;
+  }
+  // Each split writes one partial row per gradient; cap them so the workspace stays bounded.
+  const i64 cap = std::max<i64>(1, i64(kWorkspaceCap / two_rows));
+  i64 target;
+  if (plan.fused) {
+    // One split per block of the dx kernel, one wave of resident blocks.
+    target = std::min<i64>(rows, i64(blocks_per_sm) * sm_count);
+  } else {
+    // Column kernel: enough (column tile, row split) blocks to fill the GPU, >= 64 rows per split.
+    const i64 column_tiles = ceil_div(hidden, kern::kWgradColumns);
+    target = std::clamp<i64>(ceil_div(8 * i64(sm_count), column_tiles), 1, ceil_div(rows, 64));
+  }
+  target = std::min(target, cap);
+  plan.rows_per_split = ceil_div(rows, target);
+  plan.splits = ceil_div(rows, plan.rows_per_split);
+  plan.workspace_bytes = plan.splits > 1 ? std::size_t(plan.splits) * two_rows : 0;
+  return plan;
+}
+
+void fused_wgrad_launch(RowLaunch& launch, const WgradPlan& wgrad, i64 hidden, int max_block) {
+  const std::size_t team_bytes = std::size_t(hidden) * 2 * sizeof(float);
+  int teams = 1;
+  if (!launch.stream) {
+    // As many teams as the shared-memory budget and max_block threads allow, whole warps only.
+    teams = int(std::min<std::size_t>(std::max(1, max_block / launch.team), wgrad.fused_smem_budget / team_bytes));
+    if (launch.team < 32) teams = std::max(teams - teams % (32 / launch.team), 32 / launch.team);
+    launch.block = teams * launch.team;
+  }
+  launch.smem = std::size_t(teams) * team_bytes;
+  launch.grid = int(wgrad.splits);
+  launch.rows_per_block = wgrad.rows_per_split;
 }
 
 // (tests/emulation/norm_emu.cpp runs the planning above this line on the CPU.)
@@ -82,13 +143,8 @@ int resident_blocks(const void* kernel, int block, std::size_t smem) {
 }
 
 void spread_rows(RowLaunch& launch, i64 rows, const void* kernel) {
-  const int teams = launch.block / launch.team;
   const int sm_count = core::device_props(core::current_device()).sm_count;
-  const i64 max_blocks = i64(std::max(1, resident_blocks(kernel, launch.block, launch.smem))) * sm_count;
-  const i64 groups = ceil_div(rows, teams);  // rows in units of one row per team
-  const i64 blocks = std::min(groups, max_blocks);
-  launch.rows_per_block = ceil_div(groups, blocks) * teams;
-  launch.grid = int(ceil_div(rows, launch.rows_per_block));
+  spread_rows_over(launch, rows, i64(std::max(1, resident_blocks(kernel, launch.block, launch.smem))) * sm_count);
 }
 
 bool aligned16(const void* data) { return (reinterpret_cast<std::uintptr_t>(data) & 15u) == 0; }
@@ -102,43 +158,7 @@ bool rows_vectorizable(const void* data, const core::RowIndexer& rows, int vec) 
 
 WgradPlan wgrad_plan(i64 rows, i64 hidden, int device) {
   const core::DeviceProps& props = core::device_props(device);
-  WgradPlan plan;
-  // Shared memory of a fused block: two per SM when two blocks' accumulators fit (at most 96 KB
-  // each), else one per SM with all the opt-in memory. 2 KB per block stay free for the kernels'
-  // static shared memory and the per-block reservation.
-  const std::size_t optin = std::size_t(props.max_smem_per_block_optin);
-  const std::size_t two_per_sm = std::min<std::size_t>(kFusedSmemCap, optin / 2 - 2048);
-  const std::size_t one_per_sm = optin - 2048;
-  const std::size_t two_rows = std::size_t(hidden) * 2 * sizeof(float);  // one team's dweight + dbias
-  int blocks_per_sm = 0;
-  if (two_rows <= two_per_sm) {
-    blocks_per_sm = 2;
-    plan.fused_smem_budget = two_per_sm;
-  } else if (two_rows <= one_per_sm) {
-    blocks_per_sm = 1;
-    plan.fused_smem_budget = one_per_sm;
-  }
-  plan.fused = blocks_per_sm > 0;
-  if (rows == 0) {
-    plan.splits = 0;
-    return plan;
-  }
-  // Each split writes one partial row per gradient; cap them so the workspace stays bounded.
-  const i64 cap = std::max<i64>(1, i64(kWorkspaceCap / two_rows));
-  i64 target;
-  if (plan.fused) {
-    // One split per block of the dx kernel, one wave of resident blocks.
-    target = std::min<i64>(rows, i64(blocks_per_sm) * props.sm_count);
-  } else {
-    // Column kernel: enough (column tile, row split) blocks to fill the GPU, >= 64 rows per split.
-    const i64 column_tiles = ceil_div(hidden, kern::kWgradColumns);
-    target = std::clamp<i64>(ceil_div(8 * i64(props.sm_count), column_tiles), 1, ceil_div(rows, 64));
-  }
-  target = std::min(target, cap);
-  plan.rows_per_split = ceil_div(rows, target);
-  plan.splits = ceil_div(rows, plan.rows_per_split);
-  plan.workspace_bytes = plan.splits > 1 ? std::size_t(plan.splits) * two_rows : 0;
-  return plan;
+  return wgrad_plan(rows, hidden, props.sm_count, std::size_t(props.max_smem_per_block_optin));
 }
 
 }  // namespace rudnn::norm::plan

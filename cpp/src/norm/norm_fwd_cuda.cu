@@ -122,18 +122,6 @@ __device__ __forceinline__ void load_h(const RowH<T>& src, i64 chunks, Regs& h, 
   finish_h<VEC, kRead>(src, chunks, h, r, h, valid, chunk_of);
 }
 
-// Row `row` of a tensor; kCollapsed: its indexer has at most one leading axis (ndims <= 1, checked
-// by the host), so the offset is one multiply (ndims = 0 has stride 0), without the general path's
-// 64-bit divisions.
-template <bool kCollapsed, class T>
-__device__ __forceinline__ T* row_at(T* base, const core::RowIndexer& ix, i64 row) {
-  if constexpr (kCollapsed) {
-    return base + row * ix.strides[0];
-  } else {
-    return row_ptr(base, ix, row);
-  }
-}
-
 template <bool kCollapsed = false, class T, class P>
 __device__ __forceinline__ RowH<T> row_h(const ForwardParams<T, P>& p, i64 row) {
   if (p.residual == nullptr) return RowH<T>{row_at<kCollapsed>(p.x, p.x_rows, row), nullptr, nullptr};
@@ -190,10 +178,7 @@ __device__ __forceinline__ void store_stats(const ForwardParams<T, P>& p, i64 ro
 // pipelined kernel's precondition).
 template <class T, class P>
 bool rows_collapsed(const ForwardParams<T, P>& p) {
-  for (const core::RowIndexer* ix : {&p.x_rows, &p.residual_rows, &p.y_rows, &p.residual_out_rows, &p.mean_rows,
-                                     &p.rstd_rows})
-    if (ix->ndims > 1) return false;
-  return true;
+  return indexers_collapsed({&p.x_rows, &p.residual_rows, &p.y_rows, &p.residual_out_rows, &p.mean_rows, &p.rstd_rows});
 }
 
 // mean and rstd of the row in registers `h` (chunks `valid`): the exact two-pass statistics (sum,
@@ -271,7 +256,7 @@ __global__ void __launch_bounds__(kMaxTeam) norm_forward_regs(const ForwardParam
 //     of a team: one row's x and residual in flight beside the row in work).
 // Per row the arithmetic and reduction order are those of norm_forward_regs (row_statistics,
 // normalize_chunk): both give the same bits for the same inputs. The planner
-// (plan::forward_pipelined) picks this kernel for 16-byte chunks, teams of <= 256 threads and row
+// (plan::regs_pipelined) picks this kernel for 16-byte chunks, teams of <= 256 threads and row
 // tensors whose leading axes collapse to one (rows_collapsed: one multiply per row offset; the
 // general path's 64-bit divisions cost registers this kernel does not have).
 template <class T, class P, int VEC>
@@ -450,7 +435,7 @@ void run_forward(ForwardParams<T, P> p, cudaStream_t stream) {
   plan::RowLaunch launch = plan::row_shape(p.hidden / VEC, kSlots, kSlots);
   // The pipelined kernel exists for 16-byte chunks only (the VEC = 1 path is the fallback).
   bool pipelined = false;
-  if constexpr (VEC > 1) pipelined = plan::forward_pipelined(launch, VEC, rows_collapsed(p));
+  if constexpr (VEC > 1) pipelined = plan::regs_pipelined(launch, VEC, rows_collapsed(p));
   const void* kernel = launch.stream ? reinterpret_cast<const void*>(&norm_forward_stream<T, P, VEC>)
                                      : reinterpret_cast<const void*>(&norm_forward_regs<T, P, VEC>);
   if constexpr (VEC > 1)

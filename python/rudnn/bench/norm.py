@@ -38,9 +38,10 @@ _CPU_MORE = [((256, 1000), "float32")]  # a hidden size that is no multiple of a
 
 LN_EPS, RMS_EPS = 1e-5, 1e-6
 
-# "<op>[regs]": the op with RUDNN_NORM_PIPELINED=0, i.e. norm_forward_regs where the pipelined
-# register kernel would run (issue 25; bench/NOTES.md "the pipelined register forward"): the two
-# kernels side by side in one run decide which stays the default.
+# "<op>[regs]": the op with RUDNN_NORM_PIPELINED=0, i.e. norm_forward_regs / norm_backward_regs where
+# the pipelined register kernel would run (issue 25; bench/NOTES.md "the pipelined register forward",
+# "the pipelined register backward"): the two kernels side by side in one run decide which stays the
+# default.
 _REGS = "[regs]"
 _REGS_SIZES = [((32768, 1024), "bfloat16"), ((16384, 4096), "bfloat16")]
 
@@ -52,7 +53,7 @@ def cases(device: str, quick: bool) -> list:
     else:
         sizes = _CPU if quick else _CPU + _CPU_MORE
         fused = [((512, 1024), "bfloat16"), ((16, 1024), "float32")]
-    regs = [CaseSpec(FAMILY, op + _REGS, shape, dt) for op in ("rms_norm", "add_rms_norm")
+    regs = [CaseSpec(FAMILY, op + _REGS, shape, dt) for op in ("rms_norm", "add_rms_norm", "layer_norm_backward")
             for shape, dt in _REGS_SIZES] if device == "cuda" else []
     return [CaseSpec(FAMILY, op, shape, dt) for op in OPS if op not in _FUSED for shape, dt in sizes] + \
         [CaseSpec(FAMILY, op, shape, dt) for op in _FUSED for shape, dt in fused] + regs
