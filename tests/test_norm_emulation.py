@@ -2,7 +2,8 @@
 register-resident, pipelined and two-read stream forward kernels, teams from 2 to 512 threads,
 16-byte and single-element chunks, the fused residual add; cpp/src/norm/norm_bwd_cuda.cu: the
 register, pipelined and two-read backward kernels with their fused weight gradients, the column
-kernel and the split reduction) and the host planner (norm_cuda.cu) run on the CPU by a host
+kernel and the split reduction; cpp/src/norm/softmax_cuda.cu: the register and two-read softmax
+kernels, forward and backward) and the host planner (norm_cuda.cu) run on the CPU by a host
 emulator (tests/emulation/norm_emu.cpp) and are compared with the CPU backend, which test_norm.py
 checks against torch. Skipped when g++ (C++20) or the CUDA toolkit's headers are missing."""
 
@@ -25,9 +26,10 @@ def _emulator():
     edit = "extern __shared__ float4 wgrad_smem[];"
     assert backward.count(edit) == 3  # the regs, pipelined and stream kernels' accumulators
     backward = backward.replace(edit, "float4* wgrad_smem = reinterpret_cast<float4*>(emu_smem);")
+    softmax = _between("softmax_cuda.cu", "using namespace kern;", MARK)
     plan = _between("norm_cuda.cu", "namespace {", "// (tests/emulation/norm_emu.cpp runs the planning above")
     return build_emulator("norm_emu.cpp", kernels, needs_cutlass=True,
-                          extra_includes={"plan.inc": plan, "kernels_bwd.inc": backward})
+                          extra_includes={"plan.inc": plan, "kernels_bwd.inc": backward, "kernels_softmax.inc": softmax})
 
 
 def _run(which):
@@ -59,3 +61,13 @@ def test_norm_backward_kernels_match_the_cpu_backend():
     # every pipelined launch was also run by norm_backward_regs and gave the same dx bits
     pipelined = [line for line in lines if " pipelined, " in line]
     assert len(pipelined) == 6 and all("dx bitwise as regs1024" in line for line in pipelined), lines
+
+
+def test_softmax_kernels_match_the_cpu_backend():
+    lines = _run("softmax")
+    assert len(lines) == 6, lines
+    for shape in ("[forward vec=8 team=2 ", "[backward vec=8 team=4 ", "[forward vec=1", "[backward vec=1",
+                  "[forward vec=8 team=512 block=512 grid=2 stream]", "[backward vec=8 team=512 block=512 grid=3 stream]",
+                  "[forward vec=1 team=512 block=512 grid=3 stream]", "[backward vec=1 team=512 block=512 grid=2 stream]",
+                  "[forward vec=8 team=1024 block=1024 grid=3 regs] [backward vec=8 team=512 block=512 grid=2 stream]"):
+        assert any(shape in line for line in lines), (shape, lines)  # the cases cover these launches

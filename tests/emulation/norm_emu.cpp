@@ -16,6 +16,12 @@
 // (16-byte chunks, teams of <= 256 threads), the case also runs norm_forward_regs on the same inputs
 // and requires the same bits in every output.
 //
+// Softmax (`norm_emu softmax`; softmax_cuda.cu's kernels): y and dx against the CPU backend, to 2
+// ulps of the dtype plus float32 error relative to the row's largest value (the kernels' exp is
+// ex2.approx for 16-bit rows, their sums float32 in a butterfly order; the CPU's double), over the
+// register and two-read kernels of both directions, 16-byte and single-element chunks, rows of
+// -inf (NaN, as torch) and rows holding -inf among finite values.
+//
 // Backward: dx against the CPU backend (2 ulps plus float32 sum error relative to the largest |dx|),
 // dweight and dbias to float32 accumulation error relative to the sum of the terms' magnitudes
 // (the kernels' order: per team in row order, teams in order, splits in order). Covers the fused
@@ -28,6 +34,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/dispatch.hpp"
 #include "core/half.hpp"
@@ -61,6 +68,10 @@ namespace rudnn::norm_bwd_emu {
 namespace kern = rudnn::norm::kern;
 #include "kernels_bwd.inc"
 }  // namespace rudnn::norm_bwd_emu
+namespace rudnn::softmax_emu {
+namespace kern = rudnn::norm::kern;
+#include "kernels_softmax.inc"
+}  // namespace rudnn::softmax_emu
 
 #include "emu_arrays.hpp"
 
@@ -389,6 +400,114 @@ bool run_backward_case(const BackwardCase& c) {
   return ok;
 }
 
+// ---- softmax ----
+
+struct SoftmaxCase {
+  const char* name;
+  DType dtype;
+  i64 rows, hidden;
+};
+
+// Runs the softmax kernels as run_softmax does (forward: a = x, out = y; backward: a = dy, b = y,
+// out = dx).
+template <class T, bool Backward>
+void launch_softmax(const Tensor& a, const Tensor* b, const Tensor& out, const SoftmaxProblem& pr) {
+  using namespace rudnn::softmax_emu;
+  SoftmaxParams<T> p{};
+  p.a = a.ptr<const T>();
+  p.b = b != nullptr ? b->ptr<const T>() : nullptr;
+  p.out = out.ptr<T>();
+  p.a_rows = pr.a, p.b_rows = pr.b, p.out_rows = pr.out;
+  p.rows = pr.rows, p.hidden = pr.hidden;
+  auto run = [&](auto vec_tag) {
+    constexpr int VEC = decltype(vec_tag)::value;
+    plan::RowLaunch l = Backward ? plan::row_shape(p.hidden / VEC, kern::kPairSlots, kern::kPairSlots)
+                                 : plan::row_shape(p.hidden / VEC, kern::kSlots, kern::kSlots);
+    plan::spread_rows_over(l, p.rows, kSms);
+    p.team = l.team;
+    p.rows_per_block = l.rows_per_block;
+    std::printf("[%s vec=%d team=%d block=%d grid=%d %s] ", Backward ? "backward" : "forward", VEC, l.team, l.block,
+                l.grid, l.stream ? "stream" : "regs");
+    emu_launch(EmuDim3{unsigned(l.grid), 1, 1}, unsigned(l.block), 1, 0, [&] {
+      if constexpr (Backward) {
+        if (l.stream) softmax_backward_stream<T, VEC>(p); else softmax_backward_regs<T, VEC>(p);
+      } else {
+        if (l.stream) softmax_forward_stream<T, VEC>(p); else softmax_forward_regs<T, VEC>(p);
+      }
+    });
+  };
+  if (p.hidden % kern::kVec16<T> == 0)  // the arrays here are dense and 16-byte aligned
+    run(std::integral_constant<int, kern::kVec16<T>>{});
+  else
+    run(std::integral_constant<int, 1>{});
+}
+
+// |got - expected| within 2 ulps of the dtype plus 4e-6 of the row's largest |expected|; NaN where
+// expected is NaN.
+bool softmax_close(const Tensor& got, const Tensor& expected, DType dtype, i64 rows, i64 hidden, double& worst) {
+  bool ok = true;
+  for (i64 r = 0; r < rows; ++r) {
+    float scale = 0;
+    for (i64 j = 0; j < hidden; ++j) {
+      const float e = emu::value_at(expected, r * hidden + j);
+      if (!std::isnan(e)) scale = std::max(scale, std::fabs(e));
+    }
+    for (i64 j = 0; j < hidden; ++j) {
+      const float a = emu::value_at(got, r * hidden + j), e = emu::value_at(expected, r * hidden + j);
+      if (std::isnan(e) || std::isnan(a)) {
+        ok = ok && std::isnan(e) && std::isnan(a);
+        continue;
+      }
+      const double d = std::fabs(a - e) / (ulp_of(dtype, e) + 4e-6f * scale);
+      worst = std::max(worst, d);
+      ok = ok && d <= 2.0;
+    }
+  }
+  return ok;
+}
+
+bool run_softmax_case(const SoftmaxCase& c) {
+  const i64 R = c.rows, H = c.hidden;
+  emu::Array x = emu::make(c.dtype, {R, H}, 21, true, 4.0f), dy = emu::make(c.dtype, {R, H}, 22);
+  // row 0 all -inf (y NaN, as torch gives); row 1 -inf in every third column
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  auto set = [&](i64 i, float v) {
+    switch (c.dtype) {
+      case DType::f32: x.t.ptr<float>()[i] = v; break;
+      case DType::f16: x.t.ptr<host::f16>()[i] = host::from_float<host::f16>(v); break;
+      default: x.t.ptr<host::bf16>()[i] = host::from_float<host::bf16>(v); break;
+    }
+  };
+  for (i64 j = 0; j < H; ++j) set(j, minus_inf);
+  if (R > 1)
+    for (i64 j = 0; j < H; j += 3) set(H + j, minus_inf);
+  emu::Array y_ref = emu::make(c.dtype, {R, H}, 0, false), y = emu::make(c.dtype, {R, H}, 0, false);
+  emu::Array dx_ref = emu::make(c.dtype, {R, H}, 0, false), dx = emu::make(c.dtype, {R, H}, 0, false);
+  softmax_forward_cpu(x.t, y_ref.t, validate_softmax_forward(x.t, y_ref.t));
+  std::printf("%s ", c.name);
+  core::dispatch_float<__half, __nv_bfloat16>(c.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_softmax<T, false>(x.t, nullptr, y.t, validate_softmax_forward(x.t, y.t));
+  });
+  // the backward from the reference y (rows after the NaN one), so both backends see the same y
+  const i64 skip = 1;
+  emu::Array y_in = emu::make(c.dtype, {R - skip, H}, 0, false), dy_in = emu::make(c.dtype, {R - skip, H}, 0, false);
+  const std::size_t bytes = std::size_t((R - skip) * H) * dtype_size(c.dtype);
+  std::memcpy(y_in.t.data, static_cast<const char*>(y_ref.t.data) + std::size_t(skip * H) * dtype_size(c.dtype), bytes);
+  std::memcpy(dy_in.t.data, static_cast<const char*>(dy.t.data) + std::size_t(skip * H) * dtype_size(c.dtype), bytes);
+  emu::Array gx_ref = emu::make(c.dtype, {R - skip, H}, 0, false), gx = emu::make(c.dtype, {R - skip, H}, 0, false);
+  softmax_backward_cpu(dy_in.t, y_in.t, gx_ref.t, validate_softmax_backward(dy_in.t, y_in.t, gx_ref.t));
+  core::dispatch_float<__half, __nv_bfloat16>(c.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_softmax<T, true>(dy_in.t, &y_in.t, gx.t, validate_softmax_backward(dy_in.t, y_in.t, gx.t));
+  });
+  double worst_y = 0, worst_dx = 0;
+  const bool ok = softmax_close(y.t, y_ref.t, c.dtype, R, H, worst_y) &&
+                  softmax_close(gx.t, gx_ref.t, c.dtype, R - skip, H, worst_dx);
+  std::printf("worst y %.2f, dx %.2f of the budget %s\n", worst_y, worst_dx, ok ? "ok" : "MISMATCH");
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -442,8 +561,18 @@ int main(int argc, char** argv) {
         {"rms_f32_stream_scalar_fused", S, f32, f32, 3, 17001, true, true, false},
     };
     for (const BackwardCase& c : cases) ok = run_backward_case(c) && ok;
+  } else if (which == "softmax") {
+    const SoftmaxCase cases[] = {
+        {"softmax_bf16_subwarp_teams", bf16, 40, 64},       // teams of 2 (forward), 4 (backward)
+        {"softmax_f16_multiwarp_team", f16, 9, 4096},
+        {"softmax_f32_scalar_path", f32, 11, 1001},        // single-element chunks
+        {"softmax_bf16_stream", bf16, 4, 40000},            // two-read kernels, both directions
+        {"softmax_f32_stream_scalar", f32, 3, 17001},
+        {"softmax_f16_regs_fwd_stream_bwd", f16, 5, 24576}, // register forward, two-read backward
+    };
+    for (const SoftmaxCase& c : cases) ok = run_softmax_case(c) && ok;
   } else {
-    std::fprintf(stderr, "usage: norm_emu forward|backward\n");
+    std::fprintf(stderr, "usage: norm_emu forward|backward|softmax\n");
     return 2;
   }
   return ok ? 0 : 1;

@@ -255,6 +255,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) softmax_back
   }
 }
 
+// (tests/emulation/norm_emu.cpp runs everything from `using namespace kern;` above to this line on the CPU.)
+
 // Launches the regs or stream variant of one softmax kernel pair.
 template <class T, int VEC, bool Backward>
 void run_softmax(SoftmaxParams<T> p, cudaStream_t stream) {
