@@ -11,6 +11,7 @@ jnp = jax.numpy
 
 import rudnn  # noqa: E402
 import rudnn.jax as rj  # noqa: E402
+from util import jax_gpu  # noqa: E402
 
 if not rudnn._C.has_jax_ffi:
     pytest.skip("this build has no XLA FFI handlers", allow_module_level=True)
@@ -19,14 +20,7 @@ if not rudnn._C.has_jax_ffi:
 pytestmark = pytest.mark.usefixtures("jax_on_cpu")
 
 
-def _jax_gpu():
-    try:
-        return jax.devices("gpu")[0]
-    except RuntimeError:
-        return None
-
-
-GPU = _jax_gpu() if rudnn.has_cuda else None
+GPU = jax_gpu()
 needs_jax_gpu = pytest.mark.skipif(GPU is None, reason="needs a JAX CUDA device and a CUDA build of rudnn")
 
 TOL = 2e-5
