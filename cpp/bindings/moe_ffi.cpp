@@ -12,6 +12,8 @@
 //   rudnn_moe_combine                   (y, row_of_slot, [weights]) -> out  [has_weights: bool]
 //   rudnn_moe_combine_backward          (y, dout, row_of_slot, weights) -> (dy, dweights) [strategy: i32]
 //   rudnn_moe_experts_forward           (x, offsets, gate, up, down) -> (y, gate_pre, up_pre) [strategy]
+//   rudnn_moe_experts_inference         (x, offsets, gate, up, down, [gate_up]) -> y [strategy, has_gate_up]
+//   rudnn_moe_interleave_gate_up        (gate, up) -> gate_up
 //   rudnn_moe_experts_backward          (dy, x, offsets, gate, up, down, gate_pre, up_pre)
 //                                       -> (dx, dgate, dup, ddown) [strategy]
 // CUDA workspaces come from XLA's scratch allocator.
@@ -165,6 +167,37 @@ ffi::Error experts_forward(const Place& place, B x, B offsets, B gate, B up, B d
   });
 }
 
+// The forward without the pre-activations (nothing kept for a backward): with gate_up, the sm90
+// tensor-core path runs the fused gate/up GEMM.
+ffi::Error experts_inference(const Place& place, B x, B offsets, B gate, B up, B down, ffi::RemainingArgs rest, R y,
+                             std::int32_t strategy, bool has_gate_up) {
+  return guarded([&] {
+    const std::string op = "SwiGluExperts.forward_dispatched";
+    MoeExpertsForwardArgs a;
+    a.x = view(x, place, op + ": x");
+    a.offsets = view(offsets, place, op + ": offsets");
+    a.gate = view(gate, place, op + ": gate");
+    a.up = view(up, place, op + ": up");
+    a.down = view(down, place, op + ": down");
+    Tensor gate_up, ws;
+    Inputs in(rest, place, op.c_str());
+    if (has_gate_up) a.gate_up = &(gate_up = in.next("gate_up"));
+    in.finish();
+    a.y = view(*y, place, op + ": y");
+    a.strategy = static_cast<MoeExpertsStrategy>(strategy);
+    a.workspace = scratch_workspace(place, moe_experts_forward_workspace_bytes(a), ws, op);
+    moe_experts_forward(a, place.stream);
+  });
+}
+
+ffi::Error interleave_gate_up(const Place& place, B gate, B up, R gate_up) {
+  return guarded([&] {
+    const std::string op = "moe.interleave_gate_up";
+    moe_interleave_gate_up(view(gate, place, op + ": gate"), view(up, place, op + ": up"),
+                           view(*gate_up, place, op + ": gate_up"), place.stream);
+  });
+}
+
 ffi::Error experts_backward(const Place& place, B dy, B x, B offsets, B gate, B up, B down, B gate_pre, B up_pre,
                             R dx, R dgate, R dup, R ddown, std::int32_t strategy) {
   return guarded([&] {
@@ -271,6 +304,23 @@ auto bind_experts_forward(Bd&& b) {
       .template Attr<std::int32_t>("strategy");
 }
 template <class Bd>
+auto bind_experts_inference(Bd&& b) {
+  return std::forward<Bd>(b)
+      .template Arg<B>()
+      .template Arg<B>()
+      .template Arg<B>()
+      .template Arg<B>()
+      .template Arg<B>()
+      .RemainingArgs()
+      .template Ret<B>()
+      .template Attr<std::int32_t>("strategy")
+      .template Attr<bool>("has_gate_up");
+}
+template <class Bd>
+auto bind_interleave_gate_up(Bd&& b) {
+  return std::forward<Bd>(b).template Arg<B>().template Arg<B>().template Ret<B>();
+}
+template <class Bd>
 auto bind_experts_backward(Bd&& b) {
   return std::forward<Bd>(b)
       .template Arg<B>()
@@ -300,6 +350,8 @@ RUDNN_MOE_HANDLERS(dispatch)
 RUDNN_MOE_HANDLERS(combine)
 RUDNN_MOE_HANDLERS(combine_backward)
 RUDNN_MOE_HANDLERS(experts_forward)
+RUDNN_MOE_HANDLERS(experts_inference)
+RUDNN_MOE_HANDLERS(interleave_gate_up)
 RUDNN_MOE_HANDLERS(experts_backward)
 
 #undef RUDNN_MOE_HANDLERS
@@ -319,6 +371,8 @@ void add_moe_targets(nb::dict& cpu, nb::dict& cuda) {
   RUDNN_MOE_TARGET("rudnn_moe_combine", combine)
   RUDNN_MOE_TARGET("rudnn_moe_combine_backward", combine_backward)
   RUDNN_MOE_TARGET("rudnn_moe_experts_forward", experts_forward)
+  RUDNN_MOE_TARGET("rudnn_moe_experts_inference", experts_inference)
+  RUDNN_MOE_TARGET("rudnn_moe_interleave_gate_up", interleave_gate_up)
   RUDNN_MOE_TARGET("rudnn_moe_experts_backward", experts_backward)
 #undef RUDNN_MOE_TARGET
 }
@@ -380,16 +434,27 @@ void validate_selected_router(const Spec& logits, const Spec& indices, const std
   moe::validate_selected_router_backward(a);
 }
 
-void validate_experts(const Spec& x, const Spec& gate, const Spec& up, const Spec& down) {
+void validate_experts(const Spec& x, const Spec& gate, const Spec& up, const Spec& down,
+                      const std::optional<Spec>& gate_up) {
   MoeExpertsForwardArgs a;
   a.x = abstract(x, "SwiGluExperts.forward_dispatched: x");
   a.gate = abstract(gate, "SwiGluExperts.forward_dispatched: gate");
   a.up = abstract(up, "SwiGluExperts.forward_dispatched: up");
   a.down = abstract(down, "SwiGluExperts.forward_dispatched: down");
+  Tensor g;
+  if (gate_up) a.gate_up = &(g = spec_or_like(gate_up, "SwiGluExperts.forward_dispatched: gate_up"));
   const std::int64_t experts = a.gate.rank == 3 ? a.gate.shape[0] + 1 : 1;
   a.offsets = Tensor::contiguous(placeholder_data(), DType::i32, a.x.device, &experts, 1);
   a.y = abstract_like(a.x);
   moe::validate_experts_forward(a, /*read_offsets=*/false);
+}
+
+void validate_interleave_gate_up(const Spec& gate, const Spec& up) {
+  const Tensor g = abstract(gate, "moe.interleave_gate_up: gate"), u = abstract(up, "moe.interleave_gate_up: up");
+  const std::vector<std::int64_t> shape =
+      g.rank == 3 ? std::vector<std::int64_t>{g.shape[0], 2 * g.shape[1], g.shape[2]} : std::vector<std::int64_t>{0};
+  const Tensor gate_up = Tensor::contiguous(placeholder_data(), g.dtype, g.device, shape.data(), int(shape.size()));
+  moe::validate_interleave_gate_up(g, u, gate_up);
 }
 
 }  // namespace
@@ -401,7 +466,9 @@ void add_moe_validation(nb::module_& m) {
         nb::arg("group_top_two"), nb::arg("scale"));
   m.def("jax_validate_moe_selected_router", &validate_selected_router, nb::arg("logits"), nb::arg("indices"),
         nb::arg("grad").none(), nb::arg("scale"));
-  m.def("jax_validate_moe_experts", &validate_experts, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"));
+  m.def("jax_validate_moe_experts", &validate_experts, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
+        nb::arg("gate_up").none() = nb::none());
+  m.def("jax_validate_moe_interleave_gate_up", &validate_interleave_gate_up, nb::arg("gate"), nb::arg("up"));
 }
 
 }  // namespace rudnn::jax_ffi
