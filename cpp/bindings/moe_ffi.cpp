@@ -147,23 +147,43 @@ ffi::Error combine_backward(const Place& place, B y, B dout, B row_of_slot, B we
   });
 }
 
+// The dispatched rows and the weights, which every experts call reads, and its strategy.
+template <class Args>
+void set_experts_inputs(Args& a, const Place& place, const std::string& op, B x, B offsets, B gate, B up, B down,
+                        std::int32_t strategy) {
+  a.x = view(x, place, op + ": x");
+  a.offsets = view(offsets, place, op + ": offsets");
+  a.gate = view(gate, place, op + ": gate");
+  a.up = view(up, place, op + ": up");
+  a.down = view(down, place, op + ": down");
+  a.strategy = static_cast<MoeExpertsStrategy>(strategy);
+}
+
+// The arguments both experts forwards share.
+MoeExpertsForwardArgs experts_args(const Place& place, const std::string& op, B x, B offsets, B gate, B up, B down,
+                                   R y, std::int32_t strategy) {
+  MoeExpertsForwardArgs a;
+  set_experts_inputs(a, place, op, x, offsets, gate, up, down, strategy);
+  a.y = view(*y, place, op + ": y");
+  return a;
+}
+
+// Runs an experts forward with its workspace from XLA's scratch memory.
+void run_experts_forward(MoeExpertsForwardArgs& a, const Place& place, const std::string& op) {
+  Tensor ws;
+  a.workspace = scratch_workspace(place, moe_experts_forward_workspace_bytes(a), ws, op);
+  moe_experts_forward(a, place.stream);
+}
+
 ffi::Error experts_forward(const Place& place, B x, B offsets, B gate, B up, B down, R y, R gate_pre, R up_pre,
                            std::int32_t strategy) {
   return guarded([&] {
     const std::string op = "SwiGluExperts.forward_dispatched_training";
-    MoeExpertsForwardArgs a;
-    a.x = view(x, place, op + ": x");
-    a.offsets = view(offsets, place, op + ": offsets");
-    a.gate = view(gate, place, op + ": gate");
-    a.up = view(up, place, op + ": up");
-    a.down = view(down, place, op + ": down");
-    a.y = view(*y, place, op + ": y");
-    Tensor a_pre = view(*gate_pre, place, op + ": gate_pre"), b_pre = view(*up_pre, place, op + ": up_pre"), ws;
+    MoeExpertsForwardArgs a = experts_args(place, op, x, offsets, gate, up, down, y, strategy);
+    Tensor a_pre = view(*gate_pre, place, op + ": gate_pre"), b_pre = view(*up_pre, place, op + ": up_pre");
     a.gate_pre = &a_pre;
     a.up_pre = &b_pre;
-    a.strategy = static_cast<MoeExpertsStrategy>(strategy);
-    a.workspace = scratch_workspace(place, moe_experts_forward_workspace_bytes(a), ws, op);
-    moe_experts_forward(a, place.stream);
+    run_experts_forward(a, place, op);
   });
 }
 
@@ -173,20 +193,12 @@ ffi::Error experts_inference(const Place& place, B x, B offsets, B gate, B up, B
                              std::int32_t strategy, bool has_gate_up) {
   return guarded([&] {
     const std::string op = "SwiGluExperts.forward_dispatched";
-    MoeExpertsForwardArgs a;
-    a.x = view(x, place, op + ": x");
-    a.offsets = view(offsets, place, op + ": offsets");
-    a.gate = view(gate, place, op + ": gate");
-    a.up = view(up, place, op + ": up");
-    a.down = view(down, place, op + ": down");
-    Tensor gate_up, ws;
+    MoeExpertsForwardArgs a = experts_args(place, op, x, offsets, gate, up, down, y, strategy);
+    Tensor gate_up;
     Inputs in(rest, place, op.c_str());
     if (has_gate_up) a.gate_up = &(gate_up = in.next("gate_up"));
     in.finish();
-    a.y = view(*y, place, op + ": y");
-    a.strategy = static_cast<MoeExpertsStrategy>(strategy);
-    a.workspace = scratch_workspace(place, moe_experts_forward_workspace_bytes(a), ws, op);
-    moe_experts_forward(a, place.stream);
+    run_experts_forward(a, place, op);
   });
 }
 
@@ -203,19 +215,14 @@ ffi::Error experts_backward(const Place& place, B dy, B x, B offsets, B gate, B 
   return guarded([&] {
     const std::string op = "MoeTrainingCache.backward";
     MoeExpertsBackwardArgs a;
+    set_experts_inputs(a, place, op, x, offsets, gate, up, down, strategy);
     a.dy = view(dy, place, op + ": dy");
-    a.x = view(x, place, op + ": x");
-    a.offsets = view(offsets, place, op + ": offsets");
-    a.gate = view(gate, place, op + ": gate");
-    a.up = view(up, place, op + ": up");
-    a.down = view(down, place, op + ": down");
     a.gate_pre = view(gate_pre, place, op + ": gate_pre");
     a.up_pre = view(up_pre, place, op + ": up_pre");
     a.dx = view(*dx, place, op + ": dx");
     a.dgate = view(*dgate, place, op + ": dgate");
     a.dup = view(*dup, place, op + ": dup");
     a.ddown = view(*ddown, place, op + ": ddown");
-    a.strategy = static_cast<MoeExpertsStrategy>(strategy);
     Tensor ws;
     a.workspace = scratch_workspace(place, moe_experts_backward_workspace_bytes(a), ws, op);
     moe_experts_backward(a, place.stream);
@@ -305,12 +312,7 @@ auto bind_experts_forward(Bd&& b) {
 }
 template <class Bd>
 auto bind_experts_inference(Bd&& b) {
-  return std::forward<Bd>(b)
-      .template Arg<B>()
-      .template Arg<B>()
-      .template Arg<B>()
-      .template Arg<B>()
-      .template Arg<B>()
+  return buffers<5, 0>(std::forward<Bd>(b))
       .RemainingArgs()
       .template Ret<B>()
       .template Attr<std::int32_t>("strategy")
@@ -318,7 +320,7 @@ auto bind_experts_inference(Bd&& b) {
 }
 template <class Bd>
 auto bind_interleave_gate_up(Bd&& b) {
-  return std::forward<Bd>(b).template Arg<B>().template Arg<B>().template Ret<B>();
+  return buffers<2, 1>(std::forward<Bd>(b));
 }
 template <class Bd>
 auto bind_experts_backward(Bd&& b) {
