@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
 def jax_on_cpu():
     """JAX's default device set to the CPU for the test: where JAX has a GPU backend (the GPU
     check's machine), arrays and jit would otherwise run on the GPU, which tests that compare bits
-    with rudnn's CPU backend, or use handlers registered for the cpu platform only, must not."""
+    with rudnn's CPU backend, or test the cpu handlers' own behaviour, must not."""
     jax = pytest.importorskip("jax")
     with jax.default_device(jax.devices("cpu")[0]):
         yield

@@ -12,27 +12,20 @@ jnp = pytest.importorskip("jax.numpy")
 import rudnn  # noqa: E402
 import rudnn.jax as rj  # noqa: E402
 from reference import norm as ref  # noqa: E402
-from util import DTYPES, assert_close_to_oracle, rand  # noqa: E402
+from util import DTYPES, assert_close_to_oracle, jax_gpu, rand  # noqa: E402
 
 HAS_FFI = bool(getattr(rudnn._C, "has_jax_ffi", False))
 needs_ffi = pytest.mark.skipif(not HAS_FFI, reason="rudnn was built without the JAX FFI handlers")
 
 
-def _jax_gpu():
-    try:
-        return jax.devices("gpu")[0]
-    except RuntimeError:
-        return None
-
-
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-    _jax_gpu() is None, reason="jax has no GPU backend")])]
+    jax_gpu() is None, reason="needs a JAX CUDA device and a CUDA build of rudnn")])]
 
 
 @pytest.fixture(params=DEVICES)
 def device(request):
     """Runs the test with JAX's default device on the CPU (or the GPU)."""
-    dev = jax.devices("cpu")[0] if request.param == "cpu" else _jax_gpu()
+    dev = jax.devices("cpu")[0] if request.param == "cpu" else jax_gpu()
     with jax.default_device(dev):
         yield request.param
 

@@ -260,11 +260,33 @@ def test_gate_up_must_not_overlap_what_it_is_made_from_or_written_beside():
                                       "SwiGluExperts.forward_dispatched: gate_up"), str(info.value)
 
 
-def test_fused_gate_up_is_not_for_jax():
-    jnp = pytest.importorskip("jax.numpy")
-    gate, up, down = jnp.zeros((2, 64, 8)), jnp.zeros((2, 64, 8)), jnp.zeros((2, 8, 64))
-    with pytest.raises(rudnn.UnsupportedError, match="^SwiGluExperts: fused_gate_up is not supported for JAX arrays"):
-        moe.SwiGluExperts(gate, up, down, fused_gate_up=True)
-    with pytest.raises(rudnn.UnsupportedError, match="^moe.interleave_gate_up: JAX arrays are not supported"):
-        moe.interleave_gate_up(gate, up)
+def test_fused_gate_up_errors_for_jax():
+    """JAX arrays: the checks of the other frameworks, raised when the call is traced (jit too)."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    if not rudnn._C.has_jax_ffi:
+        pytest.skip("rudnn built without the XLA FFI handlers")
+    from rudnn.jax import moe as jax_moe
+
+    z = jnp.zeros
+    with pytest.raises(rudnn.UnsupportedError, match="^SwiGluExperts.forward_dispatched: gate_up: the interleaved "
+                                                     "gate/up layout needs I to be a multiple of 64, got I = 96$"):
+        moe.SwiGluExperts(z((2, 96, 8)), z((2, 96, 8)), z((2, 8, 96)), fused_gate_up=True)
+    with pytest.raises(rudnn.UnsupportedError, match="^moe.interleave_gate_up: gate: the interleaved gate/up layout "
+                                                     "needs I to be a multiple of 64, got I = 96"):
+        jax.jit(moe.interleave_gate_up)(z((2, 96, 8)), z((2, 96, 8)))
+    with pytest.raises(rudnn.DTypeError, match=r"^moe.interleave_gate_up: up: expected the dtype of gate \(float32\), "
+                                               r"got float16$"):
+        moe.interleave_gate_up(z((2, 64, 8)), z((2, 64, 8), jnp.float16))
+    with pytest.raises(rudnn.ShapeError, match=r"^moe.interleave_gate_up: gate: expected 3 axes \[E, I, H\], got "
+                                               r"shape \[2, 64\]$"):
+        moe.interleave_gate_up(z((2, 64)), z((2, 64)))
+    gate, up, down = z((4, 128, 8)), z((4, 128, 8)), z((4, 8, 128))
+    x, offsets = z((6, 8)), jnp.array([0, 1, 2, 4, 6], jnp.int32)
+    with pytest.raises(rudnn.ShapeError, match=r"^SwiGluExperts.forward_dispatched: gate_up: expected shape "
+                                               r"\[4, 256, 8\] \(\[E, 2I, H\]\), got \[4, 128, 8\]$"):
+        jax_moe.swiglu_experts(x, offsets, gate, up, down, gate_up=z((4, 128, 8)))
+    with pytest.raises(rudnn.DTypeError, match=r"^SwiGluExperts.forward_dispatched: gate_up: expected the dtype of x "
+                                               r"\(float32\), got float16$"):
+        jax_moe.swiglu_experts(x, offsets, gate, up, down, gate_up=z((4, 256, 8), jnp.float16))
     assert moe.SwiGluExperts(gate, up, down).gate_up is None

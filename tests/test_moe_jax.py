@@ -10,6 +10,7 @@ jnp = pytest.importorskip("jax.numpy")
 import rudnn  # noqa: E402
 import rudnn.jax as rj  # noqa: E402
 from reference import moe as ref  # noqa: E402
+from util import jax_gpu  # noqa: E402
 
 if not rudnn._C.has_jax_ffi:
     pytest.skip("rudnn built without the XLA FFI handlers", allow_module_level=True)
@@ -128,3 +129,126 @@ def test_route_returns_a_routing_plan_pytree():
                                                                            scale=2.0))
     rebuilt = jax.tree_util.tree_unflatten(tree, leaves)
     assert (rebuilt.scoring, rebuilt.scale, rebuilt.num_experts, len(leaves)) == ("sigmoid", 2.0, E, 2)
+
+
+# ---- gate and up interleaved for the fused forward (fused_gate_up) ---------------------------
+
+def _interleaved(gate, up):
+    """gate_up written from its definition: per expert, 64-row blocks of gate and of up alternate."""
+    E, I, H = gate.shape
+    return np.stack((gate.reshape(E, I // 64, 64, H), up.reshape(E, I // 64, 64, H)), axis=2).reshape(E, 2 * I, H)
+
+
+@pytest.mark.usefixtures("jax_on_cpu")  # bitwise against the NumPy (CPU) path: JAX on the same backend
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_interleave_gate_up(dtype):
+    """rudnn.jax.moe.interleave_gate_up (and rudnn.moe.interleave_gate_up with JAX arrays) under
+    jit: the layout of the definition and of the NumPy path; its gradient is de-interleaved."""
+    E, I, H = 3, 192, 40
+    gate, up = (a.astype(dtype) for a in _inputs(1, E, H, I, seed=11)[2:4])
+    gate_up = jax.jit(rj.moe.interleave_gate_up)(gate, up)
+    assert gate_up.dtype == dtype and gate_up.shape == (E, 2 * I, H)
+    np.testing.assert_array_equal(np.asarray(gate_up), _interleaved(gate, up))
+    np.testing.assert_array_equal(np.asarray(gate_up), rudnn.moe.interleave_gate_up(gate, up))
+    top = rudnn.moe.interleave_gate_up(jnp.asarray(gate), jnp.asarray(up))
+    assert isinstance(top, jax.Array)
+    np.testing.assert_array_equal(np.asarray(top), np.asarray(gate_up))
+    ct = np.random.default_rng(12).standard_normal((E, 2 * I, H)).astype(dtype)
+    dgate, dup = jax.grad(lambda g, u: jnp.sum(rj.moe.interleave_gate_up(g, u) * ct), argnums=(0, 1))(
+        jnp.asarray(gate), jnp.asarray(up))
+    blocks = ct.reshape(E, I // 64, 2, 64, H)
+    np.testing.assert_array_equal(np.asarray(dgate), blocks[:, :, 0].reshape(E, I, H))
+    np.testing.assert_array_equal(np.asarray(dup), blocks[:, :, 1].reshape(E, I, H))
+    assert rj.moe.interleave_gate_up(jnp.zeros((2, 0, 8)), jnp.zeros((2, 0, 8))).shape == (2, 0, 8)
+
+
+@pytest.mark.usefixtures("jax_on_cpu")  # the CPU backend reads gate and up: fused and unfused give the same bits
+def test_fused_gate_up_forward_and_grad():
+    """SwiGluExperts(..., fused_gate_up=True) with JAX arrays: gate_up made by the XLA call, the
+    forward (which passes it to the experts call) bitwise the unfused one and close to the float64
+    reference layer; swiglu_experts(gate_up=) under jit; jax.grad through the fused experts (the
+    training forward) bitwise the unfused gradients, gate_up made outside or inside the
+    differentiated function."""
+    T, E, k, H, I = 9, 4, 2, 16, 128
+    x, logits, gate, up, down = (jnp.asarray(a) for a in _inputs(T, E, H, I, seed=7))
+    plain = rudnn.moe.SwiGluExperts(gate, up, down)
+    fused = rudnn.moe.SwiGluExperts(gate, up, down, fused_gate_up=True)
+    assert plain.gate_up is None and isinstance(fused.gate_up, jax.Array)
+    np.testing.assert_array_equal(np.asarray(fused.gate_up), _interleaved(np.asarray(gate), np.asarray(up)))
+    plan = rudnn.moe.route(logits, k)
+    d = plan.dispatch(x)
+    y = fused.forward_dispatched(d)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(plain.forward_dispatched(d)))
+    out = fused(x, logits, top_k=k)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(plain(x, logits, top_k=k)))
+    leaves = [torch.from_numpy(np.array(a)).double() for a in (x, logits, gate, up, down)]
+    out64 = ref.moe_layer(*leaves, torch.from_numpy(np.asarray(plan.expert_indices).astype(np.int64)))
+    np.testing.assert_allclose(np.asarray(out), out64.numpy(), rtol=1e-4, atol=1e-5)
+
+    def experts(gate_up):
+        return lambda xd, g, u, dn: rj.moe.swiglu_experts(xd, d.offsets, g, u, dn, gate_up=gate_up(g, u))
+
+    fused_fn, plain_fn = experts(lambda g, u: fused.gate_up), experts(lambda g, u: None)
+    inside_fn = experts(rj.moe.interleave_gate_up)
+    args = (d.x, gate, up, down)
+    np.testing.assert_array_equal(np.asarray(jax.jit(fused_fn)(*args)), np.asarray(y))
+    # the forward hands gate_up to the experts call (where the sm90 tensor_core path fuses)
+    jaxpr = str(jax.make_jaxpr(lambda xd: fused.forward_dispatched(d))(d.x))
+    assert "target_name=rudnn_moe_experts_inference" in jaxpr and "('has_gate_up', True)" in jaxpr
+    dy = np.random.default_rng(8).standard_normal(y.shape).astype(np.float32)
+    grads = [jax.jit(jax.grad(lambda *a, f=f: jnp.sum(f(*a) * dy), argnums=(0, 1, 2, 3)))(*args)
+             for f in (plain_fn, fused_fn, inside_fn)]
+    for name, want, *got in zip(("dx", "dgate", "dup", "ddown"), *grads):
+        for g in got:
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(want), err_msg=name)
+
+    def layer_loss(g, fused_gate_up):
+        return jnp.sum(rudnn.moe.SwiGluExperts(g, up, down, fused_gate_up=fused_gate_up)(x, logits, top_k=k))
+
+    np.testing.assert_array_equal(np.asarray(jax.grad(layer_loss)(gate, True)),
+                                  np.asarray(jax.grad(layer_loss)(gate, False)))
+
+
+GPU = jax_gpu()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(GPU is None, reason="needs a JAX CUDA device and a CUDA build of rudnn")
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("T, E, k, H, I", [
+    (300, 8, 2, 256, 128),  # ~75 rows per expert: partial row tiles, two h tiles
+    (300, 4, 1, 40, 192),   # H = 40: a partial, zero-filled K tile
+])
+def test_cuda_fused_gate_up_is_bitwise_the_unfused_result(dtype, T, E, k, H, I, monkeypatch):
+    """JAX arrays on the GPU: gate_up made on the GPU, the fused forward (the sm90 tensor_core
+    path reads gate_up) bitwise the unfused one and close to the float64 reference, under jit too;
+    jax.grad through the fused experts equals the unfused gradients."""
+    monkeypatch.delenv("RUDNN_MOE_SM80_ON_SM90", raising=False)
+    f32 = jnp.float32
+    x, logits, gate, up, down = (jax.device_put(jnp.asarray(a).astype(dtype), GPU)
+                                 for a in _inputs(T, E, H, I, seed=9))
+    plain = rudnn.moe.SwiGluExperts(gate, up, down)
+    fused = rudnn.moe.SwiGluExperts(gate, up, down, fused_gate_up=True)
+    assert fused.gate_up.devices() == {GPU}
+    np.testing.assert_array_equal(np.asarray(fused.gate_up.astype(f32)),
+                                  _interleaved(np.asarray(gate.astype(f32)), np.asarray(up.astype(f32))))
+    plan = rudnn.moe.route(logits, k)
+    d = plan.dispatch(x)
+    for strategy in ("tensor_core", "auto"):
+        y_fused = fused.forward_dispatched(d, strategy)
+        assert y_fused.devices() == {GPU}
+        np.testing.assert_array_equal(np.asarray(y_fused.astype(f32)),
+                                      np.asarray(plain.forward_dispatched(d, strategy).astype(f32)))
+    jitted = jax.jit(lambda xd, gu: rj.moe.swiglu_experts(xd, d.offsets, gate, up, down, "tensor_core", gate_up=gu))
+    np.testing.assert_array_equal(np.asarray(jitted(d.x, fused.gate_up).astype(f32)),
+                                  np.asarray(plain.forward_dispatched(d, "tensor_core").astype(f32)))
+    out = fused(x, logits, top_k=k)
+    leaves = [torch.from_numpy(np.array(a.astype(f32))).double() for a in (x, logits, gate, up, down)]
+    out64 = ref.moe_layer(*leaves, torch.from_numpy(np.asarray(plan.expert_indices).astype(np.int64)))
+    np.testing.assert_allclose(np.asarray(out.astype(f32)), out64.numpy(), rtol=5e-2, atol=5e-2)
+
+    def loss(gate_up):
+        return lambda xd: jnp.sum(rj.moe.swiglu_experts(xd, d.offsets, gate, up, down, gate_up=gate_up).astype(f32))
+
+    np.testing.assert_array_equal(np.asarray(jax.grad(loss(fused.gate_up))(d.x).astype(f32)),
+                                  np.asarray(jax.grad(loss(None))(d.x).astype(f32)))

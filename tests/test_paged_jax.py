@@ -13,7 +13,7 @@ import rudnn  # noqa: E402
 from rudnn.paged import DevicePlan, HostPlan, SplitWorkspace  # noqa: E402
 from reference import paged as ref  # noqa: E402
 from test_paged import mla_case, plan_of, ref_sched, schedule  # noqa: E402
-from util import assert_close_to_oracle, rand  # noqa: E402
+from util import assert_close_to_oracle, jax_gpu, rand  # noqa: E402
 
 if not rudnn._C.has_jax_ffi:
     pytest.skip("this build has no JAX FFI handlers", allow_module_level=True)
@@ -164,14 +164,7 @@ def test_plan_backward_methods():
         np.testing.assert_array_equal(np.asarray(g), t.numpy())
 
 
-def _jax_gpu():
-    try:
-        return jax.devices("gpu")[0]
-    except RuntimeError:
-        return None
-
-
-_GPU = _jax_gpu() if rudnn.has_cuda else None
+_GPU = jax_gpu()
 needs_jax_gpu = pytest.mark.skipif(_GPU is None, reason="needs a JAX CUDA device and a CUDA build of rudnn")
 
 

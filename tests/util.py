@@ -20,6 +20,20 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 FLOOR = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 
 
+def jax_gpu():
+    """JAX's first GPU device, where JAX has a GPU backend and rudnn was built with CUDA; else None."""
+    import rudnn
+
+    if not rudnn.has_cuda:
+        return None
+    try:
+        import jax
+
+        return jax.devices("gpu")[0]
+    except (ImportError, RuntimeError):
+        return None
+
+
 def max_abs(a, b):
     return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
 

@@ -23,11 +23,11 @@ void add_gated_delta_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_gated_delta_validation(nanobind::module_& m);
 // Pooling has no jax_validate_* functions: rudnn.jax.pooling checks through the eager bindings.
 void add_pooling_targets(nanobind::dict& cpu, nanobind::dict& cuda);
-// CTC: cpu handlers only (libruDNN reads targets and lengths on the host); no jax_validate_*.
+// CTC: the CUDA handlers copy targets and lengths to the host (libruDNN reads them there); no jax_validate_*.
 void add_ctc_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 void add_interpolate_targets(nanobind::dict& cpu, nanobind::dict& cuda);  // checks through rudnn.interpolate too
 void add_conv_targets(nanobind::dict& cpu, nanobind::dict& cuda);         // checks through rudnn.conv too
 void add_grid_sample_targets(nanobind::dict& cpu, nanobind::dict& cuda);  // checks through rudnn.grid_sample too
-void add_paged_targets(nanobind::dict& cpu, nanobind::dict& cuda);  // cpu handlers only (this release)
+void add_paged_targets(nanobind::dict& cpu, nanobind::dict& cuda);
 
 }  // namespace rudnn::jax_ffi

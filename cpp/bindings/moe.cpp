@@ -193,6 +193,7 @@ void register_moe(nb::module_& m) {
         moe_interleave_gate_up(tg, tu, to, as_stream(s));
       },
       nb::arg("gate"), nb::arg("up"), nb::arg("gate_up"), nb::arg("stream"));
+  m.attr("moe_gate_up_block") = kMoeGateUpBlock;  // rows of gate, then of up, per block of gate_up
 
   m.def(
       "moe_experts_backward",

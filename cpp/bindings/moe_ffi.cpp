@@ -12,6 +12,8 @@
 //   rudnn_moe_combine                   (y, row_of_slot, [weights]) -> out  [has_weights: bool]
 //   rudnn_moe_combine_backward          (y, dout, row_of_slot, weights) -> (dy, dweights) [strategy: i32]
 //   rudnn_moe_experts_forward           (x, offsets, gate, up, down) -> (y, gate_pre, up_pre) [strategy]
+//   rudnn_moe_experts_inference         (x, offsets, gate, up, down, [gate_up]) -> y [strategy, has_gate_up]
+//   rudnn_moe_interleave_gate_up        (gate, up) -> gate_up
 //   rudnn_moe_experts_backward          (dy, x, offsets, gate, up, down, gate_pre, up_pre)
 //                                       -> (dx, dgate, dup, ddown) [strategy]
 // CUDA workspaces come from XLA's scratch allocator.
@@ -145,23 +147,66 @@ ffi::Error combine_backward(const Place& place, B y, B dout, B row_of_slot, B we
   });
 }
 
+// The dispatched rows and the weights, which every experts call reads, and its strategy.
+template <class Args>
+void set_experts_inputs(Args& a, const Place& place, const std::string& op, B x, B offsets, B gate, B up, B down,
+                        std::int32_t strategy) {
+  a.x = view(x, place, op + ": x");
+  a.offsets = view(offsets, place, op + ": offsets");
+  a.gate = view(gate, place, op + ": gate");
+  a.up = view(up, place, op + ": up");
+  a.down = view(down, place, op + ": down");
+  a.strategy = static_cast<MoeExpertsStrategy>(strategy);
+}
+
+// The arguments both experts forwards share.
+MoeExpertsForwardArgs experts_args(const Place& place, const std::string& op, B x, B offsets, B gate, B up, B down,
+                                   R y, std::int32_t strategy) {
+  MoeExpertsForwardArgs a;
+  set_experts_inputs(a, place, op, x, offsets, gate, up, down, strategy);
+  a.y = view(*y, place, op + ": y");
+  return a;
+}
+
+// Runs an experts forward with its workspace from XLA's scratch memory.
+void run_experts_forward(MoeExpertsForwardArgs& a, const Place& place, const std::string& op) {
+  Tensor ws;
+  a.workspace = scratch_workspace(place, moe_experts_forward_workspace_bytes(a), ws, op);
+  moe_experts_forward(a, place.stream);
+}
+
 ffi::Error experts_forward(const Place& place, B x, B offsets, B gate, B up, B down, R y, R gate_pre, R up_pre,
                            std::int32_t strategy) {
   return guarded([&] {
     const std::string op = "SwiGluExperts.forward_dispatched_training";
-    MoeExpertsForwardArgs a;
-    a.x = view(x, place, op + ": x");
-    a.offsets = view(offsets, place, op + ": offsets");
-    a.gate = view(gate, place, op + ": gate");
-    a.up = view(up, place, op + ": up");
-    a.down = view(down, place, op + ": down");
-    a.y = view(*y, place, op + ": y");
-    Tensor a_pre = view(*gate_pre, place, op + ": gate_pre"), b_pre = view(*up_pre, place, op + ": up_pre"), ws;
+    MoeExpertsForwardArgs a = experts_args(place, op, x, offsets, gate, up, down, y, strategy);
+    Tensor a_pre = view(*gate_pre, place, op + ": gate_pre"), b_pre = view(*up_pre, place, op + ": up_pre");
     a.gate_pre = &a_pre;
     a.up_pre = &b_pre;
-    a.strategy = static_cast<MoeExpertsStrategy>(strategy);
-    a.workspace = scratch_workspace(place, moe_experts_forward_workspace_bytes(a), ws, op);
-    moe_experts_forward(a, place.stream);
+    run_experts_forward(a, place, op);
+  });
+}
+
+// The forward without the pre-activations (nothing kept for a backward): with gate_up, the sm90
+// tensor-core path runs the fused gate/up GEMM.
+ffi::Error experts_inference(const Place& place, B x, B offsets, B gate, B up, B down, ffi::RemainingArgs rest, R y,
+                             std::int32_t strategy, bool has_gate_up) {
+  return guarded([&] {
+    const std::string op = "SwiGluExperts.forward_dispatched";
+    MoeExpertsForwardArgs a = experts_args(place, op, x, offsets, gate, up, down, y, strategy);
+    Tensor gate_up;
+    Inputs in(rest, place, op.c_str());
+    if (has_gate_up) a.gate_up = &(gate_up = in.next("gate_up"));
+    in.finish();
+    run_experts_forward(a, place, op);
+  });
+}
+
+ffi::Error interleave_gate_up(const Place& place, B gate, B up, R gate_up) {
+  return guarded([&] {
+    const std::string op = "moe.interleave_gate_up";
+    moe_interleave_gate_up(view(gate, place, op + ": gate"), view(up, place, op + ": up"),
+                           view(*gate_up, place, op + ": gate_up"), place.stream);
   });
 }
 
@@ -170,19 +215,14 @@ ffi::Error experts_backward(const Place& place, B dy, B x, B offsets, B gate, B 
   return guarded([&] {
     const std::string op = "MoeTrainingCache.backward";
     MoeExpertsBackwardArgs a;
+    set_experts_inputs(a, place, op, x, offsets, gate, up, down, strategy);
     a.dy = view(dy, place, op + ": dy");
-    a.x = view(x, place, op + ": x");
-    a.offsets = view(offsets, place, op + ": offsets");
-    a.gate = view(gate, place, op + ": gate");
-    a.up = view(up, place, op + ": up");
-    a.down = view(down, place, op + ": down");
     a.gate_pre = view(gate_pre, place, op + ": gate_pre");
     a.up_pre = view(up_pre, place, op + ": up_pre");
     a.dx = view(*dx, place, op + ": dx");
     a.dgate = view(*dgate, place, op + ": dgate");
     a.dup = view(*dup, place, op + ": dup");
     a.ddown = view(*ddown, place, op + ": ddown");
-    a.strategy = static_cast<MoeExpertsStrategy>(strategy);
     Tensor ws;
     a.workspace = scratch_workspace(place, moe_experts_backward_workspace_bytes(a), ws, op);
     moe_experts_backward(a, place.stream);
@@ -271,6 +311,18 @@ auto bind_experts_forward(Bd&& b) {
       .template Attr<std::int32_t>("strategy");
 }
 template <class Bd>
+auto bind_experts_inference(Bd&& b) {
+  return buffers<5, 0>(std::forward<Bd>(b))
+      .RemainingArgs()
+      .template Ret<B>()
+      .template Attr<std::int32_t>("strategy")
+      .template Attr<bool>("has_gate_up");
+}
+template <class Bd>
+auto bind_interleave_gate_up(Bd&& b) {
+  return buffers<2, 1>(std::forward<Bd>(b));
+}
+template <class Bd>
 auto bind_experts_backward(Bd&& b) {
   return std::forward<Bd>(b)
       .template Arg<B>()
@@ -300,6 +352,8 @@ RUDNN_MOE_HANDLERS(dispatch)
 RUDNN_MOE_HANDLERS(combine)
 RUDNN_MOE_HANDLERS(combine_backward)
 RUDNN_MOE_HANDLERS(experts_forward)
+RUDNN_MOE_HANDLERS(experts_inference)
+RUDNN_MOE_HANDLERS(interleave_gate_up)
 RUDNN_MOE_HANDLERS(experts_backward)
 
 #undef RUDNN_MOE_HANDLERS
@@ -319,6 +373,8 @@ void add_moe_targets(nb::dict& cpu, nb::dict& cuda) {
   RUDNN_MOE_TARGET("rudnn_moe_combine", combine)
   RUDNN_MOE_TARGET("rudnn_moe_combine_backward", combine_backward)
   RUDNN_MOE_TARGET("rudnn_moe_experts_forward", experts_forward)
+  RUDNN_MOE_TARGET("rudnn_moe_experts_inference", experts_inference)
+  RUDNN_MOE_TARGET("rudnn_moe_interleave_gate_up", interleave_gate_up)
   RUDNN_MOE_TARGET("rudnn_moe_experts_backward", experts_backward)
 #undef RUDNN_MOE_TARGET
 }
@@ -380,16 +436,27 @@ void validate_selected_router(const Spec& logits, const Spec& indices, const std
   moe::validate_selected_router_backward(a);
 }
 
-void validate_experts(const Spec& x, const Spec& gate, const Spec& up, const Spec& down) {
+void validate_experts(const Spec& x, const Spec& gate, const Spec& up, const Spec& down,
+                      const std::optional<Spec>& gate_up) {
   MoeExpertsForwardArgs a;
   a.x = abstract(x, "SwiGluExperts.forward_dispatched: x");
   a.gate = abstract(gate, "SwiGluExperts.forward_dispatched: gate");
   a.up = abstract(up, "SwiGluExperts.forward_dispatched: up");
   a.down = abstract(down, "SwiGluExperts.forward_dispatched: down");
+  Tensor g;
+  if (gate_up) a.gate_up = &(g = spec_or_like(gate_up, "SwiGluExperts.forward_dispatched: gate_up"));
   const std::int64_t experts = a.gate.rank == 3 ? a.gate.shape[0] + 1 : 1;
   a.offsets = Tensor::contiguous(placeholder_data(), DType::i32, a.x.device, &experts, 1);
   a.y = abstract_like(a.x);
   moe::validate_experts_forward(a, /*read_offsets=*/false);
+}
+
+void validate_interleave_gate_up(const Spec& gate, const Spec& up) {
+  const Tensor g = abstract(gate, "moe.interleave_gate_up: gate"), u = abstract(up, "moe.interleave_gate_up: up");
+  const std::vector<std::int64_t> shape =
+      g.rank == 3 ? std::vector<std::int64_t>{g.shape[0], 2 * g.shape[1], g.shape[2]} : std::vector<std::int64_t>{0};
+  const Tensor gate_up = Tensor::contiguous(placeholder_data(), g.dtype, g.device, shape.data(), int(shape.size()));
+  moe::validate_interleave_gate_up(g, u, gate_up);
 }
 
 }  // namespace
@@ -401,7 +468,9 @@ void add_moe_validation(nb::module_& m) {
         nb::arg("group_top_two"), nb::arg("scale"));
   m.def("jax_validate_moe_selected_router", &validate_selected_router, nb::arg("logits"), nb::arg("indices"),
         nb::arg("grad").none(), nb::arg("scale"));
-  m.def("jax_validate_moe_experts", &validate_experts, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"));
+  m.def("jax_validate_moe_experts", &validate_experts, nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
+        nb::arg("gate_up").none() = nb::none());
+  m.def("jax_validate_moe_interleave_gate_up", &validate_interleave_gate_up, nb::arg("gate"), nb::arg("up"));
 }
 
 }  // namespace rudnn::jax_ffi

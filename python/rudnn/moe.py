@@ -209,15 +209,16 @@ class SwiGluExperts:
     gate, up: [E, I, H]; down: [E, H, I]; one float dtype and device. Reuse one object
     across batches. Strategies: "auto" (default), "tensor_core", "scalar".
 
-    fused_gate_up=True (torch, CuPy and NumPy arrays; I a multiple of 64) also keeps `gate_up`
-    [E, 2I, H], gate and up interleaved by `interleave_gate_up`: the sm90 "tensor_core" forward
-    (`forward_dispatched`, not the training forward) then computes gate · x and up · x in one
-    grouped GEMM with the SwiGLU in its epilogue, bit for bit the result of the unfused path; every
-    other path reads gate and up. This doubles the memory held for gate and up (gate and up stay
-    too: the training forward, the backward and the other strategies read them). gate_up is made
-    here, once, on the current stream: a forward on another stream must first wait for
-    it. After gate or up change in place, set `experts.gate_up = interleave_gate_up(gate, up)`
-    again. Without it `gate_up` is None.
+    fused_gate_up=True (I a multiple of 64) also keeps `gate_up` [E, 2I, H], gate and up
+    interleaved by `interleave_gate_up`: the sm90 "tensor_core" forward (`forward_dispatched`, not
+    the training forward) then computes gate · x and up · x in one grouped GEMM with the SwiGLU in
+    its epilogue, bit for bit the result of the unfused path; every other path reads gate and up.
+    This doubles the memory held for gate and up (gate and up stay too: the training forward, the
+    backward and the other strategies read them). gate_up is made here, once, on the current
+    stream: a forward on another stream must first wait for it. After gate or up change in place,
+    set `experts.gate_up = interleave_gate_up(gate, up)` again. Without it `gate_up` is None.
+    JAX arrays: gate_up is made by an XLA call; `forward_dispatched` reads it where it is not
+    differentiated (under jax.grad it runs the training forward, which reads gate and up).
     """
 
     def __init__(self, gate, up, down, *, fused_gate_up=False):
@@ -225,13 +226,19 @@ class SwiGluExperts:
         self.gate, self.up, self.down = gate, up, down
         self.gate_up = None
         if fw.is_jax(gate):
-            if fused_gate_up:
-                raise UnsupportedError("SwiGluExperts: fused_gate_up is not supported for JAX arrays")
             from .jax import _ffi
 
             _ffi.ensure_ready("SwiGluExperts")
-            H = int(gate.shape[-1]) if len(gate.shape) else 0
-            _C.jax_validate_moe_experts(((0, H), _ffi.spec(gate)[1]), _ffi.spec(gate), _ffi.spec(up), _ffi.spec(down))
+            shape = tuple(int(s) for s in gate.shape)
+            dtype = _ffi.spec(gate)[1]
+            H = shape[-1] if shape else 0
+            # gate_up's spec as interleave_gate_up would make it: its checks first, as for the other frameworks
+            gate_up = None
+            if fused_gate_up:
+                gate_up = ((shape[0], 2 * shape[1], shape[2]) if len(shape) == 3 else (0,), dtype)
+            _C.jax_validate_moe_experts(((0, H), dtype), _ffi.spec(gate), _ffi.spec(up), _ffi.spec(down), gate_up)
+            if fused_gate_up:
+                self.gate_up = _rj().interleave_gate_up(gate, up)
             return
         # Run the C++ checks once now (on zero rows: no work) so bad weights fail here.
         call = fw.Call("SwiGluExperts", {"gate": gate, "up": up, "down": down})
@@ -258,7 +265,7 @@ class SwiGluExperts:
         """Expert outputs [N, H] for the dispatched rows of d (a DispatchedTokens)."""
         code = _choice(_EXPERTS_STRATEGIES, strategy, "SwiGluExperts.forward_dispatched", "strategy")
         if fw.is_jax(d.x):
-            return _rj().swiglu_experts(d.x, d.offsets, self.gate, self.up, self.down, strategy)
+            return _rj().swiglu_experts(d.x, d.offsets, self.gate, self.up, self.down, strategy, gate_up=self.gate_up)
         stream = d.stream if stream is None else stream
         return _experts_forward("SwiGluExperts.forward_dispatched", self.gate, self.up, self.down, d.x, d.offsets,
                                 code, False, stream, self.gate_up)
@@ -376,11 +383,11 @@ def interleave_gate_up(gate, up, *, stream=None):
     for every j in [0, I / 64), rows [128 j, 128 j + 64) of gate_up[e] are gate[e]'s rows
     [64 j, 64 j + 64) and rows [128 j + 64, 128 j + 128) are up[e]'s same rows. The layout of
     `SwiGluExperts(..., fused_gate_up=True).gate_up`. gate and up dense, one float dtype and
-    device; I a multiple of 64 (UnsupportedError otherwise). Torch, CuPy and NumPy arrays (JAX
-    arrays: UnsupportedError)."""
+    device; I a multiple of 64 (UnsupportedError otherwise). JAX arrays go through an XLA call
+    (differentiable: the gradient is de-interleaved into gate's and up's)."""
     op = "moe.interleave_gate_up"
     if fw.is_jax(gate) or fw.is_jax(up):
-        raise UnsupportedError(f"{op}: JAX arrays are not supported")
+        return _rj().interleave_gate_up(gate, up)
     call = fw.Call(op, {"gate": gate, "up": up}, stream, required=("gate", "up"))
     gate_up = _gate_up_output(call, gate)
     _C.moe_interleave_gate_up(call.arg(gate), call.arg(up), call.arg(gate_up), call.stream)

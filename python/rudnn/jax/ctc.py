@@ -1,10 +1,13 @@
 """rudnn for JAX: the CTC loss as XLA FFI custom calls, differentiable with custom_vjp.
 
 Same arguments and results as ``rudnn.ctc_loss``; ``rudnn.ctc_loss`` called with JAX arrays
-comes here. libruDNN reads the targets and lengths on the host, so these calls run on the
-"cpu" platform only. The option checks run when the call is traced; the checks of the values
-(lengths, labels) run as XLA runs the call: an eager call raises them as rudnn errors, a jitted
-one as XLA's runtime error with the same message.
+comes here. The calls run on the "cpu" and "CUDA" platforms. libruDNN reads the targets and
+lengths on the host: on CUDA the handler copies them from the GPU on XLA's stream and waits for
+it, a synchronization per call (as torch's ctc_loss makes with CUDA lengths; the handlers are
+registered without XLA's command-buffer trait, so XLA never captures them in a CUDA graph). The
+option checks run when the call is traced; the checks of the values (lengths, labels) run as XLA
+runs the call: an eager call raises them as rudnn errors, a jitted one as XLA's runtime error
+with the same message.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ functions of arrays:
     weights = selected_router_weights(logits, plan.expert_indices)     # differentiable in logits
     xd, offsets, token_of_row, row_of_slot = dispatch(x, plan)  # differentiable in x
     yd = swiglu_experts(xd, offsets, gate, up, down)           # differentiable in all four
+    # gate_up=rudnn.moe.interleave_gate_up(gate, up): the sm90 fused gate/up forward where no gradient is taken
     out = combine(yd, row_of_slot, weights)                    # differentiable in yd, weights
 """
 
@@ -238,12 +239,20 @@ def _experts_call(x, offsets, gate, up, down, strategy):
         x, offsets, gate, up, down, strategy=np.int32(strategy))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _experts(x, offsets, gate, up, down, strategy):
-    return _experts_call(x, offsets, gate, up, down, strategy)[0]
+def _experts_inference_call(x, offsets, gate, up, down, gate_up, strategy):
+    operands = (x, offsets, gate, up, down) + _ffi.present(gate_up)
+    return jax.ffi.ffi_call("rudnn_moe_experts_inference", _ffi.sds(x.shape, x.dtype), vmap_method=_SEQ)(
+        *operands, strategy=np.int32(strategy), has_gate_up=gate_up is not None)
 
 
-def _experts_fwd(x, offsets, gate, up, down, strategy):
+# Without differentiation the forward keeps nothing (and reads gate_up when given); under jax.grad
+# it is the training forward, which keeps the pre-activations and reads gate and up.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _experts(x, offsets, gate, up, down, gate_up, strategy):
+    return _experts_inference_call(x, offsets, gate, up, down, gate_up, strategy)
+
+
+def _experts_fwd(x, offsets, gate, up, down, gate_up, strategy):
     y, a, b = _experts_call(x, offsets, gate, up, down, strategy)
     return y, (x, offsets, gate, up, down, a, b)
 
@@ -259,20 +268,24 @@ def _experts_backward_call(dy, x, offsets, gate, up, down, a, b, strategy):
 def _experts_bwd(strategy, res, dy):
     x, offsets, gate, up, down, a, b = res
     dx, dgate, dup, ddown = _experts_backward_call(dy, x, offsets, gate, up, down, a, b, strategy)
-    return dx, None, dgate.astype(gate.dtype), dup.astype(up.dtype), ddown.astype(down.dtype)
+    # gate_up is gate and up once more: their gradients go to gate and up
+    return dx, None, dgate.astype(gate.dtype), dup.astype(up.dtype), ddown.astype(down.dtype), None
 
 
 _experts.defvjp(_experts_fwd, _experts_bwd)
 
 
 @_ffi.raises_rudnn_errors
-def swiglu_experts(x_dispatched, offsets, gate, up, down, strategy="auto"):
-    """Expert outputs [N, H] of the dispatched rows; differentiable in x_dispatched and the weights."""
+def swiglu_experts(x_dispatched, offsets, gate, up, down, strategy="auto", *, gate_up=None):
+    """Expert outputs [N, H] of the dispatched rows; differentiable in x_dispatched and the weights.
+    gate_up (optional): interleave_gate_up(gate, up), for the fused forward (rudnn.moe.SwiGluExperts
+    says when it runs); the gradients do not go through it."""
     op = "SwiGluExperts.forward_dispatched"
     code = _choice(_EXPERTS_STRATEGIES, strategy, op, "strategy")
     x, offsets, gate, up, down = _ready(op, x=x_dispatched, offsets=offsets, gate=gate, up=up, down=down)
-    _C.jax_validate_moe_experts(_ffi.spec(x), _ffi.spec(gate), _ffi.spec(up), _ffi.spec(down))
-    return _experts(x, offsets, gate, up, down, code)
+    gate_up = _ffi.array(gate_up, op, "gate_up")
+    _C.jax_validate_moe_experts(_ffi.spec(x), _ffi.spec(gate), _ffi.spec(up), _ffi.spec(down), _ffi.spec(gate_up))
+    return _experts(x, offsets, gate, up, down, gate_up, code)
 
 
 @_ffi.raises_rudnn_errors
@@ -293,6 +306,39 @@ def swiglu_experts_backward(dy, x_dispatched, offsets, gate, up, down, gate_pre,
     arrays = _ready(op, dy=dy, x=x_dispatched, offsets=offsets, gate=gate, up=up, down=down, gate_pre=gate_pre,
                     up_pre=up_pre)
     return _experts_backward_call(*arrays, code)
+
+
+def _interleave_call(gate, up):
+    E, I, H = gate.shape
+    return jax.ffi.ffi_call("rudnn_moe_interleave_gate_up", _ffi.sds((E, 2 * I, H), gate.dtype),
+                            vmap_method=_SEQ)(gate, up)
+
+
+def _deinterleave(gate_up):
+    """(gate, up) [E, I, H] of an interleaved [E, 2I, H] array: the inverse of the interleaving."""
+    E, I, H = gate_up.shape[0], gate_up.shape[1] // 2, gate_up.shape[2]
+    block = _C.moe_gate_up_block
+    blocks = gate_up.reshape(E, I // block, 2, block, H)
+    return blocks[:, :, 0].reshape(E, I, H), blocks[:, :, 1].reshape(E, I, H)
+
+
+@jax.custom_vjp
+def _interleave(gate, up):
+    return _interleave_call(gate, up)
+
+
+_interleave.defvjp(lambda gate, up: (_interleave_call(gate, up), None), lambda _, dgate_up: _deinterleave(dgate_up))
+
+
+@_ffi.raises_rudnn_errors
+def interleave_gate_up(gate, up):
+    """rudnn.moe.interleave_gate_up for JAX arrays (which comes here; like rudnn.torch.moe, this
+    module exports no function of its own for it): gate and up [E, I, H] interleaved into
+    [E, 2I, H] in blocks of 64 rows (the layout of SwiGluExperts' gate_up); differentiable."""
+    op = "moe.interleave_gate_up"
+    gate, up = _ready(op, gate=gate, up=up)
+    _C.jax_validate_moe_interleave_gate_up(_ffi.spec(gate), _ffi.spec(up))
+    return _interleave(gate, up)
 
 
 # ---- whole layers -----------------------------------------------------------------------------
