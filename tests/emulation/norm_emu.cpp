@@ -66,6 +66,8 @@ namespace kern = rudnn::norm::kern;
 }  // namespace rudnn::norm_emu
 namespace rudnn::norm_bwd_emu {
 namespace kern = rudnn::norm::kern;
+namespace plan = rudnn::norm::plan;
+using rudnn::norm::BackwardProblem;
 #include "kernels_bwd.inc"
 }  // namespace rudnn::norm_bwd_emu
 namespace rudnn::softmax_emu {
@@ -236,44 +238,17 @@ struct BackwardCase {
 template <class T, class P>
 bool launch_backward(const NormBackwardArgs& args, const BackwardProblem& pr, Pick pick, int plan_sms) {
   using namespace rudnn::norm_bwd_emu;
-  const bool layer = args.kind == NormKind::layer;
-  float* dweight = args.dweight != nullptr ? args.dweight->ptr<float>() : nullptr;
-  float* dbias = args.dbias != nullptr ? args.dbias->ptr<float>() : nullptr;
-  const bool want_wgrad = dweight != nullptr || dbias != nullptr;
   const plan::WgradPlan wgrad = plan::wgrad_plan(pr.rows, pr.hidden, plan_sms, kOptin);
-  float* dweight_part = dweight;
-  float* dbias_part = dbias;
-  std::vector<float> workspace;
-  if (want_wgrad && wgrad.splits > 1) {
-    workspace.assign(wgrad.workspace_bytes / sizeof(float), std::nanf(""));
-    dweight_part = dweight != nullptr ? workspace.data() : nullptr;
-    dbias_part = dbias != nullptr ? workspace.data() + wgrad.splits * pr.hidden : nullptr;
-  }
+  std::vector<float> workspace(wgrad.workspace_bytes / sizeof(float), std::nanf(""));
+  const WgradTargets targets = wgrad_targets(args, wgrad, pr.hidden, workspace.data());
+  const bool want_wgrad = targets.wanted();
   if (want_wgrad && !wgrad.fused) {
-    WgradParams<T> w{};
-    w.dy = args.dy.ptr<const T>();
-    w.x = args.x.ptr<const T>();
-    w.mean = layer ? args.mean->ptr<const float>() : nullptr;
-    w.rstd = args.rstd.ptr<const float>();
-    w.dweight_part = dweight_part;
-    w.dbias_part = dbias_part;
-    w.dy_rows = pr.dy, w.x_rows = pr.x, w.mean_rows = pr.mean, w.rstd_rows = pr.rstd;
-    w.rows = pr.rows, w.hidden = pr.hidden, w.rows_per_split = wgrad.rows_per_split, w.layer = layer;
+    const WgradParams<T> w = wgrad_params<T>(args, pr, wgrad, targets);
     const EmuDim3 grid{unsigned((pr.hidden + kern::kWgradColumns - 1) / kern::kWgradColumns), unsigned(wgrad.splits), 1};
     emu_launch(grid, kern::kWgradColumns * kern::kWgradRowLanes, 1, 0, [&] { norm_wgrad_columns<T>(w); });
   }
 
-  BackwardParams<T, P> p{};
-  p.dy = args.dy.ptr<const T>();
-  p.x = args.x.ptr<const T>();
-  p.dx = args.dx.ptr<T>();
-  p.weight = args.weight != nullptr ? args.weight->ptr<const P>() : nullptr;
-  p.mean = layer ? args.mean->ptr<const float>() : nullptr;
-  p.rstd = args.rstd.ptr<const float>();
-  p.dweight_part = wgrad.fused ? dweight_part : nullptr;
-  p.dbias_part = wgrad.fused ? dbias_part : nullptr;
-  p.dy_rows = pr.dy, p.x_rows = pr.x, p.dx_rows = pr.dx, p.mean_rows = pr.mean, p.rstd_rows = pr.rstd;
-  p.rows = pr.rows, p.hidden = pr.hidden, p.layer = layer;
+  BackwardParams<T, P> p = backward_params<T, P>(args, pr, wgrad, targets);
   const bool accumulate = p.dweight_part != nullptr || p.dbias_part != nullptr;
   constexpr int kVec = kern::kVec16<T>;
   bool pipelined = false;
@@ -310,7 +285,8 @@ bool launch_backward(const NormBackwardArgs& args, const BackwardProblem& pr, Pi
   if (want_wgrad && wgrad.splits > 1) {
     const unsigned blocks = unsigned((pr.hidden + kern::kReduceThreads - 1) / kern::kReduceThreads);
     emu_launch(EmuDim3{blocks, 1, 1}, kern::kReduceThreads, 1, 0, [&] {
-      norm_wgrad_reduce(dweight_part, dbias_part, wgrad.splits, pr.hidden, dweight, dbias);
+      norm_wgrad_reduce(targets.dweight_part, targets.dbias_part, wgrad.splits, pr.hidden, targets.dweight,
+                        targets.dbias);
     });
   }
   return pipelined;

@@ -99,6 +99,22 @@ __device__ __forceinline__ void zero_shared(float* data, i64 count) {
   __syncthreads();
 }
 
+// The fused weight-gradient accumulators of a block ([teams][2][H] floats of dynamic shared memory,
+// zeroed here: every thread of the block must call this) and this team's rows of them; both null
+// when the call wants no weight gradients.
+struct WgradRows {
+  float* block;
+  float* team;
+};
+
+template <class T, class P>
+__device__ __forceinline__ WgradRows wgrad_rows(const BackwardParams<T, P>& p, const Team& team, float4* smem) {
+  if (p.dweight_part == nullptr && p.dbias_part == nullptr) return WgradRows{nullptr, nullptr};
+  float* rows = reinterpret_cast<float*>(smem);
+  zero_shared(rows, i64(team.count) * 2 * p.hidden);
+  return WgradRows{rows, rows + i64(team.index) * 2 * p.hidden};
+}
+
 // dx (and the weight-gradient terms) of the chunks in registers. Sums of the row are done.
 // Computes every slot first (weight loads, if w holds one slot, and shared-memory accumulators
 // only), then stores dx, so the loads of all slots can overlap.
@@ -189,10 +205,7 @@ __global__ void __launch_bounds__(kMaxTeam) norm_backward_regs(const BackwardPar
   const i64 chunks = p.hidden / VEC;
   const float hidden = float(p.hidden);
   const auto chunk_of = [&](int s) { return slot_chunk(team, s); };
-  const bool accumulate = p.dweight_part != nullptr || p.dbias_part != nullptr;
-  float* all_rows = reinterpret_cast<float*>(wgrad_smem);
-  float* team_rows = accumulate ? all_rows + i64(team.index) * 2 * p.hidden : nullptr;
-  if (accumulate) zero_shared(all_rows, i64(team.count) * 2 * p.hidden);
+  const WgradRows wgrad = wgrad_rows(p, team, wgrad_smem);
   const BlockRows mine = block_rows(p.rows, p.rows_per_block);
 
   for (i64 base = mine.begin; base < mine.end; base += team.count) {
@@ -217,9 +230,9 @@ __global__ void __launch_bounds__(kMaxTeam) norm_backward_regs(const BackwardPar
     const float mean_g = p.layer ? sums[0] / hidden : 0.f;
     const float mean_gx = sums[1] / hidden;
     store_dx<VEC>(p, row_ptr(p.dx, p.dx_rows, row), chunks, dy, x, w, valid, chunk_of, st, mean_g, mean_gx,
-                  team_rows);
+                  wgrad.team);
   }
-  if (accumulate) write_wgrad_partials(p, all_rows, team.count);
+  if (wgrad.block != nullptr) write_wgrad_partials(p, wgrad.block, team.count);
 }
 
 // The same rows for teams of at most kRegsBlockTarget threads (blocks of that size), with the
@@ -245,10 +258,7 @@ __global__ void __launch_bounds__(kRegsBlockTarget, kPipelinedMinBlocks)
   const i64 chunks = p.hidden / VEC;
   const float hidden = float(p.hidden);
   const auto chunk_of = [&](int s) { return slot_chunk(team, s); };
-  const bool accumulate = p.dweight_part != nullptr || p.dbias_part != nullptr;
-  float* all_rows = reinterpret_cast<float*>(wgrad_smem);
-  float* team_rows = accumulate ? all_rows + i64(team.index) * 2 * p.hidden : nullptr;
-  if (accumulate) zero_shared(all_rows, i64(team.count) * 2 * p.hidden);
+  const WgradRows wgrad = wgrad_rows(p, team, wgrad_smem);
   const BlockRows mine = block_rows(p.rows, p.rows_per_block);
 
   bool column[kPairSlots];  // this thread's slots that fall inside a row: the same for every row
@@ -304,9 +314,9 @@ __global__ void __launch_bounds__(kRegsBlockTarget, kPipelinedMinBlocks)
     const float mean_gx = sums[1] / hidden;
     if constexpr (kCache) forget_values(w);
     store_dx<VEC>(p, row_at<true>(p.dx, p.dx_rows, row), chunks, dy, x, w, valid, chunk_of, st, mean_g, mean_gx,
-                  team_rows);
+                  wgrad.team);
   }
-  if (accumulate) write_wgrad_partials(p, all_rows, team.count);
+  if (wgrad.block != nullptr) write_wgrad_partials(p, wgrad.block, team.count);
 }
 
 // Rows too long for registers (one block per row at a time): pass 1 sums, pass 2 re-reads dy and
@@ -321,9 +331,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_backwar
   const i64 chunks = p.hidden / VEC;
   const float hidden = float(p.hidden);
   const i64 step = i64(U) * team.size;
-  const bool accumulate = p.dweight_part != nullptr || p.dbias_part != nullptr;
-  float* team_rows = accumulate ? reinterpret_cast<float*>(wgrad_smem) : nullptr;
-  if (accumulate) zero_shared(team_rows, 2 * p.hidden);
+  const WgradRows wgrad = wgrad_rows(p, team, wgrad_smem);  // one team: the block
   const BlockRows mine = block_rows(p.rows, p.rows_per_block);
 
   for (i64 row = mine.begin; row < mine.end; ++row) {
@@ -356,10 +364,10 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_backwar
       auto x = chunk_registers<T, VEC, U>();
       const auto w = chunk_registers<P, VEC, 1>();
       load_rows<VEC, L2Hint::evict_first>(dy_row, x_row, chunks, dy, x, valid, chunk_of);
-      store_dx<VEC>(p, dx_row, chunks, dy, x, w, valid, chunk_of, st, mean_g, mean_gx, team_rows);
+      store_dx<VEC>(p, dx_row, chunks, dy, x, w, valid, chunk_of, st, mean_g, mean_gx, wgrad.team);
     }
   }
-  if (accumulate) write_wgrad_partials(p, team_rows, 1);
+  if (wgrad.block != nullptr) write_wgrad_partials(p, wgrad.block, 1);
 }
 
 // Weight gradients for rows too long for the fused path: block (column tile, row split) sums
@@ -441,6 +449,77 @@ bool rows_collapsed(const BackwardParams<T, P>& p) {
   return indexers_collapsed({&p.dy_rows, &p.x_rows, &p.dx_rows, &p.mean_rows, &p.rstd_rows});
 }
 
+// The weight gradients' destinations of one call: the outputs, and the partial rows the kernels
+// write: [2][splits][H] floats in `workspace` for several splits, the outputs themselves for one.
+struct WgradTargets {
+  float* dweight = nullptr;
+  float* dbias = nullptr;
+  float* dweight_part = nullptr;
+  float* dbias_part = nullptr;
+  bool wanted() const { return dweight != nullptr || dbias != nullptr; }
+};
+
+inline WgradTargets wgrad_targets(const NormBackwardArgs& args, const plan::WgradPlan& wgrad, i64 hidden,
+                                  float* workspace) {
+  WgradTargets t;
+  t.dweight = t.dweight_part = args.dweight != nullptr ? args.dweight->ptr<float>() : nullptr;
+  t.dbias = t.dbias_part = args.dbias != nullptr ? args.dbias->ptr<float>() : nullptr;
+  if (t.wanted() && wgrad.splits > 1) {
+    t.dweight_part = t.dweight != nullptr ? workspace : nullptr;
+    t.dbias_part = t.dbias != nullptr ? workspace + wgrad.splits * hidden : nullptr;
+  }
+  return t;
+}
+
+// The column kernel's parameters (weight gradients the fused path cannot hold).
+template <class T>
+WgradParams<T> wgrad_params(const NormBackwardArgs& args, const BackwardProblem& pr, const plan::WgradPlan& wgrad,
+                            const WgradTargets& t) {
+  const bool layer = args.kind == NormKind::layer;
+  WgradParams<T> w{};
+  w.dy = args.dy.ptr<const T>();
+  w.x = args.x.ptr<const T>();
+  w.mean = layer ? args.mean->ptr<const float>() : nullptr;
+  w.rstd = args.rstd.ptr<const float>();
+  w.dweight_part = t.dweight_part;
+  w.dbias_part = t.dbias_part;
+  w.dy_rows = pr.dy;
+  w.x_rows = pr.x;
+  w.mean_rows = pr.mean;
+  w.rstd_rows = pr.rstd;
+  w.rows = pr.rows;
+  w.hidden = pr.hidden;
+  w.rows_per_split = wgrad.rows_per_split;
+  w.layer = layer;
+  return w;
+}
+
+// The dx kernels' parameters (team and rows_per_block are the launch's); they accumulate the weight
+// gradients when the plan fuses them.
+template <class T, class P>
+BackwardParams<T, P> backward_params(const NormBackwardArgs& args, const BackwardProblem& pr,
+                                     const plan::WgradPlan& wgrad, const WgradTargets& t) {
+  const bool layer = args.kind == NormKind::layer;
+  BackwardParams<T, P> p{};
+  p.dy = args.dy.ptr<const T>();
+  p.x = args.x.ptr<const T>();
+  p.dx = args.dx.ptr<T>();
+  p.weight = args.weight != nullptr ? args.weight->ptr<const P>() : nullptr;
+  p.mean = layer ? args.mean->ptr<const float>() : nullptr;
+  p.rstd = args.rstd.ptr<const float>();
+  p.dweight_part = wgrad.fused ? t.dweight_part : nullptr;
+  p.dbias_part = wgrad.fused ? t.dbias_part : nullptr;
+  p.dy_rows = pr.dy;
+  p.x_rows = pr.x;
+  p.dx_rows = pr.dx;
+  p.mean_rows = pr.mean;
+  p.rstd_rows = pr.rstd;
+  p.rows = pr.rows;
+  p.hidden = pr.hidden;
+  p.layer = layer;
+  return p;
+}
+
 // (tests/emulation/norm_emu.cpp runs everything from `using namespace kern;` above to this line on the CPU.)
 
 template <class T, class P, int VEC>
@@ -480,64 +559,23 @@ void run_backward(BackwardParams<T, P> p, const plan::WgradPlan& wgrad, cudaStre
 
 template <class T, class P>
 void launch_backward(const NormBackwardArgs& args, const BackwardProblem& pr, cudaStream_t stream) {
-  const bool layer = args.kind == NormKind::layer;
-  float* dweight = args.dweight != nullptr ? args.dweight->ptr<float>() : nullptr;
-  float* dbias = args.dbias != nullptr ? args.dbias->ptr<float>() : nullptr;
-  const bool want_wgrad = dweight != nullptr || dbias != nullptr;
   const plan::WgradPlan wgrad = plan::wgrad_plan(pr.rows, pr.hidden, core::current_device());
+  float* ws = args.workspace != nullptr ? args.workspace->ptr<float>() : nullptr;
+  const WgradTargets targets = wgrad_targets(args, wgrad, pr.hidden, ws);
+  // Partial sums are read and written as single floats: 4-byte alignment is all they need.
+  if (targets.wanted() && wgrad.splits > 1 &&
+      (ws == nullptr || reinterpret_cast<std::uintptr_t>(ws) % alignof(float) != 0))
+    throw Error(ErrorKind::value, "norm backward: workspace must be a 4-byte aligned device buffer of " +
+                                      std::to_string(wgrad.workspace_bytes) + " bytes");
 
-  // Partial rows [2][splits][H] in the workspace, or the outputs themselves for one split.
-  float* dweight_part = dweight;
-  float* dbias_part = dbias;
-  if (want_wgrad && wgrad.splits > 1) {
-    float* ws = args.workspace != nullptr ? args.workspace->ptr<float>() : nullptr;
-    // Partial sums are read and written as single floats: 4-byte alignment is all they need.
-    if (ws == nullptr || reinterpret_cast<std::uintptr_t>(ws) % alignof(float) != 0)
-      throw Error(ErrorKind::value, "norm backward: workspace must be a 4-byte aligned device buffer of " +
-                                        std::to_string(wgrad.workspace_bytes) + " bytes");
-    dweight_part = dweight != nullptr ? ws : nullptr;
-    dbias_part = dbias != nullptr ? ws + wgrad.splits * pr.hidden : nullptr;
-  }
-
-  if (want_wgrad && !wgrad.fused) {
-    WgradParams<T> w{};
-    w.dy = args.dy.ptr<const T>();
-    w.x = args.x.ptr<const T>();
-    w.mean = layer ? args.mean->ptr<const float>() : nullptr;
-    w.rstd = args.rstd.ptr<const float>();
-    w.dweight_part = dweight_part;
-    w.dbias_part = dbias_part;
-    w.dy_rows = pr.dy;
-    w.x_rows = pr.x;
-    w.mean_rows = pr.mean;
-    w.rstd_rows = pr.rstd;
-    w.rows = pr.rows;
-    w.hidden = pr.hidden;
-    w.rows_per_split = wgrad.rows_per_split;
-    w.layer = layer;
+  if (targets.wanted() && !wgrad.fused) {
     const dim3 grid(unsigned((pr.hidden + kWgradColumns - 1) / kWgradColumns), unsigned(wgrad.splits));
-    norm_wgrad_columns<T><<<grid, kWgradColumns * kWgradRowLanes, 0, stream>>>(w);
+    norm_wgrad_columns<T>
+        <<<grid, kWgradColumns * kWgradRowLanes, 0, stream>>>(wgrad_params<T>(args, pr, wgrad, targets));
     RUDNN_CUDA_CHECK_LAUNCH("norm_wgrad_columns");
   }
 
-  BackwardParams<T, P> p{};
-  p.dy = args.dy.ptr<const T>();
-  p.x = args.x.ptr<const T>();
-  p.dx = args.dx.ptr<T>();
-  p.weight = args.weight != nullptr ? args.weight->ptr<const P>() : nullptr;
-  p.mean = layer ? args.mean->ptr<const float>() : nullptr;
-  p.rstd = args.rstd.ptr<const float>();
-  p.dweight_part = wgrad.fused ? dweight_part : nullptr;
-  p.dbias_part = wgrad.fused ? dbias_part : nullptr;
-  p.dy_rows = pr.dy;
-  p.x_rows = pr.x;
-  p.dx_rows = pr.dx;
-  p.mean_rows = pr.mean;
-  p.rstd_rows = pr.rstd;
-  p.rows = pr.rows;
-  p.hidden = pr.hidden;
-  p.layer = layer;
-
+  BackwardParams<T, P> p = backward_params<T, P>(args, pr, wgrad, targets);
   constexpr int kVec = kVec16<T>;
   bool vec = pr.hidden % kVec == 0 && plan::rows_vectorizable(p.dy, pr.dy, kVec) &&
              plan::rows_vectorizable(p.x, pr.x, kVec) && plan::rows_vectorizable(p.dx, pr.dx, kVec);
@@ -548,10 +586,10 @@ void launch_backward(const NormBackwardArgs& args, const BackwardProblem& pr, cu
     run_backward<T, P, 1>(p, wgrad, stream);
   }
 
-  if (want_wgrad && wgrad.splits > 1) {
+  if (targets.wanted() && wgrad.splits > 1) {
     const unsigned blocks = unsigned((pr.hidden + kReduceThreads - 1) / kReduceThreads);
-    norm_wgrad_reduce<<<blocks, kReduceThreads, 0, stream>>>(dweight_part, dbias_part, wgrad.splits, pr.hidden,
-                                                             dweight, dbias);
+    norm_wgrad_reduce<<<blocks, kReduceThreads, 0, stream>>>(targets.dweight_part, targets.dbias_part, wgrad.splits,
+                                                             pr.hidden, targets.dweight, targets.dbias);
     RUDNN_CUDA_CHECK_LAUNCH("norm_wgrad_reduce");
   }
 }
