@@ -103,6 +103,35 @@ def test_moe_cooperative_rows_price_the_pingpong_tiles(monkeypatch):
     assert not any(c.op.endswith("[cooperative]") for c in bmoe.cases("cpu", quick=False))
 
 
+def test_moe_multicast_rows_only_where_built(monkeypatch):
+    """"[multicast]" twins exist only where libruDNN has the multicast GEMMs (rudnn._C.has_moe_multicast,
+    -DRUDNN_WITH_MOE_MULTICAST=ON), for cases whose default takes the cooperative tiles (more than 64
+    rows per expert on average), beside the default row of the same shape; their run and check see
+    RUDNN_MOE_GEMM_SCHEDULE=multicast (restored after)."""
+    from rudnn import _C
+
+    monkeypatch.delenv("RUDNN_MOE_GEMM_SCHEDULE", raising=False)
+    env = lambda: os.environ.get("RUDNN_MOE_GEMM_SCHEDULE")
+    for name in ("_forward", "_grouped_gemm", "_forward_backward"):
+        monkeypatch.setattr(bmoe, name, lambda spec, device, fused: bench.Prepared(
+            run=lambda: (env(), fused), peer=lambda: None, check=lambda: (env(), fused)))
+    monkeypatch.setattr(_C, "has_moe_multicast", False, raising=False)
+    assert not any(c.op.endswith("[multicast]") for c in bmoe.cases("cuda", quick=True))
+    monkeypatch.setattr(_C, "has_moe_multicast", True, raising=False)
+    gpu = bmoe.cases("cuda", quick=True)
+    twins = [c for c in gpu if c.op.endswith("[multicast]")]
+    assert {c.op for c in twins} == {"moe_forward[multicast]", "moe_grouped_gemm[multicast]"}
+    for c in twins:
+        T, H, I, E, k = c.shape
+        assert T * k > 64 * E, c  # the default takes the cooperative tiles here
+        assert any(d.op == c.op[:-len("[multicast]")] and d.shape == c.shape for d in gpu), c
+        p = bmoe.prepare(c, "cuda")
+        assert p.run() == p.check() == ("multicast", True), c
+        assert env() is None
+    assert gpu.index(twins[0]) > max(i for i, c in enumerate(gpu) if "[" not in c.op)  # after the default rows
+    assert not any(c.op.endswith("[multicast]") for c in bmoe.cases("cpu", quick=False))
+
+
 def test_paged_mixed_cases_check_on_the_cpu():
     from rudnn.bench import paged_mixed
 

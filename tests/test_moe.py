@@ -340,6 +340,9 @@ def test_interleave_gate_up_cuda_matches_the_cpu(dtype, misaligned):
     assert torch.equal(moe.interleave_gate_up(gate, up).cpu(), moe.interleave_gate_up(gate.cpu(), up.cpu()))
 
 
+MULTICAST_NOT_BUILT = "this libruDNN was built without the multicast grouped GEMMs"
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("T, E, k, H, I", [
@@ -377,8 +380,11 @@ def test_fused_gate_up_tensor_core_is_bitwise_the_unfused_result(dtype, T, E, k,
     (200, 2, 1, 72, 64),    # ~100 rows per expert, one partial N tile in the down projection
 ])
 def test_forward_gemm_schedules_agree_bitwise(dtype, T, E, k, H, I, monkeypatch):
-    # 64-row ping-pong and 128-row cooperative tiles issue the same m64n128k16 wgmma for each output
-    # element over the same K order and round once in the epilogue: the same bits, fused or not.
+    # 64-row ping-pong and 128-row cooperative tiles (alone or in multicast clusters) issue the same
+    # m64n128k16 wgmma for each output element over the same K order and round once in the epilogue:
+    # the same bits, fused or not. The multicast GEMMs exist in builds with
+    # -DRUDNN_WITH_MOE_MULTICAST=ON (bench/gpu_check.sh's); the cases put a single N tile (2I = 128,
+    # H = 72) in a 1x2 cluster whose second CTA has no tile, and experts with no rows.
     monkeypatch.delenv("RUDNN_MOE_SM80_ON_SM90", raising=False)
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the forward GEMM schedules are Hopper's (sm_90)")
@@ -388,11 +394,17 @@ def test_forward_gemm_schedules_agree_bitwise(dtype, T, E, k, H, I, monkeypatch)
     for fused in (False, True):
         experts = moe.SwiGluExperts(gate, up, down, fused_gate_up=fused)
         y = {}
-        for schedule in ("cooperative", "pingpong"):
+        for schedule in ("cooperative", "pingpong", "multicast"):
             monkeypatch.setenv("RUDNN_MOE_GEMM_SCHEDULE", schedule)
-            y[schedule] = experts.forward_dispatched(d, strategy="tensor_core")
+            try:
+                y[schedule] = experts.forward_dispatched(d, strategy="tensor_core")
+            except rudnn.UnsupportedError as e:
+                if schedule != "multicast" or MULTICAST_NOT_BUILT not in str(e):
+                    raise
+                continue
             assert_close_to_oracle(y[schedule], same, oracle, f"y ({schedule}, fused={fused})")
-        assert torch.equal(y["cooperative"], y["pingpong"]), f"fused={fused}"
+        for schedule in y:
+            assert torch.equal(y["cooperative"], y[schedule]), f"{schedule}, fused={fused}"
 
 
 def _layer_check(out, x, logits, gate, up, down, indices, dtype, **route_opts):

@@ -192,14 +192,18 @@ def test_pipelined_forward_is_bitwise_the_1024_thread_kernel(monkeypatch, kind, 
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kind, dtype, param_dtype, shape", [
-    ("layer", torch.bfloat16, "x", (300, 2048)),   # teams of 128, several rows each, fused weight gradients
-    ("rms", torch.float16, "f32", (100, 512)),     # float32 weights of 16-bit rows: not cached
-    ("layer", torch.float32, "f32", (23, 1000)),   # a partial last slot
-    ("rms", torch.bfloat16, "x", (1000, 64)),      # teams of 4
-    ("layer", torch.float16, "x", (3, 4, 4096)),   # teams of 256, two leading axes collapsed to one
+@pytest.mark.parametrize("kind, dtype, param_dtype, shape, wgrad", [
+    # fused weight gradients, one split per block (<= 2 per SM): several rows per team only where the
+    # rows exceed the splits' teams (132-SM H100/H200: 264 splits)
+    ("layer", torch.bfloat16, "x", (8192, 1024), True),   # teams of 64, 4 a block: ~8 rows per team
+    ("rms", torch.float16, "f32", (4096, 512), True),     # float32 weights of 16-bit rows (not cached); 2 a team
+    ("layer", torch.float32, "f32", (23, 1000), True),    # a partial last slot, one row per team
+    ("rms", torch.bfloat16, "x", (1000, 64), True),       # teams of 4
+    ("layer", torch.float16, "x", (3, 4, 4096), True),    # teams of 256, two leading axes collapsed to one
+    # dx only: rows spread over the resident blocks (two 256-thread blocks per SM), ~10 rows per team
+    ("rms", torch.float16, "x", (40000, 256), False),
 ])
-def test_pipelined_backward_dx_is_bitwise_the_1024_thread_kernel(monkeypatch, kind, dtype, param_dtype, shape):
+def test_pipelined_backward_dx_is_bitwise_the_1024_thread_kernel(monkeypatch, kind, dtype, param_dtype, shape, wgrad):
     """Rows of 16-byte chunks whose teams fit 256 threads run norm_backward_regs_pipelined (the
     weight in registers, the next row's loads in flight); RUDNN_NORM_PIPELINED=0 runs
     norm_backward_regs on the same call. Same per-row arithmetic and order: dx has the same bits.
@@ -209,16 +213,18 @@ def test_pipelined_backward_dx_is_bitwise_the_1024_thread_kernel(monkeypatch, ki
     w, b = _params(shape[-1], dtype, param_dtype, "cuda", bias=kind == "layer")
     if kind == "layer":
         _, mean, rstd = rudnn.layer_norm(x, w, b, return_stats=True)
-        fn = lambda: rudnn.layer_norm_backward(dy, x, w, mean, rstd)
+        fn = lambda: rudnn.layer_norm_backward(dy, x, w if wgrad else None, mean, rstd)
         xhat = (x.double() - mean.double().unsqueeze(-1)) * rstd.double().unsqueeze(-1)
     else:
         _, rstd = rudnn.rms_norm(x, w, return_stats=True)
-        fn = lambda: rudnn.rms_norm_backward(dy, x, w, rstd)
+        fn = lambda: rudnn.rms_norm_backward(dy, x, w if wgrad else None, rstd)
         xhat = x.double() * rstd.double().unsqueeze(-1)
     pipelined = fn()
     monkeypatch.setenv("RUDNN_NORM_PIPELINED", "0")
     plain = fn()
     assert torch.equal(pipelined[0], plain[0]), (kind, dtype, shape)
+    if not wgrad:
+        return
     H = shape[-1]
     magnitudes = [(dy.double() * xhat).abs().reshape(-1, H).sum(0), dy.double().abs().reshape(-1, H).sum(0)]
     for a, e, m in zip(pipelined[1:], plain[1:], magnitudes):

@@ -298,7 +298,8 @@ def test_moe_tensor_core_elementwise_kernels(arch):
 
 
 MOE_GEMM_SM90 = [f"grouped_gemm_sm90_{layouts}_bf16.cu"
-                 for layouts in ("nt", "nt_pingpong", "nn", "nn_accumulate", "tn", "nt_swiglu", "nt_swiglu_pingpong")]
+                 for layouts in ("nt", "nt_pingpong", "nn", "nn_accumulate", "tn", "nt_swiglu", "nt_swiglu_pingpong",
+                                 "nt_multicast", "nt_swiglu_multicast")]
 
 
 @pytest.mark.parametrize("name", MOE_GEMM_SM90)
@@ -314,14 +315,18 @@ def test_moe_grouped_gemm_sm90(name):
     assert counts, "no GEMM kernel in the SASS listing"
     for kernel, (shared, registers, hmma) in counts.items():
         assert shared > 0 and hmma == 0, (kernel, shared, registers, hmma)
+    # the 1x2 clusters (-DRUDNN_WITH_MOE_MULTICAST=ON builds them): A's TMA loads multicast to both
+    # CTAs, B's (each CTA its own N tile) plain; no multicast anywhere else
+    multicast = sass.count("UTMALDG.2D.MULTICAST")
+    assert (multicast > 0) == ("_multicast_" in name), (name, multicast)
 
 
-@pytest.mark.parametrize("schedule", ["", "_pingpong"])
+@pytest.mark.parametrize("schedule", ["", "_pingpong", "_multicast"])
 def test_moe_fused_swiglu_epilogue_stores_h_only(schedule):
     """The gate/up GEMM with SwiGLU in its epilogue (swiglu_epilogue.hpp): its GEMM kernel stores
     h from registers as 32-bit global stores (two h values each; a generic ST would mean the
     pointer lost its state space), 16 per tile and thread (32 h values per thread: a 128 x 64 h
-    tile over 256 threads, cooperative, or a 64 x 64 one over a warpgroup, ping-pong), one exp per
+    tile over 256 threads, cooperative and multicast, or a 64 x 64 one over a warpgroup, ping-pong), one exp per
     h value, and no shared-memory epilogue (no TMA store)."""
     _, sass = _ptxas_report(f"grouped_gemm_sm90_nt_swiglu{schedule}_bf16.cu", family="moe", arch="90a")
     gemm = {k: v for k, v in _sass_by_kernel(sass).items() if "SwigluEpilogueArray" in k}

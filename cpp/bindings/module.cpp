@@ -22,6 +22,13 @@ NB_MODULE(_C, m) {
 #else
   m.attr("has_cuda") = false;
 #endif
+  // Whether libruDNN has the MoE forward's multicast grouped GEMMs (-DRUDNN_WITH_MOE_MULTICAST=ON:
+  // RUDNN_MOE_GEMM_SCHEDULE=multicast; the bench times them only then).
+#if RUDNN_WITH_MOE_MULTICAST
+  m.attr("has_moe_multicast") = true;
+#else
+  m.attr("has_moe_multicast") = false;
+#endif
 #if RUDNN_WITH_JAX
   m.attr("has_jax_ffi") = true;
   register_jax_ffi(m);

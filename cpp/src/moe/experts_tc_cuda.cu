@@ -110,7 +110,9 @@ Arch forward_arch(int device) {
 // epilogue runs under the other's mainloop. Otherwise 128x128 cooperative tiles, which move a third
 // fewer operand bytes per FLOP. The fused gate/up GEMM (nt_swiglu) follows the same rule.
 // RUDNN_MOE_GEMM_SCHEDULE=cooperative or =pingpong forces one (the tests run both; the bench
-// prices the other one on decode rows); any other value means this rule.
+// prices the other one on decode rows), =multicast the cooperative tiles in 1x2 clusters sharing A
+// (where built: -DRUDNN_WITH_MOE_MULTICAST=ON; the bench prices it at large batches, and it becomes
+// the rule above 64 rows per expert if a GPU run shows it faster); any other value means this rule.
 constexpr std::int64_t kPingpongRowsPerExpert = 64;
 
 sm90::Schedule forward_schedule(const ExpertsProblem& p) {
@@ -118,6 +120,7 @@ sm90::Schedule forward_schedule(const ExpertsProblem& p) {
   const std::string forced = force ? force : "";
   if (forced == "cooperative") return sm90::Schedule::cooperative;
   if (forced == "pingpong") return sm90::Schedule::pingpong;
+  if (forced == "multicast") return sm90::Schedule::multicast;
   return p.rows <= kPingpongRowsPerExpert * p.experts ? sm90::Schedule::pingpong : sm90::Schedule::cooperative;
 }
 

@@ -98,18 +98,26 @@ class SwigluEpilogueArray
   Params params_;
 };
 
-// The tile shape and the kernel and epilogue schedules of each Schedule (grouped_gemm_sm90.hpp).
-// No cluster: MoE segments are short in M, and clusters would multicast across unrelated experts.
+// The tile shape, cluster shape and the kernel and epilogue schedules of each Schedule
+// (grouped_gemm_sm90.hpp). Clusters only along N (multicast): N is the same for every group, so the
+// two CTAs of a cluster always work on the same expert's rows (the grouped tile scheduler walks a
+// group's tiles in cluster units) and share its A tiles; a cluster along M would pair tiles past a
+// short segment's end with nothing to multicast.
 template <Schedule S> struct ScheduleOf;
 template <> struct ScheduleOf<Schedule::cooperative> {
   using TileShape = Shape<_128, _128, _64>;  // two consumer warpgroups stacked along M on one tile
+  using ClusterShape = Shape<_1, _1, _1>;
   using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
 template <> struct ScheduleOf<Schedule::pingpong> {
   using TileShape = Shape<_64, _128, _64>;  // one m64n128 warpgroup per tile, two tiles in flight
+  using ClusterShape = Shape<_1, _1, _1>;
   using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+template <> struct ScheduleOf<Schedule::multicast> : ScheduleOf<Schedule::cooperative> {
+  using ClusterShape = Shape<_1, _2, _1>;  // A multicast to the CTAs of two neighbouring N tiles
 };
 
 // The collective epilogue of each layout: CUTLASS's TMA epilogue (D = alpha A B + beta C, C
@@ -120,7 +128,8 @@ struct EpilogueOf {
   static constexpr int kAlignmentC = std::is_void_v<ElementC> ? kAlignmentD : 16 / int(sizeof(
                                          std::conditional_t<std::is_void_v<ElementC>, char, ElementC>));
   using type = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename ScheduleOf<S>::TileShape, Shape<_1, _1, _1>,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename ScheduleOf<S>::TileShape,
+      typename ScheduleOf<S>::ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       ElementC, LayoutD*, kAlignmentC,
       ElementD, LayoutD*, kAlignmentD, typename ScheduleOf<S>::Epilogue,
@@ -146,7 +155,7 @@ struct GroupedGemmConfig {
   static constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte rows and bases
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
   using TileShape = typename ScheduleOf<S>::TileShape;
-  using ClusterShape = Shape<_1, _1, _1>;
+  using ClusterShape = typename ScheduleOf<S>::ClusterShape;
   using KernelSchedule = typename ScheduleOf<S>::Kernel;
 
   using CollectiveEpilogue = typename EpilogueOf<L, S, Element, LayoutD, ElementD, kAlignmentD>::type;

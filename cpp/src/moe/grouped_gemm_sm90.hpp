@@ -19,18 +19,25 @@
 //   nt_swiglu: as nt, B the interleaved gate_up weights (N = 2I), D = h = silu(a) * b [M, I]
 //              from the epilogue (swiglu_epilogue.hpp; N a multiple of 128)
 //
-// Two schedules (issue 25's configuration table; experts_tc_cuda.cu picks one per call):
+// Three schedules (issue 25's configuration table; experts_tc_cuda.cu picks one per call):
 //   cooperative: 128x128x64 tiles, both consumer warpgroups on one tile (every layout);
 //   pingpong:    64x128x64 tiles, each consumer warpgroup on its own tile, the two alternating so
 //                that one's epilogue runs under the other's mainloop (nt and nt_swiglu only: the
 //                forward's GEMMs when experts hold few rows, where a 128-row tile would be mostly
-//                padding).
+//                padding);
+//   multicast:   the cooperative tiles in 1x2 clusters: two CTAs on the same rows of one expert
+//                and neighbouring N tiles, each A tile loaded once by TMA multicast for both (nt
+//                and nt_swiglu only, built with -DRUDNN_WITH_MOE_MULTICAST=ON; chosen only by
+//                RUDNN_MOE_GEMM_SCHEDULE=multicast until a GPU run measures it: A, the dispatched
+//                rows, is read N / 128 times per expert, the weights M / 128 times, so A is most of
+//                the L2 traffic at every bench shape).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "rudnn/error.hpp"
 #include "rudnn/tensor.hpp"
@@ -38,7 +45,7 @@
 namespace rudnn::moe::sm90 {
 
 enum class Layouts { nt, nn, tn, nt_swiglu, nn_accumulate };
-enum class Schedule { cooperative, pingpong };
+enum class Schedule { cooperative, pingpong, multicast };
 enum class Placement : unsigned char { segment, expert };
 
 struct Operand {
@@ -81,6 +88,12 @@ RUDNN_SM90_GEMM_DECL(nn_accumulate, bf16)
 RUDNN_SM90_GEMM_DECL(nn_accumulate, f16)
 RUDNN_SM90_GEMM_DECL(tn, bf16)
 RUDNN_SM90_GEMM_DECL(tn, f16)
+#if RUDNN_WITH_MOE_MULTICAST
+RUDNN_SM90_GEMM_DECL(nt_multicast, bf16)
+RUDNN_SM90_GEMM_DECL(nt_multicast, f16)
+RUDNN_SM90_GEMM_DECL(nt_swiglu_multicast, bf16)
+RUDNN_SM90_GEMM_DECL(nt_swiglu_multicast, f16)
+#endif
 #undef RUDNN_SM90_GEMM_DECL
 
 // The two functions of one instantiation.
@@ -89,8 +102,12 @@ struct Instantiation {
   void (*run)(const SegmentGemm& g, void* workspace, std::size_t workspace_size, int device, cudaStream_t stream);
 };
 
-// The instantiation of (layouts, schedule, dtype): the forward's layouts (nt, nt_swiglu) have both
-// schedules, the backward's are cooperative only.
+// The instantiation of (layouts, schedule, dtype): the forward's layouts (nt, nt_swiglu) have every
+// schedule, the backward's are cooperative only. The multicast ones exist where libruDNN was
+// configured with -DRUDNN_WITH_MOE_MULTICAST=ON (bench/gpu_check.sh does, to measure them; CMake
+// defines RUDNN_WITH_MOE_MULTICAST=1 for experts_tc_cuda.cu, the one file that picks a schedule).
+inline constexpr const char* kMulticastNotBuilt = "this libruDNN was built without the multicast grouped GEMMs";
+
 inline Instantiation instantiation(Layouts layouts, Schedule schedule, DType dtype) {
   const bool bf16 = dtype == DType::bf16;
 #define RUDNN_SM90_GEMM_PICK(NAME)                                                   \
@@ -101,6 +118,17 @@ inline Instantiation instantiation(Layouts layouts, Schedule schedule, DType dty
     if (layouts == Layouts::nt_swiglu) return RUDNN_SM90_GEMM_PICK(nt_swiglu_pingpong);
     throw Error(ErrorKind::unsupported,
                 "SwiGluExperts (tensor_core): the ping-pong grouped GEMM is built for the forward's layouts only");
+  }
+  if (schedule == Schedule::multicast) {
+#if RUDNN_WITH_MOE_MULTICAST
+    if (layouts == Layouts::nt) return RUDNN_SM90_GEMM_PICK(nt_multicast);
+    if (layouts == Layouts::nt_swiglu) return RUDNN_SM90_GEMM_PICK(nt_swiglu_multicast);
+    throw Error(ErrorKind::unsupported,
+                "SwiGluExperts (tensor_core): the multicast grouped GEMM is built for the forward's layouts only");
+#else
+    throw Error(ErrorKind::unsupported, std::string("SwiGluExperts (tensor_core): RUDNN_MOE_GEMM_SCHEDULE=multicast: ") +
+                                            kMulticastNotBuilt + " (configure with -DRUDNN_WITH_MOE_MULTICAST=ON)");
+#endif
   }
   switch (layouts) {
     case Layouts::nt: return RUDNN_SM90_GEMM_PICK(nt);

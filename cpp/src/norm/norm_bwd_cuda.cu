@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_backwar
 
 // Weight gradients for rows too long for the fused path: block (column tile, row split) sums
 // kWgradColumns columns over its rows; row lane k takes rows begin + k, begin + k + 8, ... in order,
-// then the 8 lanes are added in order. Runs before the dx kernel (dx may alias dy or x).
+// then the 8 lanes are added in order. Runs before the dx kernel.
 template <class T>
 struct WgradParams {
   const T* dy;
