@@ -76,12 +76,12 @@ set_source_files_properties(cpp/src/core/tune_cache.cpp PROPERTIES
 if(RUDNN_WITH_CUDA AND RUDNN_WITH_SM90WS)
   set_source_files_properties(cpp/src/attention/attention_cuda.cu PROPERTIES COMPILE_DEFINITIONS RUDNN_WITH_SM90WS=1)
 endif()
-# The same for the MoE multicast GEMMs: the file that picks a schedule, the four that define them,
-# and the bindings' module.cpp (rudnn._C.has_moe_multicast).
+# The same for the MoE multicast GEMMs: the file that picks a schedule and the four that define them
+# (CMakeLists.txt tells the bindings' module.cpp, for rudnn._C.has_moe_multicast).
 if(RUDNN_WITH_CUDA AND RUDNN_WITH_MOE_MULTICAST)
   file(GLOB _rudnn_multicast CONFIGURE_DEPENDS cpp/src/moe/grouped_gemm_sm90_*_multicast_*.cu)
-  set_source_files_properties(cpp/src/moe/experts_tc_cuda.cu ${_rudnn_multicast} cpp/bindings/module.cpp
-    PROPERTIES COMPILE_DEFINITIONS RUDNN_WITH_MOE_MULTICAST=1)
+  set_source_files_properties(cpp/src/moe/experts_tc_cuda.cu ${_rudnn_multicast} PROPERTIES
+    COMPILE_DEFINITIONS RUDNN_WITH_MOE_MULTICAST=1)
 endif()
 target_include_directories(ruDNN
   PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/cpp/include> $<INSTALL_INTERFACE:${RUDNN_INSTALL_INCLUDEDIR}>)
