@@ -51,12 +51,14 @@ def test_norm_forward_kernels_match_the_cpu_backend():
 
 def test_norm_backward_kernels_match_the_cpu_backend():
     lines = _run("backward")
-    assert len(lines) == 11, lines
+    assert len(lines) == 12, lines
     # the cases cover these launches: the three dx kernels, fused weight gradients over one and
     # several splits, the column kernel with one split and with two (then the split reduction)
-    for shape in ("stream, wgrad columns splits=1", "stream, wgrad columns splits=2", "stream, wgrad fused splits=3",
-                  "regs, wgrad fused splits=4", "pipelined, wgrad fused splits=6", "pipelined, wgrad fused splits=1",
-                  "pipelined, wgrad none", "vec=1", "team=4 ", "team=512 block=512"):
+    for shape in ("regs, wgrad columns splits=1", "regs, wgrad columns splits=2", "vec=8 team=512 block=512 grid=3 "
+                  "rows/block=2 smem=160000 stream, wgrad fused splits=3", "vec=1 team=512 block=512 grid=3 rows/block=1 "
+                  "smem=136008 stream, wgrad fused splits=3", "regs, wgrad fused splits=4",
+                  "pipelined, wgrad fused splits=6", "pipelined, wgrad fused splits=1", "pipelined, wgrad none", "vec=1",
+                  "team=4 ", "team=512 block=512"):
         assert any(shape in line for line in lines), (shape, lines)
     # every pipelined launch was also run by norm_backward_regs and gave the same dx bits
     pipelined = [line for line in lines if " pipelined, " in line]

@@ -231,14 +231,17 @@ struct BackwardCase {
   i64 rows, hidden;
   bool weight, dweight, dbias;
   int plan_sms = kSms;  // SMs the weight-gradient plan is made for (the kernels run on kSms either way)
+  std::size_t optin = kOptin;  // the plan's opt-in shared memory: a smaller one sends shorter rows to the
+                               // column kernel (fewer emulated blocks than rows of ~30K columns need)
 };
 
 // Runs the backward kernels on args' arrays as launch_backward does (the column kernel, the dx
 // kernel, the split reduction); returns whether the pipelined kernel ran.
 template <class T, class P>
-bool launch_backward(const NormBackwardArgs& args, const BackwardProblem& pr, Pick pick, int plan_sms) {
+bool launch_backward(const NormBackwardArgs& args, const BackwardProblem& pr, Pick pick, int plan_sms,
+                     std::size_t optin) {
   using namespace rudnn::norm_bwd_emu;
-  const plan::WgradPlan wgrad = plan::wgrad_plan(pr.rows, pr.hidden, plan_sms, kOptin);
+  const plan::WgradPlan wgrad = plan::wgrad_plan(pr.rows, pr.hidden, plan_sms, optin);
   std::vector<float> workspace(wgrad.workspace_bytes / sizeof(float), std::nanf(""));
   const WgradTargets targets = wgrad_targets(args, wgrad, pr.hidden, workspace.data());
   const bool want_wgrad = targets.wanted();
@@ -335,11 +338,11 @@ bool run_backward_case(const BackwardCase& c) {
   core::dispatch_float<__half, __nv_bfloat16>(c.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (pg.param_dtype == DType::f32) {
-      pipelined = launch_backward<T, float>(ga, pg, Pick::planner, c.plan_sms);
-      if (pipelined) launch_backward<T, float>(na, pn, Pick::regs1024, c.plan_sms);
+      pipelined = launch_backward<T, float>(ga, pg, Pick::planner, c.plan_sms, c.optin);
+      if (pipelined) launch_backward<T, float>(na, pn, Pick::regs1024, c.plan_sms, c.optin);
     } else {
-      pipelined = launch_backward<T, T>(ga, pg, Pick::planner, c.plan_sms);
-      if (pipelined) launch_backward<T, T>(na, pn, Pick::regs1024, c.plan_sms);
+      pipelined = launch_backward<T, T>(ga, pg, Pick::planner, c.plan_sms, c.optin);
+      if (pipelined) launch_backward<T, T>(na, pn, Pick::regs1024, c.plan_sms, c.optin);
     }
   });
   // The pipelined kernel must give norm_backward_regs's dx bits (same arithmetic and order per row).
@@ -529,10 +532,12 @@ int main(int argc, char** argv) {
         {"layer_f16_scalar_path", L, f16, f16, 11, 1001, true, true, true},
         // teams of 512 threads: norm_backward_regs, fused
         {"layer_bf16_team512_regs_fused", L, bf16, bf16, 7, 8192, true, true, true},
-        // rows too long for registers and for the shared-memory accumulators: the two-read kernel,
-        // the column kernel (one split), and with a 132-SM plan two splits and their reduction
-        {"layer_bf16_stream_columns", L, bf16, bf16, 6, 40000, true, true, true},
-        {"layer_f16_stream_column_splits", L, f16, f16, 130, 30000, true, true, true, 132},
+        // rows too long for registers: the two-read kernel, its accumulators fused (one block per SM)
+        {"layer_bf16_stream_fused", L, bf16, bf16, 6, 20000, true, true, true},
+        // rows too long for the shared-memory accumulators of a 48 KB opt-in: the column kernel (one
+        // split), and with a 132-SM plan two splits and their reduction
+        {"layer_bf16_columns", L, bf16, bf16, 40, 8192, true, true, true, kSms, 48 * 1024},
+        {"layer_f16_column_splits", L, f16, f16, 70, 8192, true, true, true, 132, 48 * 1024},
         // float32 rows of the single-element path, too long for registers, short enough for the fused sums
         {"rms_f32_stream_scalar_fused", S, f32, f32, 3, 17001, true, true, false},
     };
