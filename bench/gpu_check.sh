@@ -264,7 +264,7 @@ else
     CMAKE_BUILD_PARALLEL_LEVEL=$JOBS timeout -k 10 "$lim" "$PY" -m pip install -v --no-build-isolation --no-deps \
       --no-index --no-cache-dir --upgrade --target "$SITE" \
       -Ccmake.define.RUDNN_CUDA_ARCHS="$ARCHS" -Ccmake.define.RUDNN_PTXAS_VERBOSE=ON -Cbuild-dir="$dir" \
-      -Ccmake.define.RUDNN_WITH_SM90WS=ON -Ccmake.define.RUDNN_WITH_MOE_MULTICAST=ON \
+      -Ccmake.define.RUDNN_WITH_SM90WS=ON -Ccmake.define.RUDNN_WITH_MOE_GEMM_VARIANTS=ON \
       "$@" ${GC_CMAKE_ARGS:-} . 2>&1
     local rc=$?
     echo "== pip install exit status $rc"

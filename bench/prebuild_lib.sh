@@ -25,7 +25,7 @@ build=build/gpulib
 start=$(date +%s)
 "$(dirname "$py")/cmake" -S . -B "$build" -G Ninja -DCMAKE_MAKE_PROGRAM="$(dirname "$py")/ninja" \
   -DPython_EXECUTABLE="$py" -DRUDNN_CUDA_ARCHS="$archs" -DRUDNN_PTXAS_VERBOSE=ON -DRUDNN_WITH_SM90WS=ON \
-  -DRUDNN_WITH_MOE_MULTICAST=ON \
+  -DRUDNN_WITH_MOE_GEMM_VARIANTS=ON \
   -DCMAKE_SHARED_LINKER_FLAGS="-static-libstdc++ -static-libgcc" -DRUDNN_WITH_CUDA=ON ${PREBUILD_CMAKE_ARGS:-} > "$build.configure.log" 2>&1 ||
   { tail -n 40 "$build.configure.log" >&2; exit 1; }
 NINJA_STATUS="[%f/%t %es] " "$(dirname "$py")/cmake" --build "$build" --target ruDNN 2>&1 | tee "$build.log" |

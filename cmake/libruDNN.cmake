@@ -28,8 +28,8 @@ if(RUDNN_WITH_CUDA)
   if(NOT RUDNN_WITH_SM90WS)
     list(FILTER RUDNN_CUDA_SOURCES EXCLUDE REGEX "_sm90ws_[^/]*\\.cu$")
   endif()
-  if(NOT RUDNN_WITH_MOE_MULTICAST)
-    list(FILTER RUDNN_CUDA_SOURCES EXCLUDE REGEX "_multicast_[^/]*\\.cu$")
+  if(NOT RUDNN_WITH_MOE_GEMM_VARIANTS)
+    list(FILTER RUDNN_CUDA_SOURCES EXCLUDE REGEX "_sm90_variant_[^/]*\\.cu$")
   endif()
 else()
   list(FILTER RUDNN_CXX_SOURCES EXCLUDE REGEX "cpp/src/core/device\\.cpp$")
@@ -76,12 +76,12 @@ set_source_files_properties(cpp/src/core/tune_cache.cpp PROPERTIES
 if(RUDNN_WITH_CUDA AND RUDNN_WITH_SM90WS)
   set_source_files_properties(cpp/src/attention/attention_cuda.cu PROPERTIES COMPILE_DEFINITIONS RUDNN_WITH_SM90WS=1)
 endif()
-# The same for the MoE multicast GEMMs: the file that picks a schedule and the four that define them
-# (CMakeLists.txt tells the bindings' module.cpp, for rudnn._C.has_moe_multicast).
-if(RUDNN_WITH_CUDA AND RUDNN_WITH_MOE_MULTICAST)
-  file(GLOB _rudnn_multicast CONFIGURE_DEPENDS cpp/src/moe/grouped_gemm_sm90_*_multicast_*.cu)
-  set_source_files_properties(cpp/src/moe/experts_tc_cuda.cu ${_rudnn_multicast} PROPERTIES
-    COMPILE_DEFINITIONS RUDNN_WITH_MOE_MULTICAST=1)
+# The same for the MoE GEMM variants: the file that picks a schedule and the ones that define them
+# (CMakeLists.txt tells the bindings' module.cpp, for rudnn._C.has_moe_gemm_variants).
+if(RUDNN_WITH_CUDA AND RUDNN_WITH_MOE_GEMM_VARIANTS)
+  file(GLOB _rudnn_variants CONFIGURE_DEPENDS cpp/src/moe/grouped_gemm_sm90_variant_*.cu)
+  set_source_files_properties(cpp/src/moe/experts_tc_cuda.cu ${_rudnn_variants} PROPERTIES
+    COMPILE_DEFINITIONS RUDNN_WITH_MOE_GEMM_VARIANTS=1)
 endif()
 target_include_directories(ruDNN
   PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/cpp/include> $<INSTALL_INTERFACE:${RUDNN_INSTALL_INCLUDEDIR}>)

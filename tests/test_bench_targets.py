@@ -4,6 +4,7 @@ smaller layer of the same model than the one it times."""
 
 import os
 
+import pytest
 import torch
 
 from rudnn import bench
@@ -103,11 +104,12 @@ def test_moe_cooperative_rows_price_the_pingpong_tiles(monkeypatch):
     assert not any(c.op.endswith("[cooperative]") for c in bmoe.cases("cpu", quick=False))
 
 
-def test_moe_multicast_rows_only_where_built(monkeypatch):
-    """"[multicast]" twins exist only where libruDNN has the multicast GEMMs (rudnn._C.has_moe_multicast,
-    -DRUDNN_WITH_MOE_MULTICAST=ON), for cases whose default takes the cooperative tiles (more than 64
-    rows per expert on average), beside the default row of the same shape; their run and check see
-    RUDNN_MOE_GEMM_SCHEDULE=multicast (restored after)."""
+@pytest.mark.parametrize("variant", ["multicast", "pingpong_wide"])
+def test_moe_variant_rows_only_where_built(monkeypatch, variant):
+    """"[multicast]" and "[pingpong_wide]" twins exist only where libruDNN has the GEMM variants
+    (rudnn._C.has_moe_gemm_variants, -DRUDNN_WITH_MOE_GEMM_VARIANTS=ON), for cases whose default takes
+    the cooperative tiles (more than 64 rows per expert on average), beside the default row of the
+    same shape; their run and check see RUDNN_MOE_GEMM_SCHEDULE=<variant> (restored after)."""
     from rudnn import _C
 
     monkeypatch.delenv("RUDNN_MOE_GEMM_SCHEDULE", raising=False)
@@ -115,21 +117,22 @@ def test_moe_multicast_rows_only_where_built(monkeypatch):
     for name in ("_forward", "_grouped_gemm", "_forward_backward"):
         monkeypatch.setattr(bmoe, name, lambda spec, device, fused: bench.Prepared(
             run=lambda: (env(), fused), peer=lambda: None, check=lambda: (env(), fused)))
-    monkeypatch.setattr(_C, "has_moe_multicast", False, raising=False)
-    assert not any(c.op.endswith("[multicast]") for c in bmoe.cases("cuda", quick=True))
-    monkeypatch.setattr(_C, "has_moe_multicast", True, raising=False)
+    monkeypatch.setattr(_C, "has_moe_gemm_variants", False, raising=False)
+    suffix = f"[{variant}]"
+    assert not any(c.op.endswith(suffix) for c in bmoe.cases("cuda", quick=True))
+    monkeypatch.setattr(_C, "has_moe_gemm_variants", True, raising=False)
     gpu = bmoe.cases("cuda", quick=True)
-    twins = [c for c in gpu if c.op.endswith("[multicast]")]
-    assert {c.op for c in twins} == {"moe_forward[multicast]", "moe_grouped_gemm[multicast]"}
+    twins = [c for c in gpu if c.op.endswith(suffix)]
+    assert {c.op for c in twins} == {"moe_forward" + suffix, "moe_grouped_gemm" + suffix}
     for c in twins:
         T, H, I, E, k = c.shape
         assert T * k > 64 * E, c  # the default takes the cooperative tiles here
-        assert any(d.op == c.op[:-len("[multicast]")] and d.shape == c.shape for d in gpu), c
+        assert any(d.op == c.op[:-len(suffix)] and d.shape == c.shape for d in gpu), c
         p = bmoe.prepare(c, "cuda")
-        assert p.run() == p.check() == ("multicast", True), c
+        assert p.run() == p.check() == (variant, True), c
         assert env() is None
     assert gpu.index(twins[0]) > max(i for i, c in enumerate(gpu) if "[" not in c.op)  # after the default rows
-    assert not any(c.op.endswith("[multicast]") for c in bmoe.cases("cpu", quick=False))
+    assert not any(c.op.endswith(suffix) for c in bmoe.cases("cpu", quick=False))
 
 
 def test_paged_mixed_cases_check_on_the_cpu():

@@ -340,7 +340,7 @@ def test_interleave_gate_up_cuda_matches_the_cpu(dtype, misaligned):
     assert torch.equal(moe.interleave_gate_up(gate, up).cpu(), moe.interleave_gate_up(gate.cpu(), up.cpu()))
 
 
-MULTICAST_NOT_BUILT = "this libruDNN was built without the multicast grouped GEMMs"
+VARIANTS_NOT_BUILT = "this libruDNN was built without the MoE GEMM variants"
 
 
 @pytest.mark.cuda
@@ -382,8 +382,9 @@ def test_fused_gate_up_tensor_core_is_bitwise_the_unfused_result(dtype, T, E, k,
 def test_forward_gemm_schedules_agree_bitwise(dtype, T, E, k, H, I, monkeypatch):
     # 64-row ping-pong and 128-row cooperative tiles (alone or in multicast clusters) issue the same
     # m64n128k16 wgmma for each output element over the same K order and round once in the epilogue:
-    # the same bits, fused or not. The multicast GEMMs exist in builds with
-    # -DRUDNN_WITH_MOE_MULTICAST=ON (bench/gpu_check.sh's); the cases put a single N tile (2I = 128,
+    # the same bits, fused or not. The variants (multicast; pingpong_wide: 128x128 ping-pong tiles for
+    # the nt GEMMs, the same wgmma sequence per tile) exist in builds with
+    # -DRUDNN_WITH_MOE_GEMM_VARIANTS=ON (bench/gpu_check.sh's); the cases put a single N tile (2I = 128,
     # H = 72) in a 1x2 cluster whose second CTA has no tile, and experts with no rows.
     monkeypatch.delenv("RUDNN_MOE_SM80_ON_SM90", raising=False)
     if torch.cuda.get_device_capability() != (9, 0):
@@ -394,12 +395,12 @@ def test_forward_gemm_schedules_agree_bitwise(dtype, T, E, k, H, I, monkeypatch)
     for fused in (False, True):
         experts = moe.SwiGluExperts(gate, up, down, fused_gate_up=fused)
         y = {}
-        for schedule in ("cooperative", "pingpong", "multicast"):
+        for schedule in ("cooperative", "pingpong", "multicast", "pingpong_wide"):
             monkeypatch.setenv("RUDNN_MOE_GEMM_SCHEDULE", schedule)
             try:
                 y[schedule] = experts.forward_dispatched(d, strategy="tensor_core")
             except rudnn.UnsupportedError as e:
-                if schedule != "multicast" or MULTICAST_NOT_BUILT not in str(e):
+                if schedule not in ("multicast", "pingpong_wide") or VARIANTS_NOT_BUILT not in str(e):
                     raise
                 continue
             assert_close_to_oracle(y[schedule], same, oracle, f"y ({schedule}, fused={fused})")

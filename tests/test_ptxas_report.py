@@ -299,7 +299,7 @@ def test_moe_tensor_core_elementwise_kernels(arch):
 
 MOE_GEMM_SM90 = [f"grouped_gemm_sm90_{layouts}_bf16.cu"
                  for layouts in ("nt", "nt_pingpong", "nn", "nn_accumulate", "tn", "nt_swiglu", "nt_swiglu_pingpong",
-                                 "nt_multicast", "nt_swiglu_multicast")]
+                                 "variant_nt_multicast", "variant_nt_swiglu_multicast", "variant_nt_pingpong_wide")]
 
 
 @pytest.mark.parametrize("name", MOE_GEMM_SM90)
@@ -315,8 +315,8 @@ def test_moe_grouped_gemm_sm90(name):
     assert counts, "no GEMM kernel in the SASS listing"
     for kernel, (shared, registers, hmma) in counts.items():
         assert shared > 0 and hmma == 0, (kernel, shared, registers, hmma)
-    # the 1x2 clusters (-DRUDNN_WITH_MOE_MULTICAST=ON builds them): A's TMA loads multicast to both
-    # CTAs, B's (each CTA its own N tile) plain; no multicast anywhere else
+    # the 1x2 clusters (a variant: -DRUDNN_WITH_MOE_GEMM_VARIANTS=ON builds them): A's TMA loads
+    # multicast to both CTAs, B's (each CTA its own N tile) plain; no multicast anywhere else
     multicast = sass.count("UTMALDG.2D.MULTICAST")
     assert (multicast > 0) == ("_multicast_" in name), (name, multicast)
 
@@ -328,7 +328,8 @@ def test_moe_fused_swiglu_epilogue_stores_h_only(schedule):
     pointer lost its state space), 16 per tile and thread (32 h values per thread: a 128 x 64 h
     tile over 256 threads, cooperative and multicast, or a 64 x 64 one over a warpgroup, ping-pong), one exp per
     h value, and no shared-memory epilogue (no TMA store)."""
-    _, sass = _ptxas_report(f"grouped_gemm_sm90_nt_swiglu{schedule}_bf16.cu", family="moe", arch="90a")
+    variant = "variant_" if schedule == "_multicast" else ""
+    _, sass = _ptxas_report(f"grouped_gemm_sm90_{variant}nt_swiglu{schedule}_bf16.cu", family="moe", arch="90a")
     gemm = {k: v for k, v in _sass_by_kernel(sass).items() if "SwigluEpilogueArray" in k}
     assert len(gemm) == 1, sorted(_sass_by_kernel(sass))
     lines = next(iter(gemm.values()))

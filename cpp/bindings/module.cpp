@@ -22,12 +22,12 @@ NB_MODULE(_C, m) {
 #else
   m.attr("has_cuda") = false;
 #endif
-  // Whether libruDNN has the MoE forward's multicast grouped GEMMs (-DRUDNN_WITH_MOE_MULTICAST=ON:
-  // RUDNN_MOE_GEMM_SCHEDULE=multicast; the bench times them only then).
-#if RUDNN_WITH_MOE_MULTICAST
-  m.attr("has_moe_multicast") = true;
+  // Whether libruDNN has the MoE forward's grouped-GEMM variants (-DRUDNN_WITH_MOE_GEMM_VARIANTS=ON:
+  // RUDNN_MOE_GEMM_SCHEDULE=multicast|pingpong_wide; the bench times them only then).
+#if RUDNN_WITH_MOE_GEMM_VARIANTS
+  m.attr("has_moe_gemm_variants") = true;
 #else
-  m.attr("has_moe_multicast") = false;
+  m.attr("has_moe_gemm_variants") = false;
 #endif
 #if RUDNN_WITH_JAX
   m.attr("has_jax_ffi") = true;

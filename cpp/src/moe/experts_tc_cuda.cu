@@ -110,9 +110,11 @@ Arch forward_arch(int device) {
 // epilogue runs under the other's mainloop. Otherwise 128x128 cooperative tiles, which move a third
 // fewer operand bytes per FLOP. The fused gate/up GEMM (nt_swiglu) follows the same rule.
 // RUDNN_MOE_GEMM_SCHEDULE=cooperative or =pingpong forces one (the tests run both; the bench
-// prices the other one on decode rows), =multicast the cooperative tiles in 1x2 clusters sharing A
-// (where built: -DRUDNN_WITH_MOE_MULTICAST=ON; the bench prices it at large batches, and it becomes
-// the rule above 64 rows per expert if a GPU run shows it faster); any other value means this rule.
+// prices the other one on decode rows). Where the variants are built (-DRUDNN_WITH_MOE_GEMM_VARIANTS=ON),
+// =multicast takes the cooperative tiles in 1x2 clusters sharing A, and =pingpong_wide 128x128
+// ping-pong tiles for the nt GEMMs (the down projection; the fused gate/up GEMM keeps cooperative
+// tiles: gemm_schedule); the bench prices both at large batches, and either becomes the rule above
+// 64 rows per expert if a GPU run shows it faster. Any other value means this rule.
 constexpr std::int64_t kPingpongRowsPerExpert = 64;
 
 sm90::Schedule forward_schedule(const ExpertsProblem& p) {
@@ -121,15 +123,24 @@ sm90::Schedule forward_schedule(const ExpertsProblem& p) {
   if (forced == "cooperative") return sm90::Schedule::cooperative;
   if (forced == "pingpong") return sm90::Schedule::pingpong;
   if (forced == "multicast") return sm90::Schedule::multicast;
+  if (forced == "pingpong_wide") return sm90::Schedule::pingpong_wide;
   return p.rows <= kPingpongRowsPerExpert * p.experts ? sm90::Schedule::pingpong : sm90::Schedule::cooperative;
 }
 
+// The schedule one forward GEMM of the layouts takes under the call's: the call's, but the fused
+// gate/up GEMM (nt_swiglu) keeps cooperative tiles under pingpong_wide (built for nt only: the down
+// projection is the short-K GEMM it is for).
+sm90::Schedule gemm_schedule(sm90::Layouts layouts, sm90::Schedule schedule) {
+  return schedule == sm90::Schedule::pingpong_wide && layouts != sm90::Layouts::nt ? sm90::Schedule::cooperative
+                                                                                   : schedule;
+}
+
 // Workspace bytes and launch of one forward segment GEMM on the chosen architecture (sm90: the
-// layouts nt with the call's schedule, or nt_swiglu for the fused gate/up GEMM).
+// layouts nt, or nt_swiglu for the fused gate/up GEMM, with gemm_schedule of the call's schedule).
 std::size_t forward_gemm_bytes(Arch arch, sm90::Layouts layouts, sm90::Schedule schedule, DType dtype, int groups,
                                int device) {
   return arch == Arch::sm80 ? sm80::workspace_bytes(dtype, groups)
-                            : sm90::workspace_bytes(layouts, dtype, groups, device, schedule);
+                            : sm90::workspace_bytes(layouts, dtype, groups, device, gemm_schedule(layouts, schedule));
 }
 
 void run_forward_gemm(Arch arch, sm90::Layouts layouts, sm90::Schedule schedule, DType dtype,
@@ -137,7 +148,7 @@ void run_forward_gemm(Arch arch, sm90::Layouts layouts, sm90::Schedule schedule,
   if (arch == Arch::sm80)
     sm80::run(dtype, g, ws, bytes, stream);
   else
-    sm90::run(layouts, dtype, g, ws, bytes, device, stream, schedule);
+    sm90::run(layouts, dtype, g, ws, bytes, device, stream, gemm_schedule(layouts, schedule));
 }
 
 struct Layout {

@@ -119,6 +119,9 @@ template <> struct ScheduleOf<Schedule::pingpong> {
 template <> struct ScheduleOf<Schedule::multicast> : ScheduleOf<Schedule::cooperative> {
   using ClusterShape = Shape<_1, _2, _1>;  // A multicast to the CTAs of two neighbouring N tiles
 };
+template <> struct ScheduleOf<Schedule::pingpong_wide> : ScheduleOf<Schedule::pingpong> {
+  using TileShape = Shape<_128, _128, _64>;  // one warpgroup per 128x128 tile (128 accumulators a thread)
+};
 
 // The collective epilogue of each layout: CUTLASS's TMA epilogue (D = alpha A B + beta C, C
 // row-major like D, or no source C when ElementC is void), or the SwiGLU one.

@@ -19,7 +19,7 @@
 //   nt_swiglu: as nt, B the interleaved gate_up weights (N = 2I), D = h = silu(a) * b [M, I]
 //              from the epilogue (swiglu_epilogue.hpp; N a multiple of 128)
 //
-// Three schedules (issue 25's configuration table; experts_tc_cuda.cu picks one per call):
+// Four schedules (issue 25's configuration table; experts_tc_cuda.cu picks one per call):
 //   cooperative: 128x128x64 tiles, both consumer warpgroups on one tile (every layout);
 //   pingpong:    64x128x64 tiles, each consumer warpgroup on its own tile, the two alternating so
 //                that one's epilogue runs under the other's mainloop (nt and nt_swiglu only: the
@@ -27,10 +27,13 @@
 //                padding);
 //   multicast:   the cooperative tiles in 1x2 clusters: two CTAs on the same rows of one expert
 //                and neighbouring N tiles, each A tile loaded once by TMA multicast for both (nt
-//                and nt_swiglu only, built with -DRUDNN_WITH_MOE_MULTICAST=ON; chosen only by
-//                RUDNN_MOE_GEMM_SCHEDULE=multicast until a GPU run measures it: A, the dispatched
-//                rows, is read N / 128 times per expert, the weights M / 128 times, so A is most of
-//                the L2 traffic at every bench shape).
+//                and nt_swiglu only; chosen only by RUDNN_MOE_GEMM_SCHEDULE=multicast until a GPU
+//                run measures it: A, the dispatched rows, is read N / 128 times per expert, the
+//                weights M / 128 times, so A is most of the L2 traffic at every bench shape);
+//   pingpong_wide: 128x128x64 tiles, each consumer warpgroup on its own tile, alternating (nt
+//                only: the down projection, whose K = I is short, e.g. 768: its epilogue then runs
+//                under the other tile's mainloop; RUDNN_MOE_GEMM_SCHEDULE=pingpong_wide).
+// The last two ("variants") are built only with -DRUDNN_WITH_MOE_GEMM_VARIANTS=ON.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -45,7 +48,7 @@
 namespace rudnn::moe::sm90 {
 
 enum class Layouts { nt, nn, tn, nt_swiglu, nn_accumulate };
-enum class Schedule { cooperative, pingpong, multicast };
+enum class Schedule { cooperative, pingpong, multicast, pingpong_wide };
 enum class Placement : unsigned char { segment, expert };
 
 struct Operand {
@@ -88,11 +91,13 @@ RUDNN_SM90_GEMM_DECL(nn_accumulate, bf16)
 RUDNN_SM90_GEMM_DECL(nn_accumulate, f16)
 RUDNN_SM90_GEMM_DECL(tn, bf16)
 RUDNN_SM90_GEMM_DECL(tn, f16)
-#if RUDNN_WITH_MOE_MULTICAST
+#if RUDNN_WITH_MOE_GEMM_VARIANTS
 RUDNN_SM90_GEMM_DECL(nt_multicast, bf16)
 RUDNN_SM90_GEMM_DECL(nt_multicast, f16)
 RUDNN_SM90_GEMM_DECL(nt_swiglu_multicast, bf16)
 RUDNN_SM90_GEMM_DECL(nt_swiglu_multicast, f16)
+RUDNN_SM90_GEMM_DECL(nt_pingpong_wide, bf16)
+RUDNN_SM90_GEMM_DECL(nt_pingpong_wide, f16)
 #endif
 #undef RUDNN_SM90_GEMM_DECL
 
@@ -103,10 +108,11 @@ struct Instantiation {
 };
 
 // The instantiation of (layouts, schedule, dtype): the forward's layouts (nt, nt_swiglu) have every
-// schedule, the backward's are cooperative only. The multicast ones exist where libruDNN was
-// configured with -DRUDNN_WITH_MOE_MULTICAST=ON (bench/gpu_check.sh does, to measure them; CMake
-// defines RUDNN_WITH_MOE_MULTICAST=1 for experts_tc_cuda.cu, the one file that picks a schedule).
-inline constexpr const char* kMulticastNotBuilt = "this libruDNN was built without the multicast grouped GEMMs";
+// schedule but pingpong_wide (nt only), the backward's are cooperative only. The variants (multicast,
+// pingpong_wide) exist where libruDNN was configured with -DRUDNN_WITH_MOE_GEMM_VARIANTS=ON
+// (bench/gpu_check.sh does, to measure them; CMake defines RUDNN_WITH_MOE_GEMM_VARIANTS=1 for
+// experts_tc_cuda.cu, the one file that picks a schedule).
+inline constexpr const char* kVariantsNotBuilt = "this libruDNN was built without the MoE GEMM variants";
 
 inline Instantiation instantiation(Layouts layouts, Schedule schedule, DType dtype) {
   const bool bf16 = dtype == DType::bf16;
@@ -119,15 +125,18 @@ inline Instantiation instantiation(Layouts layouts, Schedule schedule, DType dty
     throw Error(ErrorKind::unsupported,
                 "SwiGluExperts (tensor_core): the ping-pong grouped GEMM is built for the forward's layouts only");
   }
-  if (schedule == Schedule::multicast) {
-#if RUDNN_WITH_MOE_MULTICAST
-    if (layouts == Layouts::nt) return RUDNN_SM90_GEMM_PICK(nt_multicast);
-    if (layouts == Layouts::nt_swiglu) return RUDNN_SM90_GEMM_PICK(nt_swiglu_multicast);
+  if (schedule == Schedule::multicast || schedule == Schedule::pingpong_wide) {
+#if RUDNN_WITH_MOE_GEMM_VARIANTS
+    if (schedule == Schedule::pingpong_wide && layouts == Layouts::nt) return RUDNN_SM90_GEMM_PICK(nt_pingpong_wide);
+    if (schedule == Schedule::multicast && layouts == Layouts::nt) return RUDNN_SM90_GEMM_PICK(nt_multicast);
+    if (schedule == Schedule::multicast && layouts == Layouts::nt_swiglu)
+      return RUDNN_SM90_GEMM_PICK(nt_swiglu_multicast);
     throw Error(ErrorKind::unsupported,
-                "SwiGluExperts (tensor_core): the multicast grouped GEMM is built for the forward's layouts only");
+                "SwiGluExperts (tensor_core): this grouped-GEMM variant is not built for these layouts");
 #else
-    throw Error(ErrorKind::unsupported, std::string("SwiGluExperts (tensor_core): RUDNN_MOE_GEMM_SCHEDULE=multicast: ") +
-                                            kMulticastNotBuilt + " (configure with -DRUDNN_WITH_MOE_MULTICAST=ON)");
+    throw Error(ErrorKind::unsupported, std::string("SwiGluExperts (tensor_core): RUDNN_MOE_GEMM_SCHEDULE=") +
+                                            (schedule == Schedule::multicast ? "multicast" : "pingpong_wide") + ": " +
+                                            kVariantsNotBuilt + " (configure with -DRUDNN_WITH_MOE_GEMM_VARIANTS=ON)");
 #endif
   }
   switch (layouts) {

@@ -25,9 +25,10 @@ gate+up weights concatenated; rows "<op>[unfused]" time the same case on gate an
 GEMMs take 64-row ping-pong tiles when experts hold <= 64 rows on average (decode and small
 batches), 128x128 cooperative tiles otherwise; rows "<op>[cooperative]" force the latter on such
 cases (RUDNN_MOE_GEMM_SCHEDULE, set and restored around each call: a few microseconds of Python in
-their host-timed rows), so one run prices the choice; where libruDNN has the multicast GEMMs
-(-DRUDNN_WITH_MOE_MULTICAST=ON, as bench/gpu_check.sh builds it), rows "<op>[multicast]" time the
-large cases on the cooperative tiles in 1x2 clusters sharing A (RUDNN_MOE_GEMM_SCHEDULE=multicast).
+their host-timed rows), so one run prices the choice; where libruDNN has the GEMM variants
+(-DRUDNN_WITH_MOE_GEMM_VARIANTS=ON, as bench/gpu_check.sh builds it), rows "<op>[multicast]" time the
+large cases on the cooperative tiles in 1x2 clusters sharing A, and "<op>[pingpong_wide]" with the
+nt GEMMs (the down projection) on 128x128 ping-pong tiles (RUDNN_MOE_GEMM_SCHEDULE).
 Shapes: Qwen3-30B-A3B (H=2048, I=768, E=128, k=8; SPEC shape T = 8192) and Mixtral 8x7B
 (H=4096, I=14336, E=8, k=2).
 """
@@ -46,6 +47,7 @@ OPS = ("moe_forward", "moe_grouped_gemm", "moe_forward_backward")
 _UNFUSED = "[unfused]"  # "<op>[unfused]": the experts without fused_gate_up (GPU rows only)
 _COOPERATIVE = "[cooperative]"  # "<op>[cooperative]": the forward GEMMs' 128-row tiles forced (GPU rows only)
 _MULTICAST = "[multicast]"  # "<op>[multicast]": those tiles in 1x2 clusters sharing A (GPU rows, where built)
+_PINGPONG_WIDE = "[pingpong_wide]"  # "<op>[pingpong_wide]": the nt GEMMs on 128x128 ping-pong tiles (the same)
 _CHECK_TOKENS = 256  # correctness on at most this many tokens of the same model
 _DECODE_TOKENS = 64  # up to here rows are timed host-inclusive
 
@@ -62,15 +64,15 @@ _GPU_UNFUSED = {"moe_forward": [(8192, "qwen3"), (64, "qwen3")],
 # cases where the default picks the ping-pong tiles (T * k / E <= 64), timed again on cooperative ones
 _GPU_COOPERATIVE = {"moe_forward": [(16, "qwen3"), (64, "qwen3"), (128, "mixtral")],
                     "moe_grouped_gemm": [(512, "qwen3")]}
-# cases where the default takes the cooperative tiles (T * k / E > 64), timed again in multicast clusters
-_GPU_MULTICAST = {"moe_forward": [(8192, "qwen3"), (2048, "mixtral")],
-                  "moe_grouped_gemm": [(8192, "qwen3"), (16384, "mixtral")]}
+# cases where the default takes the cooperative tiles (T * k / E > 64), timed again on each variant
+_GPU_VARIANTS = {"moe_forward": [(8192, "qwen3"), (2048, "mixtral")],
+                 "moe_grouped_gemm": [(8192, "qwen3"), (16384, "mixtral")]}
 
 
-def _has_multicast() -> bool:
+def _has_variants() -> bool:
     from .. import _C
 
-    return bool(getattr(_C, "has_moe_multicast", False))
+    return bool(getattr(_C, "has_moe_gemm_variants", False))
 _CPU = [(16, (64, 32, 8, 2)), (8, (32, 16, 16, 4))]
 
 
@@ -87,8 +89,8 @@ def cases(device: str, quick: bool) -> list:
     bwd_sizes = _GPU_BWD_QUICK if quick else _GPU_FWD
     bwd = [CaseSpec(FAMILY, "moe_forward_backward", _shape(T, m), "bfloat16") for T, m in bwd_sizes]
     tables = [(_UNFUSED, _GPU_UNFUSED), (_COOPERATIVE, _GPU_COOPERATIVE)]
-    if _has_multicast():
-        tables.append((_MULTICAST, _GPU_MULTICAST))
+    if _has_variants():
+        tables += [(_MULTICAST, _GPU_VARIANTS), (_PINGPONG_WIDE, _GPU_VARIANTS)]
     variants = [CaseSpec(FAMILY, op + suffix, _shape(T, m), "bfloat16")
                 for suffix, table in tables for op, sizes in table.items() for T, m in sizes]
     return fwd + gemm + bwd + variants  # the variants last: a bench cut short by its time limit keeps the rest
@@ -96,13 +98,13 @@ def cases(device: str, quick: bool) -> list:
 
 def prepare(spec: CaseSpec, device: str) -> Prepared:
     op, variant = spec.op, ""
-    for suffix in (_UNFUSED, _COOPERATIVE, _MULTICAST):
+    for suffix in (_UNFUSED, _COOPERATIVE, _MULTICAST, _PINGPONG_WIDE):
         if op.endswith(suffix):
             op, variant = op[:-len(suffix)], suffix
     fused = device == "cuda" and variant != _UNFUSED
     prepared = {"moe_forward": _forward, "moe_grouped_gemm": _grouped_gemm,
                 "moe_forward_backward": _forward_backward}[op](spec, device, fused)
-    if variant in (_COOPERATIVE, _MULTICAST):
+    if variant in (_COOPERATIVE, _MULTICAST, _PINGPONG_WIDE):
         schedule = variant[1:-1]
         prepared.run = with_env(prepared.run, "RUDNN_MOE_GEMM_SCHEDULE", schedule)
         prepared.check = with_env(prepared.check, "RUDNN_MOE_GEMM_SCHEDULE", schedule)

@@ -1,5 +1,5 @@
 // The (nt, multicast, f16) instantiation of the sm90a ptr-array grouped GEMM: 128x128 cooperative
-// tiles in 1x2 clusters sharing A by TMA multicast (built with -DRUDNN_WITH_MOE_MULTICAST=ON; chosen
+// tiles in 1x2 clusters sharing A by TMA multicast (built with -DRUDNN_WITH_MOE_GEMM_VARIANTS=ON; chosen
 // by RUDNN_MOE_GEMM_SCHEDULE=multicast, experts_tc_cuda.cu).
 #include "moe/grouped_gemm_sm90.cuh"
 
