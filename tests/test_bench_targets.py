@@ -217,10 +217,35 @@ def test_norm_regs_rows_run_the_previous_kernel(monkeypatch):
     regs = [c for c in bnorm.cases("cuda", quick=True) if c.op.endswith("[regs]")]
     assert {c.op for c in regs} == {"rms_norm[regs]", "add_rms_norm[regs]", "layer_norm_backward[regs]"}
     assert not [c for c in bnorm.cases("cpu", quick=True) if c.op.endswith("[regs]")]
-    seen = _env_seen_by(monkeypatch, "rms_norm", "RUDNN_NORM_PIPELINED")
-    p = bnorm.prepare(bench.CaseSpec("norm", "add_rms_norm[regs]", (64, 256), "bfloat16"), "cpu")
+    _assert_norm_row_sets(monkeypatch, "add_rms_norm[regs]", "rms_norm", "RUDNN_NORM_PIPELINED")
+
+
+def _assert_norm_row_sets(monkeypatch, row, op, variable):
+    """The norm bench row `row` runs and checks rudnn.<op> with `variable` = 0, which is unset again
+    outside rudnn's calls (the peer's included)."""
+    from rudnn.bench import norm as bnorm
+
+    seen = _env_seen_by(monkeypatch, op, variable)
+    p = bnorm.prepare(bench.CaseSpec("norm", row, (64, 256), "bfloat16"), "cpu")
     assert all(c.ok for c in p.check())
     p.run()
     p.peer()
     assert seen and set(seen) == {"0"}
-    assert "RUDNN_NORM_PIPELINED" not in os.environ
+    assert variable not in os.environ
+
+
+def test_norm_no_cluster_rows_run_the_one_block_per_row_kernels(monkeypatch):
+    """On a GPU the norm family times layer_norm, rms_norm and their backward on its few-long-row
+    shapes also with RUDNN_NORM_CLUSTER=0 (the kernels the cluster kernels replace there), set only
+    while rudnn runs and checks."""
+    from rudnn.bench import norm as bnorm
+
+    rows = [c for c in bnorm.cases("cuda", quick=True) if c.op.endswith("[no_cluster]")]
+    ops = ("layer_norm", "rms_norm", "layer_norm_backward", "rms_norm_backward")
+    assert {(c.op, c.shape) for c in rows} == {(op + "[no_cluster]", shape) for op in ops
+                                               for shape in ((8, 65536), (64, 32768))}
+    # the same shapes run the default kernels in the same run (the cluster kernel on Hopper)
+    plain = {(c.op, c.shape) for c in bnorm.cases("cuda", quick=True)}
+    assert all((c.op[:-len("[no_cluster]")], c.shape) in plain for c in rows)
+    assert not [c for c in bnorm.cases("cpu", quick=True) if c.op.endswith("[no_cluster]")]
+    _assert_norm_row_sets(monkeypatch, "layer_norm[no_cluster]", "layer_norm", "RUDNN_NORM_CLUSTER")

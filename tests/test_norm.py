@@ -191,6 +191,64 @@ def test_pipelined_forward_is_bitwise_the_1024_thread_kernel(monkeypatch, kind, 
         assert torch.equal(a, e), (kind, dtype, shape)
 
 
+def _cuda_kernels_of(fn):
+    """fn()'s result and the names of the CUDA kernels it launched (torch's profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, {event.name for event in prof.events()}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind, dtype, param_dtype, shape, residual, force", [
+    ("layer", torch.bfloat16, "x", (8, 65536), True, False),     # clusters of 8 blocks
+    ("rms", torch.float16, "f32", (64, 32768), False, False),    # 2 blocks a row, float32 weight
+    ("layer", torch.float32, "f32", (100, 20480), True, False),  # rows of the two-read kernel: 3 blocks a row
+    ("layer", torch.bfloat16, "x", (3, 5, 12296), False, False),  # rows not collapsible, a partial last slot
+    ("rms", torch.bfloat16, "x", (300, 8192), True, True),       # RUDNN_NORM_CLUSTER=1: 300 rows in clusters of 2
+])
+def test_cluster_forward_few_long_rows(monkeypatch, kind, dtype, param_dtype, shape, residual, force):
+    """Few long rows on sm_90 run norm_forward_cluster (a row shared by a cluster of blocks, partial
+    sums through distributed shared memory; the profiler must show it): y within the oracle's budget,
+    the statistics as the float64 ones, residual_out bitwise x + residual; with RUDNN_NORM_CLUSTER=0
+    the former kernels run the same call and agree to the same budget (not bitwise: the cluster
+    sums in another order)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread block clusters need sm_90")
+    H = shape[-1]
+    if len(shape) == 3:  # every other row of a taller tensor: two row strides that do not collapse
+        x = rand((shape[0], 2 * shape[1], H), dtype, "cuda", seed=5, scale=3.0)[:, ::2]
+    else:
+        x = rand(shape, dtype, "cuda", seed=5, scale=3.0)
+    r = rand(x.shape, dtype, "cuda", seed=6) if residual else None
+    w, b = _params(H, dtype, param_dtype, "cuda", bias=kind == "layer")
+    eps = 1e-5
+    fn = (lambda: rudnn.layer_norm(x, w, b, eps=eps, residual=r, return_stats=True)) if kind == "layer" \
+        else (lambda: rudnn.rms_norm(x, w, eps=eps, residual=r, return_stats=True))
+    if force:
+        monkeypatch.setenv("RUDNN_NORM_CLUSTER", "1")
+    clustered, kernels = _cuda_kernels_of(fn)
+    assert any("norm_forward_cluster" in name for name in kernels), kernels
+    h = x.cpu() + r.cpu() if residual else x.cpu()
+    if kind == "layer":
+        oracle, same = _oracle_layer_norm(h, w, b, eps), _torch_layer_norm(h, w, b, eps)
+        m64, r64 = ref.layer_norm_stats(h, eps)
+        torch.testing.assert_close(clustered[-2].cpu().double(), m64, rtol=1e-5, atol=1e-6)
+    else:
+        oracle, same = _oracle_rms_norm(h, w, eps), _torch_rms_norm(h, w, eps)
+        r64 = ref.rms_norm_rstd(h, eps)
+    torch.testing.assert_close(clustered[-1].cpu().double(), r64, rtol=1e-5, atol=1e-6)
+    assert_close_to_oracle(clustered[0], same, oracle, "y")
+    if residual:
+        assert torch.equal(clustered[1].cpu(), h)
+    monkeypatch.setenv("RUDNN_NORM_CLUSTER", "0")
+    plain, kernels = _cuda_kernels_of(fn)
+    assert not any("norm_forward_cluster" in name for name in kernels), kernels
+    assert_close_to_oracle(plain[0], same, oracle, "y without clusters")
+    if residual:
+        assert torch.equal(plain[1], clustered[1])
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("kind, dtype, param_dtype, shape, wgrad", [
     # fused weight gradients, one split per block (<= 2 per SM): several rows per team only where the
@@ -353,3 +411,42 @@ def test_numpy_read_only_and_strided():
     out = np.zeros((3, 10), np.float32)
     assert rudnn.softmax(x, out=out) is out
     assert_close_to_oracle(torch.from_numpy(out), torch.softmax(xt, -1), ref.softmax(xt))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind, dtype, param_dtype, shape, weighted", [
+    ("layer", torch.bfloat16, "x", (8, 65536), True),     # clusters of 8, weight gradients by the column kernel
+    ("rms", torch.float16, "f32", (64, 32768), True),     # clusters of 4, float32 weight
+    ("rms", torch.float32, "f32", (100, 12288), False),   # rows of the two-read kernel, no weight (dx only): clusters of 3
+])
+def test_cluster_backward_few_long_rows(monkeypatch, kind, dtype, param_dtype, shape, weighted):
+    """Few long rows on sm_90 whose weight gradients are not fused (rows too long for the fused
+    shared-memory accumulators, or no weight) run norm_backward_cluster for dx (the profiler must
+    show it): dx within the oracle's budget; with RUDNN_NORM_CLUSTER=0 the former kernels give dx
+    to the same budget and the same weight-gradient bits (the column kernel computes them either
+    way)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread block clusters need sm_90")
+    H = shape[-1]
+    x, dy = rand(shape, dtype, "cuda", seed=5, scale=2.0, offset=0.3), rand(shape, dtype, "cuda", seed=6)
+    w, b = _params(H, dtype, param_dtype, "cuda", bias=kind == "layer")
+    w = w if weighted else None
+    if kind == "layer":
+        _, mean, rstd = rudnn.layer_norm(x, w, b, return_stats=True)
+        fn = lambda: rudnn.layer_norm_backward(dy, x, w, mean, rstd)
+        oracle_fn = lambda x_, w_: F.layer_norm(x_, (H,), w_, None, 1e-5)
+    else:
+        _, rstd = rudnn.rms_norm(x, w, eps=1e-5, return_stats=True)
+        fn = lambda: rudnn.rms_norm_backward(dy, x, w, rstd)
+        oracle_fn = lambda x_, w_: F.rms_norm(x_, (H,), w_, 1e-5)
+    clustered, kernels = _cuda_kernels_of(fn)
+    assert any("norm_backward_cluster" in name for name in kernels), kernels
+    g64, gsame = _autograd(oracle_fn, torch.float64, dy, x, w), _autograd(oracle_fn, dtype, dy, x, w)
+    scale = _term_scale(dy, w if weighted else torch.ones(H), rstd)
+    assert_close_to_oracle(clustered[0], gsame[0], g64[0], "dx", scale=scale)
+    monkeypatch.setenv("RUDNN_NORM_CLUSTER", "0")
+    plain, kernels = _cuda_kernels_of(fn)
+    assert not any("norm_backward_cluster" in name for name in kernels), kernels
+    assert_close_to_oracle(plain[0], gsame[0], g64[0], "dx without clusters", scale=scale)
+    for a, e in zip(clustered[1:], plain[1:]):
+        assert (a is None and e is None) or torch.equal(a, e)

@@ -491,11 +491,14 @@ def _row_loop(lines):
 def test_norm_forward_kernels(arch):
     report, sass = _ptxas_report("norm_fwd_cuda.cu", family="norm", arch=arch)
     spills = _spills(report)
-    assert len(spills) == 25, sorted(spills)  # regs and stream: 5 dtype pairs x 2 chunk widths; pipelined: 5
+    # regs and stream: 5 dtype pairs x 2 chunk widths; pipelined and cluster: 5 each (16-byte chunks)
+    assert len(spills) == 30, sorted(spills)
     assert not any(spills.values()), spills
     kernels = _sass_by_kernel(sass)
-    # the 16-byte chunk instantiations: 8 elements of f16/bf16, 4 of float
-    wide = {k: v for k, v in kernels.items() if re.search(r"norm_forward_\w+?I\w+?Li[48]EE", k)}
+    # the 16-byte chunk instantiations: 8 elements of f16/bf16, 4 of float (the cluster kernel has
+    # its own test below)
+    wide = {k: v for k, v in kernels.items()
+            if re.search(r"norm_forward_\w+?I\w+?Li[48]EE", k) and "cluster" not in k}
     assert len(wide) == 15, sorted(kernels)
     for kernel, lines in wide.items():
         accesses = _global_accesses(lines)
@@ -517,6 +520,39 @@ def test_norm_forward_kernels(arch):
             assert not any(a.startswith("LDG") for a in after), (kernel, after)
         else:  # float32 parameters of 16-bit rows: loaded per row, after the reductions
             assert any(a == "LDG.E.128" for a in after), (kernel, after)
+
+
+@pytest.mark.parametrize("arch", ["80", "90a"])
+@pytest.mark.parametrize("name, kernel, loads, stores, barriers", [
+    ("norm_fwd_cuda.cu", "norm_forward_cluster", 4, 4, 3),   # x: kSlots chunks; 2 reductions + the exit
+    ("norm_bwd_cuda.cu", "norm_backward_cluster", 4, 2, 2),  # dy, x: kPairSlots each; 1 reduction + the exit
+])
+def test_norm_cluster_kernels(arch, name, kernel, loads, stores, barriers):
+    """The cluster kernels (few long rows shared by a cluster of blocks, sm_90): on sm_90a no spill and
+    no local memory, the rows read and written in 128-bit pieces, one cluster barrier
+    (UCGABAR_ARV / UCGABAR_WAIT) per reduction and the final one (the layer and rms norms share the
+    code), and the peers' partial sums read through distributed shared memory (generic LD after
+    the barrier); on sm_80, where clusters do not exist, the body is a trap (so it costs no
+    compile time there and can never run)."""
+    report, sass = _ptxas_report(name, family="norm", arch=arch)
+    spills = {k: v for k, v in _spills(report).items() if kernel in k}
+    assert len(spills) == 5 and not any(spills.values()), spills  # one per dtype pair, 16-byte chunks
+    kernels = {k: v for k, v in _sass_by_kernel(sass).items() if kernel in k}
+    assert len(kernels) == 5, sorted(kernels)
+    for entry, lines in kernels.items():
+        if arch == "80":
+            assert any("BPT.TRAP" in line for line in lines) and not _global_accesses(lines), entry
+            continue
+        accesses = _global_accesses(lines)
+        assert sum(a == "LDG.E.128" for a in accesses) >= loads, (entry, accesses)
+        written = [a for a in accesses if a.startswith("STG")]
+        assert sum(a == "STG.E.128" for a in written) >= stores, (entry, written)
+        assert all(a in ("STG.E.128", "STG.E") for a in written), (entry, written)  # whole chunks, 32-bit stats
+        assert sum("UCGABAR_ARV" in line for line in lines) == barriers, entry
+        assert sum("UCGABAR_WAIT" in line for line in lines) == barriers, entry
+        first_wait = next(i for i, line in enumerate(lines) if "UCGABAR_WAIT" in line)
+        assert any(re.search(r"\bLD\.E\b", line) for line in lines[first_wait:]), entry  # ld.shared::cluster
+        assert not any(re.search(r"\b(STL|LDL)\b", line) for line in lines), entry
 
 
 @pytest.mark.parametrize("arch", ["80", "90a"])

@@ -2,9 +2,16 @@
 // of a block is a std::thread, __syncthreads is named barrier 0 of every thread (EmuNamedBarrier),
 // __shfl_xor_sync, __shfl_up_sync and __match_any_sync warp-wide exchanges (emu_warp_exchange:
 // also what the warp-collective tensor-core and ldmatrix stand-ins of emu_sm80_atoms.hpp use),
-// dynamic shared memory one poisoned buffer per block (blocks run one after another) with the
-// ordering check of its asynchronous copies and tensor-core reads, and the raw-array files the
-// pytest side writes and reads.
+// dynamic shared memory one poisoned buffer per block with the ordering check of its asynchronous
+// copies and tensor-core reads, thread block clusters (emu_launch_cluster: a cluster's blocks run
+// at once, with the cluster barrier and peers' shared memory checked for ordering), and the
+// raw-array files the pytest side writes and reads.
+//
+// A block's state (its shared memory, warps, barrier keys) is reached through thread_local
+// pointers that each of its threads sets when it starts, so blocks of one cluster can run at the
+// same time; emu_launch runs a grid's blocks one after another. `__shared__` variables are
+// statics (emu_keywords.hpp), shared by every block: kernels launched as clusters keep their
+// shared memory in the dynamic buffer (their tests check the source for `__shared__` statics).
 //
 // Include it first (it pulls in the CUDA headers), then the kernels' own headers, then define
 // the CUDA keywords away as each emulator does.
@@ -37,15 +44,16 @@ struct EmuDim3 {
 };
 inline thread_local EmuDim3 threadIdx, blockIdx, blockDim, gridDim;
 inline thread_local int emu_lane = 0, emu_warp = 0;
-inline unsigned char* emu_smem = nullptr;  // dynamic shared memory of the running block
-inline unsigned long emu_block_serial = 0;  // which block is running (blocks run one after another)
-inline unsigned emu_block_threads = 0;      // its thread count
+// The calling thread's block (set by each emulated thread when it starts):
+inline thread_local unsigned char* emu_smem = nullptr;   // its dynamic shared memory
+inline thread_local unsigned long emu_block_serial = 0;  // which block (unique over the run)
+inline thread_local unsigned emu_block_threads = 0;      // its thread count
 
 struct EmuWarp {
   std::unique_ptr<std::barrier<>> barrier;
   alignas(16) unsigned char slot[32][64];  // one per lane: what it publishes to the others
 };
-inline std::vector<EmuWarp>* emu_warps = nullptr;
+inline thread_local std::vector<EmuWarp>* emu_warps = nullptr;
 
 inline unsigned emu_thread_id() { return threadIdx.x + threadIdx.y * blockDim.x; }
 
@@ -91,8 +99,8 @@ struct EmuChunk {
   bool landing = false;                            // a cp.async into it is in flight
   std::vector<std::pair<std::uint32_t, std::uint32_t>> reads;  // since the last write: (thread, clock)
 };
-inline std::unique_ptr<EmuChunk[]> emu_chunk_state;
-inline std::size_t emu_chunks = 0;
+inline thread_local EmuChunk* emu_chunk_state = nullptr;  // the calling thread's block's
+inline thread_local std::size_t emu_chunks = 0;
 inline std::atomic<long> emu_hazards{0};
 
 inline void emu_report_hazard(const char* what, std::size_t offset, std::uint32_t other) {
@@ -186,14 +194,19 @@ struct EmuNamedBarrier {
     unsigned acquired = 0;
   };
   struct State {
-    unsigned long block = 0;
     unsigned arrived = 0, completed = 0;
     EmuClock joined;                  // the open phase's arrivals
     std::map<unsigned, Phase> done;   // completed phases not yet acquired by all
   };
+  using Key = std::pair<unsigned long, std::uint32_t>;  // (block serial, barrier id)
   static inline std::mutex mutex;
   static inline std::condition_variable changed;
-  static inline std::map<std::uint32_t, State> states;
+  static inline std::map<Key, State> states;
+
+  static void forget_block(unsigned long block) {  // after its threads have ended
+    std::lock_guard<std::mutex> lock(mutex);
+    states.erase(states.lower_bound(Key{block, 0}), states.upper_bound(Key{block, ~0u}));
+  }
 
   static unsigned arrive_in(std::uint32_t count, std::uint32_t id) {  // the caller holds the lock
     if (id == 0 && count != emu_block_threads) {
@@ -201,8 +214,7 @@ struct EmuNamedBarrier {
                    count);
       std::abort();
     }
-    State& s = states[id];
-    if (s.block != emu_block_serial) s = State{emu_block_serial};
+    State& s = states[Key{emu_block_serial, id}];
     const unsigned phase = s.completed;
     emu_release(s.joined);
     if (++s.arrived == count) {
@@ -221,8 +233,9 @@ struct EmuNamedBarrier {
   static void sync(std::uint32_t count, std::uint32_t id) {
     std::unique_lock<std::mutex> lock(mutex);
     const unsigned phase = arrive_in(count, id);
-    changed.wait(lock, [&] { return states[id].completed != phase; });
-    auto& done = states[id].done;
+    State& s = states[Key{emu_block_serial, id}];  // std::map: stays valid while others insert
+    changed.wait(lock, [&] { return s.completed != phase; });
+    auto& done = s.done;
     Phase& ph = done.at(phase);
     emu_acquire(ph.clock);
     if (++ph.acquired == count) done.erase(phase);
@@ -308,39 +321,193 @@ void emu_write(const std::string& path, const std::vector<T>& v) {
   f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(T)));
 }
 
+// One block's state, owned by the launch that runs it.
+struct EmuBlock {
+  std::vector<unsigned char> storage;
+  unsigned char* smem;
+  std::size_t chunks;
+  std::unique_ptr<EmuChunk[]> chunk_state;
+  unsigned long serial;
+  unsigned threads;
+  std::vector<EmuWarp> warps;
+
+  static inline std::atomic<unsigned long> serials{0};
+
+  // `dyn_smem` bytes of dynamic shared memory, 1024-byte aligned as the kernels declare it (CuTe's
+  // swizzled smem pointers XOR address bits), poisoned with NaN bit patterns.
+  EmuBlock(std::size_t dyn_smem, unsigned threads_)
+      : storage(dyn_smem + 128 + 1024, 0xff), chunks((dyn_smem + 15) / 16), chunk_state(new EmuChunk[chunks]),
+        serial(++serials), threads(threads_), warps((threads_ + 31) / 32) {
+    smem = storage.data() + (1024 - reinterpret_cast<std::uintptr_t>(storage.data()) % 1024) % 1024;
+    for (auto& w : warps) w.barrier = std::make_unique<std::barrier<>>(32);
+  }
+  ~EmuBlock() { EmuNamedBarrier::forget_block(serial); }
+
+  // Makes the calling std::thread thread t of this block (a block of bx x by threads at `index`).
+  void enter(unsigned t, unsigned bx, unsigned by, EmuDim3 index, EmuDim3 grid) {
+    emu_smem = smem;
+    emu_chunk_state = chunk_state.get();
+    emu_chunks = chunks;
+    emu_block_serial = serial;
+    emu_block_threads = threads;
+    emu_warps = &warps;
+    threadIdx = {t % bx, t / bx, 0};
+    blockIdx = index;
+    blockDim = {bx, by, 1};
+    gridDim = grid;
+    emu_lane = int(t % 32);
+    emu_warp = int(t / 32);
+    emu_clock.assign(threads + kEmuCopyEngines, 0);
+    emu_clock[t] = 1;  // what it does before its first release: unknown to every other thread
+  }
+};
+
 // Runs kernel() for every block of `grid` with blockDim (bx, by) threads and `dyn_smem` bytes of
-// dynamic shared memory, poisoned with NaN bit patterns before each block.
+// dynamic shared memory, one block after another.
 template <class Kernel>
 void emu_launch(EmuDim3 grid, unsigned bx, unsigned by, std::size_t dyn_smem, Kernel kernel) {
   const unsigned threads = bx * by;
-  // 1024-byte aligned, as the kernels declare it (CuTe's swizzled smem pointers XOR address bits).
-  std::vector<unsigned char> smem(dyn_smem + 128 + 1024);
-  unsigned char* aligned = smem.data() + (1024 - reinterpret_cast<std::uintptr_t>(smem.data()) % 1024) % 1024;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
-        std::fill(smem.begin(), smem.end(), 0xff);
-        emu_smem = aligned;
-        emu_chunks = (dyn_smem + 15) / 16;
-        emu_chunk_state.reset(new EmuChunk[emu_chunks]);
-        ++emu_block_serial;
-        emu_block_threads = threads;
-        std::vector<EmuWarp> warps((threads + 31) / 32);
-        for (auto& w : warps) w.barrier = std::make_unique<std::barrier<>>(32);
-        emu_warps = &warps;
+        EmuBlock block(dyn_smem, threads);
         std::vector<std::thread> pool;
         for (unsigned t = 0; t < threads; ++t)
           pool.emplace_back([&, t] {
-            threadIdx = {t % bx, t / bx, 0};
-            blockIdx = {x, y, z};
-            blockDim = {bx, by, 1};
-            gridDim = grid;
-            emu_lane = int(t % 32);
-            emu_warp = int(t / 32);
-            emu_clock.assign(threads + kEmuCopyEngines, 0);
-            emu_clock[t] = 1;  // what it does before its first release: unknown to every other thread
+            block.enter(t, bx, by, EmuDim3{x, y, z}, grid);
             kernel();
           });
         for (auto& th : pool) th.join();
+      }
+}
+
+// ---- Thread block clusters (sm_90) ----
+// A cluster's blocks run at the same time (clusters one after another). The stand-ins of the
+// kernels' cluster pieces (norm/kernels.cuh: cluster_rank, cluster_size, cluster_barrier,
+// publish_to_cluster, read_from_cluster) are checked for ordering by cluster-barrier epochs (how
+// many cluster barriers a thread has passed; every thread of a cluster is in the same epoch
+// between two barriers): a slot published for the peers (a plain shared store in the kernel) must
+// be published in an earlier epoch than any read of it, must not be rewritten in an epoch in which
+// it is read, and a block must pass a cluster barrier after the last read of its memory by a peer
+// before it exits (its shared memory goes away with it). Only the clusters' x dimension is
+// emulated (the kernels' clusters are (C, 1, 1)).
+struct EmuCluster {
+  struct Slot {
+    bool published = false, read = false;
+    unsigned published_in = 0, last_read_in = 0;
+  };
+  unsigned size;
+  std::barrier<> barrier;
+  std::vector<EmuBlock*> blocks;
+  std::mutex lock;
+  std::vector<std::map<std::size_t, Slot>> slots;  // per rank, by byte offset in its shared memory
+  std::vector<unsigned> ended_in;                  // per rank: the epoch its threads ended in
+
+  EmuCluster(unsigned size_, unsigned threads)
+      : size(size_), barrier(std::ptrdiff_t(size_) * threads), slots(size_), ended_in(size_, 0) {}
+};
+inline thread_local EmuCluster* emu_cluster = nullptr;
+inline thread_local unsigned emu_cluster_rank = 0, emu_cluster_epoch = 0;
+
+inline void emu_cluster_hazard(const char* what, unsigned rank, std::size_t offset) {
+  if (emu_hazards++ < 8)
+    std::fprintf(stderr, "cluster ordering hazard: %s, rank %u byte %zu, read or written by rank %u thread %u\n", what,
+                 rank, offset, emu_cluster_rank, emu_thread_id());
+}
+
+inline unsigned emu_cluster_ctarank() { return emu_cluster_rank; }
+inline unsigned emu_cluster_nctarank() { return emu_cluster->size; }
+// barrier.cluster.arrive.release + barrier.cluster.wait.acquire: every thread of the cluster.
+inline void emu_cluster_sync() {
+  emu_cluster->barrier.arrive_and_wait();
+  ++emu_cluster_epoch;
+}
+
+inline std::size_t emu_cluster_offset(const void* local) {
+  const std::size_t offset = std::size_t(static_cast<const unsigned char*>(local) - emu_smem);
+  if (offset + 4 > emu_chunks * 16) {
+    std::fprintf(stderr, "cluster shared-memory access out of bounds: byte %zu of a block's %zu\n", offset,
+                 emu_chunks * 16);
+    std::abort();
+  }
+  return offset;
+}
+
+// A store into this block's shared memory for the peers to read after a cluster barrier.
+template <class T>
+void emu_cluster_publish(T* local, T value) {
+  const std::size_t offset = emu_cluster_offset(local);
+  {
+    std::lock_guard<std::mutex> guard(emu_cluster->lock);
+    EmuCluster::Slot& s = emu_cluster->slots[emu_cluster_rank][offset];
+    if (s.read && s.last_read_in == emu_cluster_epoch)
+      emu_cluster_hazard("a slot rewritten in an epoch in which a peer reads it", emu_cluster_rank, offset);
+    s.published = true;
+    s.published_in = emu_cluster_epoch;
+  }
+  *local = value;
+}
+
+// The value at `local`'s offset in the shared memory of the cluster's block `rank`.
+template <class T>
+T emu_cluster_read(const T* local, unsigned rank) {
+  const std::size_t offset = emu_cluster_offset(local);
+  if (rank >= emu_cluster->size) {
+    std::fprintf(stderr, "cluster shared-memory read of rank %u in a cluster of %u\n", rank, emu_cluster->size);
+    std::abort();
+  }
+  std::lock_guard<std::mutex> guard(emu_cluster->lock);
+  EmuCluster::Slot& s = emu_cluster->slots[rank][offset];
+  if (!s.published || s.published_in >= emu_cluster_epoch)
+    emu_cluster_hazard("a slot read that no cluster barrier orders after its publication", rank, offset);
+  s.read = true;
+  s.last_read_in = std::max(s.last_read_in, emu_cluster_epoch);
+  T value;
+  std::memcpy(&value, emu_cluster->blocks[rank]->smem + offset, sizeof(T));
+  return value;
+}
+
+// Runs kernel() for every block of `grid` in clusters of (cluster_x, 1, 1) blocks (grid.x a
+// multiple of cluster_x), the blocks of a cluster at the same time, each with blockDim (bx, by)
+// threads and `dyn_smem` bytes of dynamic shared memory. Kernels launched so must not use
+// mbarriers (EmuMbarrier's registry is per running block) or `__shared__` statics.
+template <class Kernel>
+void emu_launch_cluster(EmuDim3 grid, unsigned cluster_x, unsigned bx, unsigned by, std::size_t dyn_smem,
+                        Kernel kernel) {
+  if (cluster_x == 0 || grid.x % cluster_x != 0) {
+    std::fprintf(stderr, "cluster launch: grid.x %u is not a multiple of the cluster's %u blocks\n", grid.x, cluster_x);
+    std::abort();
+  }
+  const unsigned threads = bx * by;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x0 = 0; x0 < grid.x; x0 += cluster_x) {
+        EmuCluster cluster(cluster_x, threads);
+        std::vector<std::unique_ptr<EmuBlock>> blocks;
+        for (unsigned r = 0; r < cluster_x; ++r) {
+          blocks.push_back(std::make_unique<EmuBlock>(dyn_smem, threads));
+          cluster.blocks.push_back(blocks.back().get());
+        }
+        std::vector<std::thread> pool;
+        for (unsigned r = 0; r < cluster_x; ++r)
+          for (unsigned t = 0; t < threads; ++t)
+            pool.emplace_back([&, r, t] {
+              blocks[r]->enter(t, bx, by, EmuDim3{x0 + r, y, z}, grid);
+              emu_cluster = &cluster;
+              emu_cluster_rank = r;
+              emu_cluster_epoch = 0;
+              kernel();
+              std::lock_guard<std::mutex> guard(cluster.lock);
+              cluster.ended_in[r] = std::max(cluster.ended_in[r], emu_cluster_epoch);
+              emu_cluster = nullptr;
+            });
+        for (auto& th : pool) th.join();
+        for (unsigned r = 0; r < cluster_x; ++r)
+          for (const auto& [offset, slot] : cluster.slots[r])
+            if (slot.read && slot.last_read_in >= cluster.ended_in[r]) {
+              emu_cluster_rank = r;
+              emu_cluster_hazard("a block exited with no cluster barrier after a peer's read of its memory", r, offset);
+              break;
+            }
       }
 }

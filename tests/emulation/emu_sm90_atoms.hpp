@@ -260,6 +260,10 @@ struct EmuMbarrier {
 
   static void init(const std::uint64_t* bar, std::uint32_t count) {
     std::lock_guard<std::mutex> lock(mutex);
+    if (emu_cluster != nullptr) {
+      std::fprintf(stderr, "mbarrier stand-in: not emulated under a cluster launch (its registry is per running block)\n");
+      std::abort();
+    }
     if (block != emu_block_serial) block = emu_block_serial, engines = 0;
     if (engines == kEmuCopyEngines) {
       std::fprintf(stderr, "mbarrier stand-in: more than %u barriers in a block\n", kEmuCopyEngines);

@@ -58,6 +58,19 @@ namespace rudnn::norm::plan {
 #include "plan.inc"
 }  // namespace rudnn::norm::plan
 
+// The planted bugs of `norm_emu cluster_planted`, chosen by EMU_PLANT (the test edits the cluster
+// kernel's text to call these): "parity" makes every reduction use exchange slot 0, "exit" drops
+// the cluster barrier before the blocks exit.
+inline bool emu_planted(const char* which) {
+  const char* plant = std::getenv("EMU_PLANT");
+  return plant != nullptr && std::strcmp(plant, which) == 0;
+}
+template <class Share, int K>
+void emu_planted_allreduce(Share& share, float (&v)[K]) {
+  if (emu_planted("parity")) share.parity = 0;
+  share.allreduce(v);
+}
+
 // norm_fwd_cuda.cu's and norm_bwd_cuda.cu's kernels (extracted by the test), outside rudnn::norm so
 // that its CPU backend's host from_float does not meet kern's device one
 namespace rudnn::norm_emu {
@@ -91,6 +104,8 @@ struct Case {
   DType dtype, param_dtype;
   i64 rows, hidden;
   bool weight, bias, residual;
+  int sms = kSms;            // SMs the cluster plan is made for (plan::cluster_blocks)
+  unsigned row_groups = 0;   // the cluster kernel's grid.y (0: one per row, as the library launches it)
 };
 
 float ulp_of(DType dtype, float v) {
@@ -101,9 +116,11 @@ float ulp_of(DType dtype, float v) {
 // Which register kernel runs: the planner's choice, or norm_forward_regs whatever it chose.
 enum class Pick { planner, regs1024 };
 
-// Runs the forward kernels on args' arrays; returns whether the pipelined kernel ran.
+// Runs the forward kernels on args' arrays; returns whether the pipelined kernel ran. Where the
+// cluster plan (for a device of `sms` SMs of sm_90) takes norm_forward_cluster, it runs that, its
+// clusters' blocks at the same time, on `row_groups` row groups (0: one per row).
 template <class T, class P>
-bool launch(const NormForwardArgs& args, const ForwardProblem& pr, Pick pick) {
+bool launch(const NormForwardArgs& args, const ForwardProblem& pr, Pick pick, int sms = kSms, unsigned row_groups = 0) {
   using namespace rudnn::norm_emu;
   const bool layer = args.kind == NormKind::layer;
   ForwardParams<T, P> p{};
@@ -121,6 +138,15 @@ bool launch(const NormForwardArgs& args, const ForwardProblem& pr, Pick pick) {
   constexpr int kVec = kern::kVec16<T>;
   const bool vec = pr.hidden % kVec == 0;  // the arrays here are dense and 16-byte aligned
   bool pipelined = false;
+  const int cluster =
+      vec && pick == Pick::planner ? plan::cluster_blocks(p.rows, p.hidden / kVec, sms, true, kern::kSlots) : 0;
+  if (cluster > 0) {
+    const unsigned groups = row_groups > 0 ? row_groups : unsigned(std::min<i64>(p.rows, kern::kMaxGridY));
+    std::printf("[vec=%d cluster=%d row_groups=%u] ", kVec, cluster, groups);
+    emu_launch_cluster(EmuDim3{unsigned(cluster), groups, 1}, unsigned(cluster), kern::kClusterThreads, 1,
+                       kern::kClusterSmem, [&] { norm_forward_cluster<T, P, kVec>(p); });
+    return false;
+  }
   auto run = [&](auto vec_tag) {
     constexpr int VEC = decltype(vec_tag)::value;
     plan::RowLaunch l = plan::row_shape(p.hidden / VEC, kern::kSlots, kern::kSlots);
@@ -181,10 +207,10 @@ bool run_case(const Case& c) {
   core::dispatch_float<__half, __nv_bfloat16>(c.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (pg.param_dtype == DType::f32) {
-      pipelined = launch<T, float>(ga, pg, Pick::planner);
+      pipelined = launch<T, float>(ga, pg, Pick::planner, c.sms, c.row_groups);
       if (pipelined) launch<T, float>(na, pn, Pick::regs1024);
     } else {
-      pipelined = launch<T, T>(ga, pg, Pick::planner);
+      pipelined = launch<T, T>(ga, pg, Pick::planner, c.sms, c.row_groups);
       if (pipelined) launch<T, T>(na, pn, Pick::regs1024);
     }
   });
@@ -220,6 +246,43 @@ bool run_case(const Case& c) {
   return ok;
 }
 
+// plan::cluster_blocks on the shapes it is for and against (H100/H200: 132 SMs; chunks of 16 bytes).
+bool cluster_plan_table() {
+  struct Row {
+    i64 rows, chunks;
+    int sms;
+    bool capable;
+    int slots, blocks;
+  };
+  constexpr int F = kern::kSlots, B = kern::kPairSlots;  // the forward's and the backward's
+  const Row table[] = {
+      {8, 65536 / 8, 132, true, F, 8},     // 8 x 65536 bf16: 8 blocks a row (16 fill the wave; 8 at most)
+      {64, 32768 / 8, 132, true, F, 2},    // 64 x 32768 bf16: 2 a row (one wave)
+      {100, 65536 / 8, 132, true, F, 4},   // stream-length rows, <= 132 of them: the blocks the row needs
+      {100, 65536 / 8, 132, true, B, 8},   // the same in the backward (2 chunks a thread)
+      {100, 4096 / 8, 132, true, B, 0},    // short rows in the backward too
+      {100, 20480 / 8, 132, true, B, 3},   // a stream-length row of the backward only
+      {100, 20480 / 8, 132, true, F, 0},   // which the forward keeps in one block's registers
+      {200, 65536 / 8, 132, false, F, 0},  // below sm_90
+      {200, 65536 / 8, 132, true, F, 0},   // more rows than SMs: the stream kernel
+      {100, 4096 / 8, 132, true, F, 0},    // short rows: the register kernels' teams
+      {1, 20000, 132, true, F, 0},         // longer than 8 blocks hold: the stream kernel
+      {1, 10000, 132, true, B, 0},         // the same in the backward
+      {1, 513, 132, true, F, 2},           // just over one block's 512 threads
+  };
+  bool ok = true;
+  for (const Row& r : table) {
+    const int got = plan::cluster_blocks(r.rows, r.chunks, r.sms, r.capable, r.slots);
+    if (got != r.blocks) {
+      std::printf("cluster plan: rows %lld chunks %lld sms %d capable %d slots %d: %d blocks, expected %d MISMATCH\n",
+                  (long long)r.rows, (long long)r.chunks, r.sms, int(r.capable), r.slots, got, r.blocks);
+      ok = false;
+    }
+  }
+  if (ok) std::printf("cluster plan table ok\n");
+  return ok;
+}
+
 // ---- backward ----
 
 constexpr std::size_t kOptin = 232448;  // opt-in shared memory per block of the emulated device (H100/H200)
@@ -233,13 +296,15 @@ struct BackwardCase {
   int plan_sms = kSms;  // SMs the weight-gradient plan is made for (the kernels run on kSms either way)
   std::size_t optin = kOptin;  // the plan's opt-in shared memory: a smaller one sends shorter rows to the
                                // column kernel (fewer emulated blocks than rows of ~30K columns need)
+  int sms = kSms;              // SMs the cluster plan is made for (plan::cluster_blocks)
+  unsigned row_groups = 0;     // the cluster kernel's grid.y (0: one per row, as the library launches it)
 };
 
 // Runs the backward kernels on args' arrays as launch_backward does (the column kernel, the dx
 // kernel, the split reduction); returns whether the pipelined kernel ran.
 template <class T, class P>
 bool launch_backward(const NormBackwardArgs& args, const BackwardProblem& pr, Pick pick, int plan_sms,
-                     std::size_t optin) {
+                     std::size_t optin, int sms = kSms, unsigned row_groups = 0) {
   using namespace rudnn::norm_bwd_emu;
   const plan::WgradPlan wgrad = plan::wgrad_plan(pr.rows, pr.hidden, plan_sms, optin);
   std::vector<float> workspace(wgrad.workspace_bytes / sizeof(float), std::nanf(""));
@@ -255,8 +320,20 @@ bool launch_backward(const NormBackwardArgs& args, const BackwardProblem& pr, Pi
   const bool accumulate = p.dweight_part != nullptr || p.dbias_part != nullptr;
   constexpr int kVec = kern::kVec16<T>;
   bool pipelined = false;
+  const int cluster = p.hidden % kVec == 0 && !accumulate && pick == Pick::planner
+                          ? plan::cluster_blocks(p.rows, p.hidden / kVec, sms, true, kern::kPairSlots)
+                          : 0;
   auto run = [&](auto vec_tag) {
     constexpr int VEC = decltype(vec_tag)::value;
+    if constexpr (VEC > 1)
+      if (cluster > 0) {
+        const unsigned groups = row_groups > 0 ? row_groups : unsigned(std::min<i64>(p.rows, kern::kMaxGridY));
+        std::printf("[vec=%d cluster=%d row_groups=%u, wgrad %s splits=%lld] ", VEC, cluster, groups,
+                    !want_wgrad ? "none" : "columns", want_wgrad ? (long long)wgrad.splits : 0LL);
+        emu_launch_cluster(EmuDim3{unsigned(cluster), groups, 1}, unsigned(cluster), kern::kClusterThreads, 1,
+                           kern::kClusterSmem, [&] { norm_backward_cluster<T, P, VEC>(p); });
+        return;
+      }
     plan::RowLaunch l = plan::row_shape(p.hidden / VEC, kern::kPairSlots, kern::kPairSlots);
     pipelined = VEC > 1 && pick == Pick::planner && plan::regs_pipelined(l, VEC, rows_collapsed(p));
     if (accumulate) {
@@ -338,10 +415,10 @@ bool run_backward_case(const BackwardCase& c) {
   core::dispatch_float<__half, __nv_bfloat16>(c.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (pg.param_dtype == DType::f32) {
-      pipelined = launch_backward<T, float>(ga, pg, Pick::planner, c.plan_sms, c.optin);
+      pipelined = launch_backward<T, float>(ga, pg, Pick::planner, c.plan_sms, c.optin, c.sms, c.row_groups);
       if (pipelined) launch_backward<T, float>(na, pn, Pick::regs1024, c.plan_sms, c.optin);
     } else {
-      pipelined = launch_backward<T, T>(ga, pg, Pick::planner, c.plan_sms, c.optin);
+      pipelined = launch_backward<T, T>(ga, pg, Pick::planner, c.plan_sms, c.optin, c.sms, c.row_groups);
       if (pipelined) launch_backward<T, T>(na, pn, Pick::regs1024, c.plan_sms, c.optin);
     }
   });
@@ -512,8 +589,17 @@ int main(int argc, char** argv) {
         {"rms_bf16_pipelined_subwarp_many_rows", S, bf16, bf16, 1000, 64, true, false, true},
         {"layer_f16_pipelined_one_row", L, f16, f16, 1, 1024, true, true, true},
         {"layer_bf16_team512_regs", L, bf16, bf16, 7, 16384, true, true, true},
+        // the cluster kernel (few long rows on sm_90): a row too long for one block's registers in a
+        // cluster of 3 (rows of the stream kernel, each thread's last slot partly past the row);
+        // one row over 8 blocks, one chunk per thread; 5 rows of 2-block clusters on 2 row groups
+        // (a cluster walks rows, its exchange slots reused across them), float32 weight
+        {"layer_bf16_cluster_stream_row", L, bf16, bf16, 2, 40960, true, true, true},
+        {"rms_f16_cluster_of_8", S, f16, f16, 1, 32768, true, false, false, 16},
+        {"layer_f16_cluster_rows_f32_weight", L, f16, f32, 5, 16384, true, false, true, 12, 2},
+        {"rms_f32_cluster_residual", S, f32, f32, 3, 6144, true, false, true, 8},
     };
     for (const Case& c : cases) ok = run_case(c) && ok;
+    ok = cluster_plan_table() && ok;
   } else if (which == "backward") {
     const BackwardCase cases[] = {
         // pipelined (teams <= 256, 16-byte chunks), fused weight gradients over 6 splits
@@ -540,6 +626,13 @@ int main(int argc, char** argv) {
         {"layer_f16_column_splits", L, f16, f16, 70, 8192, true, true, true, 132, 48 * 1024},
         // float32 rows of the single-element path, too long for registers, short enough for the fused sums
         {"rms_f32_stream_scalar_fused", S, f32, f32, 3, 17001, true, true, false},
+        // the cluster dx kernel (few long rows on sm_90, weight gradients by the column kernel or
+        // none): stream-length rows in clusters of 3 with both gradients (a 48 KB opt-in plan sends
+        // them to the column kernel); 5 rows of 2-block clusters on 2 row groups, float32 weight,
+        // dweight only; float32 rows, dx only, clusters of 4
+        {"layer_bf16_cluster_columns", L, bf16, bf16, 2, 20480, true, true, true, kSms, 48 * 1024, 4},
+        {"rms_f16_cluster_rows_f32_weight", S, f16, f32, 5, 16384, true, true, false, kSms, 48 * 1024, 12, 2},
+        {"layer_f32_cluster_dx_only", L, f32, f32, 3, 8192, true, false, false, kSms, kOptin, 16},
     };
     for (const BackwardCase& c : cases) ok = run_backward_case(c) && ok;
   } else if (which == "softmax") {
@@ -552,9 +645,15 @@ int main(int argc, char** argv) {
         {"softmax_f16_regs_fwd_stream_bwd", f16, 5, 24576}, // register forward, two-read backward
     };
     for (const SoftmaxCase& c : cases) ok = run_softmax_case(c) && ok;
+  } else if (which == "cluster_planted") {
+    // A planted ordering bug in the cluster kernel (EMU_PLANT selects it): the ordering check must
+    // report it, whatever numbers the run gives.
+    run_case({"layer_bf16_cluster_planted", L, bf16, bf16, 3, 16384, true, true, false, 8, 2});
+    std::printf("hazards %ld\n", emu_hazards.load());
+    return 0;
   } else {
-    std::fprintf(stderr, "usage: norm_emu forward|backward|softmax\n");
+    std::fprintf(stderr, "usage: norm_emu forward|backward|softmax|cluster_planted\n");
     return 2;
   }
-  return ok ? 0 : 1;
+  return ok && emu_hazards.load() == 0 ? 0 : 1;
 }

@@ -59,6 +59,11 @@ constexpr int kFusedBlockMax = 512;    // fused norm backward: two such blocks p
 constexpr int kWgradColumns = 32;      // columns per block of the column-reduction kernel
 constexpr int kWgradRowLanes = 8;      // row lanes per block of the column-reduction kernel
 constexpr int kReduceThreads = 256;    // threads per block of the split-reduction kernel
+constexpr int kClusterThreads = 512;   // cluster kernels: threads per block (kSlots or kPairSlots chunks each)
+constexpr int kMaxCluster = 8;         // cluster kernels: blocks per row at most (the portable cluster size)
+constexpr int kClusterScratch = 2 * 32;  // cluster kernels: block-reduction scratch (floats; two sums at most)
+constexpr std::size_t kClusterSmem = (kClusterScratch + 2 * 2) * sizeof(float);  // + 2 exchange slots of 2 sums
+constexpr i64 kMaxGridY = 65535;       // grid.y limit (the cluster kernels' row groups)
 
 // Elements of T in one 16-byte access.
 template <class T>
@@ -314,6 +319,132 @@ __device__ __forceinline__ void team_allreduce(float (&v)[K], const Team& team, 
   __syncthreads();  // scratch is free again for the next reduction
 }
 
+// ---------------------------------------------------------------------------------------------
+// Thread block clusters (sm_90; the cluster forward, norm_forward_cluster): a row shared by the
+// blocks of a cluster, their partial sums exchanged through distributed shared memory. Each piece
+// is one PTX instruction on sm_90 (and traps elsewhere: the planner never launches a cluster
+// kernel below sm_90); the host emulator (tests/emulation/emu_runtime.hpp) provides stand-ins that
+// check the exchange's ordering.
+
+#ifndef RUDNN_HOST_EMULATOR
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RUDNN_NORM_CLUSTERS 1
+#endif
+
+// This block's rank in its cluster, and the cluster's block count.
+__device__ __forceinline__ unsigned cluster_rank() {
+#ifdef RUDNN_NORM_CLUSTERS
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+#else
+  __trap();
+  return 0;
+#endif
+}
+__device__ __forceinline__ unsigned cluster_size() {
+#ifdef RUDNN_NORM_CLUSTERS
+  unsigned blocks;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(blocks));
+  return blocks;
+#else
+  __trap();
+  return 1;
+#endif
+}
+// Every thread of every block of the cluster meets; shared-memory stores before it (release) are
+// visible to the reads of any block's threads after it (acquire).
+__device__ __forceinline__ void cluster_barrier() {
+#ifdef RUDNN_NORM_CLUSTERS
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+// A plain store into this block's shared memory, for the peers to read after a cluster barrier.
+__device__ __forceinline__ void publish_to_cluster(float* slot, float value) { *slot = value; }
+// The float at `slot`'s address in the shared memory of the cluster's block `rank` (mapa gives
+// the peer's shared::cluster address).
+__device__ __forceinline__ float read_from_cluster(const float* slot, unsigned rank) {
+#ifdef RUDNN_NORM_CLUSTERS
+  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(slot));
+  unsigned remote;
+  float value;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(value) : "r"(remote) : "memory");
+  return value;
+#else
+  (void)slot, (void)rank;
+  __trap();
+  return 0.f;
+#endif
+}
+#else  // the host emulator's stand-ins
+inline unsigned cluster_rank() { return emu_cluster_ctarank(); }
+inline unsigned cluster_size() { return emu_cluster_nctarank(); }
+inline void cluster_barrier() { emu_cluster_sync(); }
+inline void publish_to_cluster(float* slot, float value) { emu_cluster_publish(slot, value); }
+inline float read_from_cluster(const float* slot, unsigned rank) { return emu_cluster_read(slot, rank); }
+#endif
+
+// The cluster kernels' team: every thread of the cluster, thread g = rank * blockDim.x + t.
+__device__ __forceinline__ Team cluster_team() {
+  return Team{int(cluster_size() * blockDim.x), int(cluster_rank() * blockDim.x + threadIdx.x), 0, 1};
+}
+
+// Sums of K floats over every thread of the cluster, the same bits in all of them: a block
+// all-reduce (team_allreduce over `block_team`, the whole block; `scratch` holds K * 32 floats),
+// then every thread adds the blocks' sums in rank order. `exchange` is 2 * K floats of dynamic
+// shared memory, used by alternate reductions (`parity`, flipped here): a block rewrites a slot
+// only after the next reduction's barrier, which every reader of the slot's last value has passed,
+// so one cluster barrier per reduction suffices. Every thread of the cluster must call it the same
+// number of times, and the kernel must pass a cluster barrier after its last call (a block's
+// shared memory goes away when it exits).
+template <int K>
+__device__ __forceinline__ void cluster_allreduce(float (&v)[K], const Team& block_team, float* scratch,
+                                                  float* exchange, unsigned& parity) {
+  team_allreduce(v, block_team, scratch, SumOp{}, 0.f);
+  float* slot = exchange + parity * K;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) publish_to_cluster(slot + k, v[k]);
+  }
+  cluster_barrier();
+  const unsigned blocks = cluster_size();
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = 0.f;
+  for (unsigned r = 0; r < blocks; ++r) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] += read_from_cluster(slot + k, r);
+  }
+  parity ^= 1u;
+}
+
+// What a cluster kernel's thread knows of the row its cluster shares (norm_forward_cluster,
+// norm_backward_cluster): its shared memory (`smem`: kClusterSmem bytes of dynamic shared memory),
+// its teams, which of its N slots fall inside a row (the same in every row) and the exchange
+// parity of cluster_allreduce.
+template <int N>
+struct ClusterShare {
+  float* scratch;   // the block reduction's (kClusterScratch floats)
+  float* exchange;  // cluster_allreduce's slots, after it
+  Team block_team;  // the block, reducing as one team
+  Team team;        // every thread of the cluster (cluster_team)
+  bool valid[N];
+  unsigned parity = 0;
+
+  __device__ __forceinline__ ClusterShare(float* smem, i64 chunks)
+      : scratch(smem), exchange(smem + kClusterScratch), block_team(make_team(int(blockDim.x))), team(cluster_team()) {
+#pragma unroll
+    for (int s = 0; s < N; ++s) valid[s] = chunk(s) < chunks;
+  }
+  __device__ __forceinline__ i64 chunk(int s) const { return slot_chunk(team, s); }
+  template <int K>
+  __device__ __forceinline__ void allreduce(float (&v)[K]) {
+    cluster_allreduce(v, block_team, scratch, exchange, parity);
+  }
+};
+
 // Running mean and sum of squared deviations (Chan et al.), for the one-read variance of rows too
 // long for registers. Stable: no E[x^2] - E[x]^2 cancellation.
 struct MeanM2 {
@@ -445,6 +576,24 @@ RowLaunch row_shape(i64 chunks, int slot_target, int max_slots);
 // tensor's leading axes collapse to one (`collapsed`). RUDNN_NORM_PIPELINED=0 in the environment
 // keeps the 1024-thread kernels (read at each call), to compare the two on a GPU.
 bool regs_pipelined(const RowLaunch& launch, int vec, bool collapsed);
+
+// Blocks per row of the cluster kernels (norm_forward_cluster with `slots` = kSlots,
+// norm_backward_cluster with kPairSlots; sm_90, 16-byte chunks), 0 where they are not taken. They
+// are for few long rows, which one block per row leaves most of the chip idle for (and rows too
+// long for one block's registers read twice by the stream kernels): rows of more than
+// kClusterThreads chunks, when rows <= sm_count / 2 (two or more blocks per row still fit in one
+// wave) or the row needs a stream kernel and rows <= sm_count; a cluster of C blocks
+// (2 <= C <= kMaxCluster) holds rows of up to C * kClusterThreads * slots chunks in registers and
+// takes C = the blocks that fill one wave (sm_count / rows), at least those the row needs, at most
+// one chunk per thread's worth. RUDNN_NORM_CLUSTER=0 in the environment turns them off, =1 takes
+// them wherever the row fits in a cluster, with at least 2 blocks (read at each call; for
+// comparing the kernels on a GPU).
+int cluster_blocks(i64 rows, i64 chunks, int sm_count, bool capable, int slots);
+
+// Launches a cluster kernel over `rows` rows of `chunks` chunks (`params`: its one parameter) where
+// cluster_blocks takes it on the current device and the device can hold such a cluster
+// (cudaOccupancyMaxActiveClusters, asked once per kernel and cluster size); returns whether it ran.
+bool launch_row_cluster(const void* kernel, void* params, i64 rows, i64 chunks, int slots, cudaStream_t stream);
 
 // Blocks of `kernel` (with `block` threads, `smem` dynamic bytes) resident per SM; raises the
 // kernel's dynamic shared-memory limit first when smem > 48 KB. Cached per device and kernel.

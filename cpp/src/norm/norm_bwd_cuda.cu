@@ -442,6 +442,38 @@ __global__ void __launch_bounds__(kReduceThreads)
   }
 }
 
+// dx of few long rows on Hopper (plan::cluster_blocks with kPairSlots), as norm_forward_cluster
+// shares a row: the cluster's thread g = rank * kClusterThreads + t keeps dy and x of chunks g,
+// g + C * kClusterThreads (kPairSlots at most) in registers, so a row of up to C * 1024 chunks
+// (65536 bf16 columns at C = 8) is read once, where the stream kernel reads it twice through one
+// block. The row's two sums (add_row_sums) go through one cluster_allreduce; dx is store_dx's. No
+// weight gradients: it runs only when the call wants none or the column kernel computes them (rows
+// too long for the fused shared-memory accumulators), so the plan and its workspace are unchanged.
+template <class T, class P, int VEC>
+__global__ void __launch_bounds__(kClusterThreads, 1) norm_backward_cluster(const BackwardParams<T, P> p) {
+  extern __shared__ float cluster_smem[];
+  const i64 chunks = p.hidden / VEC;
+  const float hidden = float(p.hidden);
+  ClusterShare<kPairSlots> share(cluster_smem, chunks);
+  const auto chunk_of = [&](int s) { return share.chunk(s); };
+  const auto w = chunk_registers<P, VEC, 1>();  // one slot: the helpers load the weights
+
+  for (i64 row = blockIdx.y; row < p.rows; row += gridDim.y) {
+    auto dy = chunk_registers<T, VEC, kPairSlots>();
+    auto x = chunk_registers<T, VEC, kPairSlots>();
+    load_rows<VEC>(row_ptr(p.dy, p.dy_rows, row), row_ptr(p.x, p.x_rows, row), chunks, dy, x, share.valid, chunk_of);
+    const RowStats st = row_stats(p, row);
+    float sums[2] = {0.f, 0.f};
+    add_row_sums<VEC>(p, chunks, dy, x, w, share.valid, chunk_of, st, sums);
+    share.allreduce(sums);
+    const float mean_g = p.layer ? sums[0] / hidden : 0.f;
+    const float mean_gx = sums[1] / hidden;
+    store_dx<VEC>(p, row_ptr(p.dx, p.dx_rows, row), chunks, dy, x, w, share.valid, chunk_of, st, mean_g, mean_gx,
+                  nullptr);
+  }
+  cluster_barrier();  // no block leaves while a peer may still read its exchange slots
+}
+
 // Whether every row tensor of a backward call has at most one leading axis after collapsing (the
 // pipelined kernel's precondition).
 template <class T, class P>
@@ -525,6 +557,10 @@ BackwardParams<T, P> backward_params(const NormBackwardArgs& args, const Backwar
 template <class T, class P, int VEC>
 void run_backward(BackwardParams<T, P> p, const plan::WgradPlan& wgrad, cudaStream_t stream) {
   const bool accumulate = p.dweight_part != nullptr || p.dbias_part != nullptr;
+  if constexpr (VEC > 1)  // few long rows on sm_90 whose weight gradients are not fused (plan::cluster_blocks)
+    if (!accumulate && plan::launch_row_cluster(reinterpret_cast<const void*>(&norm_backward_cluster<T, P, VEC>), &p,
+                                                p.rows, p.hidden / VEC, kPairSlots, stream))
+      return;
   plan::RowLaunch launch = plan::row_shape(p.hidden / VEC, kPairSlots, kPairSlots);
   // The pipelined kernel exists for 16-byte chunks only (the VEC = 1 path is the fallback).
   bool pipelined = false;

@@ -50,6 +50,22 @@ bool regs_pipelined(const RowLaunch& launch, int vec, bool collapsed) {
   return !(env != nullptr && env[0] == '0');
 }
 
+int cluster_blocks(i64 rows, i64 chunks, int sm_count, bool capable, int slots) {
+  const char* env = std::getenv("RUDNN_NORM_CLUSTER");
+  const bool off = env != nullptr && env[0] == '0';
+  const bool forced = env != nullptr && env[0] == '1';
+  if (!capable || off || rows == 0 || chunks <= kern::kClusterThreads) return 0;
+  const i64 block_chunks = i64(kern::kClusterThreads) * slots;
+  const i64 needed = ceil_div(chunks, block_chunks);
+  if (needed > kern::kMaxCluster) return 0;  // longer rows: the stream kernel
+  const bool stream_row = chunks > i64(slots) * kern::kMaxTeam;
+  if (!forced && !(2 * rows <= sm_count || (stream_row && rows <= sm_count))) return 0;
+  // The blocks one wave gives each row, at least those the row needs, at most one chunk per thread.
+  const i64 fill = std::max<i64>(forced ? 2 : 1, sm_count / rows);
+  const i64 blocks = std::min({i64(kern::kMaxCluster), std::max(needed, fill), ceil_div(chunks, kern::kClusterThreads)});
+  return blocks >= 2 ? int(blocks) : 0;
+}
+
 void spread_rows_over(RowLaunch& launch, i64 rows, i64 max_blocks) {
   const int teams = launch.block / launch.team;
   const i64 groups = ceil_div(rows, teams);  // rows in units of one row per team
@@ -140,6 +156,43 @@ int resident_blocks(const void* kernel, int block, std::size_t smem) {
   RUDNN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block, smem));
   cache.emplace(key, blocks);
   return blocks;
+}
+
+bool launch_row_cluster(const void* kernel, void* params, i64 rows, i64 chunks, int slots, cudaStream_t stream) {
+  const int device = core::current_device();
+  const core::DeviceProps& props = core::device_props(device);
+  const int blocks = cluster_blocks(rows, chunks, props.sm_count, props.cc_major >= 9, slots);
+  if (blocks == 0) return false;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = unsigned(blocks);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(blocks), unsigned(std::min(rows, kern::kMaxGridY)), 1);
+  config.blockDim = dim3(unsigned(kern::kClusterThreads), 1, 1);
+  config.dynamicSmemBytes = kern::kClusterSmem;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  {
+    // Whether the device can hold such a cluster at all (once per device, kernel and size).
+    using Key = std::tuple<int, const void*, int>;
+    static std::mutex mutex;
+    static std::map<Key, bool> fits;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = fits.find(Key{device, kernel, blocks});
+    if (it == fits.end()) {
+      int clusters = 0;
+      RUDNN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+      it = fits.emplace(Key{device, kernel, blocks}, clusters > 0).first;
+    }
+    if (!it->second) return false;
+  }
+  void* args[] = {params};
+  RUDNN_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel, args));
+  RUDNN_CUDA_CHECK_LAUNCH("a norm cluster kernel");
+  return true;
 }
 
 void spread_rows(RowLaunch& launch, i64 rows, const void* kernel) {

@@ -182,11 +182,12 @@ bool rows_collapsed(const ForwardParams<T, P>& p) {
 }
 
 // mean and rstd of the row in registers `h` (chunks `valid`): the exact two-pass statistics (sum,
-// then the sum of squared deviations) with team all-reductions, which every thread of the block
-// must reach. The one reduction order of both register kernels.
-template <int VEC, int N, class T, class P, class Regs>
+// then the sum of squared deviations), each this thread's share summed over the row's threads by
+// `sum_over_row(float (&)[1])` (the register kernels: a team all-reduction, which every thread of the
+// block must reach; the cluster kernel: cluster_allreduce). The one arithmetic of all three.
+template <int VEC, int N, class T, class P, class Regs, class SumOverRow>
 __device__ __forceinline__ void row_statistics(const ForwardParams<T, P>& p, const Regs& h, const bool (&valid)[N],
-                                               const Team& team, float* scratch, float& mean, float& rstd) {
+                                               SumOverRow&& sum_over_row, float& mean, float& rstd) {
   const float hidden = float(p.hidden);
   float stat[1];
   mean = 0.f;
@@ -198,7 +199,7 @@ __device__ __forceinline__ void row_statistics(const ForwardParams<T, P>& p, con
 #pragma unroll
         for (int v = 0; v < VEC; ++v) stat[0] += to_float(h(v, s));
       }
-    team_allreduce(stat, team, scratch, SumOp{}, 0.f);
+    sum_over_row(stat);
     mean = stat[0] / hidden;
   }
   stat[0] = 0.f;
@@ -211,9 +212,16 @@ __device__ __forceinline__ void row_statistics(const ForwardParams<T, P>& p, con
         stat[0] += d * d;
       }
     }
-  team_allreduce(stat, team, scratch, SumOp{}, 0.f);
+  sum_over_row(stat);
   rstd = rsqrtf(stat[0] / hidden + p.eps);
 }
+
+// row_statistics's sum_over_row for the register kernels: a team all-reduction.
+struct TeamSum {
+  const Team& team;
+  float* scratch;
+  __device__ __forceinline__ void operator()(float (&v)[1]) const { team_allreduce(v, team, scratch, SumOp{}, 0.f); }
+};
 
 // Rows of up to kSlots * team chunks: the row stays in registers between the two reductions
 // (sum, then sum of squared deviations: the exact two-pass variance) and the output pass.
@@ -239,7 +247,7 @@ __global__ void __launch_bounds__(kMaxTeam) norm_forward_regs(const ForwardParam
     if (active) load_h<VEC>(row_h(p, row), chunks, h, valid, chunk_of);
 
     float mean, rstd;
-    row_statistics<VEC>(p, h, valid, team, scratch, mean, rstd);
+    row_statistics<VEC>(p, h, valid, TeamSum{team, scratch}, mean, rstd);
 
     if (!active) continue;  // no barrier follows in this iteration
     if (team.rank == 0) store_stats(p, row, mean, rstd);
@@ -314,7 +322,7 @@ __global__ void __launch_bounds__(kRegsBlockTarget, kPipelinedMinBlocks) norm_fo
     if (next < mine.end) load_row<VEC>(row_h<true>(p, next), chunks, x, r, column, chunk_of);
 
     float mean, rstd;
-    row_statistics<VEC>(p, h, valid, team, scratch, mean, rstd);
+    row_statistics<VEC>(p, h, valid, TeamSum{team, scratch}, mean, rstd);
 
     if (!active) continue;  // no barrier follows in this iteration
     if (team.rank == 0) store_stats<true>(p, row, mean, rstd);
@@ -428,10 +436,39 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) norm_forward
   }
 }
 
+// Few long rows on Hopper (plan::cluster_blocks): the row is shared by a cluster of C blocks of
+// kClusterThreads threads, the cluster's thread g = rank * kClusterThreads + t owning chunks g,
+// g + C * kClusterThreads, ... (kSlots at most, kept in registers: one read of the row, where the
+// stream kernel reads rows too long for one block twice). The statistics are those of the register
+// kernels (sum, then the sum of squared deviations) summed over the cluster by
+// cluster_allreduce (partials through distributed shared memory, added in rank order).
+// Clusters are (C, 1, 1) and grid.x = C: cluster y takes rows y, y + gridDim.y, ...
+template <class T, class P, int VEC>
+__global__ void __launch_bounds__(kClusterThreads, 1) norm_forward_cluster(const ForwardParams<T, P> p) {
+  extern __shared__ float cluster_smem[];
+  const i64 chunks = p.hidden / VEC;
+  ClusterShare<kSlots> share(cluster_smem, chunks);
+  const auto chunk_of = [&](int s) { return share.chunk(s); };
+
+  for (i64 row = blockIdx.y; row < p.rows; row += gridDim.y) {
+    auto h = chunk_registers<T, VEC, kSlots>();
+    load_h<VEC>(row_h(p, row), chunks, h, share.valid, chunk_of);
+    float mean, rstd;
+    row_statistics<VEC>(p, h, share.valid, [&](float (&v)[1]) { share.allreduce(v); }, mean, rstd);
+    if (share.team.rank == 0) store_stats(p, row, mean, rstd);
+    store_y<VEC>(p, row_ptr(p.y, p.y_rows, row), chunks, h, share.valid, chunk_of, mean, rstd);
+  }
+  cluster_barrier();  // no block leaves while a peer may still read its exchange slots
+}
+
 // (tests/emulation/norm_emu.cpp runs everything from `using namespace kern;` above to this line on the CPU.)
 
 template <class T, class P, int VEC>
 void run_forward(ForwardParams<T, P> p, cudaStream_t stream) {
+  if constexpr (VEC > 1)  // few long rows on sm_90 (plan::cluster_blocks)
+    if (plan::launch_row_cluster(reinterpret_cast<const void*>(&norm_forward_cluster<T, P, VEC>), &p, p.rows,
+                                 p.hidden / VEC, kSlots, stream))
+      return;
   plan::RowLaunch launch = plan::row_shape(p.hidden / VEC, kSlots, kSlots);
   // The pipelined kernel exists for 16-byte chunks only (the VEC = 1 path is the fallback).
   bool pipelined = false;

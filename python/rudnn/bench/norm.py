@@ -44,6 +44,13 @@ LN_EPS, RMS_EPS = 1e-5, 1e-6
 # default.
 _REGS = "[regs]"
 _REGS_SIZES = [((32768, 1024), "bfloat16"), ((16384, 4096), "bfloat16")]
+# "<op>[no_cluster]": the op with RUDNN_NORM_CLUSTER=0, i.e. the one-block-per-row kernels where the
+# cluster kernels (few long rows shared by a cluster of blocks, sm_90; bench/NOTES.md "a cluster of
+# blocks per row") run by default: the few-long-row shapes, both kernels in one run.
+_NO_CLUSTER = "[no_cluster]"
+_NO_CLUSTER_SIZES = _GPU_FEW_ROWS[:2]
+# suffix -> the environment variable and value its rows run under
+_VARIANTS = {_REGS: ("RUDNN_NORM_PIPELINED", "0"), _NO_CLUSTER: ("RUDNN_NORM_CLUSTER", "0")}
 
 
 def cases(device: str, quick: bool) -> list:
@@ -55,18 +62,23 @@ def cases(device: str, quick: bool) -> list:
         fused = [((512, 1024), "bfloat16"), ((16, 1024), "float32")]
     regs = [CaseSpec(FAMILY, op + _REGS, shape, dt) for op in ("rms_norm", "add_rms_norm", "layer_norm_backward")
             for shape, dt in _REGS_SIZES] if device == "cuda" else []
+    if device == "cuda":
+        regs += [CaseSpec(FAMILY, op + _NO_CLUSTER, shape, dt)
+                 for op in ("layer_norm", "rms_norm", "layer_norm_backward", "rms_norm_backward")
+                 for shape, dt in _NO_CLUSTER_SIZES]
     return [CaseSpec(FAMILY, op, shape, dt) for op in OPS if op not in _FUSED for shape, dt in sizes] + \
         [CaseSpec(FAMILY, op, shape, dt) for op in _FUSED for shape, dt in fused] + regs
 
 
 def prepare(spec: CaseSpec, device: str) -> Prepared:
-    if spec.op.endswith(_REGS):
-        import dataclasses
+    for suffix, (variable, value) in _VARIANTS.items():
+        if spec.op.endswith(suffix):
+            import dataclasses
 
-        prepared = prepare(dataclasses.replace(spec, op=spec.op[:-len(_REGS)]), device)
-        prepared.run = with_env(prepared.run, "RUDNN_NORM_PIPELINED", "0")
-        prepared.check = with_env(prepared.check, "RUDNN_NORM_PIPELINED", "0")
-        return prepared
+            prepared = prepare(dataclasses.replace(spec, op=spec.op[:-len(suffix)]), device)
+            prepared.run = with_env(prepared.run, variable, value)
+            prepared.check = with_env(prepared.check, variable, value)
+            return prepared
     prepared = _PREPARE[spec.op](spec, device)
     if spec.shape[0] <= _DECODE_ROWS:
         prepared.timing = "host"
