@@ -235,13 +235,13 @@ def _assert_norm_row_sets(monkeypatch, row, op, variable):
 
 
 def test_norm_no_cluster_rows_run_the_one_block_per_row_kernels(monkeypatch):
-    """On a GPU the norm family times layer_norm, rms_norm and their backward on its few-long-row
-    shapes also with RUDNN_NORM_CLUSTER=0 (the kernels the cluster kernels replace there), set only
-    while rudnn runs and checks."""
+    """On a GPU the norm family times layer_norm, rms_norm, softmax and their backward on its
+    few-long-row shapes also with RUDNN_NORM_CLUSTER=0 (the kernels the cluster kernels replace
+    there), set only while rudnn runs and checks."""
     from rudnn.bench import norm as bnorm
 
     rows = [c for c in bnorm.cases("cuda", quick=True) if c.op.endswith("[no_cluster]")]
-    ops = ("layer_norm", "rms_norm", "layer_norm_backward", "rms_norm_backward")
+    ops = ("layer_norm", "rms_norm", "layer_norm_backward", "rms_norm_backward", "softmax", "softmax_backward")
     assert {(c.op, c.shape) for c in rows} == {(op + "[no_cluster]", shape) for op in ops
                                                for shape in ((8, 65536), (64, 32768))}
     # the same shapes run the default kernels in the same run (the cluster kernel on Hopper)

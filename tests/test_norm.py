@@ -204,8 +204,9 @@ def _cuda_kernels_of(fn):
     ("layer", torch.bfloat16, "x", (8, 65536), True, False),     # clusters of 8 blocks
     ("rms", torch.float16, "f32", (64, 32768), False, False),    # 2 blocks a row, float32 weight
     ("layer", torch.float32, "f32", (100, 20480), True, False),  # rows of the two-read kernel: 3 blocks a row
-    ("layer", torch.bfloat16, "x", (3, 5, 12296), False, False),  # rows not collapsible, a partial last slot
-    ("rms", torch.bfloat16, "x", (300, 8192), True, True),       # RUDNN_NORM_CLUSTER=1: 300 rows in clusters of 2
+    ("layer", torch.bfloat16, "x", (3, 5, 24584), False, False),  # rows not collapsible, a partial last slot
+    ("rms", torch.bfloat16, "x", (300, 8192), True, True),       # RUDNN_NORM_CLUSTER=1: 300 rows (one block would
+                                                                 # hold each) in clusters of 2
 ])
 def test_cluster_forward_few_long_rows(monkeypatch, kind, dtype, param_dtype, shape, residual, force):
     """Few long rows on sm_90 run norm_forward_cluster (a row shared by a cluster of blocks, partial
@@ -450,3 +451,29 @@ def test_cluster_backward_few_long_rows(monkeypatch, kind, dtype, param_dtype, s
     assert_close_to_oracle(plain[0], gsame[0], g64[0], "dx without clusters", scale=scale)
     for a, e in zip(clustered[1:], plain[1:]):
         assert (a is None and e is None) or torch.equal(a, e)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype, shape", [
+    (torch.bfloat16, (8, 65536)),   # clusters of 8 both ways
+    (torch.float16, (64, 32768)),   # 2 blocks a row forward, 4 backward
+    (torch.float32, (100, 20480)),  # rows of the two-read kernels: 3 blocks a row forward, 5 backward
+])
+def test_cluster_softmax_few_long_rows(monkeypatch, dtype, shape):
+    """Few long rows on sm_90 run softmax_forward_cluster and softmax_backward_cluster (the profiler
+    must show them): y and dx within the oracle's budget; with RUDNN_NORM_CLUSTER=0 the former
+    kernels give both to the same budget."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread block clusters need sm_90")
+    x, dy = rand(shape, dtype, "cuda", scale=2.0), rand(shape, dtype, "cuda", seed=6)
+    fn = lambda x_: torch.softmax(x_, -1)
+    y_same, y64 = fn(x.cpu()), ref.softmax(x.cpu())
+    dx_same, dx64 = _autograd(fn, dtype, dy, x)[0], _autograd(fn, torch.float64, dy, x)[0]
+    for variant, wanted in (("1", True), ("0", False)):
+        monkeypatch.setenv("RUDNN_NORM_CLUSTER", variant)
+        y, kernels = _cuda_kernels_of(lambda: rudnn.softmax(x))
+        assert any("softmax_forward_cluster" in name for name in kernels) == wanted, kernels
+        assert_close_to_oracle(y, y_same, y64, "y")
+        dx, kernels = _cuda_kernels_of(lambda: rudnn.softmax_backward(dy, y))
+        assert any("softmax_backward_cluster" in name for name in kernels) == wanted, kernels
+        assert_close_to_oracle(dx, dx_same, dx64, "dx")

@@ -43,6 +43,11 @@ def _emulator():
     assert backward.count(edit) == 3  # the regs, pipelined and stream kernels' accumulators
     backward = backward.replace(edit, "float4* wgrad_smem = reinterpret_cast<float4*>(emu_smem);")
     softmax = _between("softmax_cuda.cu", "using namespace kern;", MARK)
+    for name in ("softmax_forward_cluster(", "softmax_backward_cluster("):
+        cluster = softmax[softmax.index(name):]
+        cluster = cluster[:cluster.index("\n}\n")]
+        assert cluster.count("__shared__") == 1 and "extern __shared__ float cluster_smem[];" in cluster, name
+    softmax = softmax.replace(*cluster_smem)
     plan = _between("norm_cuda.cu", "namespace {", "// (tests/emulation/norm_emu.cpp runs the planning above")
     return build_emulator("norm_emu.cpp", kernels, needs_cutlass=True,
                           extra_includes={"plan.inc": plan, "kernels_bwd.inc": backward, "kernels_softmax.inc": softmax})
@@ -106,9 +111,11 @@ def test_norm_backward_kernels_match_the_cpu_backend():
 
 def test_softmax_kernels_match_the_cpu_backend():
     lines = _run("softmax")
-    assert len(lines) == 6, lines
+    assert len(lines) == 8, lines
     for shape in ("[forward vec=8 team=2 ", "[backward vec=8 team=4 ", "[forward vec=1", "[backward vec=1",
                   "[forward vec=8 team=512 block=512 grid=2 stream]", "[backward vec=8 team=512 block=512 grid=3 stream]",
                   "[forward vec=1 team=512 block=512 grid=3 stream]", "[backward vec=1 team=512 block=512 grid=2 stream]",
-                  "[forward vec=8 team=1024 block=1024 grid=3 regs] [backward vec=8 team=512 block=512 grid=2 stream]"):
+                  "[forward vec=8 team=1024 block=1024 grid=3 regs] [backward vec=8 team=512 block=512 grid=2 stream]",
+                  "[forward vec=8 cluster=3 row_groups=3] [backward vec=8 cluster=5 row_groups=2]",
+                  "[forward vec=4 cluster=2 row_groups=2] [backward vec=4 cluster=3 row_groups=2]"):
         assert any(shape in line for line in lines), (shape, lines)  # the cases cover these launches

@@ -523,22 +523,24 @@ def test_norm_forward_kernels(arch):
 
 
 @pytest.mark.parametrize("arch", ["80", "90a"])
-@pytest.mark.parametrize("name, kernel, loads, stores, barriers", [
-    ("norm_fwd_cuda.cu", "norm_forward_cluster", 4, 4, 3),   # x: kSlots chunks; 2 reductions + the exit
-    ("norm_bwd_cuda.cu", "norm_backward_cluster", 4, 2, 2),  # dy, x: kPairSlots each; 1 reduction + the exit
+@pytest.mark.parametrize("name, kernel, count, loads, stores, barriers", [
+    ("norm_fwd_cuda.cu", "norm_forward_cluster", 5, 4, 4, 3),   # x: kSlots chunks; 2 reductions + the exit
+    ("norm_bwd_cuda.cu", "norm_backward_cluster", 5, 4, 2, 2),  # dy, x: kPairSlots each; 1 reduction + the exit
+    ("softmax_cuda.cu", "softmax_forward_cluster", 3, 4, 4, 3),   # max, sum + the exit
+    ("softmax_cuda.cu", "softmax_backward_cluster", 3, 4, 2, 2),  # dy, y; the dot product + the exit
 ])
-def test_norm_cluster_kernels(arch, name, kernel, loads, stores, barriers):
-    """The cluster kernels (few long rows shared by a cluster of blocks, sm_90): on sm_90a no spill and
-    no local memory, the rows read and written in 128-bit pieces, one cluster barrier
-    (UCGABAR_ARV / UCGABAR_WAIT) per reduction and the final one (the layer and rms norms share the
-    code), and the peers' partial sums read through distributed shared memory (generic LD after
-    the barrier); on sm_80, where clusters do not exist, the body is a trap (so it costs no
-    compile time there and can never run)."""
+def test_norm_cluster_kernels(arch, name, kernel, count, loads, stores, barriers):
+    """The cluster kernels of the norm family (few long rows shared by a cluster of blocks, sm_90):
+    on sm_90a no spill and no local memory, the rows read and written in 128-bit pieces, one
+    cluster barrier (UCGABAR_ARV / UCGABAR_WAIT) per reduction and the final one (the layer and rms
+    norms share the code), and the peers' partial results read through distributed shared memory
+    (generic LD after the barrier); on sm_80, where clusters do not exist, the body is a trap (so it
+    costs no compile time there and can never run)."""
     report, sass = _ptxas_report(name, family="norm", arch=arch)
     spills = {k: v for k, v in _spills(report).items() if kernel in k}
-    assert len(spills) == 5 and not any(spills.values()), spills  # one per dtype pair, 16-byte chunks
+    assert len(spills) == count and not any(spills.values()), spills  # one per dtype (pair), 16-byte chunks
     kernels = {k: v for k, v in _sass_by_kernel(sass).items() if kernel in k}
-    assert len(kernels) == 5, sorted(kernels)
+    assert len(kernels) == count, sorted(kernels)
     for entry, lines in kernels.items():
         if arch == "80":
             assert any("BPT.TRAP" in line for line in lines) and not _global_accesses(lines), entry

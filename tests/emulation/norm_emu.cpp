@@ -20,7 +20,7 @@
 // ulps of the dtype plus float32 error relative to the row's largest value (the kernels' exp is
 // ex2.approx for 16-bit rows, their sums float32 in a butterfly order; the CPU's double), over the
 // register and two-read kernels of both directions, 16-byte and single-element chunks, rows of
-// -inf (NaN, as torch) and rows holding -inf among finite values.
+// -inf (NaN, as torch) and rows holding -inf among finite values, and the cluster kernels.
 //
 // Backward: dx against the CPU backend (2 ulps plus float32 sum error relative to the largest |dx|),
 // dweight and dbias to float32 accumulation error relative to the sum of the terms' magnitudes
@@ -268,7 +268,8 @@ bool cluster_plan_table() {
       {100, 4096 / 8, 132, true, F, 0},    // short rows: the register kernels' teams
       {1, 20000, 132, true, F, 0},         // longer than 8 blocks hold: the stream kernel
       {1, 10000, 132, true, B, 0},         // the same in the backward
-      {1, 513, 132, true, F, 2},           // just over one block's 512 threads
+      {64, 2048, 132, true, F, 0},         // rows one cluster block holds (decode sizes): the register kernels
+      {1, 2049, 132, true, F, 5},          // just over one block's: as many blocks as hold a chunk a thread
   };
   bool ok = true;
   for (const Row& r : table) {
@@ -462,12 +463,15 @@ struct SoftmaxCase {
   const char* name;
   DType dtype;
   i64 rows, hidden;
+  int sms = kSms;           // SMs the cluster plan is made for (plan::cluster_blocks)
+  unsigned row_groups = 0;  // the cluster kernels' grid.y (0: one per row, as the library launches them)
 };
 
 // Runs the softmax kernels as run_softmax does (forward: a = x, out = y; backward: a = dy, b = y,
-// out = dx).
+// out = dx), the cluster kernels where the cluster plan for a device of `sms` SMs takes them.
 template <class T, bool Backward>
-void launch_softmax(const Tensor& a, const Tensor* b, const Tensor& out, const SoftmaxProblem& pr) {
+void launch_softmax(const Tensor& a, const Tensor* b, const Tensor& out, const SoftmaxProblem& pr, int sms,
+                    unsigned row_groups) {
   using namespace rudnn::softmax_emu;
   SoftmaxParams<T> p{};
   p.a = a.ptr<const T>();
@@ -477,6 +481,18 @@ void launch_softmax(const Tensor& a, const Tensor* b, const Tensor& out, const S
   p.rows = pr.rows, p.hidden = pr.hidden;
   auto run = [&](auto vec_tag) {
     constexpr int VEC = decltype(vec_tag)::value;
+    const int cluster =
+        VEC > 1 ? plan::cluster_blocks(p.rows, p.hidden / VEC, sms, true, Backward ? kern::kPairSlots : kern::kSlots) : 0;
+    if constexpr (VEC > 1)
+      if (cluster > 0) {
+        const unsigned groups = row_groups > 0 ? row_groups : unsigned(std::min<i64>(p.rows, kern::kMaxGridY));
+        std::printf("[%s vec=%d cluster=%d row_groups=%u] ", Backward ? "backward" : "forward", VEC, cluster, groups);
+        emu_launch_cluster(EmuDim3{unsigned(cluster), groups, 1}, unsigned(cluster), kern::kClusterThreads, 1,
+                           kern::kClusterSmem, [&] {
+                             if constexpr (Backward) softmax_backward_cluster<T, VEC>(p); else softmax_forward_cluster<T, VEC>(p);
+                           });
+        return;
+      }
     plan::RowLaunch l = Backward ? plan::row_shape(p.hidden / VEC, kern::kPairSlots, kern::kPairSlots)
                                  : plan::row_shape(p.hidden / VEC, kern::kSlots, kern::kSlots);
     plan::spread_rows_over(l, p.rows, kSms);
@@ -543,7 +559,7 @@ bool run_softmax_case(const SoftmaxCase& c) {
   std::printf("%s ", c.name);
   core::dispatch_float<__half, __nv_bfloat16>(c.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_softmax<T, false>(x.t, nullptr, y.t, validate_softmax_forward(x.t, y.t));
+    launch_softmax<T, false>(x.t, nullptr, y.t, validate_softmax_forward(x.t, y.t), c.sms, c.row_groups);
   });
   // the backward from the reference y (rows after the NaN one), so both backends see the same y
   const i64 skip = 1;
@@ -555,7 +571,8 @@ bool run_softmax_case(const SoftmaxCase& c) {
   softmax_backward_cpu(dy_in.t, y_in.t, gx_ref.t, validate_softmax_backward(dy_in.t, y_in.t, gx_ref.t));
   core::dispatch_float<__half, __nv_bfloat16>(c.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_softmax<T, true>(dy_in.t, &y_in.t, gx.t, validate_softmax_backward(dy_in.t, y_in.t, gx.t));
+    launch_softmax<T, true>(dy_in.t, &y_in.t, gx.t, validate_softmax_backward(dy_in.t, y_in.t, gx.t), c.sms,
+                            c.row_groups);
   });
   double worst_y = 0, worst_dx = 0;
   const bool ok = softmax_close(y.t, y_ref.t, c.dtype, R, H, worst_y) &&
@@ -595,8 +612,8 @@ int main(int argc, char** argv) {
         // (a cluster walks rows, its exchange slots reused across them), float32 weight
         {"layer_bf16_cluster_stream_row", L, bf16, bf16, 2, 40960, true, true, true},
         {"rms_f16_cluster_of_8", S, f16, f16, 1, 32768, true, false, false, 16},
-        {"layer_f16_cluster_rows_f32_weight", L, f16, f32, 5, 16384, true, false, true, 12, 2},
-        {"rms_f32_cluster_residual", S, f32, f32, 3, 6144, true, false, true, 8},
+        {"layer_f16_cluster_rows_f32_weight", L, f16, f32, 5, 24576, true, false, true, 12, 2},
+        {"rms_f32_cluster_residual", S, f32, f32, 3, 12288, true, false, true, 8},
     };
     for (const Case& c : cases) ok = run_case(c) && ok;
     ok = cluster_plan_table() && ok;
@@ -640,15 +657,20 @@ int main(int argc, char** argv) {
         {"softmax_bf16_subwarp_teams", bf16, 40, 64},       // teams of 2 (forward), 4 (backward)
         {"softmax_f16_multiwarp_team", f16, 9, 4096},
         {"softmax_f32_scalar_path", f32, 11, 1001},        // single-element chunks
-        {"softmax_bf16_stream", bf16, 4, 40000},            // two-read kernels, both directions
+        {"softmax_bf16_stream", bf16, 4, 40000, 2},         // two-read kernels, both directions (a 2-SM
+                                                            // cluster plan: none for the backward's 3 rows)
         {"softmax_f32_stream_scalar", f32, 3, 17001},
         {"softmax_f16_regs_fwd_stream_bwd", f16, 5, 24576}, // register forward, two-read backward
+        // the cluster kernels (few long rows on sm_90): stream-length rows, the all -inf row included,
+        // in clusters of 3 (forward) and 5 (backward); float32 rows walked by 2 row groups
+        {"softmax_bf16_cluster", bf16, 3, 40960},
+        {"softmax_f32_cluster_rows", f32, 5, 12288, 12, 2},
     };
     for (const SoftmaxCase& c : cases) ok = run_softmax_case(c) && ok;
   } else if (which == "cluster_planted") {
     // A planted ordering bug in the cluster kernel (EMU_PLANT selects it): the ordering check must
     // report it, whatever numbers the run gives.
-    run_case({"layer_bf16_cluster_planted", L, bf16, bf16, 3, 16384, true, true, false, 8, 2});
+    run_case({"layer_bf16_cluster_planted", L, bf16, bf16, 3, 24576, true, true, false, 8, 2});
     std::printf("hazards %ld\n", emu_hazards.load());
     return 0;
   } else {

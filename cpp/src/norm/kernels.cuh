@@ -392,18 +392,19 @@ __device__ __forceinline__ Team cluster_team() {
   return Team{int(cluster_size() * blockDim.x), int(cluster_rank() * blockDim.x + threadIdx.x), 0, 1};
 }
 
-// Sums of K floats over every thread of the cluster, the same bits in all of them: a block
-// all-reduce (team_allreduce over `block_team`, the whole block; `scratch` holds K * 32 floats),
-// then every thread adds the blocks' sums in rank order. `exchange` is 2 * K floats of dynamic
-// shared memory, used by alternate reductions (`parity`, flipped here): a block rewrites a slot
-// only after the next reduction's barrier, which every reader of the slot's last value has passed,
-// so one cluster barrier per reduction suffices. Every thread of the cluster must call it the same
-// number of times, and the kernel must pass a cluster barrier after its last call (a block's
-// shared memory goes away when it exits).
-template <int K>
+// All-reduce of K floats over every thread of the cluster (sums by default; `op` as
+// team_allreduce's), the same bits in all of them: a block all-reduce (team_allreduce over
+// `block_team`, the whole block; `scratch` holds K * 32 floats), then every thread combines the
+// blocks' results in rank order. `exchange` is 2 * K floats of dynamic shared memory, used by
+// alternate reductions (`parity`, flipped here): a block rewrites a slot only after the next
+// reduction's barrier, which every reader of the slot's last value has passed, so one cluster
+// barrier per reduction suffices. Every thread of the cluster must call it the same number of
+// times, and the kernel must pass a cluster barrier after its last call (a block's shared memory
+// goes away when it exits).
+template <int K, class Op = SumOp>
 __device__ __forceinline__ void cluster_allreduce(float (&v)[K], const Team& block_team, float* scratch,
-                                                  float* exchange, unsigned& parity) {
-  team_allreduce(v, block_team, scratch, SumOp{}, 0.f);
+                                                  float* exchange, unsigned& parity, Op op = {}, float identity = 0.f) {
+  team_allreduce(v, block_team, scratch, op, identity);
   float* slot = exchange + parity * K;
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -412,16 +413,16 @@ __device__ __forceinline__ void cluster_allreduce(float (&v)[K], const Team& blo
   cluster_barrier();
   const unsigned blocks = cluster_size();
 #pragma unroll
-  for (int k = 0; k < K; ++k) v[k] = 0.f;
+  for (int k = 0; k < K; ++k) v[k] = identity;
   for (unsigned r = 0; r < blocks; ++r) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) v[k] += read_from_cluster(slot + k, r);
+    for (int k = 0; k < K; ++k) v[k] = op(v[k], read_from_cluster(slot + k, r));
   }
   parity ^= 1u;
 }
 
 // What a cluster kernel's thread knows of the row its cluster shares (norm_forward_cluster,
-// norm_backward_cluster): its shared memory (`smem`: kClusterSmem bytes of dynamic shared memory),
+// norm_backward_cluster, softmax_forward_cluster, softmax_backward_cluster): its shared memory (`smem`: kClusterSmem bytes of dynamic shared memory),
 // its teams, which of its N slots fall inside a row (the same in every row) and the exchange
 // parity of cluster_allreduce.
 template <int N>
@@ -439,9 +440,9 @@ struct ClusterShare {
     for (int s = 0; s < N; ++s) valid[s] = chunk(s) < chunks;
   }
   __device__ __forceinline__ i64 chunk(int s) const { return slot_chunk(team, s); }
-  template <int K>
-  __device__ __forceinline__ void allreduce(float (&v)[K]) {
-    cluster_allreduce(v, block_team, scratch, exchange, parity);
+  template <int K, class Op = SumOp>
+  __device__ __forceinline__ void allreduce(float (&v)[K], Op op = {}, float identity = 0.f) {
+    cluster_allreduce(v, block_team, scratch, exchange, parity, op, identity);
   }
 };
 
@@ -580,9 +581,11 @@ bool regs_pipelined(const RowLaunch& launch, int vec, bool collapsed);
 // Blocks per row of the cluster kernels (norm_forward_cluster with `slots` = kSlots,
 // norm_backward_cluster with kPairSlots; sm_90, 16-byte chunks), 0 where they are not taken. They
 // are for few long rows, which one block per row leaves most of the chip idle for (and rows too
-// long for one block's registers read twice by the stream kernels): rows of more than
-// kClusterThreads chunks, when rows <= sm_count / 2 (two or more blocks per row still fit in one
-// wave) or the row needs a stream kernel and rows <= sm_count; a cluster of C blocks
+// long for one block's registers read twice by the stream kernels): rows too long for one
+// kClusterThreads block's registers (more than kClusterThreads * slots chunks: shorter rows, decode
+// sizes among them, keep the register kernels and their block barriers), when rows <= sm_count / 2
+// (two or more blocks per row still fit in one wave) or the row needs a stream kernel and rows <=
+// sm_count; a cluster of C blocks
 // (2 <= C <= kMaxCluster) holds rows of up to C * kClusterThreads * slots chunks in registers and
 // takes C = the blocks that fill one wave (sm_count / rows), at least those the row needs, at most
 // one chunk per thread's worth. RUDNN_NORM_CLUSTER=0 in the environment turns them off, =1 takes

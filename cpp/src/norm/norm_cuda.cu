@@ -58,6 +58,7 @@ int cluster_blocks(i64 rows, i64 chunks, int sm_count, bool capable, int slots) 
   const i64 block_chunks = i64(kern::kClusterThreads) * slots;
   const i64 needed = ceil_div(chunks, block_chunks);
   if (needed > kern::kMaxCluster) return 0;  // longer rows: the stream kernel
+  if (!forced && needed < 2) return 0;       // rows one block holds: the register kernels (decode sizes)
   const bool stream_row = chunks > i64(slots) * kern::kMaxTeam;
   if (!forced && !(2 * rows <= sm_count || (stream_row && rows <= sm_count))) return 0;
   // The blocks one wave gives each row, at least those the row needs, at most one chunk per thread.

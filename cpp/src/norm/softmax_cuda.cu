@@ -66,6 +66,45 @@ __device__ __forceinline__ void store_softmax_grad(T* row, i64 chunks, Regs& dy,
   }
 }
 
+// max and sum_j exp(x_j - max) of the row in registers `x` (chunks `valid`), this thread's shares
+// combined over the row's threads by `over_row(float (&)[1], op, identity)` (the register kernel: a
+// team all-reduction; the cluster kernel: cluster_allreduce). The one arithmetic of both.
+template <class T, int VEC, int N, class Regs, class OverRow>
+__device__ __forceinline__ void softmax_statistics(const Regs& x, const bool (&valid)[N], OverRow&& over_row,
+                                                   float& max, float& sum) {
+  float stat[1] = {-INFINITY};
+#pragma unroll
+  for (int s = 0; s < N; ++s)
+    if (valid[s]) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) stat[0] = fmaxf(stat[0], to_float(x(v, s)));
+    }
+  over_row(stat, MaxOp{}, -INFINITY);
+  max = stat[0];
+  stat[0] = 0.f;
+#pragma unroll
+  for (int s = 0; s < N; ++s)
+    if (valid[s]) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) stat[0] += softmax_exp<T>(to_float(x(v, s)) - max);
+    }
+  over_row(stat, SumOp{}, 0.f);
+  sum = stat[0];
+}
+
+// This thread's share of sum_j dy_j * y_j over the chunks in registers.
+template <int VEC, int N, class Regs>
+__device__ __forceinline__ float softmax_dot_share(const Regs& dy, const Regs& y, const bool (&valid)[N]) {
+  float dot = 0.f;
+#pragma unroll
+  for (int s = 0; s < N; ++s)
+    if (valid[s]) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) dot += to_float(dy(v, s)) * to_float(y(v, s));
+    }
+  return dot;
+}
+
 template <class T, int VEC>
 __global__ void __launch_bounds__(kMaxTeam) softmax_forward_regs(const SoftmaxParams<T> p) {
   __shared__ float scratch[32];
@@ -83,25 +122,12 @@ __global__ void __launch_bounds__(kMaxTeam) softmax_forward_regs(const SoftmaxPa
 
     auto x = chunk_registers<T, VEC, kSlots>();
     if (active) load_row<VEC>(row_ptr(p.a, p.a_rows, row), chunks, x, valid, chunk_of);
-    float stat[1] = {-INFINITY};
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s)
-      if (valid[s]) {
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) stat[0] = fmaxf(stat[0], to_float(x(v, s)));
-      }
-    team_allreduce(stat, team, scratch, MaxOp{}, -INFINITY);
-    const float max = stat[0];
-    stat[0] = 0.f;
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s)
-      if (valid[s]) {
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) stat[0] += softmax_exp<T>(to_float(x(v, s)) - max);
-      }
-    team_allreduce(stat, team, scratch, SumOp{}, 0.f);
+    float max, sum;
+    softmax_statistics<T, VEC>(
+        x, valid, [&](float (&v)[1], auto op, float identity) { team_allreduce(v, team, scratch, op, identity); },
+        max, sum);
     if (!active) continue;  // no barrier follows in this iteration
-    store_softmax<VEC>(row_ptr(p.out, p.out_rows, row), chunks, x, valid, chunk_of, max, 1.f / stat[0]);
+    store_softmax<VEC>(row_ptr(p.out, p.out_rows, row), chunks, x, valid, chunk_of, max, 1.f / sum);
   }
 }
 
@@ -196,12 +222,7 @@ __global__ void __launch_bounds__(kMaxTeam) softmax_backward_regs(const SoftmaxP
     if (active) {
       load_row<VEC>(row_ptr(p.a, p.a_rows, row), chunks, dy, valid, chunk_of);
       load_row<VEC>(row_ptr(p.b, p.b_rows, row), chunks, y, valid, chunk_of);
-#pragma unroll
-      for (int s = 0; s < kPairSlots; ++s)
-        if (valid[s]) {
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) dot[0] += to_float(dy(v, s)) * to_float(y(v, s));
-        }
+      dot[0] = softmax_dot_share<VEC>(dy, y, valid);
     }
     team_allreduce(dot, team, scratch, SumOp{}, 0.f);
     if (!active) continue;  // no barrier follows in this iteration
@@ -255,11 +276,55 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks) softmax_back
   }
 }
 
+// Few long rows on Hopper (plan::cluster_blocks), as norm_forward_cluster / norm_backward_cluster:
+// a row shared by the C blocks of a cluster, each thread's chunks in registers (forward: x, kSlots;
+// backward: dy and y, kPairSlots each), the row's reductions by cluster_allreduce (max and sum
+// forward, the dot product backward), the rest softmax_forward_regs's / softmax_backward_regs's.
+template <class T, int VEC>
+__global__ void __launch_bounds__(kClusterThreads, 1) softmax_forward_cluster(const SoftmaxParams<T> p) {
+  extern __shared__ float cluster_smem[];
+  const i64 chunks = p.hidden / VEC;
+  ClusterShare<kSlots> share(cluster_smem, chunks);
+  const auto chunk_of = [&](int s) { return share.chunk(s); };
+  for (i64 row = blockIdx.y; row < p.rows; row += gridDim.y) {
+    auto x = chunk_registers<T, VEC, kSlots>();
+    load_row<VEC>(row_ptr(p.a, p.a_rows, row), chunks, x, share.valid, chunk_of);
+    float max, sum;
+    softmax_statistics<T, VEC>(
+        x, share.valid, [&](float (&v)[1], auto op, float identity) { share.allreduce(v, op, identity); }, max, sum);
+    store_softmax<VEC>(row_ptr(p.out, p.out_rows, row), chunks, x, share.valid, chunk_of, max, 1.f / sum);
+  }
+  cluster_barrier();  // no block leaves while a peer may still read its exchange slots
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kClusterThreads, 1) softmax_backward_cluster(const SoftmaxParams<T> p) {
+  extern __shared__ float cluster_smem[];
+  const i64 chunks = p.hidden / VEC;
+  ClusterShare<kPairSlots> share(cluster_smem, chunks);
+  const auto chunk_of = [&](int s) { return share.chunk(s); };
+  for (i64 row = blockIdx.y; row < p.rows; row += gridDim.y) {
+    auto dy = chunk_registers<T, VEC, kPairSlots>();
+    auto y = chunk_registers<T, VEC, kPairSlots>();
+    load_row<VEC>(row_ptr(p.a, p.a_rows, row), chunks, dy, share.valid, chunk_of);
+    load_row<VEC>(row_ptr(p.b, p.b_rows, row), chunks, y, share.valid, chunk_of);
+    float dot[1] = {softmax_dot_share<VEC>(dy, y, share.valid)};
+    share.allreduce(dot);
+    store_softmax_grad<VEC>(row_ptr(p.out, p.out_rows, row), chunks, dy, y, share.valid, chunk_of, dot[0]);
+  }
+  cluster_barrier();  // no block leaves while a peer may still read its exchange slots
+}
+
 // (tests/emulation/norm_emu.cpp runs everything from `using namespace kern;` above to this line on the CPU.)
 
 // Launches the regs or stream variant of one softmax kernel pair.
 template <class T, int VEC, bool Backward>
 void run_softmax(SoftmaxParams<T> p, cudaStream_t stream) {
+  if constexpr (VEC > 1) {  // few long rows on sm_90 (plan::cluster_blocks)
+    const void* cluster = Backward ? reinterpret_cast<const void*>(&softmax_backward_cluster<T, VEC>)
+                                   : reinterpret_cast<const void*>(&softmax_forward_cluster<T, VEC>);
+    if (plan::launch_row_cluster(cluster, &p, p.rows, p.hidden / VEC, Backward ? kPairSlots : kSlots, stream)) return;
+  }
   // Backward keeps two rows (dy, y) in registers: half the slots per thread.
   plan::RowLaunch launch = Backward ? plan::row_shape(p.hidden / VEC, kPairSlots, kPairSlots)
                                     : plan::row_shape(p.hidden / VEC, kSlots, kSlots);

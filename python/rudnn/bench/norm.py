@@ -64,7 +64,8 @@ def cases(device: str, quick: bool) -> list:
             for shape, dt in _REGS_SIZES] if device == "cuda" else []
     if device == "cuda":
         regs += [CaseSpec(FAMILY, op + _NO_CLUSTER, shape, dt)
-                 for op in ("layer_norm", "rms_norm", "layer_norm_backward", "rms_norm_backward")
+                 for op in ("layer_norm", "rms_norm", "layer_norm_backward", "rms_norm_backward", "softmax",
+                            "softmax_backward")
                  for shape, dt in _NO_CLUSTER_SIZES]
     return [CaseSpec(FAMILY, op, shape, dt) for op in OPS if op not in _FUSED for shape, dt in sizes] + \
         [CaseSpec(FAMILY, op, shape, dt) for op in _FUSED for shape, dt in fused] + regs
