@@ -404,6 +404,8 @@ __device__ __forceinline__ Team cluster_team() {
 template <int K, class Op = SumOp>
 __device__ __forceinline__ void cluster_allreduce(float (&v)[K], const Team& block_team, float* scratch,
                                                   float* exchange, unsigned& parity, Op op = {}, float identity = 0.f) {
+  static_assert(K * 32 <= kClusterScratch && 2 * K * sizeof(float) <= kClusterSmem - kClusterScratch * sizeof(float),
+                "kClusterSmem holds the scratch and exchange slots of at most two values");
   team_allreduce(v, block_team, scratch, op, identity);
   float* slot = exchange + parity * K;
   if (threadIdx.x == 0) {
@@ -588,7 +590,8 @@ bool regs_pipelined(const RowLaunch& launch, int vec, bool collapsed);
 // sm_count; a cluster of C blocks
 // (2 <= C <= kMaxCluster) holds rows of up to C * kClusterThreads * slots chunks in registers and
 // takes C = the blocks that fill one wave (sm_count / rows), at least those the row needs, at most
-// one chunk per thread's worth. RUDNN_NORM_CLUSTER=0 in the environment turns them off, =1 takes
+// one chunk per thread's worth. `capable`: a Hopper GPU (compute capability 9.x; launch_row_cluster
+// also checks that the kernel's code is sm_90's). RUDNN_NORM_CLUSTER=0 in the environment turns them off, =1 takes
 // them wherever the row fits in a cluster, with at least 2 blocks (read at each call; for
 // comparing the kernels on a GPU).
 int cluster_blocks(i64 rows, i64 chunks, int sm_count, bool capable, int slots);

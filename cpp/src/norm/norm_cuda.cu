@@ -162,7 +162,9 @@ int resident_blocks(const void* kernel, int block, std::size_t smem) {
 bool launch_row_cluster(const void* kernel, void* params, i64 rows, i64 chunks, int slots, cudaStream_t stream) {
   const int device = core::current_device();
   const core::DeviceProps& props = core::device_props(device);
-  const int blocks = cluster_blocks(rows, chunks, props.sm_count, props.cc_major >= 9, slots);
+  // Hopper only, as the library's other sm_90 paths: the cluster kernels exist as sm_90a code; any
+  // other device runs the compute_80 PTX, where their bodies are traps.
+  const int blocks = cluster_blocks(rows, chunks, props.sm_count, props.cc_major == 9, slots);
   if (blocks == 0) return false;
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
@@ -177,15 +179,18 @@ bool launch_row_cluster(const void* kernel, void* params, i64 rows, i64 chunks, 
   config.attrs = &cluster;
   config.numAttrs = 1;
   {
-    // Whether the device can hold such a cluster at all (once per device, kernel and size).
+    // Whether the device can run such a cluster at all (once per device, kernel and size).
     using Key = std::tuple<int, const void*, int>;
     static std::mutex mutex;
     static std::map<Key, bool> fits;
     std::lock_guard<std::mutex> lock(mutex);
     auto it = fits.find(Key{device, kernel, blocks});
     if (it == fits.end()) {
+      // The code the device runs must come from sm_90 sources (a build without 90a has only the traps).
+      cudaFuncAttributes attrs{};
+      RUDNN_CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernel));
       int clusters = 0;
-      RUDNN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+      if (attrs.ptxVersion >= 90) RUDNN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
       it = fits.emplace(Key{device, kernel, blocks}, clusters > 0).first;
     }
     if (!it->second) return false;
