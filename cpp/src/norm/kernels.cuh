@@ -320,11 +320,11 @@ __device__ __forceinline__ void team_allreduce(float (&v)[K], const Team& team, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Thread block clusters (sm_90; the cluster forward, norm_forward_cluster): a row shared by the
-// blocks of a cluster, their partial sums exchanged through distributed shared memory. Each piece
-// is one PTX instruction on sm_90 (and traps elsewhere: the planner never launches a cluster
-// kernel below sm_90); the host emulator (tests/emulation/emu_runtime.hpp) provides stand-ins that
-// check the exchange's ordering.
+// Thread block clusters (sm_90; the cluster kernels, plan::cluster_blocks): a row shared by the
+// blocks of a cluster, their partial results exchanged through distributed shared memory. Each
+// piece is one PTX instruction on sm_90 (and traps elsewhere: plan::launch_row_cluster launches a
+// cluster kernel only on Hopper, from sm_90 code); the host emulator (tests/emulation/
+// emu_runtime.hpp) provides stand-ins that check the exchange's ordering.
 
 #ifndef RUDNN_HOST_EMULATOR
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -424,9 +424,9 @@ __device__ __forceinline__ void cluster_allreduce(float (&v)[K], const Team& blo
 }
 
 // What a cluster kernel's thread knows of the row its cluster shares (norm_forward_cluster,
-// norm_backward_cluster, softmax_forward_cluster, softmax_backward_cluster): its shared memory (`smem`: kClusterSmem bytes of dynamic shared memory),
-// its teams, which of its N slots fall inside a row (the same in every row) and the exchange
-// parity of cluster_allreduce.
+// norm_backward_cluster, softmax_forward_cluster, softmax_backward_cluster): its shared memory
+// (`smem`: kClusterSmem bytes of dynamic shared memory), its teams, which of its N slots fall
+// inside a row (the same in every row) and the exchange parity of cluster_allreduce.
 template <int N>
 struct ClusterShare {
   float* scratch;   // the block reduction's (kClusterScratch floats)
