@@ -45,6 +45,34 @@ def test_combine_backward_emulator_catches_unchecked_claims():
     assert result.returncode == 1 and "MISMATCH" in result.stdout, result.stdout + result.stderr
 
 
+def _run_uncovered(mutation=None):
+    exe = build_emulator("moe_combine_emu.cpp", _kernels_source(mutation))
+    result = subprocess.run([str(exe), "uncovered"], capture_output=True, text=True, timeout=300)
+    return result, result.stdout.strip().splitlines()
+
+
+def test_rows_no_expert_covers_are_zeroed_and_no_other_byte_written():
+    """zero_uncovered_rows_kernel (the experts' outputs y, a, b, dx need no fill before the call):
+    offsets that tile the rows (exactly, clamped past either end) leave every byte as it was;
+    short, late, unordered and gapped offsets zero exactly the rows no segment_of covers, across
+    each output's width and not the padding between rows; 300 experts over 1000 rows, several
+    rows a block."""
+    result, lines = _run_uncovered()
+    assert result.returncode == 0 and len(lines) == 10 and all(line.endswith(" ok") for line in lines), \
+        result.stdout + result.stderr
+    zeroed = {line.split()[1]: line.split()[3] for line in lines}
+    assert zeroed["tiled"] == zeroed["tiled_past_end"] == zeroed["unordered_covering"] == "zeroed=0", lines
+    assert zeroed["unordered_gap"] == "zeroed=6" and zeroed["many_holes"] == "zeroed=4", lines
+
+
+def test_uncovered_rows_emulator_catches_a_planted_bug():
+    """A planted bug: the tiling test forgetting offsets[E] < N, so rows past the last expert keep
+    whatever the output held."""
+    result, lines = _run_uncovered(("(e == E && o < rows) || ", ""))
+    assert result.returncode == 1 and any("short_end" in line and "MISMATCH" in line for line in lines), \
+        result.stdout + result.stderr
+
+
 # ---- dispatch plan --------------------------------------------------------------------------
 
 _PLAN_START = "// ---- dispatch plan (tests/emulation/moe_dispatch_emu.cpp"

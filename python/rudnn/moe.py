@@ -440,13 +440,6 @@ def _combine_backward(y, dout, row_of_slot, weights, code, stream):
     return dy, dweights
 
 
-def _row_outputs(call):
-    """The allocator of the per-row expert outputs. Host offsets are checked to partition the rows
-    (ArgumentError otherwise); device offsets are not read on the host, so there the outputs
-    start zeroed: a row that no expert segment covers comes out 0, never unwritten memory."""
-    return call.zeros if call.device[0] == "cuda" else call.empty
-
-
 def _gate_up_output(call, gate):
     """The [E, 2I, H] array of interleave_gate_up; empty for a gate that is not [E, I, H], which
     libruDNN then refuses."""
@@ -467,7 +460,9 @@ def _experts_forward(op, gate, up, down, x, offsets, code, training, stream, gat
     _no_jax(op, x)
     call = fw.Call(op, {"x": x, "offsets": offsets, "gate": gate, "up": up, "down": down, "gate_up": gate_up}, stream)
     dtype = call.dtype_name(x) if call.dtype_name(x) in fw.FLOAT_DTYPES else "float32"
-    rows = _row_outputs(call)
+    # rows no expert's segment covers (device offsets that do not tile the rows) come out zero:
+    # libruDNN writes them, so the outputs need no fill here
+    rows = call.empty
     y = rows(tuple(x.shape), dtype)
     gate_pre = up_pre = None
     if training:
@@ -480,7 +475,7 @@ def _experts_forward(op, gate, up, down, x, offsets, code, training, stream, gat
 def _experts_backward(gate, up, down, dy, x, offsets, gate_pre, up_pre, code, stream):
     _no_jax("MoeTrainingCache.backward", dy)
     call = fw.Call("MoeTrainingCache.backward", {"dy": dy, "x": x, "gate": gate}, stream)
-    dx = _row_outputs(call)(tuple(x.shape), call.dtype_name(x))
+    dx = call.empty(tuple(x.shape), call.dtype_name(x))
     dgate = call.empty(tuple(gate.shape), "float32")
     dup = call.empty(tuple(up.shape), "float32")
     ddown = call.empty(tuple(down.shape), "float32")

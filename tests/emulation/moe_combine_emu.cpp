@@ -12,6 +12,7 @@
 // kernels (the row claims, the zeroing of unclaimed rows, the "serial" slot kernel) against the
 // CPU backend (run_backward). Prints one line per case; exits 1 on a mismatch.
 #include "emu_runtime.hpp"
+#include "emu_vote.hpp"
 
 #include <cstring>
 #include <initializer_list>
@@ -219,9 +220,84 @@ bool run_case(const Case& c) {
   return ok && backward_ok;
 }
 
+// zero_uncovered_rows_kernel, launched as zero_uncovered_rows_cuda launches it, on three outputs
+// of different element sizes, widths and row strides, every byte a sentinel first: a row no
+// segment covers (segment_of, checked here on the host over every expert) must come out zero
+// across its width, every other byte (covered rows, the padding between rows) untouched.
+struct CoverCase {
+  const char* name;
+  std::vector<std::int32_t> offsets;
+  i64 rows;
+};
+
+bool run_cover_case(const CoverCase& c) {
+  constexpr unsigned char kSentinel = 0xA5;
+  const int E = int(c.offsets.size()) - 1;
+  const i64 N = c.rows;
+  struct Out {
+    i64 element, width, stride;
+    std::vector<unsigned char> bytes;
+  };
+  std::vector<Out> outs = {{2, 7, 9, {}}, {4, 5, 5, {}}, {2, 3, 8, {}}};
+  emu_k::CoverArrays arrays{};
+  for (Out& o : outs) {
+    o.bytes.assign(std::size_t(N * o.stride * o.element), kSentinel);
+    arrays.base[arrays.count] = reinterpret_cast<char*>(o.bytes.data());
+    arrays.stride_bytes[arrays.count] = o.stride * o.element;
+    arrays.row_bytes[arrays.count] = o.width * o.element;
+    ++arrays.count;
+  }
+  std::vector<std::int32_t> offsets(c.offsets);
+  emu_launch(EmuDim3{emu_k::cover_blocks(N), 1, 1}, emu_k::kCoverThreads, 1, 0,
+             [&] { emu_k::zero_uncovered_rows_kernel(arrays, offsets.data(), E, N); });
+  bool ok = true;
+  i64 zeroed = 0;
+  for (i64 r = 0; r < N; ++r) {
+    bool covered = false;
+    for (int e = 0; e < E; ++e) {
+      const Segment seg = segment_of(c.offsets.data(), e, N);
+      covered = covered || (r >= seg.begin && r < seg.end);
+    }
+    zeroed += !covered;
+    for (const Out& o : outs)
+      for (i64 b = 0; b < o.stride * o.element; ++b) {
+        const unsigned char want = !covered && b < o.width * o.element ? 0 : kSentinel;
+        ok = ok && o.bytes[std::size_t(r * o.stride * o.element + b)] == want;
+      }
+  }
+  std::printf("uncovered %s rows=%lld zeroed=%lld %s\n", c.name, static_cast<long long>(N),
+              static_cast<long long>(zeroed), ok ? "ok" : "MISMATCH");
+  return ok;
+}
+
+int run_cover_cases() {
+  std::vector<std::int32_t> many(301);  // 300 experts, a dispatch-like tiling of 1000 rows with gaps cut in
+  for (int e = 0; e <= 300; ++e) many[std::size_t(e)] = std::int32_t(e * 1000 / 300);
+  std::vector<std::int32_t> holes(many);
+  holes[50] = 990;   // expert 49 runs to row 990, expert 50 is empty: nothing lost
+  holes[120] = 100;  // expert 119 empty, expert 120 starts back at row 100: rows of 119's gap covered again
+  holes[300] = 977;  // the last rows owned by no one
+  const std::vector<CoverCase> cases = {
+      {"tiled", {0, 3, 3, 7, 10}, 10},
+      {"tiled_past_end", {0, 4, 12}, 10},              // offsets[E] > N: clamped, every row covered
+      {"tiled_negative_start", {-5, 4, 10}, 10},       // offsets[0] < 0: clamped to 0
+      {"short_end", {0, 4, 6}, 10},                    // rows 6..9 of no expert
+      {"late_start", {2, 5, 10}, 10},                  // rows 0, 1
+      {"unordered_gap", {6, 8, 1, 3}, 10},             // [6, 8) and [1, 3): rows 0, 3-5, 8, 9
+      {"unordered_covering", {0, 3, 1, 2, 10}, 10},    // not a tiling, yet every row covered
+      {"no_experts_rows", {0, 0, 0}, 7},               // every row uncovered
+      {"many_tiled", many, 1000},                      // 1000 rows over 128 blocks: several rows a block
+      {"many_holes", holes, 1000},
+  };
+  bool ok = true;
+  for (const CoverCase& c : cases) ok = run_cover_case(c) && ok;
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "uncovered") == 0) return run_cover_cases();
   const std::vector<Case> cases = {
       {"bf16_packed", DType::bf16, 5, 3, 64, 64, true, DType::bf16, false},
       {"f16_packed_k10_bad_row", DType::f16, 4, 10, 24, 32, true, DType::f32, true},

@@ -16,6 +16,7 @@
 // Outputs and workspaces start as garbage, so anything left unwritten fails. Prints one line per
 // case; exits 1 on a mismatch.
 #include "emu_runtime.hpp"
+#include "emu_vote.hpp"
 
 #include <cmath>
 #include <cstdint>

@@ -111,7 +111,10 @@ void moe_combine_backward(const MoeCombineBackwardArgs& args, Stream stream = nu
 
 // For every expert e and its rows n: a = x[n]·gate[e]^T, b = x[n]·up[e]^T (float32
 // accumulation, rounded to the dtype), h = silu(a) * b (rounded), y[n] = h·down[e]^T.
-// Rows after offsets[E] are not written.
+// Host offsets must tile the N rows (offsets[0] = 0, non-decreasing, offsets[E] = N). Device
+// offsets are not read on the host: expert e then owns rows [clamp(offsets[e]), max(that,
+// clamp(offsets[e + 1]))), clamped into [0, N], and the rows no expert owns are written zero (y,
+// and gate_pre and up_pre when given; dx of the backward likewise).
 // gate_up (optional) holds gate and up once more, interleaved by moe_interleave_gate_up: the sm90
 // tensor-core forward without gate_pre then computes a and b in one grouped GEMM and h in its
 // epilogue (a and b rounded to the dtype first, so h is the same as unfused); every other path

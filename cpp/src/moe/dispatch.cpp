@@ -156,6 +156,8 @@ void moe_experts_forward(const MoeExpertsForwardArgs& args, Stream stream) {
   core::on_device(args.x.device, op.c_str(), [&] { moe::experts_forward_cpu(args, p); },
             [&] {
               core::expect_workspace(args.workspace, args.x, "x", forward_workspace_cuda(args, p), op);
+              moe::zero_uncovered_rows_cuda(args.offsets, p.experts, p.rows, {&args.y, args.gate_pre, args.up_pre},
+                                            stream);
               if (p.strategy == MoeExpertsStrategy::tensor_core)
                 moe::experts_forward_tensor_core_cuda(args, p, stream);
               else
@@ -181,6 +183,7 @@ void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream) {
   core::on_device(args.x.device, op.c_str(), [&] { moe::experts_backward_cpu(args, p); },
             [&] {
               core::expect_workspace(args.workspace, args.x, "x", backward_workspace_cuda(args, p), op);
+              moe::zero_uncovered_rows_cuda(args.offsets, p.experts, p.rows, {&args.dx}, stream);
               if (p.strategy == MoeExpertsStrategy::tensor_core)
                 moe::experts_backward_tensor_core_cuda(args, p, stream);
               else

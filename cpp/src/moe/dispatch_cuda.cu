@@ -9,6 +9,7 @@
 // gate/up interleaving of moe_interleave_gate_up, two strided copies of weight rows, is here too.
 #include <algorithm>
 #include <initializer_list>
+#include <stdexcept>
 #include <utility>
 
 #include "core/pack.cuh"
@@ -346,6 +347,50 @@ __global__ void combine_backward_serial_kernel(const T* __restrict__ y, const T*
 
 int row_threads(std::int64_t hidden) { return hidden >= 256 ? 256 : hidden >= 128 ? 128 : 64; }
 
+// ---- rows no expert covers (the experts' outputs y, a, b and dx) ----
+// An expert writes the rows of its segment (segment_of). Offsets from a dispatch plan tile the N
+// rows, but device offsets are never read on the host, so any array may arrive; the rows that no
+// segment covers are written zero here rather than left unwritten (the outputs need no fill
+// before the call). Every block first reads the E + 1 offsets: a tiling (offsets[0] <= 0,
+// non-decreasing, offsets[E] >= N) ends the kernel at once, so the usual call costs one short
+// launch where a fill of the outputs would write all of them. Otherwise each block tests its
+// rows against every segment (slow, but only for offsets that are a caller's bug).
+constexpr int kCoverThreads = 128;
+constexpr int kCoverBlocks = 128;
+constexpr int kMaxCoverArrays = 3;
+
+struct CoverArrays {
+  char* base[kMaxCoverArrays];
+  std::int64_t stride_bytes[kMaxCoverArrays], row_bytes[kMaxCoverArrays];
+  int count;
+};
+
+__global__ void __launch_bounds__(kCoverThreads)
+    zero_uncovered_rows_kernel(CoverArrays out, const int* __restrict__ offsets, int E, std::int64_t rows) {
+  bool tiled = true;
+  for (int e = threadIdx.x; e <= E; e += kCoverThreads) {
+    const std::int64_t o = offsets[e];
+    if ((e == 0 && o > 0) || (e == E && o < rows) || (e < E && std::int64_t(offsets[e + 1]) < o)) tiled = false;
+  }
+  if (!__syncthreads_or(!tiled)) return;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    bool covered = false;
+    for (int e = threadIdx.x; e < E && !covered; e += kCoverThreads) {
+      const Segment seg = segment_of(offsets, e, rows);
+      covered = r >= seg.begin && r < seg.end;
+    }
+    if (__syncthreads_or(covered)) continue;  // the same answer in every thread
+#pragma unroll  // constant indices: the parameter's arrays stay out of local memory
+    for (int a = 0; a < kMaxCoverArrays; ++a) {
+      if (a >= out.count) break;
+      char* row = out.base[a] + r * out.stride_bytes[a];
+      for (std::int64_t b = threadIdx.x; b < out.row_bytes[a]; b += kCoverThreads) row[b] = 0;
+    }
+  }
+}
+
+unsigned cover_blocks(std::int64_t rows) { return unsigned(std::min<std::int64_t>(rows, kCoverBlocks)); }
+
 // (tests/emulation/moe_combine_emu.cpp runs everything from the section mark above to this line on the CPU.)
 
 // "plane": one block per token; the hidden axis is spread over the block and each dot
@@ -413,6 +458,25 @@ void dispatch_plan_cuda(const MoeDispatchPlanArgs& a, const DispatchPlanProblem&
         row_of_slot);
     RUDNN_CUDA_CHECK_LAUNCH(walk_chunks_kernel);
   });
+}
+
+void zero_uncovered_rows_cuda(const Tensor& offsets, int experts, std::int64_t rows,
+                              std::initializer_list<const Tensor*> outputs, Stream s) {
+  if (rows == 0) return;
+  if (outputs.size() > std::size_t(kMaxCoverArrays)) throw std::logic_error("zero_uncovered_rows_cuda: too many outputs");
+  CoverArrays out{};
+  for (const Tensor* t : outputs) {
+    if (!t || t->shape[1] == 0) continue;
+    const std::int64_t size = std::int64_t(dtype_size(t->dtype));
+    out.base[out.count] = static_cast<char*>(t->data);
+    out.stride_bytes[out.count] = t->strides[0] * size;
+    out.row_bytes[out.count] = t->shape[1] * size;
+    ++out.count;
+  }
+  if (out.count == 0) return;
+  zero_uncovered_rows_kernel<<<cover_blocks(rows), kCoverThreads, 0, as_cuda(s)>>>(out, offsets.ptr<int>(), experts,
+                                                                                    rows);
+  RUDNN_CUDA_CHECK_LAUNCH(zero_uncovered_rows_kernel);
 }
 
 void gather_rows_cuda(const Tensor& x, const Tensor& token_of_row, const Tensor& out, const GatherProblem& p,

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "core/rows.hpp"  // RUDNN_HD
 #include "rudnn/moe.hpp"
@@ -116,6 +117,10 @@ void gather_rows_cuda(const Tensor& x, const Tensor& token_of_row, const Tensor&
                       Stream s);
 void combine_cuda(const MoeCombineArgs& a, const CombineProblem& p, Stream s);
 void combine_backward_cuda(const MoeCombineBackwardArgs& a, const CombineProblem& p, Stream s);
+// Writes zero into the rows of each output [N, *] that no expert's segment covers (none when the
+// offsets tile the rows: then it reads the offsets and returns). Null outputs are skipped; at most 3.
+void zero_uncovered_rows_cuda(const Tensor& offsets, int experts, std::int64_t rows,
+                              std::initializer_list<const Tensor*> outputs, Stream s);
 std::size_t experts_forward_workspace_bytes_cuda(const ExpertsProblem& p, DType dtype);
 void experts_forward_cuda(const MoeExpertsForwardArgs& a, const ExpertsProblem& p, Stream s);
 // The "tensor_core" forward (experts_tc_cuda.cu): nullptr when this device and these arrays

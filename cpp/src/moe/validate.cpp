@@ -335,7 +335,7 @@ namespace {
 
 // Host offsets partition the N rows of x: offsets[0] = 0, non-decreasing, offsets[E] = N.
 // (Device offsets are not read on the host; their kernels clamp them, and rows that no
-// segment covers come out zero: see SwiGluExperts in python/rudnn/moe.py.)
+// segment covers are written zero: zero_uncovered_rows_cuda in dispatch_cuda.cu.)
 void check_host_offsets(const Tensor& offsets, std::int64_t rows, const std::string& op) {
   const std::int32_t* o = offsets.ptr<std::int32_t>();
   const std::int64_t E = offsets.shape[0] - 1;
