@@ -99,13 +99,15 @@ def _run_plan_emulator(mutation=None, quick=False):
 
 
 def test_dispatch_plan_kernels_match_the_cpu_backend():
-    """The count walk, the two scans and the place walk give the CPU backend's offsets and row
-    order bitwise: small cases, E = 300 and 1024, no tokens, and T = 100003 at k = 6 (1876
-    chunks of 320 slots: the widest scan block) with invalid ids."""
+    """The count walk, the two scans and the place walk (or, for slots that fit one chunk, the
+    single-launch plan) give the CPU backend's offsets and row order bitwise: small cases, E = 300
+    and 1024 on both paths, two chunks, no tokens, and T = 100003 at k = 6 (1876 chunks of 320
+    slots: the widest scan block) with invalid ids."""
     result, lines = _run_plan_emulator()
-    assert result.returncode == 0 and len(lines) == 5 and all(line.endswith(" ok") for line in lines), \
+    assert result.returncode == 0 and len(lines) == 7 and all(line.endswith(" ok") for line in lines), \
         result.stdout + result.stderr
     assert any("chunks=1876 chunk=320" in line for line in lines), result.stdout
+    assert any("E=1024 chunks=1 " in line for line in lines) and any("chunks=2 " in line for line in lines), lines
 
 
 # Planted bugs the comparison must catch: a warp scan that skips the lane right below (wrong

@@ -51,6 +51,7 @@ constexpr float kNaN = __builtin_nanf("");
 #include "kernels.inc"
 // namespace rudnn::moe { namespace emu_k { ...the row gather and combine section... } }
 #include "combine.inc"
+#include "moe_plan_launches.hpp"
 
 #include "emu_arrays.hpp"
 
@@ -121,26 +122,9 @@ bool run_typed(const Case& c) {
   a.row_of_slot = Tensor::contiguous(ros_cpu.data(), DType::i32, Device{}, idx_shape, 2);
   dispatch_plan_cpu(a, p);
 
-  const emu_k::Chunks ch = emu_k::chunks_of(p);
   std::vector<std::int32_t> ws(std::size_t(std::max<i64>(emu_k::workspace_ints(p), 1)), kGarbage);
   std::vector<std::int32_t> off(E + 1, kGarbage), tor(N, kGarbage), ros(N, kGarbage);
-  {  // dispatch_plan_cuda's four launches
-    int* counts = ws.data();
-    int* totals = counts + ch.count * E;
-    const std::size_t smem = std::size_t(E) * sizeof(int);
-    emu_launch(EmuDim3{unsigned(ch.count), 1, 1}, 32, 1, smem, [&] {
-      emu_k::walk_chunks_kernel<Idx, false>(ids.data(), k, ch.slots, c.k, c.experts, ch.size, ch.count, counts,
-                                            off.data(), tor.data(), ros.data());
-    });
-    emu_launch(EmuDim3{unsigned(E), 1, 1}, unsigned(emu_k::scan_threads(ch.count)), 1, 0,
-               [&] { emu_k::scan_chunks_kernel(counts, ch.count, totals); });
-    emu_launch(EmuDim3{1, 1, 1}, unsigned(emu_k::totals_threads(c.experts)), 1, 0,
-               [&] { emu_k::scan_totals_kernel(totals, c.experts, off.data()); });
-    emu_launch(EmuDim3{unsigned(ch.count), 1, 1}, 32, 1, smem, [&] {
-      emu_k::walk_chunks_kernel<Idx, true>(ids.data(), k, ch.slots, c.k, c.experts, ch.size, ch.count, counts,
-                                           off.data(), tor.data(), ros.data());
-    });
-  }
+  dispatch_plan_emulated<Idx>(ids.data(), p, ws.data(), off.data(), tor.data(), ros.data());
   if (!(off == off_cpu && tor == tor_cpu && ros == ros_cpu)) return fail(c, "plan differs from the CPU backend", 0);
   if (off[E] != valid) return fail(c, "offsets[E] is not the count of valid slots", off[E]);
   for (i64 s = 0; s < N; ++s) {

@@ -88,22 +88,17 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int* scratch, int* tot
   return scratch[warp] + inclusive - v;
 }
 
-// One warp walks one chunk of slots in order, 32 slots per step. kPlace = false: count the
-// chunk's slots per expert into counts[e][chunk] (expert-major: scan_chunks_kernel reads each
-// expert's counts as one contiguous row). kPlace = true: place every slot at offsets[e] +
-// counts[e][chunk] (the slots of earlier chunks) + its rank so far, and mark the chunk's share
-// of the rows past offsets[E] (rows of no token: slots with an invalid expert index).
+// One warp walks one chunk of slots [begin, end) in order, 32 slots per step, over the cursors
+// `cursor` [E] in shared memory. kPlace = false: count the chunk's slots per expert into the
+// cursors. kPlace = true: place every slot at its expert's cursor (the expert's first row for
+// this chunk) + its rank so far, and mark the chunk's share of the rows past offsets[E] (rows of
+// no token: slots with an invalid expert index).
 template <class Idx, bool kPlace>
-__global__ void __launch_bounds__(32)
-    walk_chunks_kernel(const Idx* __restrict__ indices, std::int64_t stride, std::int64_t slots, int k, int E,
-                       std::int64_t chunk, std::int64_t chunks, int* __restrict__ counts,
-                       const int* __restrict__ offsets, int* __restrict__ token_of_row, int* __restrict__ row_of_slot) {
-  extern __shared__ int cursor[];  // [E]
-  const int lane = threadIdx.x;
-  const std::int64_t c = blockIdx.x;
-  for (int e = lane; e < E; e += 32) cursor[e] = kPlace ? offsets[e] + counts[e * chunks + c] : 0;
-  __syncwarp();
-  const std::int64_t begin = c * chunk, end = std::min(begin + chunk, slots);
+__device__ __forceinline__ void walk_chunk(const Idx* __restrict__ indices, std::int64_t stride, int k, int E,
+                                           std::int64_t begin, std::int64_t end, int* cursor,
+                                           const int* __restrict__ offsets, int* __restrict__ token_of_row,
+                                           int* __restrict__ row_of_slot) {
+  const int lane = int(threadIdx.x % 32);
   const unsigned lanes_below = (1u << lane) - 1u;
   for (std::int64_t base = begin; base < end; base += 32) {
     const std::int64_t slot = base + lane;
@@ -121,11 +116,28 @@ __global__ void __launch_bounds__(32)
     if (e >= 0 && rank == 0) cursor[e] += __popc(same);  // one writer per expert
     __syncwarp();
   }
-  if (kPlace) {  // rows and slots are both [0, slots): this chunk marks rows [begin, end) past the used ones
+  if (kPlace)  // rows and slots are both [0, slots): this chunk marks rows [begin, end) past the used ones
     for (std::int64_t r = std::max(begin, std::int64_t(offsets[E])) + lane; r < end; r += 32) token_of_row[r] = -1;
-  } else {
+}
+
+// One warp per chunk. kPlace = false: counts[e][chunk] = the chunk's slots of expert e
+// (expert-major: scan_chunks_kernel reads each expert's counts as one contiguous row).
+// kPlace = true: the cursors start at offsets[e] + counts[e][chunk] (the slots of earlier chunks).
+template <class Idx, bool kPlace>
+__global__ void __launch_bounds__(32)
+    walk_chunks_kernel(const Idx* __restrict__ indices, std::int64_t stride, std::int64_t slots, int k, int E,
+                       std::int64_t chunk, std::int64_t chunks, int* __restrict__ counts,
+                       const int* __restrict__ offsets, int* __restrict__ token_of_row, int* __restrict__ row_of_slot) {
+  extern __shared__ int cursor[];  // [E]
+  const int lane = threadIdx.x;
+  const std::int64_t c = blockIdx.x;
+  for (int e = lane; e < E; e += 32) cursor[e] = kPlace ? offsets[e] + counts[e * chunks + c] : 0;
+  __syncwarp();
+  const std::int64_t begin = c * chunk;
+  walk_chunk<Idx, kPlace>(indices, stride, k, E, begin, std::min(begin + chunk, slots), cursor, offsets,
+                          token_of_row, row_of_slot);
+  if (!kPlace)
     for (int e = lane; e < E; e += 32) counts[e * chunks + c] = cursor[e];
-  }
 }
 
 // Block e: counts[e][c] -> the slots of expert e in chunks before c (an exclusive scan of the
@@ -161,6 +173,31 @@ __global__ void __launch_bounds__(kMoeMaxExperts)
   const int before = block_exclusive_sum(e < E ? totals[e] : 0, scratch, &total);
   if (e < E) offsets[e] = before;
   if (e == 0) offsets[E] = total;
+}
+
+// Slots that fit one chunk (decode: T * k <= kMinChunk) take the whole plan in one launch
+// instead of four: warp 0 counts, the block scans the counts into the offsets (a thread per
+// expert, as scan_totals_kernel), warp 0 places. The same walks and scan: the same plan, bitwise.
+bool single_chunk(const Chunks& c) { return c.count == 1; }
+
+template <class Idx>
+__global__ void __launch_bounds__(kMoeMaxExperts)
+    single_chunk_plan_kernel(const Idx* __restrict__ indices, std::int64_t stride, std::int64_t slots, int k, int E,
+                             int* __restrict__ offsets, int* __restrict__ token_of_row,
+                             int* __restrict__ row_of_slot) {
+  extern __shared__ int cursor[];  // [E]
+  __shared__ int scratch[33];
+  const int e = threadIdx.x;  // blockDim.x = totals_threads(E) >= E
+  if (e < E) cursor[e] = 0;
+  __syncthreads();
+  if (e < 32) walk_chunk<Idx, false>(indices, stride, k, E, 0, slots, cursor, offsets, token_of_row, row_of_slot);
+  __syncthreads();
+  int total;
+  const int before = block_exclusive_sum(e < E ? cursor[e] : 0, scratch, &total);
+  if (e < E) offsets[e] = cursor[e] = before;
+  if (e == 0) offsets[E] = total;
+  __syncthreads();  // the cursors and offsets[E] (read by the place walk) are written
+  if (e < 32) walk_chunk<Idx, true>(indices, stride, k, E, 0, slots, cursor, offsets, token_of_row, row_of_slot);
 }
 
 // (tests/emulation/moe_dispatch_emu.cpp runs everything from the dispatch plan mark to this line on the CPU.)
@@ -427,8 +464,8 @@ std::size_t dispatch_plan_workspace_bytes_cuda(const DispatchPlanProblem& p) {
   return std::size_t(workspace_ints(p)) * sizeof(int);
 }
 
-// Four launches (tests/emulation/moe_dispatch_emu.cpp replays them): count, scan each expert's
-// counts over the chunks, scan the experts' totals into the offsets, place.
+// Four launches (tests/emulation/moe_plan_launches.hpp replays them): count, scan each expert's
+// counts over the chunks, scan the experts' totals into the offsets, place; one for a single chunk.
 void dispatch_plan_cuda(const MoeDispatchPlanArgs& a, const DispatchPlanProblem& p, Stream s) {
   const Chunks c = chunks_of(p);
   const cudaStream_t stream = as_cuda(s);
@@ -445,6 +482,12 @@ void dispatch_plan_cuda(const MoeDispatchPlanArgs& a, const DispatchPlanProblem&
   dispatch_index(a.expert_indices.dtype, [&](auto tag) {
     using Idx = typename decltype(tag)::type;
     const Idx* indices = a.expert_indices.ptr<Idx>();
+    if (single_chunk(c)) {
+      single_chunk_plan_kernel<Idx><<<1, totals_threads(p.experts), smem, stream>>>(
+          indices, p.index_stride, c.slots, p.top_k, p.experts, offsets, token_of_row, row_of_slot);
+      RUDNN_CUDA_CHECK_LAUNCH(single_chunk_plan_kernel);
+      return;
+    }
     walk_chunks_kernel<Idx, false><<<unsigned(c.count), 32, smem, stream>>>(
         indices, p.index_stride, c.slots, p.top_k, p.experts, c.size, c.count, counts, offsets, token_of_row,
         row_of_slot);
