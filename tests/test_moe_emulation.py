@@ -1,4 +1,4 @@
-"""The MoE dispatch CUDA kernels' own source run on the CPU by host emulators and compared
+"""The MoE dispatch and routing CUDA kernels' own source run on the CPU by host emulators and compared
 bitwise with the CPU backend, which test_moe.py checks against the naive reference: the row gather, combine
 and combine_backward (the "row gather and combine" section of cpp/src/moe/dispatch_cuda.cu:
 16-byte packs or single elements, the batched slot loads of combine, the row claims that spare
@@ -71,6 +71,42 @@ def test_uncovered_rows_emulator_catches_a_planted_bug():
     result, lines = _run_uncovered(("(e == E && o < rows) || ", ""))
     assert result.returncode == 1 and any("short_end" in line and "MISMATCH" in line for line in lines), \
         result.stdout + result.stderr
+
+
+# ---- routing (cpp/src/moe/route_cuda.cu) ---------------------------------------------------
+
+def _route_source(mutation=None):
+    src = open(os.path.join(ROOT, "cpp", "src", "moe", "route_cuda.cu")).read()
+    body = src[src.index("constexpr int kThreads = 128;"):src.index("}  // namespace\n\nvoid route_cuda(")]
+    if mutation:
+        assert body.count(mutation[0]) == 1, mutation[0]
+        body = body.replace(*mutation)
+    return "namespace rudnn::moe {\nnamespace emu_k {\nusing namespace cuda;\n" + body + "}\n}\n"
+
+
+def _run_route_emulator(mutation=None):
+    exe = build_emulator("moe_route_emu.cpp", _route_source(mutation))
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    return result, result.stdout.strip().splitlines()
+
+
+def test_routing_kernels_match_the_cpu_backend():
+    """route_softmax, route_sigmoid_grouped, selected_router and its backward, their own source on
+    the CPU against the CPU backend: the same experts in the same slots (ties to the lower id),
+    weights and dlogits within a rounding of their dtype (exactly 0 where the CPU's are: one
+    renormalized slot); NaN, +inf and all -inf logits, E = 1024 with top_k = 64, DeepSeek-V3's
+    grouped shape, repeated and invalid indices in all three index dtypes."""
+    result, lines = _run_route_emulator()
+    results = [line for line in lines if not line.startswith("  ")]
+    assert result.returncode == 0 and len(results) == 11 and all(line.endswith(" ok") for line in results), \
+        result.stdout + result.stderr
+
+
+def test_routing_emulator_catches_a_planted_bug():
+    """A planted bug: the renormalized backward forgetting the division by the selected sum."""
+    result, lines = _run_route_emulator(("dp[j] = renormalize ? scale * (g - gq) / sum : scale * g;",
+                                         "dp[j] = renormalize ? scale * (g - gq) : scale * g;"))
+    assert result.returncode == 1 and any("dlogits" in line for line in lines), result.stdout + result.stderr
 
 
 # ---- dispatch plan --------------------------------------------------------------------------
