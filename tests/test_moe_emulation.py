@@ -109,6 +109,44 @@ def test_routing_emulator_catches_a_planted_bug():
     assert result.returncode == 1 and any("dlogits" in line for line in lines), result.stdout + result.stderr
 
 
+# ---- the scalar experts (cpp/src/moe/experts_scalar_cuda.cu) ---------------------------------
+
+def _experts_source(mutation=None):
+    src = open(os.path.join(ROOT, "cpp", "src", "moe", "experts_scalar_cuda.cu")).read()
+    body = src[src.index("constexpr int kTile = 16;"):
+               src.index("}  // namespace\n\nstd::size_t experts_forward_workspace_bytes_cuda(")]
+    if mutation:
+        assert body.count(mutation[0]) == 1, mutation[0]
+        body = body.replace(*mutation)
+    return "namespace rudnn::moe {\nnamespace emu_k {\nusing namespace cuda;\n" + body + "}\n}\n"
+
+
+def _run_experts_emulator(mutation=None):
+    exe = build_emulator("moe_experts_emu.cpp", _experts_source(mutation))
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
+    return result, result.stdout.strip().splitlines()
+
+
+def test_scalar_experts_kernels_match_the_cpu_backend():
+    """The scalar strategy's kernels (row tiles found by binary search, 16x16 tiled products,
+    SwiGLU forward and backward, per-expert weight gradients) in the launches of
+    experts_forward_cuda and experts_backward_cuda, against the CPU backend: y, a, b, dx and the
+    weight gradients; idle experts, segments ending inside a tile, sizes off the 16 grid, padded
+    x and dy rows, every dtype."""
+    result, lines = _run_experts_emulator()
+    results = [line for line in lines if not line.startswith("  ")]
+    assert result.returncode == 0 and len(results) == 4 and all(line.endswith(" ok") for line in results), \
+        result.stdout + result.stderr
+
+
+def test_scalar_experts_emulator_catches_a_planted_bug():
+    """A planted bug: a row tile's expert found one too far when the binary search lands on an
+    expert without rows (its first tile equals the next expert's)."""
+    result, lines = _run_experts_emulator(("if (tile_offsets[mid] <= tile) lo = mid;",
+                                           "if (tile_offsets[mid] < tile) lo = mid;"))
+    assert result.returncode == 1 and "MISMATCH" in result.stdout, result.stdout + result.stderr
+
+
 # ---- dispatch plan --------------------------------------------------------------------------
 
 _PLAN_START = "// ---- dispatch plan (tests/emulation/moe_dispatch_emu.cpp"

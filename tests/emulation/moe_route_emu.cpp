@@ -34,13 +34,6 @@
 
 #include "emu_keywords.hpp"
 
-// The block argmax exchanges ids: an int shuffle beside emu_runtime.hpp's float one.
-inline int __shfl_xor_sync(unsigned, int v, int lane_mask) {
-  int r = 0;
-  emu_warp_exchange(v, [&](auto lane_value) { r = lane_value(emu_lane ^ lane_mask); });
-  return r;
-}
-
 // cuda_common.cuh without its CUDA headers (already included above, before the macros).
 #include "moe/cuda_common.cuh"
 
@@ -60,6 +53,7 @@ using std::isnan;  // CUDA's device isnan
 #include "kernels.inc"
 
 #include "emu_arrays.hpp"
+#include "moe_emu_compare.hpp"
 
 namespace {
 
@@ -70,31 +64,6 @@ using i64 = std::int64_t;
 template <class F>
 decltype(auto) device_types(DType dtype, F&& f) {
   return core::dispatch_float<__half, __nv_bfloat16>(dtype, std::forward<F>(f));
-}
-
-float ulp_of(DType dtype) { return dtype == DType::f32 ? 1e-5f : dtype == DType::f16 ? 1.0f / 512 : 1.0f / 64; }
-
-// Rows of n values `stride` apart: NaN where the reference is NaN, else within ulp_of(dtype) of
-// the row's largest reference magnitude (exact where that is 0).
-bool close_rows(const Tensor& got, const Tensor& want, i64 rows, i64 n, i64 stride, const char* what) {
-  const float tol = ulp_of(want.dtype);
-  for (i64 r = 0; r < rows; ++r) {
-    float big = 0.0f;
-    for (i64 i = 0; i < n; ++i) {
-      const float w = emu::value_at(want, r * stride + i);
-      if (!std::isnan(w)) big = std::max(big, std::fabs(w));
-    }
-    for (i64 i = 0; i < n; ++i) {
-      const float g = emu::value_at(got, r * stride + i), w = emu::value_at(want, r * stride + i);
-      const bool ok = std::isnan(w) ? std::isnan(g) : !std::isnan(g) && std::fabs(g - w) <= tol * big;
-      if (!ok) {
-        std::printf("  %s row %lld col %lld: %.9g, the CPU backend %.9g\n", what, static_cast<long long>(r),
-                    static_cast<long long>(i), g, w);
-        return false;
-      }
-    }
-  }
-  return true;
 }
 
 bool same_ids(const std::vector<std::uint32_t>& got, const std::vector<std::uint32_t>& want) {
@@ -156,7 +125,7 @@ bool run_softmax(DType dtype, i64 E, int k, bool renormalize) {
                                      idx_emu.data(), w_emu.t.ptr<D>());
     });
   });
-  const bool ok = same_ids(idx_emu, idx_cpu) && close_rows(w_emu.t, w_cpu.t, T, k, k, "weights");
+  const bool ok = same_ids(idx_emu, idx_cpu) && emu::close_rows(w_emu.t, w_cpu.t, T, k, k, "weights");
   return report("softmax " + std::string(dtype_name(dtype)) + " E=" + std::to_string(E) + " k=" + std::to_string(k) +
                     (renormalize ? " renormalized" : ""),
                 ok);
@@ -192,7 +161,7 @@ bool run_sigmoid_grouped(DType dtype, i64 E, int k, int groups, int selected_gro
                                              idx_emu.data(), w_emu.t.ptr<D>());
     });
   });
-  const bool ok = same_ids(idx_emu, idx_cpu) && close_rows(w_emu.t, w_cpu.t, T, k, k, "weights");
+  const bool ok = same_ids(idx_emu, idx_cpu) && emu::close_rows(w_emu.t, w_cpu.t, T, k, k, "weights");
   return report("sigmoid_grouped " + std::string(dtype_name(dtype)) + " E=" + std::to_string(E) + " k=" +
                     std::to_string(k) + " groups=" + std::to_string(selected_groups) + "/" + std::to_string(groups) +
                     (top_two ? " top_two" : "") + (with_bias ? " bias" : ""),
@@ -264,7 +233,8 @@ bool run_selected(DType dtype, DType index_dtype, DType grad_dtype, i64 E, int k
                                                      renormalize, scale, d_emu.t.ptr<D>(), pb.dlogits_stride);
     });
   });
-  const bool ok = close_rows(w_emu.t, w_cpu.t, T, k, k, "weights") && close_rows(d_emu.t, d_cpu.t, T, E, E, "dlogits");
+  const bool ok = emu::close_rows(w_emu.t, w_cpu.t, T, k, k, "weights") &&
+                  emu::close_rows(d_emu.t, d_cpu.t, T, E, E, "dlogits");
   return report(std::string("selected ") + (scoring == MoeScoring::softmax ? "softmax " : "sigmoid ") +
                     dtype_name(dtype) + " " + dtype_name(index_dtype) + " grad=" + dtype_name(grad_dtype) +
                     " E=" + std::to_string(E) + " k=" + std::to_string(k) + (renormalize ? " renormalized" : ""),
@@ -286,6 +256,7 @@ int main() {
   ok = run_selected<std::int32_t>(DType::bf16, DType::i32, DType::f32, 128, 8, MoeScoring::softmax, true, 1.0f) && ok;
   ok = run_selected<std::int64_t>(DType::f32, DType::i64, DType::f32, 40, 4, MoeScoring::sigmoid, true, 2.5f) && ok;
   ok = run_selected<std::uint32_t>(DType::f16, DType::u32, DType::f16, 300, 6, MoeScoring::softmax, false, 1.0f) && ok;
-  ok = run_selected<std::int32_t>(DType::f32, DType::i32, DType::f32, 64, 1, MoeScoring::softmax, true, 3.0f) && ok;  // k = 1: dlogits 0
+  // k = 1, renormalized: every dlogit exactly 0
+  ok = run_selected<std::int32_t>(DType::f32, DType::i32, DType::f32, 64, 1, MoeScoring::softmax, true, 3.0f) && ok;
   return ok ? 0 : 1;
 }

@@ -506,7 +506,8 @@ void dispatch_plan_cuda(const MoeDispatchPlanArgs& a, const DispatchPlanProblem&
 void zero_uncovered_rows_cuda(const Tensor& offsets, int experts, std::int64_t rows,
                               std::initializer_list<const Tensor*> outputs, Stream s) {
   if (rows == 0) return;
-  if (outputs.size() > std::size_t(kMaxCoverArrays)) throw std::logic_error("zero_uncovered_rows_cuda: too many outputs");
+  if (outputs.size() > std::size_t(kMaxCoverArrays))
+    throw std::logic_error("zero_uncovered_rows_cuda: too many outputs");
   CoverArrays out{};
   for (const Tensor* t : outputs) {
     if (!t || t->shape[1] == 0) continue;
