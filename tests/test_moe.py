@@ -511,6 +511,62 @@ def test_strided_inputs():
     assert torch.equal(out, ref_out)
 
 
+def _five_steps(experts, x, logits, k, renormalize=True, strategy="auto"):
+    d = moe.route(logits, k, renormalize).dispatch(x)
+    return d.combine(experts.forward_dispatched(d, strategy))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_dtype, logits_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                                   (torch.float16, torch.bfloat16)])
+@pytest.mark.parametrize("T, E, k, H, I, renorm, fused", [(12, 8, 2, 32, 64, True, False),
+                                                        (5, 128, 8, 16, 64, False, True),
+                                                        (70, 4, 4, 24, 8, True, False), (0, 6, 3, 8, 64, True, True)])
+def test_layer_call_is_the_five_steps_bitwise(device, x_dtype, logits_dtype, T, E, k, H, I, renorm, fused):
+    """SwiGluExperts(x, logits) is one call into libruDNN (moe_layer_forward): bitwise the result
+    of route -> dispatch -> forward_dispatched -> combine, for logits in another dtype than x, gate
+    and up interleaved or not, two chunks of slots (T * k = 280 > 256: the plan's four launches
+    on a GPU), no tokens."""
+    gate, up, down = _experts(E, I, H, x_dtype, device)
+    experts = moe.SwiGluExperts(gate, up, down, fused_gate_up=fused)
+    x, logits = rand((T, H), x_dtype, device, seed=6), rand((T, E), logits_dtype, device, seed=7)
+    out = experts(x, logits, top_k=k, renormalize=renorm)
+    assert out.dtype == x_dtype and tuple(out.shape) == (T, H) and out.device == x.device
+    assert torch.equal(out, _five_steps(experts, x, logits, k, renorm))
+    if T:
+        assert out.abs().sum() > 0  # not a vacuous comparison of zeros
+
+
+def test_layer_call_workspace_and_token_errors():
+    """What moe_layer_forward checks beyond its steps: x and logits naming the same tokens, and
+    the caller's workspace (size, alignment, dtype)."""
+    gate, up, down = _experts(4, 8, 16, torch.float32, "cpu")
+    experts = moe.SwiGluExperts(gate, up, down)
+    x, logits = rand((5, 16), torch.float32), rand((5, 4), torch.float32, seed=3)
+    with pytest.raises(rudnn.ShapeError) as info:
+        experts(x, logits[:4], top_k=2)
+    assert str(info.value) == "SwiGluExperts: logits: expected [T, E] with T = 5 (the tokens of x), got [4, 4]"
+    with pytest.raises(rudnn.ArgumentError) as info:
+        experts(x, logits, top_k=5)
+    assert str(info.value).startswith("SwiGluExperts: top_k: expected 1 <= top_k <= E (4), got 5"), str(info.value)
+    with pytest.raises(rudnn.FrameworkError, match="SwiGluExperts: logits: expected a torch.Tensor"):
+        experts(x, None, top_k=2)
+    out = torch.empty(5, 16)
+    call = lambda workspace: rudnn._C.moe_layer_forward(x, logits, 2, True, gate, up, down, None, 0, out, workspace, 0)
+    with pytest.raises(rudnn.ArgumentError) as info:
+        call(torch.empty(8, dtype=torch.uint8))
+    message = str(info.value)
+    assert message.startswith("SwiGluExperts: workspace: expected at least ") and message.endswith(" bytes, got 8")
+    need = int(message.split("at least ")[1].split(" ")[0])
+    buffer = torch.empty(need + 8, dtype=torch.uint8)
+    with pytest.raises(rudnn.ArgumentError, match="SwiGluExperts: workspace: expected an address aligned to 8 bytes"):
+        call(buffer[1:need + 1])
+    with pytest.raises(rudnn.DTypeError, match="SwiGluExperts: workspace: expected uint8, got float32"):
+        call(torch.empty(need, dtype=torch.float32))
+    call(buffer[:need])  # enough and aligned: the layer, as the Python call gives it
+    assert torch.equal(out, experts(x, logits, top_k=2))
+
+
 def test_last_algorithm_names_the_strategy_that_ran():
     T, E, k, H, I = 12, 4, 2, 8, 6
     gate, up, down = _experts(E, I, H, torch.float32, "cpu")

@@ -186,6 +186,33 @@ void register_moe(nb::module_& m) {
       nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none(), nb::arg("gate_up").none() = nb::none());
 
   m.def(
+      "moe_layer_forward",
+      [](const In& x, const In& logits, int top_k, bool renormalize, const In& gate, const In& up, const In& down,
+         const OptIn& gate_up, int strategy, const Out& out, const OptOut& workspace, std::uintptr_t s,
+         const nb::object& workspace_alloc) {
+        std::optional<Tensor> keep[2];
+        std::optional<Out> held;
+        MoeLayerArgs a;
+        a.x = to_tensor(x, "x");
+        a.logits = to_tensor(logits, "logits");
+        a.top_k = top_k;
+        a.renormalize = renormalize;
+        a.gate = to_tensor(gate, "gate");
+        a.up = to_tensor(up, "up");
+        a.down = to_tensor(down, "down");
+        a.gate_up = opt_tensor(gate_up, "gate_up", keep[0]);
+        a.strategy = static_cast<MoeExpertsStrategy>(strategy);
+        a.out = to_tensor(out, "out");
+        a.workspace = workspace_from(workspace, workspace_alloc, [&] { return moe_layer_forward_workspace_bytes(a); },
+                                     held, keep[1]);
+        nb::gil_scoped_release release;
+        moe_layer_forward(a, as_stream(s));
+      },
+      nb::arg("x"), nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"), nb::arg("gate"), nb::arg("up"),
+      nb::arg("down"), nb::arg("gate_up").none(), nb::arg("strategy"), nb::arg("out"), nb::arg("workspace").none(),
+      nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
+
+  m.def(
       "moe_interleave_gate_up",
       [](const In& gate, const In& up, const Out& gate_up, std::uintptr_t s) {
         const Tensor tg = to_tensor(gate, "gate"), tu = to_tensor(up, "up"), to = to_tensor(gate_up, "gate_up");

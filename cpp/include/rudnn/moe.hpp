@@ -169,6 +169,30 @@ void moe_experts_backward(const MoeExpertsBackwardArgs& args, Stream stream = nu
 // epilogue, over gate_up) ("none" before any).
 const char* moe_last_algorithm();
 
+// ---- the whole layer ---------------------------------------------------------------------------
+
+// out = the MoE layer of SwiGluExperts(x, logits, top_k=...): moe_route (softmax top-k), then
+// moe_dispatch_plan, moe_gather_rows, moe_experts_forward (inference: gate_up used as there) and
+// moe_combine with the routing weights, in one call whose intermediates (expert ids, weights,
+// offsets, token_of_row, row_of_slot, the dispatched rows, the expert outputs) and sub-workspaces
+// live in the workspace. The result is the five calls' bitwise; every argument is checked before
+// any work, with the messages of those calls (plus x and logits naming the same T tokens).
+struct MoeLayerArgs {
+  Tensor x;                          // [T, H] f32/f16/bf16
+  Tensor logits;                     // [T, E] f32/f16/bf16 (the routing weights take its dtype)
+  int top_k = 1;
+  bool renormalize = true;
+  Tensor gate, up;                   // [E, I, H], x's dtype, dense
+  Tensor down;                       // [E, H, I], x's dtype, dense
+  const Tensor* gate_up = nullptr;   // as in MoeExpertsForwardArgs; optional
+  MoeExpertsStrategy strategy = MoeExpertsStrategy::automatic;
+  Tensor out;                        // [T, H], x's dtype (output)
+  const Tensor* workspace = nullptr; // uint8, 256-byte aligned, >= moe_layer_forward_workspace_bytes(args)
+};
+constexpr std::size_t kMoeLayerWorkspaceAlign = 256;
+std::size_t moe_layer_forward_workspace_bytes(const MoeLayerArgs& args);
+void moe_layer_forward(const MoeLayerArgs& args, Stream stream = nullptr);
+
 // ---- differentiable router weights ----------------------------------------------------------
 
 // weights[t, j] = scale * q[t, j], q = p[t, indices[t, j]] (divided by sum_j of them with

@@ -1,5 +1,6 @@
 // Public entry points of the MoE family: validate once, then run the backend of the
 // tensors' device (and, for the experts, the resolved strategy).
+#include <cstdint>
 #include <string>
 
 #include "core/backend.hpp"
@@ -212,6 +213,102 @@ void moe_selected_router_backward(const MoeSelectedRouterBackwardArgs& args, Str
   if (p.tokens == 0) return;
   core::on_device(args.logits.device, "moe.selected_router_backward", [&] { moe::selected_router_backward_cpu(args, p); },
             [&] { moe::selected_router_backward_cuda(args, p, stream); });
+}
+
+// ---- the whole layer: five calls over views into one workspace -------------------------------
+
+namespace {
+
+std::size_t layer_align(std::size_t v) {
+  return (v + kMoeLayerWorkspaceAlign - 1) / kMoeLayerWorkspaceAlign * kMoeLayerWorkspaceAlign;
+}
+
+// The steps of moe_layer_forward: their arguments over views into the workspace, each view
+// 256-byte aligned from `base`. A null base gives the sizes: the views then start at address
+// kMoeLayerWorkspaceAlign, so the experts' alignment rules see the offsets the run will give them,
+// and nothing is read through them. Holds pointers to its own members: filled in place.
+struct LayerSteps {
+  Tensor indices, weights, offsets, token_of_row, row_of_slot, x_dispatched, y, plan_workspace, experts_workspace;
+  MoeRouteArgs route;
+  MoeDispatchPlanArgs plan;
+  MoeExpertsForwardArgs experts;
+  MoeCombineArgs combine;
+  std::size_t bytes = 0;
+};
+
+// Fills `s` and checks the route and experts steps on it (their own validators, before any
+// work; the plan, gather and combine steps take only views made here, plus `out`, which
+// validate_layer checked). The values of the views are never read (device ids and offsets come
+// from the steps before), so this runs before any of them.
+void layer_steps(const MoeLayerArgs& a, const moe::LayerProblem& p, char* base, LayerSteps& s) {
+  const std::int64_t T = p.tokens, k = p.top_k, N = T * k, H = p.hidden;
+  char* const start = base ? base : reinterpret_cast<char*>(std::uintptr_t(kMoeLayerWorkspaceAlign));
+  std::size_t at = 0;
+  const auto carve = [&](DType dtype, std::int64_t rows, std::int64_t cols, int rank) {
+    const std::int64_t dims[2] = {rows, cols};
+    Tensor t = Tensor::contiguous(start + at, dtype, a.x.device, dims, rank);
+    at = layer_align(at + std::size_t(rows * (rank == 2 ? cols : 1)) * dtype_size(dtype));
+    return t;
+  };
+  s.indices = carve(DType::u32, T, k, 2);
+  s.weights = carve(a.logits.dtype, T, k, 2);
+  s.offsets = carve(DType::i32, p.experts + 1, 0, 1);
+  s.token_of_row = carve(DType::i32, N, 0, 1);
+  s.row_of_slot = carve(DType::i32, T, k, 2);
+  s.x_dispatched = carve(a.x.dtype, N, H, 2);
+  s.y = carve(a.x.dtype, N, H, 2);
+
+  s.route = MoeRouteArgs{a.logits, a.top_k, a.renormalize, s.indices, s.weights};
+  moe::validate_route(s.route);
+  s.plan = MoeDispatchPlanArgs{s.indices, p.experts, s.offsets, s.token_of_row, s.row_of_slot, nullptr};
+  const std::size_t plan_bytes = a.x.device.is_cuda() ? moe_dispatch_plan_workspace_bytes(s.plan) : 0;
+  s.plan_workspace = carve(DType::u8, std::int64_t(plan_bytes), 0, 1);
+  s.plan.workspace = plan_bytes ? &s.plan_workspace : nullptr;
+
+  s.experts = MoeExpertsForwardArgs{};
+  s.experts.x = s.x_dispatched;
+  s.experts.offsets = s.offsets;
+  s.experts.gate = a.gate;
+  s.experts.up = a.up;
+  s.experts.down = a.down;
+  s.experts.y = s.y;
+  s.experts.gate_up = a.gate_up;
+  s.experts.strategy = a.strategy;
+  // The CPU backend reads host offsets when it validates; the size query on the CPU must not.
+  moe::validate_experts_forward(s.experts, /*read_offsets=*/false);
+  const std::size_t experts_bytes = a.x.device.is_cuda() ? moe_experts_forward_workspace_bytes(s.experts) : 0;
+  s.experts_workspace = carve(DType::u8, std::int64_t(experts_bytes), 0, 1);
+  s.experts.workspace = experts_bytes ? &s.experts_workspace : nullptr;
+
+  s.combine = MoeCombineArgs{s.y, s.row_of_slot, &s.weights, a.out};
+  s.bytes = at;
+}
+
+// The workspace's alignment: the views' offsets are multiples of 256, which the CUDA steps need
+// from its base too (TMA descriptors, 16-byte rows); the CPU steps only need their elements'.
+std::size_t layer_alignment(const MoeLayerArgs& a) { return a.x.device.is_cuda() ? kMoeLayerWorkspaceAlign : 8; }
+
+}  // namespace
+
+std::size_t moe_layer_forward_workspace_bytes(const MoeLayerArgs& args) {
+  const moe::LayerProblem p = moe::validate_layer(args);
+  LayerSteps s;
+  layer_steps(args, p, nullptr, s);
+  return s.bytes;
+}
+
+void moe_layer_forward(const MoeLayerArgs& args, Stream stream) {
+  const moe::LayerProblem p = moe::validate_layer(args);
+  LayerSteps s;
+  layer_steps(args, p, nullptr, s);
+  core::expect_workspace(args.workspace, args.x, "x", s.bytes, "SwiGluExperts", layer_alignment(args),
+                         "the layer's expert ids, offsets and rows");
+  layer_steps(args, p, static_cast<char*>(args.workspace->data), s);
+  moe_route(s.route, stream);
+  moe_dispatch_plan(s.plan, stream);
+  moe_gather_rows(args.x, s.token_of_row, s.x_dispatched, stream);
+  moe_experts_forward(s.experts, stream);
+  moe_combine(s.combine, stream);
 }
 
 }  // namespace rudnn

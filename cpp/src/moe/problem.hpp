@@ -26,6 +26,12 @@ RUDNN_HD Segment segment_of(const std::int32_t* offsets, int e, std::int64_t row
   return {lo, hi};
 }
 
+// moe_layer_forward: x [T, H] and logits [T, E] on one device, naming the same tokens.
+struct LayerProblem {
+  std::int64_t tokens = 0, hidden = 0;  // T, H
+  int experts = 0, top_k = 0;           // E, k
+};
+
 struct RouteProblem {
   std::int64_t tokens = 0;   // T
   int experts = 0;           // E
@@ -88,6 +94,8 @@ CombineProblem validate_combine_backward(const MoeCombineBackwardArgs& a);
 // read_offsets: check host offsets' values (off for the JAX trace-time check, which has no data).
 ExpertsProblem validate_experts_forward(const MoeExpertsForwardArgs& a, bool read_offsets = true);
 ExpertsProblem validate_experts_backward(const MoeExpertsBackwardArgs& a, bool read_offsets = true);
+// The layer's own checks (x, logits, T); the steps' validators check the rest on its views.
+LayerProblem validate_layer(const MoeLayerArgs& a);
 InterleaveProblem validate_interleave_gate_up(const Tensor& gate, const Tensor& up, const Tensor& gate_up);
 SelectedRouterProblem validate_selected_router(const MoeSelectedRouterArgs& a);
 SelectedRouterProblem validate_selected_router_backward(const MoeSelectedRouterBackwardArgs& a);

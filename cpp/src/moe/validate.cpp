@@ -465,6 +465,33 @@ ExpertsProblem validate_experts_backward(const MoeExpertsBackwardArgs& a, bool r
   return p;
 }
 
+LayerProblem validate_layer(const MoeLayerArgs& a) {
+  const std::string op = "SwiGluExperts";
+  core::expect_float(a.x, op + ": x");
+  expect_matrix(a.x, op + ": x");
+  check_logits(a.logits, op + ": logits");
+  core::expect_same_device(a.logits, a.x, op + ": logits", "x");
+  if (a.logits.shape[0] != a.x.shape[0])
+    fail(ErrorKind::shape, op + ": logits: expected [T, E] with T = " + str(a.x.shape[0]) + " (the tokens of x), got " +
+                               a.logits.shape_str());
+  check_experts_limit(a.logits.shape[1], op);
+  check_top_k(a.top_k, a.logits.shape[1], "E", op);
+  check_output(a.out, a.x, "x", a.x.dtype, a.x.shape_str(), "[T, H] like x", op + ": out");
+  if (a.workspace) {
+    core::expect_same_device(*a.workspace, a.x, op + ": workspace", "x");
+    core::expect_dtype(*a.workspace, DType::u8, op + ": workspace");
+  }
+  core::expect_outputs_apart({{a.out, op + ": out"}, {a.workspace, op + ": workspace"}},
+                             {{a.x, op + ": x"}, {a.logits, op + ": logits"}, {a.gate, op + ": gate"},
+                              {a.up, op + ": up"}, {a.down, op + ": down"}, {a.gate_up, op + ": gate_up"}});
+  LayerProblem p;
+  p.tokens = a.x.shape[0];
+  p.hidden = a.x.shape[1];
+  p.experts = int(a.logits.shape[1]);
+  p.top_k = a.top_k;
+  return p;
+}
+
 InterleaveProblem validate_interleave_gate_up(const Tensor& gate, const Tensor& up, const Tensor& gate_up) {
   const std::string op = "moe.interleave_gate_up";
   core::expect_float(gate, op + ": gate");
