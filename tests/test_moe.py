@@ -537,6 +537,22 @@ def test_layer_call_is_the_five_steps_bitwise(device, x_dtype, logits_dtype, T, 
         assert out.abs().sum() > 0  # not a vacuous comparison of zeros
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_call_sigmoid_grouped_is_the_five_steps_bitwise(device, dtype):
+    """forward_sigmoid_grouped as one call (moe_layer_forward with DeepSeek-V3 routing) against
+    route_sigmoid_grouped -> dispatch -> forward_dispatched -> combine, with and without bias."""
+    T, E, H, I = 6, 64, 16, 8
+    gate, up, down = _experts(E, I, H, dtype, device)
+    experts = moe.SwiGluExperts(gate, up, down)
+    x, logits = rand((T, H), dtype, device, seed=8), rand((T, E), dtype, device, seed=9)
+    for bias in (rand((E,), torch.float32, device, seed=10, scale=0.1), None):
+        opts = dict(top_k=6, groups=8, selected_groups=3, group_top_two=bias is not None, scale=2.5)
+        out = experts.forward_sigmoid_grouped(x, logits, bias, **opts)
+        d = moe.route_sigmoid_grouped(logits, bias, **opts).dispatch(x)
+        assert torch.equal(out, d.combine(experts.forward_dispatched(d))) and out.abs().sum() > 0
+
+
 def test_layer_call_workspace_and_token_errors():
     """What moe_layer_forward checks beyond its steps: x and logits naming the same tokens, and
     the caller's workspace (size, alignment, dtype)."""

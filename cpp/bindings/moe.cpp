@@ -189,8 +189,9 @@ void register_moe(nb::module_& m) {
       "moe_layer_forward",
       [](const In& x, const In& logits, int top_k, bool renormalize, const In& gate, const In& up, const In& down,
          const OptIn& gate_up, int strategy, const Out& out, const OptOut& workspace, std::uintptr_t s,
-         const nb::object& workspace_alloc) {
-        std::optional<Tensor> keep[2];
+         const nb::object& workspace_alloc, bool sigmoid_grouped, const OptIn& bias, int groups, int selected_groups,
+         bool group_top_two, float scale) {
+        std::optional<Tensor> keep[3];
         std::optional<Out> held;
         MoeLayerArgs a;
         a.x = to_tensor(x, "x");
@@ -203,6 +204,12 @@ void register_moe(nb::module_& m) {
         a.gate_up = opt_tensor(gate_up, "gate_up", keep[0]);
         a.strategy = static_cast<MoeExpertsStrategy>(strategy);
         a.out = to_tensor(out, "out");
+        a.sigmoid_grouped = sigmoid_grouped;
+        a.bias = opt_tensor(bias, "bias", keep[2]);
+        a.groups = groups;
+        a.selected_groups = selected_groups;
+        a.group_top_two = group_top_two;
+        a.scale = scale;
         a.workspace = workspace_from(workspace, workspace_alloc, [&] { return moe_layer_forward_workspace_bytes(a); },
                                      held, keep[1]);
         nb::gil_scoped_release release;
@@ -210,7 +217,9 @@ void register_moe(nb::module_& m) {
       },
       nb::arg("x"), nb::arg("logits"), nb::arg("top_k"), nb::arg("renormalize"), nb::arg("gate"), nb::arg("up"),
       nb::arg("down"), nb::arg("gate_up").none(), nb::arg("strategy"), nb::arg("out"), nb::arg("workspace").none(),
-      nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none());
+      nb::arg("stream"), nb::arg("workspace_alloc").none() = nb::none(), nb::arg("sigmoid_grouped") = false,
+      nb::arg("bias").none() = nb::none(), nb::arg("groups") = 1, nb::arg("selected_groups") = 1,
+      nb::arg("group_top_two") = true, nb::arg("scale") = 1.0f);
 
   m.def(
       "moe_interleave_gate_up",

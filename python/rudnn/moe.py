@@ -293,21 +293,36 @@ class SwiGluExperts:
             return d.combine(self.forward_dispatched(d, strategy, stream=stream), stream=stream)
         op = "SwiGluExperts"
         k, renormalize = integer(op, "top_k", top_k), flag(op, "renormalize", renormalize)
+        return self._layer(op, x, logits, None, k, renormalize, strategy, stream)
+
+    def forward_sigmoid_grouped(self, x, logits, bias=None, *, top_k, groups, selected_groups, group_top_two=True,
+                                renormalize=True, scale=1.0, strategy="auto", stream=None):
+        """Like calling the experts, with `route_sigmoid_grouped(logits, bias, ...)` (one call into
+        libruDNN as well, JAX arrays apart)."""
+        if fw.is_jax(x) or fw.is_jax(logits):
+            plan = route_sigmoid_grouped(logits, bias, top_k=top_k, groups=groups, selected_groups=selected_groups,
+                                         group_top_two=group_top_two, renormalize=renormalize, scale=scale,
+                                         stream=stream)
+            d = plan.dispatch(x, stream=stream)
+            return d.combine(self.forward_dispatched(d, strategy, stream=stream), stream=stream)
+        op = "SwiGluExperts.forward_sigmoid_grouped"
+        k, renormalize = integer(op, "top_k", top_k), flag(op, "renormalize", renormalize)
+        grouped = dict(sigmoid_grouped=True, groups=integer(op, "groups", groups),
+                       selected_groups=integer(op, "selected_groups", selected_groups),
+                       group_top_two=flag(op, "group_top_two", group_top_two),
+                       scale=float32_number(op, "scale", scale, "a finite value > 0"))
+        return self._layer(op, x, logits, bias, k, renormalize, strategy, stream, grouped)
+
+    def _layer(self, op, x, logits, bias, k, renormalize, strategy, stream, grouped=None):
         code = _choice(_EXPERTS_STRATEGIES, strategy, op, "strategy")
         call = fw.Call(op, {"x": x, "logits": logits, "gate": self.gate, "up": self.up, "down": self.down,
-                            "gate_up": self.gate_up}, stream, required=("x", "logits"))
+                            "gate_up": self.gate_up, "bias": bias}, stream, required=("x", "logits"))
         T, H = _rows_cols(x)
         out = call.empty((T, H), call.dtype_name(x) if call.dtype_name(x) in fw.FLOAT_DTYPES else "float32")
         _C.moe_layer_forward(call.arg(x), call.arg(logits), k, renormalize, call.arg(self.gate), call.arg(self.up),
                              call.arg(self.down), call.arg(self.gate_up), code, call.arg(out), None, call.stream,
-                             call.workspace_alloc)
+                             call.workspace_alloc, bias=call.arg(bias), **(grouped or {}))
         return out
-
-    def forward_sigmoid_grouped(self, x, logits, bias=None, *, strategy="auto", stream=None, **options):
-        """Like calling the experts, with `route_sigmoid_grouped(logits, bias, **options)`."""
-        plan = route_sigmoid_grouped(logits, bias, stream=stream, **options)
-        d = plan.dispatch(x, stream=stream)
-        return d.combine(self.forward_dispatched(d, strategy, stream=stream), stream=stream)
 
 
 def _route_outputs(call, logits, T, k, E):

@@ -171,7 +171,8 @@ const char* moe_last_algorithm();
 
 // ---- the whole layer ---------------------------------------------------------------------------
 
-// out = the MoE layer of SwiGluExperts(x, logits, top_k=...): moe_route (softmax top-k), then
+// out = the MoE layer of SwiGluExperts(x, logits, top_k=...): moe_route (softmax top-k; with
+// sigmoid_grouped, moe_route_sigmoid_grouped with the options below), then
 // moe_dispatch_plan, moe_gather_rows, moe_experts_forward (inference: gate_up used as there) and
 // moe_combine with the routing weights, in one call whose intermediates (expert ids, weights,
 // offsets, token_of_row, row_of_slot, the dispatched rows, the expert outputs) and sub-workspaces
@@ -182,6 +183,11 @@ struct MoeLayerArgs {
   Tensor logits;                     // [T, E] f32/f16/bf16 (the routing weights take its dtype)
   int top_k = 1;
   bool renormalize = true;
+  bool sigmoid_grouped = false;      // DeepSeek-V3 routing (MoeRouteSigmoidGroupedArgs) with:
+  const Tensor* bias = nullptr;      //   float32 [E]; optional
+  int groups = 1, selected_groups = 1;
+  bool group_top_two = true;
+  float scale = 1.0f;
   Tensor gate, up;                   // [E, I, H], x's dtype, dense
   Tensor down;                       // [E, H, I], x's dtype, dense
   const Tensor* gate_up = nullptr;   // as in MoeExpertsForwardArgs; optional

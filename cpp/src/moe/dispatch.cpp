@@ -230,6 +230,7 @@ std::size_t layer_align(std::size_t v) {
 struct LayerSteps {
   Tensor indices, weights, offsets, token_of_row, row_of_slot, x_dispatched, y, plan_workspace, experts_workspace;
   MoeRouteArgs route;
+  MoeRouteSigmoidGroupedArgs grouped;
   MoeDispatchPlanArgs plan;
   MoeExpertsForwardArgs experts;
   MoeCombineArgs combine;
@@ -258,8 +259,14 @@ void layer_steps(const MoeLayerArgs& a, const moe::LayerProblem& p, char* base, 
   s.x_dispatched = carve(a.x.dtype, N, H, 2);
   s.y = carve(a.x.dtype, N, H, 2);
 
-  s.route = MoeRouteArgs{a.logits, a.top_k, a.renormalize, s.indices, s.weights};
-  moe::validate_route(s.route);
+  if (a.sigmoid_grouped) {
+    s.grouped = MoeRouteSigmoidGroupedArgs{a.logits,        a.bias,          a.top_k, a.groups,  a.selected_groups,
+                                           a.group_top_two, a.renormalize,   a.scale, s.indices, s.weights};
+    moe::validate_route_sigmoid_grouped(s.grouped);
+  } else {
+    s.route = MoeRouteArgs{a.logits, a.top_k, a.renormalize, s.indices, s.weights};
+    moe::validate_route(s.route);
+  }
   s.plan = MoeDispatchPlanArgs{s.indices, p.experts, s.offsets, s.token_of_row, s.row_of_slot, nullptr};
   const std::size_t plan_bytes = a.x.device.is_cuda() ? moe_dispatch_plan_workspace_bytes(s.plan) : 0;
   s.plan_workspace = carve(DType::u8, std::int64_t(plan_bytes), 0, 1);
@@ -304,7 +311,10 @@ void moe_layer_forward(const MoeLayerArgs& args, Stream stream) {
   core::expect_workspace(args.workspace, args.x, "x", s.bytes, "SwiGluExperts", layer_alignment(args),
                          "the layer's expert ids, offsets and rows");
   layer_steps(args, p, static_cast<char*>(args.workspace->data), s);
-  moe_route(s.route, stream);
+  if (args.sigmoid_grouped)
+    moe_route_sigmoid_grouped(s.grouped, stream);
+  else
+    moe_route(s.route, stream);
   moe_dispatch_plan(s.plan, stream);
   moe_gather_rows(args.x, s.token_of_row, s.x_dispatched, stream);
   moe_experts_forward(s.experts, stream);

@@ -483,7 +483,8 @@ LayerProblem validate_layer(const MoeLayerArgs& a) {
   }
   core::expect_outputs_apart({{a.out, op + ": out"}, {a.workspace, op + ": workspace"}},
                              {{a.x, op + ": x"}, {a.logits, op + ": logits"}, {a.gate, op + ": gate"},
-                              {a.up, op + ": up"}, {a.down, op + ": down"}, {a.gate_up, op + ": gate_up"}});
+                              {a.up, op + ": up"}, {a.down, op + ": down"}, {a.gate_up, op + ": gate_up"},
+                              {a.bias, op + ": bias"}});
   LayerProblem p;
   p.tokens = a.x.shape[0];
   p.hidden = a.x.shape[1];
