@@ -187,7 +187,7 @@ def test_dispatch_plan_kernels_match_the_cpu_backend():
 # Planted bugs the comparison must catch: a warp scan that skips the lane right below (wrong
 # offsets and bases), and a place walk that marks all its chunk's rows as rows of no token.
 @pytest.mark.parametrize("mutation", [("if (lane >= o) inclusive += below;", "if (lane > o) inclusive += below;"),
-                                      ("std::max(begin, std::int64_t(offsets[E]))", "begin")],
+                                      ("std::max(begin, used)", "begin")],
                          ids=["scan_skips_a_lane", "marks_used_rows"])
 def test_dispatch_plan_emulator_catches_a_planted_bug(mutation):
     result, lines = _run_plan_emulator(mutation, quick=True)

@@ -91,13 +91,14 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int* scratch, int* tot
 // One warp walks one chunk of slots [begin, end) in order, 32 slots per step, over the cursors
 // `cursor` [E] in shared memory. kPlace = false: count the chunk's slots per expert into the
 // cursors. kPlace = true: place every slot at its expert's cursor (the expert's first row for
-// this chunk) + its rank so far, and mark the chunk's share of the rows past offsets[E] (rows of
-// no token: slots with an invalid expert index).
+// this chunk) + its rank so far, and mark the chunk's share of the rows past `used` (offsets[E]:
+// rows of no token, slots with an invalid expert index). `used` comes as a value: the
+// single-chunk kernel writes offsets itself, and a read of it through the const __restrict__
+// pointer could take the non-coherent path.
 template <class Idx, bool kPlace>
 __device__ __forceinline__ void walk_chunk(const Idx* __restrict__ indices, std::int64_t stride, int k, int E,
-                                           std::int64_t begin, std::int64_t end, int* cursor,
-                                           const int* __restrict__ offsets, int* __restrict__ token_of_row,
-                                           int* __restrict__ row_of_slot) {
+                                           std::int64_t begin, std::int64_t end, int* cursor, std::int64_t used,
+                                           int* __restrict__ token_of_row, int* __restrict__ row_of_slot) {
   const int lane = int(threadIdx.x % 32);
   const unsigned lanes_below = (1u << lane) - 1u;
   for (std::int64_t base = begin; base < end; base += 32) {
@@ -117,7 +118,7 @@ __device__ __forceinline__ void walk_chunk(const Idx* __restrict__ indices, std:
     __syncwarp();
   }
   if (kPlace)  // rows and slots are both [0, slots): this chunk marks rows [begin, end) past the used ones
-    for (std::int64_t r = std::max(begin, std::int64_t(offsets[E])) + lane; r < end; r += 32) token_of_row[r] = -1;
+    for (std::int64_t r = std::max(begin, used) + lane; r < end; r += 32) token_of_row[r] = -1;
 }
 
 // One warp per chunk. kPlace = false: counts[e][chunk] = the chunk's slots of expert e
@@ -134,8 +135,8 @@ __global__ void __launch_bounds__(32)
   for (int e = lane; e < E; e += 32) cursor[e] = kPlace ? offsets[e] + counts[e * chunks + c] : 0;
   __syncwarp();
   const std::int64_t begin = c * chunk;
-  walk_chunk<Idx, kPlace>(indices, stride, k, E, begin, std::min(begin + chunk, slots), cursor, offsets,
-                          token_of_row, row_of_slot);
+  walk_chunk<Idx, kPlace>(indices, stride, k, E, begin, std::min(begin + chunk, slots), cursor,
+                          kPlace ? std::int64_t(offsets[E]) : 0, token_of_row, row_of_slot);
   if (!kPlace)
     for (int e = lane; e < E; e += 32) counts[e * chunks + c] = cursor[e];
 }
@@ -190,14 +191,14 @@ __global__ void __launch_bounds__(kMoeMaxExperts)
   const int e = threadIdx.x;  // blockDim.x = totals_threads(E) >= E
   if (e < E) cursor[e] = 0;
   __syncthreads();
-  if (e < 32) walk_chunk<Idx, false>(indices, stride, k, E, 0, slots, cursor, offsets, token_of_row, row_of_slot);
+  if (e < 32) walk_chunk<Idx, false>(indices, stride, k, E, 0, slots, cursor, 0, token_of_row, row_of_slot);
   __syncthreads();
   int total;
   const int before = block_exclusive_sum(e < E ? cursor[e] : 0, scratch, &total);
   if (e < E) offsets[e] = cursor[e] = before;
   if (e == 0) offsets[E] = total;
-  __syncthreads();  // the cursors and offsets[E] (read by the place walk) are written
-  if (e < 32) walk_chunk<Idx, true>(indices, stride, k, E, 0, slots, cursor, offsets, token_of_row, row_of_slot);
+  __syncthreads();  // the cursors are written
+  if (e < 32) walk_chunk<Idx, true>(indices, stride, k, E, 0, slots, cursor, total, token_of_row, row_of_slot);
 }
 
 // (tests/emulation/moe_dispatch_emu.cpp runs everything from the dispatch plan mark to this line on the CPU.)
