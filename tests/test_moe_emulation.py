@@ -75,19 +75,26 @@ def test_uncovered_rows_emulator_catches_a_planted_bug():
 
 # ---- routing (cpp/src/moe/route_cuda.cu) ---------------------------------------------------
 
-def _route_source(mutation=None):
-    src = open(os.path.join(ROOT, "cpp", "src", "moe", "route_cuda.cu")).read()
-    body = src[src.index("constexpr int kThreads = 128;"):src.index("}  // namespace\n\nvoid route_cuda(")]
+def _kernels_text(source, start, end, mutation=None):
+    """The text of cpp/src/moe/<source> from `start` to `end` (an anonymous namespace's kernels),
+    with `mutation` (old, new) applied once, wrapped as namespace rudnn::moe::emu_k."""
+    src = open(os.path.join(ROOT, "cpp", "src", "moe", source)).read()
+    body = src[src.index(start):src.index(end)]
     if mutation:
         assert body.count(mutation[0]) == 1, mutation[0]
         body = body.replace(*mutation)
     return "namespace rudnn::moe {\nnamespace emu_k {\nusing namespace cuda;\n" + body + "}\n}\n"
 
 
-def _run_route_emulator(mutation=None):
-    exe = build_emulator("moe_route_emu.cpp", _route_source(mutation))
-    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+def _run_emulator(emulator, kernels):
+    """(result, its stdout lines) of tests/emulation/<emulator> built on the kernel text."""
+    result = subprocess.run([str(build_emulator(emulator, kernels))], capture_output=True, text=True, timeout=600)
     return result, result.stdout.strip().splitlines()
+
+
+def _run_route_emulator(mutation=None):
+    return _run_emulator("moe_route_emu.cpp", _kernels_text("route_cuda.cu", "constexpr int kThreads = 128;",
+                                                            "}  // namespace\n\nvoid route_cuda(", mutation))
 
 
 def test_routing_kernels_match_the_cpu_backend():
@@ -111,20 +118,10 @@ def test_routing_emulator_catches_a_planted_bug():
 
 # ---- the scalar experts (cpp/src/moe/experts_scalar_cuda.cu) ---------------------------------
 
-def _experts_source(mutation=None):
-    src = open(os.path.join(ROOT, "cpp", "src", "moe", "experts_scalar_cuda.cu")).read()
-    body = src[src.index("constexpr int kTile = 16;"):
-               src.index("}  // namespace\n\nstd::size_t experts_forward_workspace_bytes_cuda(")]
-    if mutation:
-        assert body.count(mutation[0]) == 1, mutation[0]
-        body = body.replace(*mutation)
-    return "namespace rudnn::moe {\nnamespace emu_k {\nusing namespace cuda;\n" + body + "}\n}\n"
-
-
 def _run_experts_emulator(mutation=None):
-    exe = build_emulator("moe_experts_emu.cpp", _experts_source(mutation))
-    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    return result, result.stdout.strip().splitlines()
+    return _run_emulator("moe_experts_emu.cpp", _kernels_text(
+        "experts_scalar_cuda.cu", "constexpr int kTile = 16;",
+        "}  // namespace\n\nstd::size_t experts_forward_workspace_bytes_cuda(", mutation))
 
 
 def test_scalar_experts_kernels_match_the_cpu_backend():

@@ -43,6 +43,7 @@ constexpr float kNaN = __builtin_nanf("");
 #include "kernels.inc"
 
 #include "emu_arrays.hpp"
+#include "moe_emu_common.hpp"
 
 namespace {
 
@@ -50,10 +51,7 @@ using namespace rudnn;
 using namespace rudnn::moe;
 using i64 = std::int64_t;
 
-template <class F>
-decltype(auto) device_types(DType dtype, F&& f) {
-  return core::dispatch_float<__half, __nv_bfloat16>(dtype, std::forward<F>(f));
-}
+using emu::device_types;
 
 // A [rows, hidden] array whose rows are `stride` elements apart (stride >= hidden).
 emu::Array rows_array(DType dtype, i64 rows, i64 hidden, i64 stride, std::uint32_t seed, bool fill = true) {

@@ -45,7 +45,7 @@ using cuda::to_float;
 #include "kernels.inc"
 
 #include "emu_arrays.hpp"
-#include "moe_emu_compare.hpp"
+#include "moe_emu_common.hpp"
 
 namespace {
 
@@ -53,10 +53,7 @@ using namespace rudnn;
 using namespace rudnn::moe;
 using i64 = std::int64_t;
 
-template <class F>
-decltype(auto) device_types(DType dtype, F&& f) {
-  return core::dispatch_float<__half, __nv_bfloat16>(dtype, std::forward<F>(f));
-}
+using emu::device_types;
 
 EmuDim3 grid_of(dim3 g) { return EmuDim3{g.x, g.y, g.z}; }
 

@@ -54,6 +54,7 @@ constexpr float kNaN = __builtin_nanf("");
 #include "moe_plan_launches.hpp"
 
 #include "emu_arrays.hpp"
+#include "moe_emu_common.hpp"
 
 namespace {
 
@@ -63,10 +64,7 @@ using i64 = std::int64_t;
 
 constexpr std::int32_t kGarbage = 0x5a5a5a5a;
 
-template <class F>
-decltype(auto) device_types(DType dtype, F&& f) {
-  return core::dispatch_float<__half, __nv_bfloat16>(dtype, std::forward<F>(f));
-}
+using emu::device_types;
 
 struct Case {
   const char* name;

@@ -53,7 +53,7 @@ using std::isnan;  // CUDA's device isnan
 #include "kernels.inc"
 
 #include "emu_arrays.hpp"
-#include "moe_emu_compare.hpp"
+#include "moe_emu_common.hpp"
 
 namespace {
 
@@ -61,10 +61,7 @@ using namespace rudnn;
 using namespace rudnn::moe;
 using i64 = std::int64_t;
 
-template <class F>
-decltype(auto) device_types(DType dtype, F&& f) {
-  return core::dispatch_float<__half, __nv_bfloat16>(dtype, std::forward<F>(f));
-}
+using emu::device_types;
 
 bool same_ids(const std::vector<std::uint32_t>& got, const std::vector<std::uint32_t>& want) {
   for (std::size_t i = 0; i < want.size(); ++i)

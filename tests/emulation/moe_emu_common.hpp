@@ -1,15 +1,27 @@
-// The tolerance comparison of the MoE emulators whose kernels sum in another order than the CPU
-// backend (routing's block trees, the scalar experts' split products). Include after
+// What the MoE emulators share: the device element types of a dtype (the kernels' __half and
+// __nv_bfloat16), and the tolerance comparison of those whose kernels sum in another order than
+// the CPU backend (routing's block trees, the scalar experts' split products). Include after
 // emu_arrays.hpp.
 #pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
+#include "core/dispatch.hpp"
 #include "emu_arrays.hpp"
 
 namespace rudnn::emu {
+
+// f(core::Tag<D>{}) with D the device type of a float dtype (float, __half, __nv_bfloat16).
+template <class F>
+decltype(auto) device_types(DType dtype, F&& f) {
+  return core::dispatch_float<__half, __nv_bfloat16>(dtype, std::forward<F>(f));
+}
 
 inline float ulp_of(DType dtype) { return dtype == DType::f32 ? 1e-5f : dtype == DType::f16 ? 1.0f / 512 : 1.0f / 64; }
 
