@@ -492,12 +492,11 @@ def _experts_forward(op, gate, up, down, x, offsets, code, training, stream, gat
     dtype = call.dtype_name(x) if call.dtype_name(x) in fw.FLOAT_DTYPES else "float32"
     # rows no expert's segment covers (device offsets that do not tile the rows) come out zero:
     # libruDNN writes them, so the outputs need no fill here
-    rows = call.empty
-    y = rows(tuple(x.shape), dtype)
+    y = call.empty(tuple(x.shape), dtype)
     gate_pre = up_pre = None
     if training:
         inter = (int(x.shape[0]), int(gate.shape[1]))
-        gate_pre, up_pre = rows(inter, dtype), rows(inter, dtype)
+        gate_pre, up_pre = call.empty(inter, dtype), call.empty(inter, dtype)
     _run_experts(call, gate, up, down, x, offsets, y, gate_pre, up_pre, code, gate_up)
     return (y, gate_pre, up_pre) if training else y
 

@@ -306,11 +306,12 @@ std::size_t moe_layer_forward_workspace_bytes(const MoeLayerArgs& args) {
 
 void moe_layer_forward(const MoeLayerArgs& args, Stream stream) {
   const moe::LayerProblem p = moe::validate_layer(args);
+  // One layout pass, over the caller's workspace: the sizes do not depend on its address once
+  // the check below has found it aligned (and big enough) before any view is used.
   LayerSteps s;
-  layer_steps(args, p, nullptr, s);
+  layer_steps(args, p, args.workspace ? static_cast<char*>(args.workspace->data) : nullptr, s);
   core::expect_workspace(args.workspace, args.x, "x", s.bytes, "SwiGluExperts", layer_alignment(args),
                          "the layer's expert ids, offsets and rows");
-  layer_steps(args, p, static_cast<char*>(args.workspace->data), s);
   if (args.sigmoid_grouped)
     moe_route_sigmoid_grouped(s.grouped, stream);
   else

@@ -42,10 +42,11 @@ Chunks chunks_of(const DispatchPlanProblem& p) {
   return c;
 }
 
-// Ints of the workspace: the count table [E][chunks], then the experts' totals [E].
+// Ints of the workspace: the count table [E][chunks], then the experts' totals [E]; none for a
+// single chunk (single_chunk_plan_kernel keeps its counts in shared memory).
 std::int64_t workspace_ints(const DispatchPlanProblem& p) {
   const Chunks c = chunks_of(p);
-  return c.count ? (c.count + 1) * p.experts : 0;
+  return c.count > 1 ? (c.count + 1) * p.experts : 0;
 }
 
 // Threads of scan_chunks_kernel for `chunks` counts per expert: kScanItems each, whole warps.
@@ -391,8 +392,9 @@ int row_threads(std::int64_t hidden) { return hidden >= 256 ? 256 : hidden >= 12
 // segment covers are written zero here rather than left unwritten (the outputs need no fill
 // before the call). Every block first reads the E + 1 offsets: a tiling (offsets[0] <= 0,
 // non-decreasing, offsets[E] >= N) ends the kernel at once, so the usual call costs one short
-// launch where a fill of the outputs would write all of them. Otherwise each block tests its
-// rows against every segment (slow, but only for offsets that are a caller's bug).
+// launch where a fill of the outputs would write all of them. Otherwise (a caller's offsets, or a
+// plan whose device expert ids were partly out of range: offsets[E] < N) each block tests its
+// rows against every segment: exact, and slower.
 constexpr int kCoverThreads = 128;
 constexpr int kCoverBlocks = 128;
 constexpr int kMaxCoverArrays = 3;
@@ -475,8 +477,8 @@ void dispatch_plan_cuda(const MoeDispatchPlanArgs& a, const DispatchPlanProblem&
     RUDNN_CUDA_CHECK(cudaMemsetAsync(offsets, 0, std::size_t(p.experts + 1) * sizeof(int), stream));
     return;
   }
-  int* counts = static_cast<int*>(a.workspace->data);
-  int* totals = counts + c.count * p.experts;
+  int* counts = a.workspace ? static_cast<int*>(a.workspace->data) : nullptr;  // none for a single chunk
+  int* totals = counts ? counts + c.count * p.experts : nullptr;
   int* token_of_row = a.token_of_row.ptr<int>();
   int* row_of_slot = a.row_of_slot.ptr<int>();
   const std::size_t smem = std::size_t(p.experts) * sizeof(int);
