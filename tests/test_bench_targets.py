@@ -208,6 +208,26 @@ def test_gated_delta_one_stage_rows_set_the_knob(monkeypatch):
     assert "RUDNN_GATED_DELTA_BWD_STAGES" not in os.environ
 
 
+def test_gated_delta_wgmma_rows_set_the_knob(monkeypatch):
+    """On a GPU the gated delta family times the chunked forward also with
+    RUDNN_GATED_DELTA_WGMMA=1 (the state kernel's products on wgmma, opt-in until measured) beside
+    the default rows of the same shapes, the knob set only while rudnn runs and checks."""
+    from rudnn.bench import gated_delta as bgd
+
+    for quick in (True, False):
+        cases = bgd.cases("cuda", quick=quick)
+        wgmma = {c.shape for c in cases if c.op == "chunk_gated_delta_rule[wgmma]"}
+        assert wgmma and wgmma <= {c.shape for c in cases if c.op == "chunk_gated_delta_rule"}
+    assert not [c for c in bgd.cases("cpu", quick=True) if c.op.endswith("[wgmma]")]
+    seen = _env_seen_by(monkeypatch, "chunk_gated_delta_rule", "RUDNN_GATED_DELTA_WGMMA")
+    p = bgd.prepare(bench.CaseSpec("gated_delta", "chunk_gated_delta_rule[wgmma]", (1, 64, 2, 4, 32, 32), "bfloat16"),
+                    "cpu")
+    assert all(c.ok for c in p.check())
+    p.run()
+    assert seen and set(seen) == {"1"}
+    assert "RUDNN_GATED_DELTA_WGMMA" not in os.environ
+
+
 def test_norm_regs_rows_run_the_previous_kernel(monkeypatch):
     """On a GPU the norm family times rms_norm, add_rms_norm and layer_norm_backward also with
     RUDNN_NORM_PIPELINED=0 (the kernels before the pipelined ones), set only while rudnn runs and

@@ -315,6 +315,32 @@ def test_last_algorithm_on_cuda():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["bhtk", "bthk"])
+def test_chunked_forward_state_kernel_on_wgmma(monkeypatch, dtype, layout):
+    """RUDNN_GATED_DELTA_WGMMA=1 puts the chunked forward's state kernel on wgmma on a compute
+    capability 9.0 device (elsewhere it changes nothing): within the tensor-core budget of the
+    float64 recurrence, as the mma.sync path is, over several chunks with a partial last one, K = V
+    = 128 (both 64-key blocks of K^T) and grouped value heads; varlen through the same kernel."""
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    q, k, v, beta, g, state = make_inputs(2, 2, 4, 300, 128, 128, dtype, device="cuda", decay=1.0, seed=11,
+                                          layout=layout)
+    monkeypatch.setenv("RUDNN_GATED_DELTA_WGMMA", "1")
+    out, final = rudnn.chunk_gated_delta_rule(q, k, v, beta, g, state, scale=0.3)
+    assert rudnn.gated_delta_last_algorithm() == ("chunked_wgmma" if hopper else "chunked")
+    check_forward(out.cpu(), final.cpu(), q.cpu(), k.cpu(), v.cpu(), beta.cpu(), g.cpu(), state.cpu(), 0.3,
+                  tensor_cores=True)
+    cu = torch.tensor([0, 70, 71, 300, 600], device="cuda", dtype=torch.int32)
+    flat = [x.transpose(1, 2).reshape(1, 600, *x.shape[1:2], *x.shape[3:]).transpose(1, 2) for x in (q, k, v)]
+    fb, fg = (x.transpose(1, 2).reshape(1, 600, x.shape[1]).transpose(1, 2) for x in (beta, g))
+    states = torch.cat([state, state])
+    out, final = rudnn.chunk_gated_delta_rule(*flat, fb, fg, states, scale=0.3, cu_seqlens=cu)
+    assert rudnn.gated_delta_last_algorithm() == ("chunked_wgmma" if hopper else "chunked")
+    check_forward(out.cpu(), final.cpu(), *(x.cpu() for x in flat), fb.cpu(), fg.cpu(), states.cpu(), 0.3, cu.cpu(),
+                  tensor_cores=True)
+
+
+@pytest.mark.cuda
 def test_chunked_backward_with_one_stage_gives_the_same_bits(monkeypatch):
     """RUDNN_GATED_DELTA_BWD_STAGES=1 holds the chunked backward's state passes to one stage of
     staged tiles (where the device holds two: H100/H200 for 16-bit inputs): the same products in

@@ -32,14 +32,25 @@ def _namespace_block(src, name):
     return f"namespace {name} {{\n" + src[start + len("namespace {\n"):end] + "}\n"
 
 
-# The chunked kernels' hardware atoms (mma.sync, ldmatrix, cp.async) and their host stand-ins
-# (emu_sm80_atoms.hpp: the PTX ISA's fragment layouts, so a swizzle or fragment mapping that
+# The chunked kernels' hardware atoms (mma.sync, ldmatrix, cp.async; wgmma in the state kernel's
+# sm_90a path) and their host stand-ins (emu_sm80_atoms.hpp, emu_sm90_atoms.hpp: the PTX ISA's
+# fragment layouts and matrix descriptors, so a swizzle, fragment mapping or descriptor that
 # disagrees with the hardware's gives wrong numbers here).
 # The mma.sync and ldmatrix atoms live in chunk_mma.cuh, which gated_delta_emu.cpp includes with
 # macros naming the stand-ins.
 CHUNK_EDITS = [("extern __shared__ __align__(128) unsigned char smem_raw[];", "unsigned char* smem_raw = emu_smem;"),
+               ("extern __shared__ __align__(1024) unsigned char state_smem_raw[];",
+                "unsigned char* state_smem_raw = emu_smem;"),
                ("SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<", "EmuCpAsyncZfill<"),
-               ("cp_async_fence()", "emu_cp_async_fence()"), ("cp_async_wait<", "emu_cp_async_wait<")]
+               ("cp_async_fence()", "emu_cp_async_fence()"), ("cp_async_wait<", "emu_cp_async_wait<"),
+               # the state kernel's wgmma path (compiled for sm_90a only) and its atoms (emu_sm90_atoms.hpp)
+               ("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900", "#if 1"),
+               ("SM90::GMMA::MMA_64x32x16_F32F16F16_SS", "EmuGmmaSS32F16"),
+               ("SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS", "EmuGmmaSS32BF16"),
+               ("warpgroup_arrive()", "emu_warpgroup_arrive()"),
+               ("warpgroup_commit_batch()", "emu_warpgroup_commit_batch()"),
+               ("warpgroup_wait<", "emu_warpgroup_wait<"),
+               ("cutlass::arch::fence_view_async_shared()", "emu_fence_view_async_shared()")]
 
 
 # The chunked backward's dynamic shared memory is the emulator's block buffer, its cp.async the
@@ -130,12 +141,14 @@ CASES = [(1, 1, 1, 1, 8, 8), (2, 1, 2, 37, 40, 48), (1, 2, 4, 70, 32, 16)]
 LENGTHS = [5, 0, 1, 70, 17]
 
 
+# chunked_forward_wgmma: the state kernel's sm_90a path (wgmma from shared-memory descriptors).
 @pytest.mark.parametrize("kernel, dtype", [("recurrent_forward", torch.float32),
                                            ("recurrent_forward", torch.bfloat16),
-                                           ("chunked_forward", torch.bfloat16)])
+                                           ("chunked_forward", torch.bfloat16),
+                                           ("chunked_forward_wgmma", torch.bfloat16)])
 @pytest.mark.parametrize("varlen", [False, True])
 def test_forward_kernels(emulator, tmp_path, kernel, dtype, varlen):
-    tensor_cores = kernel == "chunked_forward"
+    tensor_cores = kernel.startswith("chunked_forward")
     for n, case in enumerate(CASES[1:] if varlen else CASES):
         cu = None
         if varlen:
@@ -170,7 +183,7 @@ def test_recurrent_backward_kernel(emulator, tmp_path, dtype, varlen):
         assert_close_to_oracle(mine, o32.to(x.dtype), o64, name)
 
 
-@pytest.mark.parametrize("kernel", ["recurrent_forward", "chunked_forward"])
+@pytest.mark.parametrize("kernel", ["recurrent_forward", "chunked_forward", "chunked_forward_wgmma"])
 def test_forward_kernels_with_minus_inf_log_decays(emulator, tmp_path, kernel):
     """log_decay = -inf resets the state in both CUDA forwards (the chunked one raises it to its
     floor, problem.hpp: chunked_log_decay), within the kernels' usual budget of the recurrence."""
@@ -182,7 +195,7 @@ def test_forward_kernels_with_minus_inf_log_decays(emulator, tmp_path, kernel):
     out, final = _run(emulator, tmp_path, kernel, q, k, v, beta, g, state, 0.3)
     assert torch.isfinite(out).all() and torch.isfinite(final).all()
     o64, s64 = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, None, torch.float64)
-    peer = torch.bfloat16 if kernel == "chunked_forward" else torch.float32
+    peer = torch.bfloat16 if kernel.startswith("chunked_forward") else torch.float32
     o_peer, s_peer = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, None, peer)
     assert_close_to_oracle(out, o_peer.to(torch.bfloat16), o64, f"{kernel} out")
     assert_close_to_oracle(final, s_peer.float(), s64, f"{kernel} final_state")
@@ -203,12 +216,13 @@ STAGING_CASES = [(1, 1, 2, 133, 13, 12, None, "bhtk"), (2, 2, 2, 100, 24, 20, No
                  (1, 2, 4, 92, 13, 16, [0, 5, 0, 70, 17], "bthk")]
 
 
+@pytest.mark.parametrize("kernel", ["chunked_forward", "chunked_forward_wgmma"])
 @pytest.mark.parametrize("case", STAGING_CASES,
                          ids=lambda c: "x".join(map(str, c[:6])) + ("_varlen" if c[6] else "") + "_" + c[7])
-def test_chunked_forward_staging(emulator, tmp_path, case):
+def test_chunked_forward_staging(emulator, tmp_path, case, kernel):
     *shape, cu, layout = case
     q, k, v, beta, g, state = make_inputs(*shape, torch.bfloat16, seed=31, decay=2.0, cu_seqlens=cu)
-    out, final = _run(emulator, tmp_path, "chunked_forward", q, k, v, beta, g, state, 0.3, cu, bthk=layout == "bthk")
+    out, final = _run(emulator, tmp_path, kernel, q, k, v, beta, g, state, 0.3, cu, bthk=layout == "bthk")
     K, V = shape[4], shape[5]
     assert _staging(tmp_path) == (K % 8 == 0, V % 8 == 0, True)
     o64, s64 = ref.gated_delta_rule(q, k, v, beta, g, 0.3, state, cu, torch.float64)
@@ -233,19 +247,40 @@ PLANTED_STAGING_BUGS = {
     # operands: V, S0, U, U_d) of 64-byte rows read with the 128-byte rows' swizzle
     "prep_k_staged_unswizzled": ("stage_tile<KTile>(sm.k, static_cast<const E*>(p.k)",
                                  "stage_tile<PlainRows<kC, kKt>>(sm.k, static_cast<const E*>(p.k)"),
-    "state_w_staged_unswizzled": ("stage_tile<KTile>(sm.w,", "stage_tile<PlainRows<kC, kKt>>(sm.w,"),
+    "state_w_staged_unswizzled": ("stage_tile<WTile>(sm.w,", "stage_tile<PlainRows<kC, kKt>>(sm.w,"),
     "transposed_views_read_with_another_swizzle": (
         "composition(Swz{}, cute::Layout<Shape<Int<kCols>, Int<kRows>>, Stride<_1, Int<kCols>>>{})",
         "composition(Swizzle<3, 3, kShift>{}, cute::Layout<Shape<Int<kCols>, Int<kRows>>, Stride<_1, Int<kCols>>>{})"),
 }
 
 
-@pytest.mark.parametrize("bug", sorted(PLANTED_STAGING_BUGS))
+# ... and in the state kernel's wgmma path: K^T's descriptor over the key blocks in the wrong order
+# (the MN-major view tiled along the keys first), a product whose group is not waited for before
+# its result is read, S0's copy read by wgmma before every warp has stored its part, -W read as
+# if it were staged in 256-byte rows (SmemTile<C, 128>, the layout wgmma cannot describe).
+PLANTED_WGMMA_BUGS = {
+    "keys_descriptor_in_the_wrong_block_order": (
+        "Shape<Int<kKt>, Int<kC>>{},\n                                       Step<_2, _1>{}));",
+        "Shape<Int<kKt>, Int<kC>>{}));"),
+    "product_not_waited_for": ("  warpgroup_commit_batch();\n  warpgroup_wait<0>();\n  warpgroup_fence_operand(acc);\n}",
+                               "  warpgroup_commit_batch();\n  warpgroup_fence_operand(acc);\n}"),
+    "state_copy_read_before_every_warp_stored_it": (
+        "    cp_async_wait<2>();  // -W, G and U' of this chunk have landed (Q, P and K may be in flight)\n"
+        "    fence_for_products();\n    __syncthreads();\n",
+        "    cp_async_wait<2>();  // -W, G and U' of this chunk have landed (Q, P and K may be in flight)\n"),
+    "w_staged_in_256_byte_rows": ("stage_tile<WTile>(sm.w,", "stage_tile<KTile>(sm.w,"),
+}
+PLANTED_FORWARD_BUGS = {**{name: ("chunked_forward", bug) for name, bug in PLANTED_STAGING_BUGS.items()},
+                        **{name: ("chunked_forward_wgmma", bug) for name, bug in PLANTED_WGMMA_BUGS.items()}}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED_FORWARD_BUGS))
 def test_emulator_catches_planted_staging_bug(tmp_path, bug):
-    exe = _build([PLANTED_STAGING_BUGS[bug]])
+    kernel, edit = PLANTED_FORWARD_BUGS[bug]
+    exe = _build([edit])
     q, k, v, beta, g, state = make_inputs(1, 1, 2, 133, 40, 48, torch.bfloat16, seed=5)
     try:
-        out, final = _run(exe, tmp_path, "chunked_forward", q, k, v, beta, g, state, 0.3)
+        out, final = _run(exe, tmp_path, kernel, q, k, v, beta, g, state, 0.3)
     except AssertionError as error:  # the run exits with 3 on an ordering hazard
         assert "shared-memory ordering hazard" in str(error), error
         return

@@ -356,27 +356,36 @@ def test_moe_grouped_gemm_sm80():
 
 
 # ---- gated delta ------------------------------------------------------------------------------
-# The chunked forward (cpp/src/gated_delta/chunked_forward.cu) for Hopper: both of its kernels,
-# one per dtype, stage their tiles with 16-byte cp.async (LDGSTS ... .128 in the SASS), multiply on
-# mma.sync (HMMA), load every MMA operand with ldmatrix from the swizzled tiles, not element by
+# The chunked forward (cpp/src/gated_delta/chunked_forward.cu) for Hopper: its kernels, one per
+# dtype, stage their tiles with 16-byte cp.async (LDGSTS ... .128 in the SASS) and spill nothing.
+# The prep kernel and the state kernel's mma.sync path (kWgmma = false, "Lb0E") multiply on
+# mma.sync (HMMA) and load every MMA operand with ldmatrix from the swizzled tiles, not element by
 # element (before ldmatrix: 0 LDSM and 612-807 LDS in each kernel; the LDS that remain are the
-# triangular solve's float32 work, the decays and the U' reads at the accumulator elements), and
-# spill nothing. One ldmatrix.x4 per warp, k step of 16 and 16-row (A) or 16-column (B) operand
-# block: in prep K K^T and Q K^T take 2 x 8 A and 2 x 8 B blocks each, T X and T V 2 x 4 A (all
-# without .trans), T X 4 x 4 and T V 1 x 4 B (.trans): 80 LDSM and 20 LDSM.T; in the state kernel
-# W S0 and Q S0 2 x 8 A and 1 x 8 B each, P U 2 x 4 A and 1 x 4 B, K^T U_d 4 x 4 A and 1 x 4 B, the
-# B operands and K^T .trans: 40 and 40 (fewer means a product lost its ldmatrix path).
+# triangular solve's float32 work, the decays and the U' reads at the accumulator elements). One
+# ldmatrix.x4 per warp, k step of 16 and 16-row (A) or 16-column (B) operand block: in prep K K^T
+# and Q K^T take 2 x 8 A and 2 x 8 B blocks each, T X and T V 2 x 4 A (all without .trans), T X
+# 4 x 4 and T V 1 x 4 B (.trans): 80 LDSM and 20 LDSM.T; in the state kernel W S0 and Q S0 2 x 8 A
+# and 1 x 8 B each, P U 2 x 4 A and 1 x 4 B, K^T U_d 4 x 4 A and 1 x 4 B, the B operands and K^T
+# .trans: 40 and 40 (fewer means a product lost its ldmatrix path). The state kernel's wgmma path
+# ("Lb1E") issues every product as HGMMA 64x32x16 from shared-memory descriptors: W S0 and Q S0 8
+# k steps each, P U 4, K^T U_d 4 k steps x 2 key blocks: 28, no HMMA, no ldmatrix, and ptxas
+# keeps the wgmma asynchronous (no C7514/C7519 serialization).
 def test_gated_delta_chunked_kernels_stage_with_cp_async():
     report, sass = _ptxas_report("chunked_forward.cu", family="gated_delta")
     spills = {k: v for k, v in _spills(report).items() if "chunk_prep_kernel" in k or "chunk_state_kernel" in k}
-    assert len(spills) == 4 and not any(spills.values()), spills
+    assert len(spills) == 6 and not any(spills.values()), spills
+    assert not [line for line in report.splitlines() if "C7514" in line or "C7519" in line]
     kernels = _sass_by_kernel(sass)
     assert set(kernels) == set(spills), (sorted(kernels), spills)
     for kernel, lines in kernels.items():
         count = lambda pattern: sum(bool(re.search(pattern, line)) for line in lines)
-        ldgsts, hmma = count(r"\bLDGSTS\.\S*\.128\b"), count(r"\bHMMA\.")
+        ldgsts, hmma, hgmma = count(r"\bLDGSTS\.\S*\.128\b"), count(r"\bHMMA\."), count(r"\bHGMMA\.64x32x16\.")
         ldsm, ldsm_t, lds = count(r"\bLDSM\.16\.M88\.4\b"), count(r"\bLDSM\.16\.MT88\.4\b"), count(r"\bLDS(\.|\s)")
-        assert ldgsts > 0 and hmma > 0, (kernel, ldgsts, hmma)
+        assert ldgsts > 0, (kernel, ldgsts)
+        if "chunk_state_kernel" in kernel and "Lb1E" in kernel:
+            assert (hgmma, hmma, ldsm + ldsm_t) == (28, 0, 0), (kernel, hgmma, hmma, ldsm, ldsm_t)
+            continue
+        assert hmma > 0 and hgmma == 0, (kernel, hmma, hgmma)
         want = (80, 20) if "chunk_prep_kernel" in kernel else (40, 40)
         assert ldsm >= want[0] and ldsm_t >= want[1], (kernel, ldsm, ldsm_t, want)
         assert lds < 400, (kernel, lds)

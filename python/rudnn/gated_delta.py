@@ -183,6 +183,7 @@ def gated_delta_rule_backward(dout, q, k, v, beta, log_decay, initial_state=None
 
 def gated_delta_last_algorithm() -> str:
     """What the last gated delta forward or backward on this thread ran: "cpu", "chunked" (the
-    tensor-core chunked CUDA kernels), "recurrent" (the token-by-token CUDA kernel),
+    tensor-core chunked CUDA kernels), "chunked_wgmma" (the same with the state kernel's products
+    on wgmma: Hopper with RUDNN_GATED_DELTA_WGMMA=1), "recurrent" (the token-by-token CUDA kernel),
     "recurrent_backward" or "chunked_backward" (the CUDA backwards; "none" before any)."""
     return _C.gated_delta_last_algorithm()

@@ -1,5 +1,5 @@
-// Host stand-ins for the sm90a (Hopper) atoms of the flash forward kernel, written from the PTX
-// ISA (as emu_sm80_atoms.hpp, which this includes):
+// Host stand-ins for the sm90a (Hopper) atoms of the flash kernels and of the chunked gated delta
+// forward's state kernel, written from the PTX ISA (as emu_sm80_atoms.hpp, which this includes):
 //   EmuGmma<Real, In, N, kRegisterA, kMajorB, kMajorA>
 //     wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}: A (64 x 16) K-major or MN-major from
 //     shared memory through its matrix descriptor (SS) or from the warpgroup's registers (RS, the
@@ -195,6 +195,10 @@ namespace emu_gmma {
 using Major = cute::SM90::GMMA::Major;
 namespace G = cute::SM90::GMMA;
 }  // namespace emu_gmma
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaSS32F16 = EmuGmma<emu_gmma::G::MMA_64x32x16_F32F16F16_SS<A, B>, cute::half_t, 32, false, B, A>;
+template <emu_gmma::Major A, emu_gmma::Major B>
+using EmuGmmaSS32BF16 = EmuGmma<emu_gmma::G::MMA_64x32x16_F32BF16BF16_SS<A, B>, cute::bfloat16_t, 32, false, B, A>;
 template <emu_gmma::Major A, emu_gmma::Major B>
 using EmuGmmaSS64F16 = EmuGmma<emu_gmma::G::MMA_64x64x16_F32F16F16_SS<A, B>, cute::half_t, 64, false, B, A>;
 template <emu_gmma::Major A, emu_gmma::Major B>

@@ -5,7 +5,9 @@
 // __syncthreads is a block-wide std::barrier, __shfl_xor_sync a warp-wide exchange, __shared__
 // variables are shared by the block's threads (blocks run one after another). The chunked
 // forward's hardware atoms are the stand-ins of emu_sm80_atoms.hpp: mma.sync and ldmatrix
-// (.trans) as warp-collective exchanges with the PTX ISA's fragment layouts, cp.async copies
+// (.trans) as warp-collective exchanges with the PTX ISA's fragment layouts (and, for
+// chunked_forward_wgmma, the state kernel's wgmma of emu_sm90_atoms.hpp, which reads its
+// operands through the matrix descriptors as the PTX ISA defines them), cp.async copies
 // that land only when their group is waited for (zero-filled pieces included); the ordering
 // check of emu_runtime.hpp sees the copies and every lane's ldmatrix row read (chunk_mma.cuh takes
 // the stand-ins through the macros below; the chunked backward's K K^T too). So its
@@ -18,14 +20,14 @@
 // ("forward_stages reverse_stages k q dout g w u p", bwd_launch_plan for the device that
 // EMU_MAX_SMEM, EMU_SMEM_PER_SM and EMU_SM_COUNT describe, by default an H100/H200).
 //
-//   gated_delta_emu <recurrent_forward|chunked_forward|recurrent_backward|chunked_backward> <dir>
+//   gated_delta_emu <recurrent_forward|chunked_forward|chunked_forward_wgmma|recurrent_backward|chunked_backward> <dir>
 // reads <dir>/meta.txt ("B T Hk Hv K V N has_initial has_cu has_dfinal bf16 scale [bthk [chunk_size]]") and
 // raw little-endian arrays (q k v beta: float32 or bfloat16 bits; g, initial, dfinal: float32;
 // cu: int32), all dense [B, H, T, X] / [N, Hv, K, V], or with bthk = 1 the forward's q k v beta g
 // and out as dense [B, T, H, X] (the chunked backward: q k v beta g dout; its gradients stay
 // dense [B, H, T, X]); writes out/final (forward) or dq dk dv dbeta dg dinit (backward) in the
 // same formats. The chunked backward's workspace starts as NaN.
-#include "emu_sm80_atoms.hpp"
+#include "emu_sm90_atoms.hpp"  // with emu_sm80_atoms.hpp
 
 #include <cute/atom/mma_atom.hpp>
 #include <cute/tensor.hpp>
@@ -104,7 +106,7 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
   p.sinit = p.sfinal = p.sdfinal = dense_state(Hv, K, V);
   pr.varlen = has_cu;
 
-  if (which == "recurrent_forward" || which == "chunked_forward") {
+  if (which == "recurrent_forward" || which == "chunked_forward" || which == "chunked_forward_wgmma") {
     std::vector<Bits> out(B * Hv * T_ * V);
     std::vector<float> fin(N * Hv * K * V, NAN);
     p.out = out.data(), p.final_state = fin.data();
@@ -129,8 +131,12 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
         std::ofstream(dir + "/staging.txt") << st.qk << " " << st.v << " " << st.ws << "\n";
         launch(l.slots * Hv, emu_ch::kThreads, 1, sizeof(emu_ch::PrepSmem<E>),
                [&] { emu_ch::chunk_prep_kernel<E>(p, ws, l.vtiles, st); });
-        launch(N * Hv * l.vtiles, emu_ch::kThreads, 1, sizeof(emu_ch::StateSmem<E>),
-               [&] { emu_ch::chunk_state_kernel<E>(p, ws, l.vtiles, st); });
+        if (which == "chunked_forward_wgmma")
+          launch(N * Hv * l.vtiles, emu_ch::kThreads, 1, sizeof(emu_ch::StateSmem<E>),
+                 [&] { emu_ch::chunk_state_kernel<E, true>(p, ws, l.vtiles, st); });
+        else
+          launch(N * Hv * l.vtiles, emu_ch::kThreads, 1, sizeof(emu_ch::StateSmem<E>),
+                 [&] { emu_ch::chunk_state_kernel<E, false>(p, ws, l.vtiles, st); });
       }
     }
     write(dir + "/out.bin", out);

@@ -46,7 +46,7 @@ template <> struct CuteOf<__nv_bfloat16> { using type = cute::bfloat16_t; };
 // within it move), and the pattern repeats every 8 rows.
 template <int Rows, int Cols>
 struct SmemTile {
-  static constexpr int kRows = Rows, kCols = Cols;
+  static constexpr int kRows = Rows, kCols = Cols, kPitch = Cols;  // kPitch: elements from a row to the next
   static_assert(Cols == 32 || Cols == 64 || Cols == 128, "rows of 64, 128 or 256 bytes");
   static constexpr int kShift = Cols == 128 ? 4 : 3;  // from the piece bits to the row bits
   using Swz = Swizzle<Cols == 32 ? 2 : 3, 3, kShift>;

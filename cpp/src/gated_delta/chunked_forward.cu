@@ -40,7 +40,9 @@
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/mma_traits_sm80.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -72,11 +74,33 @@ constexpr int kCtasPerSm = 3;
 // Tiles of 32-bit elements (G) are never MMA operands: plain rows.
 template <int Rows, int Cols>
 struct PlainRows {
-  static constexpr int kRows = Rows, kCols = Cols;
+  static constexpr int kRows = Rows, kCols = Cols, kPitch = Cols;
   using Layout = cute::Layout<Shape<Int<kRows>, Int<kCols>>, Stride<Int<kCols>, _1>>;
 };
 
-using KTile = SmemTile<kC, kKt>;   // K, Q, -W, diag(beta e^G) K
+// A [Rows][128] 16-bit tile as two blocks of 64 columns, one after the other, each [Rows][64]
+// with 128-byte rows and SmemTile<Rows, 64>'s swizzle: wgmma's canonical 128-byte-swizzled
+// layout (an SW128 atom is 8 rows of 64 elements), which SmemTile<Rows, 128>'s 256-byte rows are
+// not. The state kernel's K, Q and -W tiles, for both of its paths (ldmatrix reads it as well).
+template <int Rows>
+struct WideTile {
+  static constexpr int kRows = Rows, kCols = 128, kPitch = 64;  // kPitch: elements from a row to the next
+  using Swz = Swizzle<3, 3, 3>;
+  using Layout =
+      decltype(composition(Swz{}, cute::Layout<Shape<Int<Rows>, Shape<_64, _2>>, Stride<_64, Stride<_1, Int<Rows * 64>>>>{}));
+  template <class E>
+  static __device__ __forceinline__ auto view(E* p) {
+    return make_tensor(make_smem_ptr(p), Layout{});
+  }
+  template <class E>
+  static __device__ __forceinline__ auto view_t(E* p) {
+    return make_tensor(make_smem_ptr(p), composition(Swz{}, cute::Layout<Shape<Shape<_64, _2>, Int<Rows>>,
+                                                                        Stride<Stride<_1, Int<Rows * 64>>, _64>>{}));
+  }
+};
+
+using KTile = SmemTile<kC, kKt>;   // prep: K, Q, diag(beta e^G) K
+using WTile = WideTile<kC>;        // state: K, Q, -W
 using CTile = SmemTile<kC, kC>;    // P, T
 using VTile = SmemTile<kC, kBV>;   // value tiles, U' / U, U_d
 using STile = SmemTile<kKt, kBV>;  // S0
@@ -95,18 +119,23 @@ struct PrepSmem {
                       // products (kNB - 1 blocks of kB x kB floats)
 };
 
-// Shared memory of the state kernel.
+// Shared memory of the state kernel. Every 16-bit tile starts at a multiple of 1024 bytes (the
+// 128-byte swizzle's period; wgmma's descriptors carry no base offset).
 template <class E>
 struct StateSmem {
-  E k[kC * kKt];      // K rows of the chunk            [C][Kt]
-  E q[kC * kKt];      // Q rows                          [C][Kt]
+  E k[kC * kKt];      // K rows of the chunk            [C][Kt] (WTile)
+  E q[kC * kKt];      // Q rows                          [C][Kt] (WTile)
   E s[kKt * kBV];     // S0 in the operand dtype         [Kt][BV]
-  E w[kC * kKt];      // -W
+  E w[kC * kKt];      // -W                              (WTile)
   E p[kC * kC];       // P
   E u[kC * kBV];      // U' as it lands, then U
   E ud[kC * kBV];     // e^(G_last - G_j) U_j
   float g[kC];
 };
+static_assert(offsetof(StateSmem<cute::half_t>, q) % 1024 == 0 && offsetof(StateSmem<cute::half_t>, s) % 1024 == 0 &&
+                  offsetof(StateSmem<cute::half_t>, w) % 1024 == 0 && offsetof(StateSmem<cute::half_t>, p) % 1024 == 0 &&
+                  offsetof(StateSmem<cute::half_t>, u) % 1024 == 0 && offsetof(StateSmem<cute::half_t>, ud) % 1024 == 0,
+              "16-bit tiles on 1024-byte boundaries");
 
 // How a call's tiles are copied into shared memory (decided on the host, staging_for): true where
 // every row of the source can move as 16-byte cp.async pieces.
@@ -124,13 +153,13 @@ inline Staging staging_for(const Params& p, const void* workspace) {
   return st;
 }
 
-// Issues the copy of a Tile (SmemTile or PlainRows: [Rows][Cols]) whose row r is at
+// Issues the copy of a Tile (SmemTile, WideTile or PlainRows: [Rows][Cols]) whose row r is at
 // src + r * row_stride; rows >= valid_rows and columns >= valid_cols become zeros (valid_cols a
 // multiple of a 16-byte piece when vec16). With vec16 every piece is one cp.async (the caller
 // commits and waits), otherwise element loads and one shared store (ordered by a barrier).
 // Thread t copies piece t % pieces of rows t / pieces, + kThreads / pieces, ...: the address math
 // is one pointer step per piece on both sides (the row step is a multiple of the swizzle's
-// 8-row period).
+// 8-row period; a WideTile's rows are kPitch = 64 elements apart within a column block).
 template <class Tile, class E>
 __device__ __forceinline__ void stage_tile(E* dst, const E* src, i64 row_stride, int valid_rows, int valid_cols,
                                            bool vec16) {
@@ -144,7 +173,7 @@ __device__ __forceinline__ void stage_tile(E* dst, const E* src, i64 row_stride,
   int r = int(threadIdx.x) / kPieces;
   const E* from = src + r * row_stride + col;
   E* to = dst + typename Tile::Layout{}(r, col);  // this thread's first piece in the tile
-  for (; r < Rows; r += kRowStep, from += kRowStep * row_stride, to += kRowStep * Cols) {
+  for (; r < Rows; r += kRowStep, from += kRowStep * row_stride, to += kRowStep * Tile::kPitch) {
     auto& piece = *reinterpret_cast<cute::uint128_t*>(to);
     if (vec16) {
       const bool ok = r < valid_rows && col < valid_cols;  // src-size 0: nothing read, 16 zero bytes
@@ -368,13 +397,71 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_prep_kernel(Params
   }
 }
 
-// Stage 2: one CTA per (sequence, value head, 32 value columns), the chunks in order.
+// The state kernel's products on Hopper: wgmma (warpgroup MMA, m64n32k16) with both operands read
+// by the tensor cores from shared memory through matrix descriptors, in place of ldmatrix into
+// registers and mma.sync. The four warps are one warpgroup; the accumulators hold the same
+// (row, column) elements per thread as mma.sync's (one 64 x 32 atom per 64 rows), so everything
+// between the products is the same code. The descriptors see the tiles through CuTe's canonical
+// GMMA layouts over the same bytes the staging writes (WideTile, SmemTile<., 64> and
+// SmemTile<., 32> are those layouts): -W, Q and P K-major as A; S0, U and U_d MN-major as B (their
+// 32 value columns contiguous); K MN-major as A of K^T U_d (keys contiguous, two 64-key atoms).
 template <class E>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_state_kernel(Params p, ChunkWorkspace ws, i64 vtiles, Staging st) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<StateSmem<E>*>(smem_raw);
-  auto mma = make_chunk_mma<E>();
+struct StateGmma {
+  using Major = GMMA::Major;
+  template <Major A>
+  using Atom = std::conditional_t<std::is_same_v<E, cute::half_t>, SM90::GMMA::MMA_64x32x16_F32F16F16_SS<A, Major::MN>,
+                                  SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<A, Major::MN>>;
+  using RowsA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<Int<kC>, Int<kKt>>{}));   // -W, Q
+  using ChunkA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<E>{}, Shape<Int<kC>, Int<kC>>{}));  // P
+  using KeysA = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<E>{}, Shape<Int<kKt>, Int<kC>>{},
+                                       Step<_2, _1>{}));  // K^T: [keys][tokens], a 64-key block after the other
+  using StateB = decltype(tile_to_shape(GMMA::Layout_MN_SW64_Atom<E>{}, Shape<Int<kBV>, Int<kKt>>{}));  // S0
+  using ValueB = decltype(tile_to_shape(GMMA::Layout_MN_SW64_Atom<E>{}, Shape<Int<kBV>, Int<kC>>{}));   // U, U_d
+};
+
+// acc = A B^T (accumulate: acc += A B^T) on wgmma, A (M, Kd) and B (N, Kd) GMMA-canonical views
+// of shared memory: issued, committed and waited for here (each product's result is the next
+// step's input). The caller has fenced its generic-proxy writes of the operands
+// (fence_view_async_shared) before the barrier that publishes them.
+template <class Mma, class TA, class TB, class Acc>
+__device__ __forceinline__ void wgmma_product(Mma& mma, const TA& sA, const TB& sB, Acc& acc, bool accumulate) {
   auto thr = mma.get_thread_slice(threadIdx.x);
+  auto dA = thr.make_fragment_A(thr.partition_A(sA));  // descriptors (MMA, MMA_M, Kd / 16)
+  auto dB = thr.make_fragment_B(thr.partition_B(sB));
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  mma.accumulate_ = accumulate ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int kk = 0; kk < size<2>(dA); ++kk) {
+    cute::gemm(mma, dA(_, _, kk), dB(_, _, kk), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc);
+}
+
+// Stage 2: one CTA per (sequence, value head, 32 value columns), the chunks in order. kWgmma:
+// the products on wgmma (StateGmma; sm_90a), else on mma.sync from ldmatrix fragments.
+template <class E, bool kWgmma>
+__device__ __forceinline__ void state_chunks(const Params& p, const ChunkWorkspace& ws, i64 vtiles, Staging st,
+                                             unsigned char* smem_raw) {
+  auto& sm = *reinterpret_cast<StateSmem<E>*>(smem_raw);
+  auto make_mma = [](auto major_a) {
+    if constexpr (kWgmma)
+      return make_tiled_mma(typename StateGmma<E>::template Atom<decltype(major_a)::value>{});
+    else
+      return make_chunk_mma<E>();
+  };
+  using Major = GMMA::Major;
+  auto mma = make_mma(cute::integral_constant<Major, Major::K>{});      // A K-major: -W S0, Q S0, P U
+  auto mma_kv = make_mma(cute::integral_constant<Major, Major::MN>{});  // A MN-major: K^T U_d
+  auto thr = mma.get_thread_slice(threadIdx.x);
+  // Generic-proxy writes (cp.async, the S0 / U / U_d stores) made visible to wgmma's reads; the
+  // barrier after it publishes them to the warpgroup.
+  auto fence_for_products = [] {
+    if constexpr (kWgmma) cutlass::arch::fence_view_async_shared();
+  };
 
   i64 id = blockIdx.x;
   const i64 vt = id % vtiles;
@@ -385,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_state_kernel(Param
   const i64 slot0 = chunk_slot0(p, kC, ws.chunks_per_batch, n, s);
 
   // The state tile [Kt][BV] in float32 accumulator registers.
-  auto acc_s = partition_fragment_C(mma, Shape<Int<kKt>, Int<kBV>>{});
+  auto acc_s = partition_fragment_C(mma_kv, Shape<Int<kKt>, Int<kBV>>{});
   auto coord_s = thr.partition_C(make_identity_tensor(Shape<Int<kKt>, Int<kBV>>{}));
   CUTE_UNROLL
   for (int i = 0; i < size(acc_s); ++i) {
@@ -402,7 +489,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_state_kernel(Param
   const E* q_rows = static_cast<const E*>(p.q) + s.b * p.sq.b + hk * p.sq.h;
   auto valid_rows = [&](i64 c0) { return int(min(i64(kC), s.eos - c0)); };
   auto issue_w = [&](i64 c0, i64 slot) {
-    if (c0 < s.eos) stage_tile<KTile>(sm.w, chunk_slot<E>(ws, slot, h, p.Hv).w, kKt, kC, kKt, st.ws);
+    if (c0 < s.eos) stage_tile<WTile>(sm.w, chunk_slot<E>(ws, slot, h, p.Hv).w, kKt, kC, kKt, st.ws);
     cp_async_fence();
   };
   auto issue_g_u = [&](i64 c0, i64 slot) {
@@ -415,13 +502,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_state_kernel(Param
   };
   auto issue_q_p = [&](i64 c0, i64 slot) {
     if (c0 < s.eos) {
-      stage_tile<KTile>(sm.q, q_rows + c0 * p.sq.t, p.sq.t, valid_rows(c0), int(p.K), st.qk);
+      stage_tile<WTile>(sm.q, q_rows + c0 * p.sq.t, p.sq.t, valid_rows(c0), int(p.K), st.qk);
       stage_tile<CTile>(sm.p, chunk_slot<E>(ws, slot, h, p.Hv).p, kC, kC, kC, st.ws);
     }
     cp_async_fence();
   };
   auto issue_k = [&](i64 c0) {
-    if (c0 < s.eos) stage_tile<KTile>(sm.k, k_rows + c0 * p.sk.t, p.sk.t, valid_rows(c0), int(p.K), st.qk);
+    if (c0 < s.eos) stage_tile<WTile>(sm.k, k_rows + c0 * p.sk.t, p.sk.t, valid_rows(c0), int(p.K), st.qk);
     cp_async_fence();
   };
   issue_w(s.bos, slot0);
@@ -435,6 +522,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_state_kernel(Param
     // 1. The operand copy of S0 (each thread its own accumulator elements).
     store_pairs<E>(thr.partition_C(STile::view(sm.s)), [&](int i) { return acc_s(i); });
     cp_async_wait<2>();  // -W, G and U' of this chunk have landed (Q, P and K may be in flight)
+    fence_for_products();
     __syncthreads();
 
     // 2. U = U' - W S0; keep U and e^(G_last - G_j) U_j as operands. U' is read and U written
@@ -443,23 +531,58 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_state_kernel(Param
     auto u_mine = thr.partition_C(VTile::view(sm.u));
     CUTE_UNROLL
     for (int i = 0; i < size(acc_u); ++i) acc_u(i) = float(u_mine(i));
-    mma_from_smem<LdsmN, LdsmT>(mma, KTile::view(sm.w), STile::view_t(sm.s), acc_u);
+    if constexpr (kWgmma)
+      wgmma_product(mma, make_tensor(make_smem_ptr(sm.w), typename StateGmma<E>::RowsA{}),
+                    make_tensor(make_smem_ptr(sm.s), typename StateGmma<E>::StateB{}), acc_u, true);
+    else
+      mma_from_smem<LdsmN, LdsmT>(mma, WTile::view(sm.w), STile::view_t(sm.s), acc_u);
     const float g_last = sm.g[kC - 1];
     store_pairs<E>(u_mine, [&](int i) { return acc_u(i); });
     store_pairs<E>(thr.partition_C(VTile::view(sm.ud)),
                    [&](int i) { return expf(g_last - sm.g[get<0>(coord_cv(i))]) * acc_u(i); });
     cp_async_wait<1>();  // Q and P have landed
+    fence_for_products();
     __syncthreads();     // U is complete; every warp is done with -W
     issue_w(c0 + kC, slot + 1);
 
-    // 3. O = scale e^G (Q S0) + P U, stored for the valid rows and columns.
+    // 3. O = scale e^G (Q S0) + P U, stored for the valid rows and columns. On wgmma the two
+    //    products go out as one group into two accumulators (one wait), summed after.
     {
       auto acc_o = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
-      clear(acc_o);
-      mma_from_smem<LdsmN, LdsmT>(mma, KTile::view(sm.q), STile::view_t(sm.s), acc_o);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= p.scale * expf(sm.g[get<0>(coord_cv(i))]);
-      mma_from_smem<LdsmN, LdsmT>(mma, CTile::view(sm.p), VTile::view_t(sm.u), acc_o);
+      auto acc_pu = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
+      if constexpr (kWgmma) {
+        auto dQ = thr.make_fragment_A(thr.partition_A(make_tensor(make_smem_ptr(sm.q), typename StateGmma<E>::RowsA{})));
+        auto dS = thr.make_fragment_B(thr.partition_B(make_tensor(make_smem_ptr(sm.s), typename StateGmma<E>::StateB{})));
+        auto dP = thr.make_fragment_A(thr.partition_A(make_tensor(make_smem_ptr(sm.p), typename StateGmma<E>::ChunkA{})));
+        auto dU = thr.make_fragment_B(thr.partition_B(make_tensor(make_smem_ptr(sm.u), typename StateGmma<E>::ValueB{})));
+        warpgroup_fence_operand(acc_o);
+        warpgroup_fence_operand(acc_pu);
+        warpgroup_arrive();
+        mma.accumulate_ = GMMA::ScaleOut::Zero;
+        CUTE_UNROLL
+        for (int kk = 0; kk < size<2>(dQ); ++kk) {
+          cute::gemm(mma, dQ(_, _, kk), dS(_, _, kk), acc_o);
+          mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+        mma.accumulate_ = GMMA::ScaleOut::Zero;
+        CUTE_UNROLL
+        for (int kk = 0; kk < size<2>(dP); ++kk) {
+          cute::gemm(mma, dP(_, _, kk), dU(_, _, kk), acc_pu);
+          mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_o);
+        warpgroup_fence_operand(acc_pu);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_o); ++i) acc_o(i) = p.scale * expf(sm.g[get<0>(coord_cv(i))]) * acc_o(i) + acc_pu(i);
+      } else {
+        clear(acc_o);
+        mma_from_smem<LdsmN, LdsmT>(mma, WTile::view(sm.q), STile::view_t(sm.s), acc_o);
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= p.scale * expf(sm.g[get<0>(coord_cv(i))]);
+        mma_from_smem<LdsmN, LdsmT>(mma, CTile::view(sm.p), VTile::view_t(sm.u), acc_o);
+      }
       CUTE_UNROLL
       for (int i = 0; i < size(acc_o); ++i) {
         const int r = get<0>(coord_cv(i));
@@ -469,6 +592,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_state_kernel(Param
       }
     }
     cp_async_wait<1>();  // K has landed (the next chunk's -W may be in flight)
+    fence_for_products();
     __syncthreads();     // every warp is done with Q, P, G and U
     issue_g_u(c0 + kC, slot + 1);
     issue_q_p(c0 + kC, slot + 1);
@@ -477,7 +601,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_state_kernel(Param
     const float chunk_decay = expf(g_last);
     CUTE_UNROLL
     for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= chunk_decay;
-    mma_from_smem<LdsmT, LdsmT>(mma, KTile::view_t(sm.k), VTile::view_t(sm.ud), acc_s);
+    if constexpr (kWgmma)
+      wgmma_product(mma_kv, make_tensor(make_smem_ptr(sm.k), typename StateGmma<E>::KeysA{}),
+                    make_tensor(make_smem_ptr(sm.ud), typename StateGmma<E>::ValueB{}), acc_s, true);
+    else
+      mma_from_smem<LdsmT, LdsmT>(mma_kv, WTile::view_t(sm.k), VTile::view_t(sm.ud), acc_s);
     __syncthreads();  // every warp is done with K, U_d and S0's copy
     issue_k(c0 + kC);
   }
@@ -487,6 +615,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_state_kernel(Param
   for (int i = 0; i < size(acc_s); ++i) {
     const i64 row = get<0>(coord_s(i)), col = v0 + get<1>(coord_s(i));
     if (row < p.K && col < p.V) p.final_state[n * p.sfinal.n + h * p.sfinal.h + row * p.sfinal.k + col] = acc_s(i);
+  }
+}
+
+template <class E, bool kWgmma>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_state_kernel(Params p, ChunkWorkspace ws, i64 vtiles, Staging st) {
+  extern __shared__ __align__(1024) unsigned char state_smem_raw[];  // 1024: the 128-byte swizzle's period
+  if constexpr (kWgmma) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    state_chunks<E, true>(p, ws, vtiles, st, state_smem_raw);
+#endif
+  } else {
+    state_chunks<E, false>(p, ws, vtiles, st, state_smem_raw);
   }
 }
 
@@ -513,7 +653,8 @@ bool chunked_forward_supported(const Problem& p, int max_smem) {
          std::size_t(max_smem) >= smem;
 }
 
-void chunked_forward(const Params& params, const Problem& problem, void* workspace, DType dtype, cudaStream_t stream) {
+void chunked_forward(const Params& params, const Problem& problem, void* workspace, DType dtype, bool wgmma,
+                     cudaStream_t stream) {
   const ChunkLayout l = chunked_forward_layout(problem);
   ChunkWorkspace ws;
   char* at = static_cast<char*>(workspace);
@@ -535,9 +676,15 @@ void chunked_forward(const Params& params, const Problem& problem, void* workspa
     }
     if (state_blocks > 0) {
       const int smem = int(sizeof(StateSmem<E>));
-      RUDNN_CUDA_CHECK(cudaFuncSetAttribute(chunk_state_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      chunk_state_kernel<E><<<unsigned(state_blocks), kThreads, smem, stream>>>(params, ws, l.vtiles, st);
-      RUDNN_CUDA_CHECK_LAUNCH(chunk_state_kernel);
+      auto launch_state = [&](auto kernel) {
+        RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        kernel<<<unsigned(state_blocks), kThreads, smem, stream>>>(params, ws, l.vtiles, st);
+        RUDNN_CUDA_CHECK_LAUNCH(chunk_state_kernel);
+      };
+      if (wgmma)
+        launch_state(chunk_state_kernel<E, true>);
+      else
+        launch_state(chunk_state_kernel<E, false>);
     }
   };
   if (dtype == DType::bf16)

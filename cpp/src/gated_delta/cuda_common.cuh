@@ -185,7 +185,9 @@ struct ChunkLayout {
 };
 ChunkLayout chunked_forward_layout(const Problem& p);
 bool chunked_forward_supported(const Problem& p, int max_smem_per_block);
-void chunked_forward(const Params& params, const Problem& problem, void* workspace, DType dtype, cudaStream_t stream);
+// wgmma: the state kernel's products on wgmma (sm_90a; only on a compute capability 9.0 device).
+void chunked_forward(const Params& params, const Problem& problem, void* workspace, DType dtype, bool wgmma,
+                     cudaStream_t stream);
 // The chunked backward (chunked_backward.cu): chunk_size <= 64, K <= 128, every dtype, float32
 // FMAs (the local kernel's K K^T on mma.sync for f16/bf16). Its workspace (float32, carved from the caller's buffer), per (chunk slot, value head):
 // G [C] (float64: e^(G_i - G_j) stays accurate where the cumulative sums are large), T and P [C][C], W [C][K], U and dU [C][V], the chunk's start state S0 and the gradient of

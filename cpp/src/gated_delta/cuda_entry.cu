@@ -2,6 +2,7 @@
 // workspace carving, and the choice of kernel.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <string>
 
 #include "core/check.hpp"
@@ -63,6 +64,15 @@ bool use_chunked(const GatedDeltaForwardArgs& a, const Problem& p) {
   return a.algo == GatedDeltaAlgo::chunked && p.kernel != GatedDeltaKernel::recurrent && chunked_fits;
 }
 
+// Whether the chunked forward's state kernel takes its wgmma products: on a compute capability
+// 9.0 device (the sm_90a code) with RUDNN_GATED_DELTA_WGMMA=1, read on every call so one
+// benchmark run times both. Opt-in until a GPU run has checked it and timed it against mma.sync.
+bool chunked_forward_on_wgmma(const GatedDeltaForwardArgs& a) {
+  const core::DeviceProps& props = core::device_props(a.q.device.index);
+  const char* env = std::getenv("RUDNN_GATED_DELTA_WGMMA");
+  return props.cc_major == 9 && props.cc_minor == 0 && env != nullptr && env[0] == '1';
+}
+
 }  // namespace
 
 std::size_t forward_workspace_bytes_cuda(const GatedDeltaForwardArgs& a, const Problem& p) {
@@ -81,9 +91,10 @@ const char* forward_cuda(const GatedDeltaForwardArgs& a, const Problem& p, Strea
   // Chunked prefill on tensor cores where the chunked kernel covers the case; otherwise (decode,
   // float32, other chunk sizes, K > 128) the recurrent kernel, which computes the same function.
   if (use_chunked(a, p)) {
-    cuda::chunked_forward(params, p, a.workspace ? a.workspace->data : nullptr, p.dtype,
+    const bool wgmma = chunked_forward_on_wgmma(a);
+    cuda::chunked_forward(params, p, a.workspace ? a.workspace->data : nullptr, p.dtype, wgmma,
                           static_cast<cudaStream_t>(stream));
-    return "chunked";
+    return wgmma ? "chunked_wgmma" : "chunked";
   }
   cuda::recurrent_forward(params, p.dtype, static_cast<cudaStream_t>(stream));
   return "recurrent";

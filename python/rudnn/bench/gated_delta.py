@@ -41,6 +41,12 @@ _L2_BYTES = 60 << 20  # H200
 # tiles by cp.async"): both in one run say what the second stage is worth.
 _ONE_STAGE = "[1stage]"
 _ONE_STAGE_SIZES = {True: [(1, 2048)], False: [(1, 2048), (1, 8192), (8, 8192)]}  # by quick: beside the default rows
+# "<op>[wgmma]": the forward with RUDNN_GATED_DELTA_WGMMA=1, the chunked state kernel's products on
+# wgmma (Hopper; opt-in until measured, bench/NOTES.md "the state kernel on wgmma"), beside the
+# default mma.sync rows of the same sizes. Elsewhere the variable changes nothing.
+_WGMMA = "[wgmma]"
+_WGMMA_SIZES = {True: [(1, 8192)], False: [(1, 2048), (1, 8192), (1, 32768), (8, 8192)]}
+_VARIANTS = {_ONE_STAGE: "RUDNN_GATED_DELTA_BWD_STAGES", _WGMMA: "RUDNN_GATED_DELTA_WGMMA"}
 _CPU = {"chunk_gated_delta_rule": [(1, 64)], "chunk_gated_delta_rule_fwd_bwd": [(1, 32)], "gated_delta_rule": [(4, 1)]}
 
 
@@ -51,17 +57,19 @@ def cases(device: str, quick: bool) -> list:
     heads = (HK, HV, D, D) if device == "cuda" else (2, 4, 32, 32)
     if device == "cuda":
         table["chunk_gated_delta_rule_fwd_bwd" + _ONE_STAGE] = _ONE_STAGE_SIZES[quick]
+        table["chunk_gated_delta_rule" + _WGMMA] = _WGMMA_SIZES[quick]
     return [CaseSpec(FAMILY, op, (b, t) + heads, "bfloat16") for op, sizes in table.items() for b, t in sizes]
 
 
 def prepare(spec: CaseSpec, device: str) -> Prepared:
-    if spec.op.endswith(_ONE_STAGE):
-        import dataclasses
+    for suffix, variable in _VARIANTS.items():
+        if spec.op.endswith(suffix):
+            import dataclasses
 
-        prepared = prepare(dataclasses.replace(spec, op=spec.op[:-len(_ONE_STAGE)]), device)
-        prepared.run = with_env(prepared.run, "RUDNN_GATED_DELTA_BWD_STAGES", "1")
-        prepared.check = with_env(prepared.check, "RUDNN_GATED_DELTA_BWD_STAGES", "1")
-        return prepared
+            prepared = prepare(dataclasses.replace(spec, op=spec.op[:-len(suffix)]), device)
+            prepared.run = with_env(prepared.run, variable, "1")
+            prepared.check = with_env(prepared.check, variable, "1")
+            return prepared
     return _PREPARE[spec.op](spec, device)
 
 
