@@ -254,20 +254,25 @@ PLANTED_STAGING_BUGS = {
 }
 
 
-# ... and in the state kernel's wgmma path: K^T's descriptor over the key blocks in the wrong order
-# (the MN-major view tiled along the keys first), a product whose group is not waited for before
-# its result is read, S0's copy read by wgmma before every warp has stored its part, -W read as
-# if it were staged in 256-byte rows (SmemTile<C, 128>, the layout wgmma cannot describe).
+# ... and in the state kernel's wgmma schedule: K^T's descriptor over the key blocks in the wrong
+# order (the MN-major view tiled along the keys first), the products of O and S not waited for
+# before their results are read, S0's copy read by wgmma before every warp has stored its part,
+# the next chunk but one's K, Q and P copied over this chunk's stage before every warp is past
+# its products, -W read as if staged in 256-byte rows (SmemTile<C, 128>, which wgmma cannot
+# describe).
 PLANTED_WGMMA_BUGS = {
     "keys_descriptor_in_the_wrong_block_order": (
         "Shape<Int<kKt>, Int<kC>>{},\n                                       Step<_2, _1>{}));",
         "Shape<Int<kKt>, Int<kC>>{}));"),
-    "product_not_waited_for": ("  warpgroup_commit_batch();\n  warpgroup_wait<0>();\n  warpgroup_fence_operand(acc);\n}",
-                               "  warpgroup_commit_batch();\n  warpgroup_fence_operand(acc);\n}"),
+    "products_not_waited_for": ("    warpgroup_commit_batch();\n    warpgroup_wait<0>();\n    warpgroup_fence_operand(acc_s);",
+                                "    warpgroup_commit_batch();\n    warpgroup_fence_operand(acc_s);"),
     "state_copy_read_before_every_warp_stored_it": (
-        "    cp_async_wait<2>();  // -W, G and U' of this chunk have landed (Q, P and K may be in flight)\n"
-        "    fence_for_products();\n    __syncthreads();\n",
-        "    cp_async_wait<2>();  // -W, G and U' of this chunk have landed (Q, P and K may be in flight)\n"),
+        "    cp_async_wait<1>();\n    cutlass::arch::fence_view_async_shared();\n    __syncthreads();\n",
+        "    cp_async_wait<1>();\n"),
+    "stage_refilled_before_every_warp_is_past_its_products": (
+        "    __syncthreads();  // every warp is done with this stage's K, Q, P, with U, U_d and S0's copy\n"
+        "    x.copy_q_p(c0 + 2 * kC, slot + 2, stage);\n    x.copy_k(c0 + 2 * kC, stage);\n",
+        "    x.copy_q_p(c0 + 2 * kC, slot + 2, stage);\n    x.copy_k(c0 + 2 * kC, stage);\n    __syncthreads();\n"),
     "w_staged_in_256_byte_rows": ("stage_tile<WTile>(sm.w,", "stage_tile<KTile>(sm.w,"),
 }
 PLANTED_FORWARD_BUGS = {**{name: ("chunked_forward", bug) for name, bug in PLANTED_STAGING_BUGS.items()},

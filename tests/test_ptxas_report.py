@@ -366,10 +366,11 @@ def test_moe_grouped_gemm_sm80():
 # and Q K^T take 2 x 8 A and 2 x 8 B blocks each, T X and T V 2 x 4 A (all without .trans), T X
 # 4 x 4 and T V 1 x 4 B (.trans): 80 LDSM and 20 LDSM.T; in the state kernel W S0 and Q S0 2 x 8 A
 # and 1 x 8 B each, P U 2 x 4 A and 1 x 4 B, K^T U_d 4 x 4 A and 1 x 4 B, the B operands and K^T
-# .trans: 40 and 40 (fewer means a product lost its ldmatrix path). The state kernel's wgmma path
-# ("Lb1E") issues every product as HGMMA 64x32x16 from shared-memory descriptors: W S0 and Q S0 8
-# k steps each, P U 4, K^T U_d 4 k steps x 2 key blocks: 28, no HMMA, no ldmatrix, and ptxas
-# keeps the wgmma asynchronous (no C7514/C7519 serialization).
+# .trans: 40 and 40 (fewer means a product lost its ldmatrix path). The state kernel's wgmma
+# schedule ("Lb1E") issues every product as HGMMA 64x32x16 from shared-memory descriptors: W S0
+# and Q S0 8 k steps each, P U 4, K^T U_d 4 k steps x 2 key blocks: 28, no HMMA, no ldmatrix,
+# three barriers (a chunk's; the mma.sync schedule has four), and ptxas keeps the wgmma
+# asynchronous (no C7514/C7519 serialization).
 def test_gated_delta_chunked_kernels_stage_with_cp_async():
     report, sass = _ptxas_report("chunked_forward.cu", family="gated_delta")
     spills = {k: v for k, v in _spills(report).items() if "chunk_prep_kernel" in k or "chunk_state_kernel" in k}
@@ -383,7 +384,8 @@ def test_gated_delta_chunked_kernels_stage_with_cp_async():
         ldsm, ldsm_t, lds = count(r"\bLDSM\.16\.M88\.4\b"), count(r"\bLDSM\.16\.MT88\.4\b"), count(r"\bLDS(\.|\s)")
         assert ldgsts > 0, (kernel, ldgsts)
         if "chunk_state_kernel" in kernel and "Lb1E" in kernel:
-            assert (hgmma, hmma, ldsm + ldsm_t) == (28, 0, 0), (kernel, hgmma, hmma, ldsm, ldsm_t)
+            bars = count(r"\bBAR\.SYNC")
+            assert (hgmma, hmma, ldsm + ldsm_t, bars) == (28, 0, 0, 3), (kernel, hgmma, hmma, ldsm, ldsm_t, bars)
             continue
         assert hmma > 0 and hgmma == 0, (kernel, hmma, hgmma)
         want = (80, 20) if "chunk_prep_kernel" in kernel else (40, 40)

@@ -132,7 +132,7 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
         launch(l.slots * Hv, emu_ch::kThreads, 1, sizeof(emu_ch::PrepSmem<E>),
                [&] { emu_ch::chunk_prep_kernel<E>(p, ws, l.vtiles, st); });
         if (which == "chunked_forward_wgmma")
-          launch(N * Hv * l.vtiles, emu_ch::kThreads, 1, sizeof(emu_ch::StateSmem<E>),
+          launch(N * Hv * l.vtiles, emu_ch::kThreads, 1, sizeof(emu_ch::StateSmem<E, emu_ch::state_stages<true>>),
                  [&] { emu_ch::chunk_state_kernel<E, true>(p, ws, l.vtiles, st); });
         else
           launch(N * Hv * l.vtiles, emu_ch::kThreads, 1, sizeof(emu_ch::StateSmem<E>),

@@ -45,6 +45,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -120,22 +121,28 @@ struct PrepSmem {
 };
 
 // Shared memory of the state kernel. Every 16-bit tile starts at a multiple of 1024 bytes (the
-// 128-byte swizzle's period; wgmma's descriptors carry no base offset).
-template <class E>
+// 128-byte swizzle's period; wgmma's descriptors carry no base offset). kStages copies of the
+// K, Q and P tiles (the wgmma schedule streams chunk c + 2's in during chunk c), two of G (one
+// per chunk parity; the mma.sync schedule uses the first).
+template <class E, int kStages = 1>
 struct StateSmem {
-  E k[kC * kKt];      // K rows of the chunk            [C][Kt] (WTile)
-  E q[kC * kKt];      // Q rows                          [C][Kt] (WTile)
-  E s[kKt * kBV];     // S0 in the operand dtype         [Kt][BV]
-  E w[kC * kKt];      // -W                              (WTile)
-  E p[kC * kC];       // P
-  E u[kC * kBV];      // U' as it lands, then U
-  E ud[kC * kBV];     // e^(G_last - G_j) U_j
-  float g[kC];
+  E k[kStages][kC * kKt];  // K rows of the chunk            [C][Kt] (WTile)
+  E q[kStages][kC * kKt];  // Q rows                          [C][Kt] (WTile)
+  E s[kKt * kBV];          // S0 in the operand dtype         [Kt][BV]
+  E w[kC * kKt];           // -W                              (WTile)
+  E p[kStages][kC * kC];   // P
+  E u[kC * kBV];           // U (the mma.sync schedule stages U' here first)
+  E ud[kC * kBV];          // e^(G_last - G_j) U_j
+  float g[2][kC];
 };
-static_assert(offsetof(StateSmem<cute::half_t>, q) % 1024 == 0 && offsetof(StateSmem<cute::half_t>, s) % 1024 == 0 &&
-                  offsetof(StateSmem<cute::half_t>, w) % 1024 == 0 && offsetof(StateSmem<cute::half_t>, p) % 1024 == 0 &&
-                  offsetof(StateSmem<cute::half_t>, u) % 1024 == 0 && offsetof(StateSmem<cute::half_t>, ud) % 1024 == 0,
-              "16-bit tiles on 1024-byte boundaries");
+template <int kStages>
+constexpr bool state_tiles_aligned() {
+  using S = StateSmem<cute::half_t, kStages>;
+  return offsetof(S, q) % 1024 == 0 && offsetof(S, s) % 1024 == 0 && offsetof(S, w) % 1024 == 0 &&
+         offsetof(S, p) % 1024 == 0 && offsetof(S, u) % 1024 == 0 && offsetof(S, ud) % 1024 == 0 &&
+         sizeof(S::k[0]) % 1024 == 0 && sizeof(S::p[0]) % 1024 == 0;
+}
+static_assert(state_tiles_aligned<1>() && state_tiles_aligned<2>(), "16-bit tiles on 1024-byte boundaries");
 
 // How a call's tiles are copied into shared memory (decided on the host, staging_for): true where
 // every row of the source can move as 16-byte cp.async pieces.
@@ -400,8 +407,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_prep_kernel(Params
 // The state kernel's products on Hopper: wgmma (warpgroup MMA, m64n32k16) with both operands read
 // by the tensor cores from shared memory through matrix descriptors, in place of ldmatrix into
 // registers and mma.sync. The four warps are one warpgroup; the accumulators hold the same
-// (row, column) elements per thread as mma.sync's (one 64 x 32 atom per 64 rows), so everything
-// between the products is the same code. The descriptors see the tiles through CuTe's canonical
+// (row, column) elements per thread as mma.sync's (one 64 x 32 atom per 64 rows), so the staging
+// and the element-wise code are shared (StateChunks, store_pairs). The descriptors see the tiles through CuTe's canonical
 // GMMA layouts over the same bytes the staging writes (WideTile, SmemTile<., 64> and
 // SmemTile<., 32> are those layouts): -W, Q and P K-major as A; S0, U and U_d MN-major as B (their
 // 32 value columns contiguous); K MN-major as A of K^T U_d (keys contiguous, two 64-key atoms).
@@ -419,110 +426,132 @@ struct StateGmma {
   using ValueB = decltype(tile_to_shape(GMMA::Layout_MN_SW64_Atom<E>{}, Shape<Int<kBV>, Int<kC>>{}));   // U, U_d
 };
 
-// acc = A B^T (accumulate: acc += A B^T) on wgmma, A (M, Kd) and B (N, Kd) GMMA-canonical views
-// of shared memory: issued, committed and waited for here (each product's result is the next
-// step's input). The caller has fenced its generic-proxy writes of the operands
-// (fence_view_async_shared) before the barrier that publishes them.
-template <class Mma, class TA, class TB, class Acc>
-__device__ __forceinline__ void wgmma_product(Mma& mma, const TA& sA, const TB& sB, Acc& acc, bool accumulate) {
-  auto thr = mma.get_thread_slice(threadIdx.x);
-  auto dA = thr.make_fragment_A(thr.partition_A(sA));  // descriptors (MMA, MMA_M, Kd / 16)
-  auto dB = thr.make_fragment_B(thr.partition_B(sB));
-  warpgroup_fence_operand(acc);
-  warpgroup_arrive();
-  mma.accumulate_ = accumulate ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int kk = 0; kk < size<2>(dA); ++kk) {
-    cute::gemm(mma, dA(_, _, kk), dB(_, _, kk), acc);
-    mma.accumulate_ = GMMA::ScaleOut::One;
+// Stage 2: one CTA per (sequence, value head, 32 value columns), the chunks in order. What both
+// of its schedules share: the CTA's coordinates, the copies of a chunk's tiles (each issue adds
+// pieces to the thread's open cp.async group; the schedules commit), and the state's first and
+// last values.
+template <class E, int kStages>
+struct StateChunks {
+  StateSmem<E, kStages>& sm;
+  const Params& p;
+  const ChunkWorkspace& ws;
+  Staging st;
+  i64 h, hk, n, v0, slot0;
+  Sequence s;
+  const E* k_rows;
+  const E* q_rows;
+
+  __device__ StateChunks(unsigned char* smem_raw, const Params& p_, const ChunkWorkspace& ws_, i64 vtiles, Staging st_)
+      : sm(*reinterpret_cast<StateSmem<E, kStages>*>(smem_raw)), p(p_), ws(ws_), st(st_) {
+    i64 id = blockIdx.x;
+    const i64 vt = id % vtiles;
+    id /= vtiles;
+    h = id % p.Hv, n = id / p.Hv, hk = h / p.group;
+    v0 = vt * kBV;
+    s = sequence(p, n);
+    slot0 = chunk_slot0(p, kC, ws.chunks_per_batch, n, s);
+    k_rows = static_cast<const E*>(p.k) + s.b * p.sk.b + hk * p.sk.h;
+    q_rows = static_cast<const E*>(p.q) + s.b * p.sq.b + hk * p.sq.h;
   }
-  warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(acc);
-}
+  __device__ int valid_rows(i64 c0) const { return int(min(i64(kC), s.eos - c0)); }
+  __device__ ChunkSlot<E> slot(i64 i) const { return chunk_slot<E>(ws, i, h, p.Hv); }
+  // Chunk (c0, slot i)'s tiles; nothing past the sequence's last chunk.
+  __device__ void copy_w(i64 c0, i64 i) const {
+    if (c0 < s.eos) stage_tile<WTile>(sm.w, slot(i).w, kKt, kC, kKt, st.ws);
+  }
+  __device__ void copy_g(i64 c0, i64 i, int parity) const {
+    if (c0 < s.eos) stage_tile<PlainRows<1, kC>>(sm.g[parity], slot(i).g, 0, 1, kC, st.ws);
+  }
+  __device__ void copy_u(i64 c0, i64 i) const {  // U' into U's buffer
+    if (c0 < s.eos) stage_tile<VTile>(sm.u, slot(i).u + v0, ws.vp, kC, kBV, st.ws);
+  }
+  __device__ void copy_q_p(i64 c0, i64 i, int stage) const {
+    if (c0 < s.eos) {
+      stage_tile<WTile>(sm.q[stage], q_rows + c0 * p.sq.t, p.sq.t, valid_rows(c0), int(p.K), st.qk);
+      stage_tile<CTile>(sm.p[stage], slot(i).p, kC, kC, kC, st.ws);
+    }
+  }
+  __device__ void copy_k(i64 c0, int stage) const {
+    if (c0 < s.eos) stage_tile<WTile>(sm.k[stage], k_rows + c0 * p.sk.t, p.sk.t, valid_rows(c0), int(p.K), st.qk);
+  }
+  // The state tile's elements (coord: their (key row, value column) in the tile) from the initial
+  // state or zero, and back to the final state.
+  template <class Acc, class Coord>
+  __device__ void load_state(Acc& acc_s, const Coord& coord_s) const {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) {
+      const i64 row = get<0>(coord_s(i)), col = v0 + get<1>(coord_s(i));
+      acc_s(i) = (p.initial && row < p.K && col < p.V)
+                     ? p.initial[n * p.sinit.n + h * p.sinit.h + row * p.sinit.k + col] : 0.0f;
+    }
+  }
+  template <class Acc, class Coord>
+  __device__ void store_state(const Acc& acc_s, const Coord& coord_s) const {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) {
+      const i64 row = get<0>(coord_s(i)), col = v0 + get<1>(coord_s(i));
+      if (row < p.K && col < p.V) p.final_state[n * p.sfinal.n + h * p.sfinal.h + row * p.sfinal.k + col] = acc_s(i);
+    }
+  }
+  // The output rows of the chunk at c0 (valid rows and columns only).
+  template <class Acc, class Coord>
+  __device__ void store_out(const Acc& acc_o, const Coord& coord_cv, i64 c0) const {
+    const int valid = valid_rows(c0);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_o); ++i) {
+      const int r = get<0>(coord_cv(i));
+      const i64 col = v0 + get<1>(coord_cv(i));
+      if (r < valid && col < p.V)
+        static_cast<E*>(p.out)[s.b * p.sout.b + h * p.sout.h + (c0 + r) * p.sout.t + col] = E(acc_o(i));
+    }
+  }
+};
 
-// Stage 2: one CTA per (sequence, value head, 32 value columns), the chunks in order. kWgmma:
-// the products on wgmma (StateGmma; sm_90a), else on mma.sync from ldmatrix fragments.
-template <class E, bool kWgmma>
-__device__ __forceinline__ void state_chunks(const Params& p, const ChunkWorkspace& ws, i64 vtiles, Staging st,
-                                             unsigned char* smem_raw) {
-  auto& sm = *reinterpret_cast<StateSmem<E>*>(smem_raw);
-  auto make_mma = [](auto major_a) {
-    if constexpr (kWgmma)
-      return make_tiled_mma(typename StateGmma<E>::template Atom<decltype(major_a)::value>{});
-    else
-      return make_chunk_mma<E>();
-  };
-  using Major = GMMA::Major;
-  auto mma = make_mma(cute::integral_constant<Major, Major::K>{});      // A K-major: -W S0, Q S0, P U
-  auto mma_kv = make_mma(cute::integral_constant<Major, Major::MN>{});  // A MN-major: K^T U_d
+// The mma.sync schedule (every architecture): one buffer per tile, refilled for chunk c + 1 as
+// soon as chunk c's last reader of it has passed a barrier, as four cp.async groups in the order
+// they are read: -W; G and U'; Q and P; K. Every issue commits a group, empty past the last
+// chunk, so each thread's groups stay in step with the waits below.
+template <class E>
+__device__ __forceinline__ void state_chunks_mma(const Params& p, const ChunkWorkspace& ws, i64 vtiles, Staging st,
+                                                 unsigned char* smem_raw) {
+  const StateChunks<E, 1> x(smem_raw, p, ws, vtiles, st);
+  auto& sm = x.sm;
+  auto mma = make_chunk_mma<E>();
   auto thr = mma.get_thread_slice(threadIdx.x);
-  // Generic-proxy writes (cp.async, the S0 / U / U_d stores) made visible to wgmma's reads; the
-  // barrier after it publishes them to the warpgroup.
-  auto fence_for_products = [] {
-    if constexpr (kWgmma) cutlass::arch::fence_view_async_shared();
-  };
-
-  i64 id = blockIdx.x;
-  const i64 vt = id % vtiles;
-  id /= vtiles;
-  const i64 h = id % p.Hv, n = id / p.Hv, hk = h / p.group;
-  const i64 v0 = vt * kBV;
-  const Sequence s = sequence(p, n);
-  const i64 slot0 = chunk_slot0(p, kC, ws.chunks_per_batch, n, s);
 
   // The state tile [Kt][BV] in float32 accumulator registers.
-  auto acc_s = partition_fragment_C(mma_kv, Shape<Int<kKt>, Int<kBV>>{});
+  auto acc_s = partition_fragment_C(mma, Shape<Int<kKt>, Int<kBV>>{});
   auto coord_s = thr.partition_C(make_identity_tensor(Shape<Int<kKt>, Int<kBV>>{}));
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_s); ++i) {
-    const i64 row = get<0>(coord_s(i)), col = v0 + get<1>(coord_s(i));
-    acc_s(i) = (p.initial && row < p.K && col < p.V)
-                   ? p.initial[n * p.sinit.n + h * p.sinit.h + row * p.sinit.k + col] : 0.0f;
-  }
+  x.load_state(acc_s, coord_s);
   auto coord_cv = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kBV>>{}));
 
-  // The copies of chunk (c0, slot)'s tiles, four cp.async groups in the order they are read:
-  // -W; G and U'; Q and P; K. Every issue commits a group, empty past the last chunk, so each
-  // thread's groups stay in step with the waits below.
-  const E* k_rows = static_cast<const E*>(p.k) + s.b * p.sk.b + hk * p.sk.h;
-  const E* q_rows = static_cast<const E*>(p.q) + s.b * p.sq.b + hk * p.sq.h;
-  auto valid_rows = [&](i64 c0) { return int(min(i64(kC), s.eos - c0)); };
   auto issue_w = [&](i64 c0, i64 slot) {
-    if (c0 < s.eos) stage_tile<WTile>(sm.w, chunk_slot<E>(ws, slot, h, p.Hv).w, kKt, kC, kKt, st.ws);
+    x.copy_w(c0, slot);
     cp_async_fence();
   };
   auto issue_g_u = [&](i64 c0, i64 slot) {
-    if (c0 < s.eos) {
-      const ChunkSlot<E> in = chunk_slot<E>(ws, slot, h, p.Hv);
-      stage_tile<PlainRows<1, kC>>(sm.g, in.g, 0, 1, kC, st.ws);
-      stage_tile<VTile>(sm.u, in.u + v0, ws.vp, kC, kBV, st.ws);  // U' into U's buffer
-    }
+    x.copy_g(c0, slot, 0);
+    x.copy_u(c0, slot);
     cp_async_fence();
   };
   auto issue_q_p = [&](i64 c0, i64 slot) {
-    if (c0 < s.eos) {
-      stage_tile<WTile>(sm.q, q_rows + c0 * p.sq.t, p.sq.t, valid_rows(c0), int(p.K), st.qk);
-      stage_tile<CTile>(sm.p, chunk_slot<E>(ws, slot, h, p.Hv).p, kC, kC, kC, st.ws);
-    }
+    x.copy_q_p(c0, slot, 0);
     cp_async_fence();
   };
   auto issue_k = [&](i64 c0) {
-    if (c0 < s.eos) stage_tile<WTile>(sm.k, k_rows + c0 * p.sk.t, p.sk.t, valid_rows(c0), int(p.K), st.qk);
+    x.copy_k(c0, 0);
     cp_async_fence();
   };
-  issue_w(s.bos, slot0);
-  issue_g_u(s.bos, slot0);
-  issue_q_p(s.bos, slot0);
+  const Sequence& s = x.s;
+  issue_w(s.bos, x.slot0);
+  issue_g_u(s.bos, x.slot0);
+  issue_q_p(s.bos, x.slot0);
   issue_k(s.bos);
 
-  for (i64 c0 = s.bos, slot = slot0; c0 < s.eos; c0 += kC, ++slot) {
-    const int valid = valid_rows(c0);
-
+  for (i64 c0 = s.bos, slot = x.slot0; c0 < s.eos; c0 += kC, ++slot) {
     // 1. The operand copy of S0 (each thread its own accumulator elements).
     store_pairs<E>(thr.partition_C(STile::view(sm.s)), [&](int i) { return acc_s(i); });
     cp_async_wait<2>();  // -W, G and U' of this chunk have landed (Q, P and K may be in flight)
-    fence_for_products();
     __syncthreads();
 
     // 2. U = U' - W S0; keep U and e^(G_last - G_j) U_j as operands. U' is read and U written
@@ -531,68 +560,27 @@ __device__ __forceinline__ void state_chunks(const Params& p, const ChunkWorkspa
     auto u_mine = thr.partition_C(VTile::view(sm.u));
     CUTE_UNROLL
     for (int i = 0; i < size(acc_u); ++i) acc_u(i) = float(u_mine(i));
-    if constexpr (kWgmma)
-      wgmma_product(mma, make_tensor(make_smem_ptr(sm.w), typename StateGmma<E>::RowsA{}),
-                    make_tensor(make_smem_ptr(sm.s), typename StateGmma<E>::StateB{}), acc_u, true);
-    else
-      mma_from_smem<LdsmN, LdsmT>(mma, WTile::view(sm.w), STile::view_t(sm.s), acc_u);
-    const float g_last = sm.g[kC - 1];
+    mma_from_smem<LdsmN, LdsmT>(mma, WTile::view(sm.w), STile::view_t(sm.s), acc_u);
+    const float* g = sm.g[0];
+    const float g_last = g[kC - 1];
     store_pairs<E>(u_mine, [&](int i) { return acc_u(i); });
     store_pairs<E>(thr.partition_C(VTile::view(sm.ud)),
-                   [&](int i) { return expf(g_last - sm.g[get<0>(coord_cv(i))]) * acc_u(i); });
+                   [&](int i) { return expf(g_last - g[get<0>(coord_cv(i))]) * acc_u(i); });
     cp_async_wait<1>();  // Q and P have landed
-    fence_for_products();
     __syncthreads();     // U is complete; every warp is done with -W
     issue_w(c0 + kC, slot + 1);
 
-    // 3. O = scale e^G (Q S0) + P U, stored for the valid rows and columns. On wgmma the two
-    //    products go out as one group into two accumulators (one wait), summed after.
+    // 3. O = scale e^G (Q S0) + P U, stored for the valid rows and columns.
     {
       auto acc_o = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
-      auto acc_pu = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
-      if constexpr (kWgmma) {
-        auto dQ = thr.make_fragment_A(thr.partition_A(make_tensor(make_smem_ptr(sm.q), typename StateGmma<E>::RowsA{})));
-        auto dS = thr.make_fragment_B(thr.partition_B(make_tensor(make_smem_ptr(sm.s), typename StateGmma<E>::StateB{})));
-        auto dP = thr.make_fragment_A(thr.partition_A(make_tensor(make_smem_ptr(sm.p), typename StateGmma<E>::ChunkA{})));
-        auto dU = thr.make_fragment_B(thr.partition_B(make_tensor(make_smem_ptr(sm.u), typename StateGmma<E>::ValueB{})));
-        warpgroup_fence_operand(acc_o);
-        warpgroup_fence_operand(acc_pu);
-        warpgroup_arrive();
-        mma.accumulate_ = GMMA::ScaleOut::Zero;
-        CUTE_UNROLL
-        for (int kk = 0; kk < size<2>(dQ); ++kk) {
-          cute::gemm(mma, dQ(_, _, kk), dS(_, _, kk), acc_o);
-          mma.accumulate_ = GMMA::ScaleOut::One;
-        }
-        mma.accumulate_ = GMMA::ScaleOut::Zero;
-        CUTE_UNROLL
-        for (int kk = 0; kk < size<2>(dP); ++kk) {
-          cute::gemm(mma, dP(_, _, kk), dU(_, _, kk), acc_pu);
-          mma.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_o);
-        warpgroup_fence_operand(acc_pu);
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_o); ++i) acc_o(i) = p.scale * expf(sm.g[get<0>(coord_cv(i))]) * acc_o(i) + acc_pu(i);
-      } else {
-        clear(acc_o);
-        mma_from_smem<LdsmN, LdsmT>(mma, WTile::view(sm.q), STile::view_t(sm.s), acc_o);
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= p.scale * expf(sm.g[get<0>(coord_cv(i))]);
-        mma_from_smem<LdsmN, LdsmT>(mma, CTile::view(sm.p), VTile::view_t(sm.u), acc_o);
-      }
+      clear(acc_o);
+      mma_from_smem<LdsmN, LdsmT>(mma, WTile::view(sm.q[0]), STile::view_t(sm.s), acc_o);
       CUTE_UNROLL
-      for (int i = 0; i < size(acc_o); ++i) {
-        const int r = get<0>(coord_cv(i));
-        const i64 col = v0 + get<1>(coord_cv(i));
-        if (r < valid && col < p.V)
-          static_cast<E*>(p.out)[s.b * p.sout.b + h * p.sout.h + (c0 + r) * p.sout.t + col] = E(acc_o(i));
-      }
+      for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= p.scale * expf(g[get<0>(coord_cv(i))]);
+      mma_from_smem<LdsmN, LdsmT>(mma, CTile::view(sm.p[0]), VTile::view_t(sm.u), acc_o);
+      x.store_out(acc_o, coord_cv, c0);
     }
     cp_async_wait<1>();  // K has landed (the next chunk's -W may be in flight)
-    fence_for_products();
     __syncthreads();     // every warp is done with Q, P, G and U
     issue_g_u(c0 + kC, slot + 1);
     issue_q_p(c0 + kC, slot + 1);
@@ -601,32 +589,175 @@ __device__ __forceinline__ void state_chunks(const Params& p, const ChunkWorkspa
     const float chunk_decay = expf(g_last);
     CUTE_UNROLL
     for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= chunk_decay;
-    if constexpr (kWgmma)
-      wgmma_product(mma_kv, make_tensor(make_smem_ptr(sm.k), typename StateGmma<E>::KeysA{}),
-                    make_tensor(make_smem_ptr(sm.ud), typename StateGmma<E>::ValueB{}), acc_s, true);
-    else
-      mma_from_smem<LdsmT, LdsmT>(mma_kv, WTile::view_t(sm.k), VTile::view_t(sm.ud), acc_s);
+    mma_from_smem<LdsmT, LdsmT>(mma, WTile::view_t(sm.k[0]), VTile::view_t(sm.ud), acc_s);
     __syncthreads();  // every warp is done with K, U_d and S0's copy
     issue_k(c0 + kC);
   }
   cp_async_wait<0>();  // only empty groups remain
-
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_s); ++i) {
-    const i64 row = get<0>(coord_s(i)), col = v0 + get<1>(coord_s(i));
-    if (row < p.K && col < p.V) p.final_state[n * p.sfinal.n + h * p.sfinal.h + row * p.sfinal.k + col] = acc_s(i);
-  }
+  x.store_state(acc_s, coord_s);
 }
 
+// The wgmma schedule (sm_90a). The products are warpgroup MMAs (m64n32k16, both operands read by
+// the tensor cores from shared memory through descriptors; StateGmma), which run asynchronously
+// to the threads until waited for, so a chunk needs only two round trips through the tensor
+// cores: U = U' - W S0 (the state's own chain: its result feeds the rest), then O's two products
+// and the state update K^T U_d issued as one group and waited for once. The accumulators hold the
+// mma.sync accumulators' (row, column) elements, so the element-wise code is the same. What
+// feeds it:
+//   * K, Q and P in two stages: chunk c + 2's are issued when chunk c's products are done (a
+//     whole chunk ahead of their use, where the mma.sync schedule has one product's time);
+//   * -W and G (one of two, by chunk parity) issued once U is done, for the next chunk;
+//   * U' read into registers with plain loads during the products of the chunk before, added
+//     to W S0 after its wait (no shared buffer, no wait for it);
+//   so each chunk waits for its cp.async copies once (the group of -W and G, which also
+//   completes every older one). Shared memory 112.5 KB: two CTAs per SM on H100/H200.
+// Generic-proxy writes (cp.async, the S0 / U / U_d stores) are fenced
+// (fence.proxy.async.shared::cta) before the barriers that publish them to wgmma.
+template <class E>
+__device__ __forceinline__ void state_chunks_wgmma(const Params& p, const ChunkWorkspace& ws, i64 vtiles, Staging st,
+                                                   unsigned char* smem_raw) {
+  using G = StateGmma<E>;
+  const StateChunks<E, 2> x(smem_raw, p, ws, vtiles, st);
+  auto& sm = x.sm;
+  auto mma = make_tiled_mma(typename G::template Atom<GMMA::Major::K>{});      // -W S0, Q S0, P U
+  auto mma_kv = make_tiled_mma(typename G::template Atom<GMMA::Major::MN>{});  // K^T U_d
+  auto thr = mma.get_thread_slice(threadIdx.x);
+  auto thr_kv = mma_kv.get_thread_slice(threadIdx.x);
+
+  auto acc_s = partition_fragment_C(mma_kv, Shape<Int<kKt>, Int<kBV>>{});
+  auto coord_s = thr.partition_C(make_identity_tensor(Shape<Int<kKt>, Int<kBV>>{}));
+  x.load_state(acc_s, coord_s);
+  auto coord_cv = thr.partition_C(make_identity_tensor(Shape<Int<kC>, Int<kBV>>{}));
+
+  // Descriptors of the operands that stay put, and of each stage's K, Q and P.
+  auto dW = thr.make_fragment_A(thr.partition_A(make_tensor(make_smem_ptr(sm.w), typename G::RowsA{})));
+  auto dS = thr.make_fragment_B(thr.partition_B(make_tensor(make_smem_ptr(sm.s), typename G::StateB{})));
+  auto dU = thr.make_fragment_B(thr.partition_B(make_tensor(make_smem_ptr(sm.u), typename G::ValueB{})));
+  auto dUd = thr_kv.make_fragment_B(thr_kv.partition_B(make_tensor(make_smem_ptr(sm.ud), typename G::ValueB{})));
+  auto dQ = [&](int stage) {
+    return thr.make_fragment_A(thr.partition_A(make_tensor(make_smem_ptr(sm.q[stage]), typename G::RowsA{})));
+  };
+  auto dP = [&](int stage) {
+    return thr.make_fragment_A(thr.partition_A(make_tensor(make_smem_ptr(sm.p[stage]), typename G::ChunkA{})));
+  };
+  auto dK = [&](int stage) {
+    return thr_kv.make_fragment_A(thr_kv.partition_A(make_tensor(make_smem_ptr(sm.k[stage]), typename G::KeysA{})));
+  };
+  // k steps of one product into the open wgmma group; the first overwrites acc unless accumulate.
+  auto issue = [](auto& tiled, const auto& a, const auto& b, auto& acc, bool accumulate) {
+    tiled.accumulate_ = accumulate ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
+    CUTE_UNROLL
+    for (int kk = 0; kk < size<2>(a); ++kk) {
+      cute::gemm(tiled, a(_, _, kk), b(_, _, kk), acc);
+      tiled.accumulate_ = GMMA::ScaleOut::One;
+    }
+  };
+
+  // U' of the chunk at (c0, slot i) at this thread's accumulator elements, two neighbouring
+  // columns per 4-byte load (a pair never straddles a row; vp and v0 are multiples of 32).
+  constexpr int kPairs = decltype(size(coord_cv))::value / 2;
+  std::uint32_t u_next[kPairs];
+  auto load_u = [&](i64 c0, i64 i) {
+    const E* rows = x.slot(i).u + x.v0;
+    CUTE_UNROLL
+    for (int j = 0; j < kPairs; ++j)
+      u_next[j] = c0 < x.s.eos ? *reinterpret_cast<const std::uint32_t*>(
+                                     rows + get<0>(coord_cv(2 * j)) * ws.vp + get<1>(coord_cv(2 * j)))
+                               : 0u;
+  };
+  auto u_prime = [&](int i) {
+    E two[2];
+    memcpy(two, &u_next[i / 2], 4);
+    return float(two[i % 2]);
+  };
+
+  const Sequence& s = x.s;
+  x.copy_w(s.bos, x.slot0);
+  x.copy_g(s.bos, x.slot0, 0);
+  cp_async_fence();
+  x.copy_q_p(s.bos, x.slot0, 0);
+  x.copy_k(s.bos, 0);
+  cp_async_fence();
+  x.copy_q_p(s.bos + kC, x.slot0 + 1, 1);
+  x.copy_k(s.bos + kC, 1);
+  cp_async_fence();
+  load_u(s.bos, x.slot0);
+
+  int stage = 0;  // chunk parity: the stage of K, Q, P and the copy of G
+  for (i64 c0 = s.bos, slot = x.slot0; c0 < s.eos; c0 += kC, ++slot, stage ^= 1) {
+    // 1. The operand copy of S0; this chunk's copies have landed (its K, Q and P were issued
+    //    before its -W and G; the next chunk's K, Q and P may be in flight).
+    store_pairs<E>(thr.partition_C(STile::view(sm.s)), [&](int i) { return acc_s(i); });
+    cp_async_wait<1>();
+    cutlass::arch::fence_view_async_shared();
+    __syncthreads();
+
+    // 2. U = U' + (-W) S0; keep U and e^(G_last - G_j) U_j as operands.
+    auto acc_u = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
+    warpgroup_fence_operand(acc_u);
+    warpgroup_arrive();
+    issue(mma, dW, dS, acc_u, false);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_u);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_u); ++i) acc_u(i) += u_prime(i);
+    const float* g = sm.g[stage];
+    const float g_last = g[kC - 1];
+    store_pairs<E>(thr.partition_C(VTile::view(sm.u)), [&](int i) { return acc_u(i); });
+    store_pairs<E>(thr.partition_C(VTile::view(sm.ud)),
+                   [&](int i) { return expf(g_last - g[get<0>(coord_cv(i))]) * acc_u(i); });
+    cutlass::arch::fence_view_async_shared();
+    __syncthreads();  // U and U_d are complete; every warp is done with -W
+    x.copy_w(c0 + kC, slot + 1);
+    x.copy_g(c0 + kC, slot + 1, stage ^ 1);
+    cp_async_fence();
+    load_u(c0 + kC, slot + 1);  // lands during the products below
+
+    // 3. O = scale e^G (Q S0) + P U and S = e^(G_last) S0 + K^T U_d: one group, one wait.
+    auto acc_o = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
+    auto acc_pu = partition_fragment_C(mma, Shape<Int<kC>, Int<kBV>>{});
+    const float chunk_decay = expf(g_last);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) acc_s(i) *= chunk_decay;
+    warpgroup_fence_operand(acc_s);
+    warpgroup_fence_operand(acc_o);
+    warpgroup_fence_operand(acc_pu);
+    warpgroup_arrive();
+    issue(mma, dQ(stage), dS, acc_o, false);
+    issue(mma, dP(stage), dU, acc_pu, false);
+    issue(mma_kv, dK(stage), dUd, acc_s, true);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_s);
+    warpgroup_fence_operand(acc_o);
+    warpgroup_fence_operand(acc_pu);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_o); ++i) acc_o(i) = p.scale * expf(g[get<0>(coord_cv(i))]) * acc_o(i) + acc_pu(i);
+    x.store_out(acc_o, coord_cv, c0);
+    __syncthreads();  // every warp is done with this stage's K, Q, P, with U, U_d and S0's copy
+    x.copy_q_p(c0 + 2 * kC, slot + 2, stage);
+    x.copy_k(c0 + 2 * kC, stage);
+    cp_async_fence();
+  }
+  cp_async_wait<0>();  // only empty groups remain
+  x.store_state(acc_s, coord_s);
+}
+
+template <bool kWgmma>
+constexpr int state_stages = kWgmma ? 2 : 1;
+
+// kWgmma: the wgmma schedule (compiled for sm_90a only; an empty kernel elsewhere), else mma.sync.
 template <class E, bool kWgmma>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm) chunk_state_kernel(Params p, ChunkWorkspace ws, i64 vtiles, Staging st) {
+__global__ void __launch_bounds__(kThreads, kWgmma ? 2 : kCtasPerSm)
+    chunk_state_kernel(Params p, ChunkWorkspace ws, i64 vtiles, Staging st) {
   extern __shared__ __align__(1024) unsigned char state_smem_raw[];  // 1024: the 128-byte swizzle's period
   if constexpr (kWgmma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    state_chunks<E, true>(p, ws, vtiles, st, state_smem_raw);
+    state_chunks_wgmma<E>(p, ws, vtiles, st, state_smem_raw);
 #endif
   } else {
-    state_chunks<E, false>(p, ws, vtiles, st, state_smem_raw);
+    state_chunks_mma<E>(p, ws, vtiles, st, state_smem_raw);
   }
 }
 
@@ -675,9 +806,13 @@ void chunked_forward(const Params& params, const Problem& problem, void* workspa
       RUDNN_CUDA_CHECK_LAUNCH(chunk_prep_kernel);
     }
     if (state_blocks > 0) {
-      const int smem = int(sizeof(StateSmem<E>));
+      const int smem = int(wgmma ? sizeof(StateSmem<E, state_stages<true>>) : sizeof(StateSmem<E, state_stages<false>>));
       auto launch_state = [&](auto kernel) {
         RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        // The CTAs per SM the schedules count on (3 x 73.5 KB or 2 x 113.5 KB) need the largest
+        // shared-memory carveout; a hint the driver otherwise need not follow.
+        RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                              int(cudaSharedmemCarveoutMaxShared)));
         kernel<<<unsigned(state_blocks), kThreads, smem, stream>>>(params, ws, l.vtiles, st);
         RUDNN_CUDA_CHECK_LAUNCH(chunk_state_kernel);
       };
