@@ -188,44 +188,30 @@ def _env_seen_by(monkeypatch, op, name):
     return seen
 
 
-def test_gated_delta_one_stage_rows_set_the_knob(monkeypatch):
+@pytest.mark.parametrize("row, op, variable, shape", [
+    ("chunk_gated_delta_rule_fwd_bwd[1stage]", "chunk_gated_delta_rule_backward", "RUDNN_GATED_DELTA_BWD_STAGES",
+     (1, 32, 2, 4, 32, 32)),
+    ("chunk_gated_delta_rule[wgmma]", "chunk_gated_delta_rule", "RUDNN_GATED_DELTA_WGMMA", (1, 64, 2, 4, 32, 32))])
+def test_gated_delta_variant_rows_set_their_knob(monkeypatch, row, op, variable, shape):
     """On a GPU the gated delta family times forward + backward also with
-    RUDNN_GATED_DELTA_BWD_STAGES=1 (the chunked backward's state passes on one stage), beside the
-    default rows of the same shapes, the knob set only while rudnn runs and checks."""
+    RUDNN_GATED_DELTA_BWD_STAGES=1 (the chunked backward's state passes on one stage), and the
+    chunked forward also with RUDNN_GATED_DELTA_WGMMA=1 (the state kernel on wgmma, opt-in until
+    measured), beside the default rows of the same shapes, each knob set only while rudnn runs and
+    checks."""
     from rudnn.bench import gated_delta as bgd
 
+    base, suffix = row[:row.index("[")], row[row.index("["):]
     for quick in (True, False):
         cases = bgd.cases("cuda", quick=quick)
-        one = {c.shape for c in cases if c.op == "chunk_gated_delta_rule_fwd_bwd[1stage]"}
-        assert one and one <= {c.shape for c in cases if c.op == "chunk_gated_delta_rule_fwd_bwd"}
-    assert not [c for c in bgd.cases("cpu", quick=True) if c.op.endswith("[1stage]")]
-    seen = _env_seen_by(monkeypatch, "chunk_gated_delta_rule_backward", "RUDNN_GATED_DELTA_BWD_STAGES")
-    p = bgd.prepare(bench.CaseSpec("gated_delta", "chunk_gated_delta_rule_fwd_bwd[1stage]", (1, 32, 2, 4, 32, 32),
-                                   "bfloat16"), "cpu")
+        variant = {c.shape for c in cases if c.op == row}
+        assert variant and variant <= {c.shape for c in cases if c.op == base}
+    assert not [c for c in bgd.cases("cpu", quick=True) if c.op.endswith(suffix)]
+    seen = _env_seen_by(monkeypatch, op, variable)
+    p = bgd.prepare(bench.CaseSpec("gated_delta", row, shape, "bfloat16"), "cpu")
     assert all(c.ok for c in p.check())
     p.run()
     assert seen and set(seen) == {"1"}
-    assert "RUDNN_GATED_DELTA_BWD_STAGES" not in os.environ
-
-
-def test_gated_delta_wgmma_rows_set_the_knob(monkeypatch):
-    """On a GPU the gated delta family times the chunked forward also with
-    RUDNN_GATED_DELTA_WGMMA=1 (the state kernel's products on wgmma, opt-in until measured) beside
-    the default rows of the same shapes, the knob set only while rudnn runs and checks."""
-    from rudnn.bench import gated_delta as bgd
-
-    for quick in (True, False):
-        cases = bgd.cases("cuda", quick=quick)
-        wgmma = {c.shape for c in cases if c.op == "chunk_gated_delta_rule[wgmma]"}
-        assert wgmma and wgmma <= {c.shape for c in cases if c.op == "chunk_gated_delta_rule"}
-    assert not [c for c in bgd.cases("cpu", quick=True) if c.op.endswith("[wgmma]")]
-    seen = _env_seen_by(monkeypatch, "chunk_gated_delta_rule", "RUDNN_GATED_DELTA_WGMMA")
-    p = bgd.prepare(bench.CaseSpec("gated_delta", "chunk_gated_delta_rule[wgmma]", (1, 64, 2, 4, 32, 32), "bfloat16"),
-                    "cpu")
-    assert all(c.ok for c in p.check())
-    p.run()
-    assert seen and set(seen) == {"1"}
-    assert "RUDNN_GATED_DELTA_WGMMA" not in os.environ
+    assert variable not in os.environ
 
 
 def test_norm_regs_rows_run_the_previous_kernel(monkeypatch):
