@@ -79,8 +79,10 @@ struct GatedDeltaBackwardArgs {
 std::size_t gated_delta_backward_workspace_bytes(const GatedDeltaBackwardArgs& args);
 void gated_delta_backward(const GatedDeltaBackwardArgs& args, Stream stream = nullptr);
 
-// What the last forward or backward on this thread ran: "cpu", "chunked", "recurrent",
-// "recurrent_backward" or "chunked_backward" ("none" before any).
+// What the last forward or backward on this thread ran: "cpu", "chunked", "chunked_wgmma" (the
+// chunked forward with its state kernel on wgmma: a compute capability 9.0 device and
+// RUDNN_GATED_DELTA_WGMMA=1), "recurrent", "recurrent_backward" or "chunked_backward" ("none"
+// before any).
 const char* gated_delta_last_algorithm();
 
 }  // namespace rudnn
