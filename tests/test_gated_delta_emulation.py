@@ -208,12 +208,15 @@ def _staging(tmp_path):
 
 # (B, Hk, Hv, T, K, V, cu_seqlens, layout): sequence ends inside a chunk, odd K and V (the element
 # path), 16-byte rows narrower than the tile (zero-filled pieces beyond K and V), more value tiles
-# than the prep kernel's four slots (two rounds), varlen through both paths, and [B, T, H, X]
-# tensors (16-byte rows H * X elements apart; with odd K their rows are not 16-byte aligned).
+# than the prep kernel's four slots (two rounds), varlen through both paths, [B, T, H, X]
+# tensors (16-byte rows H * X elements apart; with odd K their rows are not 16-byte aligned), and
+# K = 128 (the state kernel's second 64-key block of K, Q and -W: the wgmma schedule's second K^T
+# atom and its k steps 4-7 over -W and Q read data, not zero padding).
 STAGING_CASES = [(1, 1, 2, 133, 13, 12, None, "bhtk"), (2, 2, 2, 100, 24, 20, None, "bhtk"),
                  (1, 1, 1, 70, 16, 136, None, "bhtk"), (1, 1, 2, 92, 13, 40, [0, 5, 0, 70, 17], "bhtk"),
                  (1, 2, 2, 92, 40, 24, [0, 5, 0, 70, 17], "bhtk"), (2, 2, 4, 100, 24, 40, None, "bthk"),
-                 (1, 2, 4, 92, 13, 16, [0, 5, 0, 70, 17], "bthk")]
+                 (1, 2, 4, 92, 13, 16, [0, 5, 0, 70, 17], "bthk"),
+                 (1, 2, 4, 150, 128, 40, None, "bthk")]  # K = 128: both 64-key blocks of K, Q, -W hold data
 
 
 @pytest.mark.parametrize("kernel", ["chunked_forward", "chunked_forward_wgmma"])
