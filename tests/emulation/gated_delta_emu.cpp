@@ -26,7 +26,9 @@
 // cu: int32), all dense [B, H, T, X] / [N, Hv, K, V], or with bthk = 1 the forward's q k v beta g
 // and out as dense [B, T, H, X] (the chunked backward: q k v beta g dout; its gradients stay
 // dense [B, H, T, X]); writes out/final (forward) or dq dk dv dbeta dg dinit (backward) in the
-// same formats. The chunked backward's workspace starts as NaN.
+// same formats. The chunked backward's workspace starts as NaN. Built with
+// EMU_NO_CHUNKED_BACKWARD (and a kernel text without the chunked backward) it compiles in about
+// half the time and refuses chunked_backward (exit 2): the forwards' planted-bug builds.
 #include "emu_sm90_atoms.hpp"  // with emu_sm80_atoms.hpp
 
 #include <cute/atom/mma_atom.hpp>
@@ -144,6 +146,9 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
     return emu_hazards > 0 ? 3 : 0;
   }
   auto dout = read<Bits>(dir + "/dout.bin", B * Hv * T_ * V);
+#ifdef EMU_NO_CHUNKED_BACKWARD  // built without the chunked backward's kernels (the forwards' planted bugs)
+  if (which == "chunked_backward") return 2;
+#else
   if (which == "chunked_backward") {
     // Inputs through their (possibly [B, T, H, X]) strides, gradients dense [B, H, T, X].
     auto dfinal = has_dfinal ? read<float>(dir + "/dfinal.bin", N * Hv * K * V) : std::vector<float>();
@@ -198,6 +203,7 @@ int run(const std::string& which, const std::string& dir, Problem pr, bool has_i
     write(dir + "/dinit.bin", dinit);
     return emu_hazards > 0 ? 3 : 0;
   }
+#endif
   // recurrent_backward
   auto dfinal = has_dfinal ? read<float>(dir + "/dfinal.bin", N * Hv * K * V) : std::vector<float>();
   std::vector<Bits> dq(B * Hk * T_ * K), dk(B * Hk * T_ * K), dv(B * Hv * T_ * V), dbeta(B * Hv * T_);
