@@ -328,7 +328,7 @@ def test_flash_forward_strided_out(flash_emulator, tmp_path, generation, pad):
 # Packed variable-length batches on the flash kernels (bfloat16, D = 64, GQA 2, causal): an
 # empty query sequence, one without keys (its rows: output 0, lse -inf), sequences spanning
 # several 64- and 128-key blocks with tails, and one short enough to sit inside one tile.
-VARLEN_LENGTHS_Q, VARLEN_LENGTHS_K = [70, 0, 5, 150, 33], [130, 9, 0, 200, 33]
+VARLEN_LENGTHS_Q, VARLEN_LENGTHS_K = [70, 0, 5, 150, 33], [130, 70, 0, 200, 33]
 _VARLEN_POISONED_Q = slice(sum(VARLEN_LENGTHS_Q[:2]), sum(VARLEN_LENGTHS_Q[:3]))  # sequence 2's queries
 _VARLEN_POISONED_K = slice(VARLEN_LENGTHS_K[0], sum(VARLEN_LENGTHS_K[:2]))        # sequence 1's keys
 
@@ -336,7 +336,8 @@ _VARLEN_POISONED_K = slice(VARLEN_LENGTHS_K[0], sum(VARLEN_LENGTHS_K[:2]))      
 
 def _varlen_inputs(seed):
     """q, k, v, cu_q, cu_k; the rows right after sequence 0's (which its tail tiles of 64 query
-    rows and of 64 or 128 keys cover) are NaN: the keys of sequence 1 (no queries) and the queries
+    rows and of 64 or 128 keys cover: keys 128-255, both 64-key halves of the sm90ws dk/dv kernel's
+    tail CTA) are NaN: the keys of sequence 1 (no queries) and the queries
     of sequence 2 (no keys), whose own results do not depend on them. A kernel that lets a tail
     tile's rows of the next sequence into a product (0 x NaN) turns sequence 0's results NaN."""
     cu_q = np.concatenate([[0], np.cumsum(VARLEN_LENGTHS_Q)])
@@ -657,6 +658,14 @@ PLANTED_FLASH_BACKWARD_BUGS = {
     # the warp-specialized dk/dv kernel's producer lands dO's boxes on Q's
     "sm90ws_dout_boxes_over_q": ("load_rows(&tma.dout, bar, stage_smem + Cfg::kBytesD,",
                                  "load_rows(&tma.dout, bar, stage_smem,", "dk", "sm90ws"),
+    # ... or whose second key-half warpgroup multiplies the first half's K and V (keys 64-70)
+    "sm90ws_key_halves_on_one_kv_tile": ("const int kv_bytes = half * Cfg::kPairBytes;", "const int kv_bytes = 0;",
+                                         "dk", "sm90ws", "plain_tails"),
+    # ... or whose dQ over both key halves (D = 128: each warpgroup 64 columns over 128 keys) takes
+    # the first half's dS^T for the second's
+    "sm90ws_dq_by_columns_second_half_on_the_first_ds": (
+        "DqOperands{Cfg::kDsOffset + int(i & 1) * Cfg::kDsBytes, 2 * Cfg::kDsBytes,",
+        "DqOperands{Cfg::kDsOffset + int(i & 1) * Cfg::kDsBytes, 0,", "dq", "sm90ws"),
     "sm90_split_lse_for_delta": ("stats[BM + query_of(c)]", "stats[query_of(c)]", "dk", "sm90", "d192_dv128_causal"),
 }
 
@@ -762,7 +771,7 @@ PLANTED_ORDERING_HAZARDS = {
         "causal_window_gqa"),
     # the warp-specialized dk/dv kernel's consumers read each stage without waiting for its copies
     "sm90ws_backward_stage_read_before_it_lands": (
-        "    Barrier::wait(&full[stage], std::uint32_t((i / kStages) & 1));\n    role.visit(", "    role.visit(",
+        "      Barrier::wait(&full[stage], std::uint32_t((i / kStages) & 1));\n      keys.visit(", "      keys.visit(",
         "backward", "sm90ws", "bias_gqa4"),
 }
 
@@ -839,14 +848,20 @@ PLANTED_ACCUMULATED_DQ_BUGS = {
     "accumulator_not_zeroed": (
         "i += 128) base[i] = 0.0f;", "i += 128) base[i] += 0.0f;", "plain_tails"),
     "dq_from_v_tile": (
-        "smem_tile<Element>(smem, c * (kChunk / 64) * Cfg::kBoxBytes,",
-        "smem_tile<Element>(smem, Cfg::kBytesD + c * (kChunk / 64) * Cfg::kBoxBytes,", "d128_causal"),
+        "smem, at.k_bytes + part * at.k_stride + (col / 64) * Cfg::kBoxBytes,",
+        "smem, Cfg::kBytesD + at.k_bytes + part * at.k_stride + (col / 64) * Cfg::kBoxBytes,", "d128_causal"),
+    # (D = 64: each key half's own dS^T and keys)
     "dq_from_previous_visits_ds": (
-        "accumulate_dq<Element, kHeadDim, kHeadDimV>(p, smem_raw, ds_bytes,",
-        "accumulate_dq<Element, kHeadDim, kHeadDimV>(p, smem_raw, Cfg::kDsOffset + int((i + 1) & 1) * Cfg::kDsBytes,",
+        "DqOperands{ds_bytes, 0, kv_bytes, 0, 0}",
+        "DqOperands{Cfg::kDsOffset + (2 * half + int((i + 1) & 1)) * Cfg::kDsBytes, 0, kv_bytes, 0, 0}",
         "causal_sq_lt_sk_gqa"),
     "tail_k_rows_kept": (
-        "clear_tile_rows(smem_raw, Cfg::kBoxBytes, kHeadDim / 64, BN, int(len_k - n0), tid, 32);", "", "varlen"),
+        "for (int half = 0; half < kHalves; ++half)\n        clear_tile_rows(",
+        "for (int half = 0; half < 0; ++half)\n        clear_tile_rows(", "varlen"),
+    # K's rows past the sequence in the second 64-key half of the tail CTA (keys 192-199 of sequence 1)
+    "tail_k_rows_of_the_second_half_kept": (
+        "for (int half = 0; half < kHalves; ++half)\n        clear_tile_rows(",
+        "for (int half = 0; half < 1; ++half)\n        clear_tile_rows(", "varlen"),
     "reduction_columns_swapped": ("acc(4 * j), acc(4 * j + 1));", "acc(4 * j + 1), acc(4 * j));", "plain_tails"),
 }
 

@@ -173,11 +173,31 @@ def test_sm90ws_forward_hot_loops_fit_and_call_nothing():
         assert len(loop) * 16 <= SM90WS_LOOP_BUDGET_BYTES, (kernel, len(loop) * 16)
 
 
+# The sm90ws dk/dv kernel's visit loop at D = 128 (key halves: each consumer warpgroup runs every
+# product on its own 64 keys and holds dK and dV, 128 floats per thread, beside the 64 x 64 S^T and
+# dP^T): in its plain instantiation, both dtypes, the five products of a visit on HGMMA (S^T and
+# dP^T 8 k-steps each, dV += P^T dO and dK += dS^T Q 4 each, dQ_part = dS K over both halves' 128
+# keys for the warpgroup's 64 columns 8: 32), no local memory (a spill there is paid every query
+# block), and inside the instruction-cache budget.
+def test_sm90ws_backward_visit_loop():
+    _, sass = _ptxas_report("flash_bwd_sm90ws_d128.cu")
+    kernels = {k: lines for k, lines in _sass_by_kernel(sass).items() if "dkdv_sm90ws_kernel" in k and "Lb1E" in k}
+    assert len(kernels) == 2, sorted(_sass_by_kernel(sass))  # bf16 and f16
+    for kernel, lines in kernels.items():
+        loop = _hot_loop(lines)
+        ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t in loop]
+        hgmma = sum(op.startswith("HGMMA") for op in ops)
+        local = sum(op.startswith(("STL", "LDL")) for op in ops)
+        assert hgmma == 32 and local == 0, (kernel, len(loop), hgmma, local)
+        assert len(loop) * 16 <= SM90WS_LOOP_BUDGET_BYTES, (kernel, len(loop) * 16)
+
+
 # The sm90ws backward with deterministic=False adds each 64 x D dQ tile into the float32
-# accumulator from its dk/dv kernel (one consumer warpgroup, 128 threads): D/4 vector reductions
-# per thread and key step (red.global.add.v2.f32: two floats, no return value). A regression to
-# scalar reductions (twice the instructions), to ATOMG (a round trip per add) or to reductions
-# in any other kernel of the file fails here.
+# accumulator from its dk/dv kernel (at D = 128 each consumer warpgroup of 128 threads its 64
+# columns, over the CTA's 128 keys): 64/4 vector reductions per thread and visit
+# (red.global.add.v2.f32: two floats, no return value). A regression to scalar reductions (twice
+# the instructions), to ATOMG (a round trip per add), to each warpgroup adding all 128 columns
+# or to reductions in any other kernel of the file fails here.
 def test_sm90ws_backward_accumulates_dq_with_vector_reductions():
     _, sass = _ptxas_report("flash_bwd_sm90ws_d128.cu")
     kernels = _sass_by_kernel(sass)
@@ -187,7 +207,7 @@ def test_sm90ws_backward_accumulates_dq_with_vector_reductions():
         ops = [m.group(0) for line in lines for m in [re.search(r"\b(RED|ATOM)G?\.[\w.]+", line)] if m]
         if kernel in dkdv:
             vector = [op for op in ops if op.startswith("REDG.E.ADD.F32x2")]
-            assert len(vector) == 128 // 4 and len(ops) == len(vector), (kernel, ops)
+            assert len(vector) == 64 // 4 and len(ops) == len(vector), (kernel, ops)
         else:
             assert not ops, (kernel, ops)
 

@@ -101,6 +101,11 @@ Generation generation() {
 }
 
 i64 blocks(i64 n, i64 tile) { return (n + tile - 1) / tile; }
+// The sm90ws dk/dv kernel's grid (launch_backward_sm90ws): kKeysPerCta keys per CTA.
+template <class Ws>
+EmuDim3 ws_dkdv_grid(const rudnn::attention::Problem& p) {
+  return EmuDim3{unsigned(blocks(p.sk, Ws::kKeysPerCta)), unsigned(p.hkv), unsigned(p.batch)};
+}
 
 // EMU_SMS: the SM count the persistent sm90ws forward is launched for (the library's is the
 // device's). Default 3, so that every run has CTAs that walk several work items (the emulator
@@ -207,7 +212,7 @@ struct FlashKernels {
                          [&] { delta_kernel<Element>(bp, as_element(dout), as_element(out), delta); });
               const auto tma = rudnn::attention::tma_backward_loads(bp, q, k, v, dout, emu_encode_tma);
               if (p.sk > 0)
-                emu_launch(dkdv_grid, Ws::kThreads, 1, Ws::kSmemBytes, [&] {
+                emu_launch(ws_dkdv_grid<Ws>(p), Ws::kThreads, 1, Ws::kSmemBytes, [&] {
                   dkdv_sm90ws_kernel<Element, D, Dv, kPlain>(bp, lse, delta, as_element(dk), as_element(dv), dq_accum,
                                                              tma);
                 });
@@ -242,7 +247,7 @@ struct FlashKernels {
             if (g == kSm90ws && rudnn::attention::tma_backward_supports(bp, q, k, v, dout)) {
               using Ws = Sm90WsBwdConfig<Element, D, Dv>;
               const auto tma = rudnn::attention::tma_backward_loads(bp, q, k, v, dout, emu_encode_tma);
-              emu_launch(dkdv_grid, Ws::kThreads, 1, Ws::kSmemBytes, [&] {
+              emu_launch(ws_dkdv_grid<Ws>(p), Ws::kThreads, 1, Ws::kSmemBytes, [&] {
                 dkdv_sm90ws_kernel<Element, D, Dv, kPlain>(bp, lse, delta, as_element(dk), as_element(dv), nullptr,
                                                            tma);
               });

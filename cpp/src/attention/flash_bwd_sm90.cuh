@@ -268,6 +268,126 @@ __device__ __forceinline__ void copy_rows_partitioned(Copy const& copy, Src cons
   }
 }
 
+// What both dk/dv warpgroup schedules (DkdvWarpgroup, DkdvRole) name on 64 keys: the tiles, the
+// mma.sync-order view of a 64 x 64 product, and the epilogue of a gradient (rows n0 + r below
+// len_k of a [64, W] accumulator in its wgmma layout).
+template <class Element, int kHeadDim, int kHeadDimV>
+struct DkdvTiles {
+  using Cfg = Sm90BwdConfig<Element, kHeadDim, kHeadDimV>;
+  static constexpr int BM = Cfg::BM, BN = Cfg::BN;
+  using TileD = Shape<Int<BN>, Int<kHeadDim>>;
+  using TileDv = Shape<Int<BN>, Int<kHeadDimV>>;
+  using RowsD = typename Cfg::template Rows<kHeadDim>;
+  using RowsDv = typename Cfg::template Rows<kHeadDimV>;
+  using AccLayoutS = decltype(partition_fragment_C(typename Cfg::TiledMma{}, Shape<Int<BN>, Int<BM>>{}).layout());
+
+  template <class Tile, class Acc>
+  __device__ static void store_gradient(Tile tile, Acc const& acc, int tid, Element* out, std::int64_t stride,
+                                        std::int64_t n0, std::int64_t len_k) {
+    typename Cfg::TiledMma mma;
+    store_rows(make_tensor(acc.data(), decltype(partition_fragment_C(mma, tile).layout()){}),
+               mma.get_thread_slice(tid).partition_C(make_identity_tensor(tile)), out, stride, n0, len_k);
+  }
+};
+
+// Every product of the dk/dv schedule on 64 keys, by one warpgroup (D + Dv <= 256: dK and dV fit
+// its registers together): the warpgroup of dkdv_sm90_kernel, and each consumer warpgroup of
+// dkdv_sm90ws_kernel on its half of that kernel's 128 keys. A visit (Q and dO of one query block):
+//   S^T = K Q^T, dP^T = V dO^T   one wgmma group (SS)
+//   P^T, dS^T                    elementwise in registers, keys by row
+//   dV += P^T dO, dK += dS^T Q   one wgmma group (RS: P^T and dS^T from registers, dO^T and Q^T
+//                                the stage's tiles seen as [Dv, 64] and [D, 64])
+// K at kv_bytes of shared memory, V at kv_bytes + kBytesD.
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+struct DkdvWarpgroup : DkdvTiles<Element, kHeadDim, kHeadDimV> {
+  using Base = DkdvTiles<Element, kHeadDim, kHeadDimV>;
+  using typename Base::AccLayoutS, typename Base::Cfg, typename Base::RowsD, typename Base::RowsDv, typename Base::TileD,
+      typename Base::TileDv;
+  static_assert(!Cfg::kSplitDkdv, "dK and dV must fit one warpgroup's registers (else DkdvRole)");
+  static constexpr int BM = Base::BM, BN = Base::BN;
+
+  int tid;  // within the warpgroup
+  unsigned char* smem;
+  int kv_bytes;
+  typename Cfg::TiledMmaS mma_s;    // S^T and dP^T: keys are the rows (M), queries the columns (N)
+  typename Cfg::TiledMmaD mma_dk;   // dK += dS^T Q
+  typename Cfg::TiledMmaDv mma_dv;  // dV += P^T dO
+  typename Cfg::TiledMma mma;       // the mma.sync-order views of the accumulators
+  decltype(partition_fragment_C(typename Cfg::TiledMmaD{}, TileD{})) acc_dk90;
+  decltype(partition_fragment_C(typename Cfg::TiledMmaDv{}, TileDv{})) acc_dv90;
+
+  __device__ DkdvWarpgroup(int tid_, unsigned char* smem_, int kv_bytes_) : tid(tid_), smem(smem_), kv_bytes(kv_bytes_) {
+    clear(acc_dk90);
+    clear(acc_dv90);
+  }
+
+  // One visit: Q and dO at stage_bytes, lse and delta of its queries at stats[0, BM) and
+  // stats[BM, 2 BM). ds_ready(dS^T, its (key, query) coordinates) once dS^T is in registers
+  // (Element, the accumulator's layout), before the updates are issued.
+  template <class DsReady>
+  __device__ void visit(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t m0, std::int64_t n0,
+                        std::int64_t len_q, std::int64_t len_k, int stage_bytes, const float* stats,
+                        DsReady&& ds_ready) {
+    auto thr_s = mma_s.get_thread_slice(tid);
+    cute::Tensor tScS = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<BN>, Int<BM>>{}));
+    cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
+    cute::Tensor acc_st90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
+    cute::Tensor acc_dpt90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
+    wgmma_pair<true>(mma_s, thr_s.make_fragment_A(thr_s.partition_A(smem_tile<Element>(smem, kv_bytes, RowsD{}))),
+                     thr_s.make_fragment_B(thr_s.partition_B(smem_tile<Element>(smem, stage_bytes, RowsD{}))),
+                     acc_st90,
+                     thr_s.make_fragment_A(thr_s.partition_A(
+                         smem_tile<Element>(smem, kv_bytes + Cfg::kBytesD, RowsDv{}))),
+                     thr_s.make_fragment_B(thr_s.partition_B(
+                         smem_tile<Element>(smem, stage_bytes + Cfg::kBytesD, RowsDv{}))),
+                     acc_dpt90);
+    cute::Tensor acc_st = make_tensor(acc_st90.data(), AccLayoutS{});
+    cute::Tensor acc_dpt = make_tensor(acc_dpt90.data(), AccLayoutS{});
+    probabilities_and_dscores<kPlain, true>(
+        p, acc_st, acc_dpt, tScS, BM, BN, b, h, m0, n0, len_q, len_k,
+        [&](int c) { return stats[get<1>(tScS_rc(0, c))]; }, [&](int c) { return stats[BM + get<1>(tScS_rc(0, c))]; });
+
+    cute::Tensor rPt = make_tensor_like<Element>(acc_st);
+    cute::Tensor rdSt = make_tensor_like<Element>(acc_dpt);
+    CUTE_UNROLL
+    for (int j = 0; j < size(acc_st); ++j) {
+      rPt(j) = static_cast<Element>(acc_st(j));
+      rdSt(j) = static_cast<Element>(acc_dpt(j));
+    }
+    ds_ready(rdSt, tScS);
+    auto thr_dv = mma_dv.get_thread_slice(tid);
+    auto thr_dk = mma_dk.get_thread_slice(tid);
+    cute::Tensor tVrPt = make_tensor(rPt.data(), acc_as_a(rPt.layout()));
+    cute::Tensor tKrdSt = make_tensor(rdSt.data(), acc_as_a(rdSt.layout()));
+    cute::Tensor tVrdOt = thr_dv.make_fragment_B(thr_dv.partition_B(
+        smem_tile<Element>(smem, stage_bytes + Cfg::kBytesD, typename Cfg::template RowsT<kHeadDimV>{})));
+    cute::Tensor tKrQt = thr_dk.make_fragment_B(
+        thr_dk.partition_B(smem_tile<Element>(smem, stage_bytes, typename Cfg::template RowsT<kHeadDim>{})));
+    // One wgmma group for both updates (the two MMA types of different widths). P^T and dS^T are
+    // packed into their 32-bit A registers before it opens: under the 240 registers of the
+    // warp-specialized kernel ptxas otherwise packed them after the fence and injected a
+    // warpgroup.arrive before each product (C7519).
+    warpgroup_fence_operand(rPt);
+    warpgroup_fence_operand(rdSt);
+    warpgroup_fence_operand(acc_dv90);
+    warpgroup_fence_operand(acc_dk90);
+    warpgroup_arrive();
+    wgmma_accumulate(mma_dv, tVrPt, tVrdOt, acc_dv90);
+    wgmma_accumulate(mma_dk, tKrdSt, tKrQt, acc_dk90);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dv90);
+    warpgroup_fence_operand(acc_dk90);
+  }
+
+  // dK and dV, rows n0 + r below len_k.
+  __device__ void store(const BackwardProblem& bp, Element* dk, Element* dv, std::int64_t b, std::int64_t hk,
+                        std::int64_t k0, std::int64_t n0, std::int64_t len_k) {
+    Base::store_gradient(TileD{}, acc_dk90, tid, dk + bp.dk.at(b, hk, k0), bp.dk.s, n0, len_k);
+    Base::store_gradient(TileDv{}, acc_dv90, tid, dv + bp.dv.at(b, hk, k0), bp.dv.s, n0, len_k);
+  }
+};
+
 template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
 __global__ void __launch_bounds__(128)
     dkdv_sm90_kernel(const __grid_constant__ BackwardProblem bp, const Element* __restrict__ dout,
@@ -276,7 +396,6 @@ __global__ void __launch_bounds__(128)
                      Element* __restrict__ dv) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Cfg = Sm90BwdConfig<Element, kHeadDim, kHeadDimV>;
-  static_assert(!Cfg::kSplitDkdv, "dK and dV must fit one warpgroup's registers (else dkdv_sm90_split_kernel)");
   constexpr int BM = Cfg::BM, BN = Cfg::BN;
   const Problem& p = bp.fwd;
   const int n_block = blockIdx.x;
@@ -298,25 +417,17 @@ __global__ void __launch_bounds__(128)
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
   using RowsD = typename Cfg::template Rows<kHeadDim>;
   using RowsDv = typename Cfg::template Rows<kHeadDimV>;
-  cute::Tensor sK = smem_tile<Element>(smem_raw, 0, RowsD{});
-  cute::Tensor sV = smem_tile<Element>(smem_raw, Cfg::kBytesD, RowsDv{});
-  auto sQ = [&](int stage) { return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage), RowsD{}); };
-  auto sdO = [&](int stage) {
-    return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage) + Cfg::kBytesD, RowsDv{});
-  };
-  auto sQt = [&](int stage) {
-    return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage), typename Cfg::template RowsT<kHeadDim>{});
-  };
-  auto sdOt = [&](int stage) {
-    return smem_tile<Element>(smem_raw, Cfg::kPairBytes * (1 + stage) + Cfg::kBytesD,
-                              typename Cfg::template RowsT<kHeadDimV>{});
-  };
+  auto stage_bytes = [](int stage) { return Cfg::kPairBytes * (1 + stage); };  // Q, then dO
   float* s_stats = reinterpret_cast<float*>(smem_raw + Cfg::kStatsOffset);  // [stage][lse, delta][BM]
 
   typename Cfg::DkdvGmemCopy gmem_copy;
   auto gthr = gmem_copy.get_thread_slice(tid);
   cute::Tensor tRowsD = gthr.partition_S(make_identity_tensor(TileD{}));
   cute::Tensor tRowsDv = gthr.partition_S(make_identity_tensor(TileDv{}));
+  auto copy_rows = [&](auto const& src, int bytes, auto rows_layout, auto const& coords, std::int64_t rows) {
+    cute::Tensor dst = gthr.partition_D(smem_tile<Element>(smem_raw, bytes, rows_layout));
+    copy_rows_partitioned(gmem_copy, gthr.partition_S(src), dst, coords, rows);
+  };
 
   // The (query head, query block) pairs this CTA visits (query_visits).
   const QueryVisits visits = query_visits(p, hk, n0, len_q, len_k, BM, BN);
@@ -325,93 +436,30 @@ __global__ void __launch_bounds__(128)
     const std::int64_t h = visits.head(i), m = visits.block(i), m0 = m * BM;
     cute::Tensor gQ = local_tile(head_rows_tensor<kHeadDim>(q, p.q, b, h, q0, len_q), TileD{}, make_coord(m, 0));
     cute::Tensor gdO = local_tile(head_rows_tensor<kHeadDimV>(dout, bp.dout, b, h, q0, len_q), TileDv{}, make_coord(m, 0));
-    cute::Tensor tQs = gthr.partition_D(sQ(stage));
-    cute::Tensor tdOs = gthr.partition_D(sdO(stage));
-    copy_rows_partitioned(gmem_copy, gthr.partition_S(gQ), tQs, tRowsD, len_q - m0);
-    copy_rows_partitioned(gmem_copy, gthr.partition_S(gdO), tdOs, tRowsDv, len_q - m0);
+    copy_rows(gQ, stage_bytes(stage), RowsD{}, tRowsD, len_q - m0);
+    copy_rows(gdO, stage_bytes(stage) + Cfg::kBytesD, RowsDv{}, tRowsDv, len_q - m0);
     load_query_stats(p, lse, delta, s_stats + stage * 2 * BM, b, h, q0, m0, len_q, tid);
   };
 
-  // S^T = K Q^T and dP^T = V dO^T: keys are the rows (M), queries the columns (N).
-  typename Cfg::TiledMmaS mma_s;
-  auto thr_s = mma_s.get_thread_slice(tid);
-  cute::Tensor tSrK = thr_s.make_fragment_A(thr_s.partition_A(sK));
-  cute::Tensor tPrV = thr_s.make_fragment_A(thr_s.partition_A(sV));
-  // dV += P^T dO and dK += dS^T Q: P^T, dS^T from registers; dO^T [Dv, BM], Q^T [D, BM] by descriptors.
-  typename Cfg::TiledMmaDv mma_dv;
-  typename Cfg::TiledMmaD mma_dk;
-  auto thr_dv = mma_dv.get_thread_slice(tid);
-  auto thr_dk = mma_dk.get_thread_slice(tid);
-  cute::Tensor acc_dv90 = partition_fragment_C(mma_dv, TileDv{});
-  cute::Tensor acc_dk90 = partition_fragment_C(mma_dk, TileD{});
-  clear(acc_dv90);
-  clear(acc_dk90);
-
-  // The accumulators in mma.sync order with each element's (key, query) or (key, d).
-  typename Cfg::TiledMma mma;
-  auto thr_mma = mma.get_thread_slice(tid);
-  using AccLayoutS = decltype(partition_fragment_C(mma, Shape<Int<BN>, Int<BM>>{}).layout());
-  cute::Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<BN>, Int<BM>>{}));
-  cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
-
-  cute::Tensor tKs = gthr.partition_D(sK);
-  cute::Tensor tVs = gthr.partition_D(sV);
-  copy_rows_partitioned(gmem_copy, gthr.partition_S(gK), tKs, tRowsD, len_k - n0);
-  copy_rows_partitioned(gmem_copy, gthr.partition_S(gV), tVs, tRowsDv, len_k - n0);
+  copy_rows(gK, 0, RowsD{}, tRowsD, len_k - n0);
+  copy_rows(gV, Cfg::kBytesD, RowsDv{}, tRowsDv, len_k - n0);
   if (steps > 0) load_qdo(0, 0);
   cp_async_fence();
 
+  DkdvWarpgroup<Element, kHeadDim, kHeadDimV, kPlain> keys(tid, smem_raw, 0);
   for (std::int64_t i = 0; i < steps; ++i) {
-    const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
     const int stage = int(i & 1);
     if (i + 1 < steps) load_qdo(i + 1, stage ^ 1);  // its stage was last read two steps ago
     cp_async_fence();
     cp_async_wait<1>();                        // all but that copy: K, V, Q and dO of step i have landed
     cutlass::arch::fence_view_async_shared();  // ... visible to wgmma
     __syncthreads();                           // ... for every warp, with lse and delta
-
-    cute::Tensor tSrQ = thr_s.make_fragment_B(thr_s.partition_B(sQ(stage)));
-    cute::Tensor tPrdO = thr_s.make_fragment_B(thr_s.partition_B(sdO(stage)));
-    cute::Tensor acc_st90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
-    cute::Tensor acc_dpt90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
-    wgmma_pair<true>(mma_s, tSrK, tSrQ, acc_st90, tPrV, tPrdO, acc_dpt90);
-    cute::Tensor acc_st = make_tensor(acc_st90.data(), AccLayoutS{});
-    cute::Tensor acc_dpt = make_tensor(acc_dpt90.data(), AccLayoutS{});
-    const float* s_lse = s_stats + stage * 2 * BM;
-    probabilities_and_dscores<kPlain, true>(
-        p, acc_st, acc_dpt, tScS, BM, BN, b, h, m0, n0, len_q, len_k,
-        [&](int c) { return s_lse[get<1>(tScS_rc(0, c))]; },
-        [&](int c) { return s_lse[BM + get<1>(tScS_rc(0, c))]; });
-
-    cute::Tensor rPt = make_tensor_like<Element>(acc_st);
-    cute::Tensor rdSt = make_tensor_like<Element>(acc_dpt);
-    CUTE_UNROLL
-    for (int j = 0; j < size(acc_st); ++j) {
-      rPt(j) = static_cast<Element>(acc_st(j));
-      rdSt(j) = static_cast<Element>(acc_dpt(j));
-    }
-    cute::Tensor tVrPt = make_tensor(rPt.data(), acc_as_a(rPt.layout()));
-    cute::Tensor tKrdSt = make_tensor(rdSt.data(), acc_as_a(rdSt.layout()));
-    cute::Tensor tVrdOt = thr_dv.make_fragment_B(thr_dv.partition_B(sdOt(stage)));
-    cute::Tensor tKrQt = thr_dk.make_fragment_B(thr_dk.partition_B(sQt(stage)));
-    // One wgmma group for both updates (the two MMA types of different widths).
-    warpgroup_fence_operand(acc_dv90);
-    warpgroup_fence_operand(acc_dk90);
-    warpgroup_arrive();
-    wgmma_accumulate(mma_dv, tVrPt, tVrdOt, acc_dv90);
-    wgmma_accumulate(mma_dk, tKrdSt, tKrQt, acc_dk90);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_dv90);
-    warpgroup_fence_operand(acc_dk90);
+    keys.visit(p, b, visits.head(i), visits.block(i) * BM, n0, len_q, len_k, stage_bytes(stage),
+               s_stats + stage * 2 * BM, [](auto const&, auto const&) {});
     __syncthreads();  // every warp is done reading this stage (and its lse, delta) before it is refilled
   }
   cp_async_wait<0>();
-
-  store_rows(make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma, TileD{}).layout()){}),
-             thr_mma.partition_C(make_identity_tensor(TileD{})), dk + bp.dk.at(b, hk, k0), bp.dk.s, n0, len_k);
-  store_rows(make_tensor(acc_dv90.data(), decltype(partition_fragment_C(mma, TileDv{}).layout()){}),
-             thr_mma.partition_C(make_identity_tensor(TileDv{})), dv + bp.dv.at(b, hk, k0), bp.dv.s, n0, len_k);
+  keys.store(bp, dk, dv, b, hk, k0, n0, len_k);
 #else
   (void)bp, (void)dout, (void)q, (void)k, (void)v, (void)lse, (void)delta, (void)dk, (void)dv;  // sm_90a only
 #endif
@@ -429,15 +477,12 @@ __global__ void __launch_bounds__(128)
 // first Dv / 2 floats) and the 64 x 64 product. The kernels say how the tiles arrive and how the
 // weights are handed over (the hooks of visit()).
 template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
-struct DkdvRole {
-  using Cfg = Sm90BwdConfig<Element, kHeadDim, kHeadDimV>;
+struct DkdvRole : DkdvTiles<Element, kHeadDim, kHeadDimV> {
+  using Base = DkdvTiles<Element, kHeadDim, kHeadDimV>;
+  using typename Base::AccLayoutS, typename Base::Cfg, typename Base::RowsD, typename Base::RowsDv, typename Base::TileD,
+      typename Base::TileDv;
   static_assert(kHeadDim >= kHeadDimV, "dV's accumulator is a view of dK's");
-  static constexpr int BM = Cfg::BM, BN = Cfg::BN;
-  using TileD = Shape<Int<BN>, Int<kHeadDim>>;
-  using TileDv = Shape<Int<BN>, Int<kHeadDimV>>;
-  using RowsD = typename Cfg::template Rows<kHeadDim>;
-  using RowsDv = typename Cfg::template Rows<kHeadDimV>;
-  using AccLayoutS = decltype(partition_fragment_C(typename Cfg::TiledMma{}, Shape<Int<BN>, Int<BM>>{}).layout());
+  static constexpr int BM = Base::BM, BN = Base::BN;
   using AccLayoutDv = decltype(partition_fragment_C(typename Cfg::TiledMmaDv{}, TileDv{}).layout());
 
   bool p_side;
@@ -535,13 +580,10 @@ struct DkdvRole {
   // This role's gradient, rows n0 + r below len_k.
   __device__ void store(const BackwardProblem& bp, Element* dk, Element* dv, std::int64_t b, std::int64_t hk,
                         std::int64_t k0, std::int64_t n0, std::int64_t len_k) {
-    auto thr_mma = mma.get_thread_slice(tid);
-    if (p_side)
-      store_rows(make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma, TileDv{}).layout()){}),
-                 thr_mma.partition_C(make_identity_tensor(TileDv{})), dv + bp.dv.at(b, hk, k0), bp.dv.s, n0, len_k);
+    if (p_side)  // dV: a view of the accumulator's first Dv / 2 floats
+      Base::store_gradient(TileDv{}, acc_dk90, tid, dv + bp.dv.at(b, hk, k0), bp.dv.s, n0, len_k);
     else
-      store_rows(make_tensor(acc_dk90.data(), decltype(partition_fragment_C(mma, TileD{}).layout()){}),
-                 thr_mma.partition_C(make_identity_tensor(TileD{})), dk + bp.dk.at(b, hk, k0), bp.dk.s, n0, len_k);
+      Base::store_gradient(TileD{}, acc_dk90, tid, dk + bp.dk.at(b, hk, k0), bp.dk.s, n0, len_k);
   }
 };
 

@@ -1,7 +1,7 @@
 // The warp-specialized flash backward for Hopper (sm90a, the "sm90ws" generation): its delta and
-// dq kernels are the sm90 ones (flash_bwd_sm90.cuh); its dk/dv kernel runs the two roles of
-// dkdv_sm90_split_kernel on 64 keys, fed by a producer warpgroup instead of their own cp.async
-// copies, and without its block-wide barriers:
+// dq kernels are the sm90 ones (flash_bwd_sm90.cuh); its dk/dv kernel runs the consumers of
+// flash_bwd_sm90.cuh's schedules fed by a producer warpgroup instead of their own cp.async copies,
+// without their block-wide barriers:
 //   producer    warpgroup 0 (registers given back with setmaxnreg), its first warp only: one
 //               thread issues TMA copies (tma.hpp: 64 x 64 boxes, one per 128-byte slab) of K and
 //               V once, then of Q and dO of each visited (query head, query block) into a ring of
@@ -10,18 +10,25 @@
 //               consumers hand it back on its "empty" mbarrier. In a packed variable-length batch
 //               (one descriptor over all its rows) a tail stage's Q and dO rows past the sequence
 //               are the next sequence's: the lanes clear them before arriving;
-//   consumers   warpgroup 1 the P side, warpgroup 2 the dS side of DkdvRole (flash_bwd_sm90.cuh):
-//               S^T, P^T and the dS weights w, dV += P^T dO; dP^T, dS^T = w (dP^T - delta),
-//               dK += dS^T Q.
-// The consumers meet only at the weights: two named barriers (written, read) guard the one
-// buffer, so the P side runs ahead into the next block's S^T while the dS side finishes dK.
+//   consumers   where dK and dV fit one warpgroup's registers together (D + Dv <= 256: D = 64,
+//               128), 128 keys per CTA: warpgroup 1 + w runs every product of DkdvWarpgroup on
+//               keys n0 + 64 w, both halves reading each Q and dO stage (half the stage loads
+//               per key of a 64-key CTA, and the two warpgroups' products and elementwise work
+//               interleave on the SM with no barrier between them: FlashAttention-3's split of
+//               keys between consumers); wider heads ((192, 128), (256, 256)), 64 keys per CTA:
+//               warpgroup 1 the P side, warpgroup 2 the dS side of DkdvRole (S^T, P^T and the
+//               dS weights w, dV += P^T dO; dP^T, dS^T = w (dP^T - delta), dK += dS^T Q), which
+//               meet only at the weights: two named barriers (written, read) guard the one
+//               buffer, so the P side runs ahead into the next block's S^T while the dS side
+//               finishes dK.
 // dQ, two ways (BackwardProblem::deterministic):
 //   true    the sm90 dq kernel, a CTA per 64 queries, recomputes S and dP and forms dQ = dS K in
 //           registers: 7 products in all, a fixed summation order;
-//   false   (5 products) the dS side also writes dS^T to shared memory (one of two [key, query]
-//           tiles, by visit parity: a visit's writes never meet the previous visit's reads), and
-//           after dK += dS^T Q issues dQ_part = dS K (SS wgmma: dS through the tile's transposed
-//           view, K through K's, kDqChunk columns of D at a time) and adds it to a float32
+//   false   (5 products) the warpgroup that forms dS^T (each key half; the dS side) also writes
+//           it to shared memory (one of its two [key, query] tiles, by visit parity: a visit's
+//           writes never meet the previous visit's reads), and after dK += dS^T Q issues
+//           dQ_part = dS K (SS wgmma: dS through the tile's transposed view, K through its
+//           K tile's, 64 columns of D at a time) and adds it to a float32
 //           accumulator in global memory with red.global.add.v2.f32 (rows of the sequence only);
 //           the accumulator is zeroed before the dk/dv kernel (zero_dq_accumulator_kernel) and
 //           converted to dq's dtype after it (convert_dq_accumulator_kernel; the scale is in dS
@@ -47,35 +54,46 @@ struct Sm90WsBwdConfig : Sm90BwdConfig<Element, kHeadDim, kHeadDimV> {
   static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0, "TMA boxes of 64 columns (128-byte swizzle)");
   static_assert(kHeadDim >= kHeadDimV, "dV's accumulator is a view of dK's");
   static constexpr int kThreads = 3 * 128;
-  // After setmaxnreg (3 x 128 threads share 64K registers): the consumers hold dK or dV (D / 2
-  // floats per thread) besides the 64 x 64 product.
-  static constexpr int kProducerRegisters = kHeadDim == 256 ? 24 : 40;
-  static constexpr int kConsumerRegisters = kHeadDim == 256 ? 240 : 232;
+  // The consumers' schedule: where dK and dV fit one warpgroup's registers together (D + Dv <=
+  // 256), each consumer warpgroup runs every product on its own 64 keys (DkdvWarpgroup), 128 keys
+  // per CTA sharing each Q and dO stage; wider heads split the roles over 64 keys (DkdvRole).
+  static constexpr bool kKeyHalves = !Base::kSplitDkdv;
+  static constexpr int kKeysPerCta = kKeyHalves ? 2 * Base::BN : Base::BN;
+  // After setmaxnreg (3 x 128 threads share 64K registers): the consumers hold dK and dV (key
+  // halves) or one of them (roles), D / 2 floats per thread each, besides the 64 x 64 products.
+  static constexpr int kProducerRegisters = kKeyHalves || kHeadDim == 256 ? 24 : 40;
+  static constexpr int kConsumerRegisters = kKeyHalves || kHeadDim == 256 ? 240 : 232;
   static constexpr int kBoxBytes = 64 * 64 * int(sizeof(Element));
   // dQ_part = dS K (deterministic = false): dS [BM queries, BN keys] from a [key, query] tile
-  // (MN-major A), K^T [kDqChunk, BN] from K's tile (MN-major B); chunks of 64 columns where dK's
-  // accumulator (D / 2 floats per thread) leaves no room for all of D.
+  // (MN-major A), K^T [64, BN] from K's tile (MN-major B), in chunks of 64 columns of D: the
+  // accumulator of a chunk (32 floats per thread) fits beside dK and dV.
   static constexpr int kDsBytes = Base::BN * Base::BM * int(sizeof(Element));
-  static constexpr int kDqChunk = kHeadDim <= 128 ? kHeadDim : 64;
-  static_assert(kHeadDim % kDqChunk == 0 && kDqChunk % 64 == 0, "dQ chunks of whole 64-column slabs");
+  // In the key halves at D = 128 the two warpgroups split dQ's columns instead of its keys:
+  // warpgroup 1 + w forms columns [64 w, 64 w + 64) over all 128 keys (both dS^T tiles, both K
+  // tiles; one wgmma group), so that each dQ element gets one reduction per CTA, not two (half the
+  // atomic traffic). The price: both warpgroups meet once a visit (each reads the other's dS^T).
+  // (At D = 64 a split would need 64 x 32 tiles; each half keeps its own keys, all 64 columns.)
+  static constexpr bool kDqByColumns = kKeyHalves && kHeadDim == 128;
+  static constexpr int kDqChunk = 64;
   using TiledMmaDq = decltype(make_tiled_mma(
-      std::conditional_t<kDqChunk == 64,
-                         ByElement<Element, SM90::GMMA::MMA_64x64x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>,
-                                   SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::MN>>,
-                         ByElement<Element, SM90::GMMA::MMA_64x128x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>,
-                                   SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::MN>>>{}));
-  // K, V; then the stages (Q, dO); two dS^T tiles; the weights (64 x 64 floats); lse and delta per
-  // stage; the mbarriers (full K/V; full and empty per stage; a tail tile landed). Three stages
-  // where they fit, else two.
-  static constexpr int kFixedBytes = Base::kPairBytes + 2 * kDsBytes + Base::BM * Base::BN * int(sizeof(float));
+      ByElement<Element, SM90::GMMA::MMA_64x64x16_F32F16F16_SS<GMMA::Major::MN, GMMA::Major::MN>,
+                SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<GMMA::Major::MN, GMMA::Major::MN>>{}));
+  // K and V (per key half: half w's pair at w * kPairBytes); then the stages (Q, dO); two dS^T
+  // tiles per warpgroup that writes them (by visit parity); the roles' weights (64 x 64 floats);
+  // lse and delta per stage; the mbarriers (full K/V; full and empty per stage; a tail tile
+  // landed). Three stages where they fit, else two.
+  static constexpr int kKvBytes = (kKeyHalves ? 2 : 1) * Base::kPairBytes;
+  static constexpr int kDsTiles = kKeyHalves ? 4 : 2;
+  static constexpr int kWeightsBytes = kKeyHalves ? 0 : Base::BM * Base::BN * int(sizeof(float));
+  static constexpr int kFixedBytes = kKvBytes + kDsTiles * kDsBytes + kWeightsBytes;
   static constexpr int kStageStatsBytes = 2 * Base::BM * int(sizeof(float));
   static constexpr int kStages =
       kFixedBytes + 3 * (Base::kPairBytes + kStageStatsBytes) + 64 <= 227 * 1024 ? 3 : 2;
-  static constexpr int kStageOffset = Base::kPairBytes;  // stage s at kStageOffset + s * kPairBytes
+  static constexpr int kStageOffset = kKvBytes;  // stage s at kStageOffset + s * kPairBytes
   static constexpr int kDsOffset = kStageOffset + kStages * Base::kPairBytes;  // tile t at + t * kDsBytes
   static_assert(kDsOffset % 1024 == 0 && kDsBytes % 1024 == 0, "dS tiles on the swizzle's 1024-byte period");
-  static constexpr int kWeightsOffset = kDsOffset + 2 * kDsBytes;
-  static constexpr int kStatsOffset = kWeightsOffset + Base::BM * Base::BN * int(sizeof(float));
+  static constexpr int kWeightsOffset = kDsOffset + kDsTiles * kDsBytes;
+  static constexpr int kStatsOffset = kWeightsOffset + kWeightsBytes;
   static constexpr int kBarrierOffset = kStatsOffset + kStages * kStageStatsBytes;
   static constexpr int kSmemBytes = kBarrierOffset + (2 + 2 * kStages) * 8;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on Hopper");
@@ -95,39 +113,81 @@ __device__ __forceinline__ void red_add_f32x2(bool add, float* address, float a,
 #endif
 }
 
-// dQ_part = dS K of one visit (the dS side of dkdv_sm90ws_kernel, deterministic = false): dS from
-// its [key, query] tile at ds_bytes, K from the CTA's K tile; each chunk of kDqChunk columns
-// waited for, then added to the accumulator's rows m0 + r (below len_q) of query head (b, h). The
-// wgmma accumulator's element v0 + 2 v1 + 4 j of thread (warp w, lane l) is row 16 w + l / 4 + 8 v1,
-// column 8 j + 2 (l % 4) + v0 (PTX ISA, the m64nNk16 D fragment): a thread adds to two rows, two
-// adjacent columns per reduction, each at a constant offset from one of two row pointers.
-template <class Element, int kHeadDim, int kHeadDimV>
-__device__ __forceinline__ void accumulate_dq(const Problem& p, unsigned char* smem, int ds_bytes, int tid,
+// Where dQ_part = dS K of one visit reads its operands (deterministic = false): dS from kParts
+// [key, query] tiles of 64 keys each (part j at ds_bytes + j * ds_stride), K from those keys' K
+// tiles (part j at k_bytes + j * k_stride); and the columns of D it forms, [col0, col0 + kCols).
+struct DqOperands {
+  int ds_bytes, ds_stride, k_bytes, k_stride, col0;
+};
+
+// dQ_part = dS K of one visit (deterministic = false), the parts' products summed in the wgmma
+// accumulator; each chunk of kDqChunk columns waited for, then added to the float32 accumulator's
+// rows m0 + r (below len_q) of query head (b, h). The wgmma accumulator's element v0 + 2 v1 + 4 j
+// of thread (warp w, lane l) is row 16 w + l / 4 + 8 v1, column 8 j + 2 (l % 4) + v0 (PTX ISA, the
+// m64nNk16 D fragment): a thread adds to two rows, two adjacent columns per reduction, each at a
+// constant offset from one of two row pointers.
+template <class Element, int kHeadDim, int kHeadDimV, int kParts, int kCols>
+__device__ __forceinline__ void accumulate_dq(const Problem& p, unsigned char* smem, DqOperands at, int tid,
                                               float* dq_accum, std::int64_t b, std::int64_t h, std::int64_t q0,
                                               std::int64_t m0, std::int64_t len_q) {
   using Cfg = Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>;
   constexpr int BM = Cfg::BM, kChunk = Cfg::kDqChunk;
+  static_assert(kCols % kChunk == 0, "whole chunks");
   typename Cfg::TiledMmaDq mma_dq;
   auto thr_dq = mma_dq.get_thread_slice(tid);
-  cute::Tensor tQrdS = thr_dq.make_fragment_A(
-      thr_dq.partition_A(smem_tile<Element>(smem, ds_bytes, typename Cfg::template RowsT<BM>{})));
+  auto ds_of = [&](int part) {
+    return thr_dq.make_fragment_A(thr_dq.partition_A(
+        smem_tile<Element>(smem, at.ds_bytes + part * at.ds_stride, typename Cfg::template RowsT<BM>{})));
+  };
+  auto kt_of = [&](int part, int col) {  // K^T [kChunk, 64 keys] from column col: whole 64-column slabs
+    return thr_dq.make_fragment_B(thr_dq.partition_B(smem_tile<Element>(
+        smem, at.k_bytes + part * at.k_stride + (col / 64) * Cfg::kBoxBytes, typename Cfg::template RowsT<kChunk>{})));
+  };
   // the thread's rows r and r + 8 of (b, h) from m0 (delta_index is consecutive in the row)
   const int r = 16 * (tid / 32) + (tid % 32) / 4;
-  float* const row_r = dq_accum + (cuda::delta_index(p, b, h, q0) + m0 + r) * kHeadDim + 2 * (tid % 4);
+  float* const row_r = dq_accum + (cuda::delta_index(p, b, h, q0) + m0 + r) * kHeadDim + at.col0 + 2 * (tid % 4);
   float* const row_r8 = row_r + 8 * kHeadDim;
   const bool in_r = m0 + r < len_q, in_r8 = m0 + r + 8 < len_q;
+  static_assert(kParts == 1 || kParts == 2, "one or both key halves");
   CUTE_UNROLL
-  for (int c = 0; c < kHeadDim / kChunk; ++c) {
-    cute::Tensor tQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(
-        smem_tile<Element>(smem, c * (kChunk / 64) * Cfg::kBoxBytes, typename Cfg::template RowsT<kChunk>{})));
+  for (int c = 0; c < kCols / kChunk; ++c) {
     cute::Tensor acc = partition_fragment_C(mma_dq, Shape<Int<BM>, Int<kChunk>>{});
     static_assert(decltype(size(acc))::value == kChunk / 2, "the m64nNk16 fragment: N / 2 floats per thread");
-    wgmma_one<true>(mma_dq, tQrdS, tQrKt, acc);
+    if constexpr (kParts == 1) {
+      wgmma_one<true>(mma_dq, ds_of(0), kt_of(0, at.col0 + c * kChunk), acc);
+    } else {  // acc = dS_0 K_0 + dS_1 K_1, one group; the operands' descriptors made before it opens
+      cute::Tensor ds0 = ds_of(0), kt0 = kt_of(0, at.col0 + c * kChunk);
+      cute::Tensor ds1 = ds_of(1), kt1 = kt_of(1, at.col0 + c * kChunk);
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
+      wgmma_overwrite(mma_dq, ds0, kt0, acc);
+      wgmma_accumulate(mma_dq, ds1, kt1, acc);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc);
+    }
     CUTE_UNROLL
     for (int j = 0; j < kChunk / 8; ++j) {
       red_add_f32x2(in_r, row_r + c * kChunk + 8 * j, acc(4 * j), acc(4 * j + 1));
       red_add_f32x2(in_r8, row_r8 + c * kChunk + 8 * j, acc(4 * j + 2), acc(4 * j + 3));
     }
+  }
+}
+
+// dS^T of a visit (Element registers, the accumulator's layout; coords: each element's (key, query))
+// to the [key, query] tile at ds_bytes, laid out as Rows<BM> by hand: row r at 128 r bytes (8-row
+// atoms of 128-byte rows, 1024 apart), its 16-byte chunks XORed with r % 8; the tile is
+// 1024-aligned, so this is the address swizzle wgmma undoes. (Through CuTe's swizzled pointer the
+// stores lose the shared state space: 16-bit generic stores.) Columns j, j + 1 (j even) share a
+// 4-byte word. The caller orders the stores before the wgmma that reads the tile.
+template <class DsT, class Coords>
+__device__ __forceinline__ void store_ds_tile(unsigned char* smem, int ds_bytes, DsT const& ds_t, Coords const& coords) {
+  CUTE_UNROLL
+  for (int j = 0; j < size(ds_t); j += 2) {
+    std::uint32_t offset = std::uint32_t(get<0>(coords(j))) * 128 + std::uint32_t(get<1>(coords(j))) * 2;
+    offset ^= ((offset >> 7) & 7u) << 4;
+    *reinterpret_cast<std::uint32_t*>(smem + ds_bytes + offset) =
+        std::uint32_t(ds_t(j).raw()) | std::uint32_t(ds_t(j + 1).raw()) << 16;
   }
 }
 
@@ -139,17 +199,18 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Cfg = Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>;
   using Barrier = cutlass::arch::ClusterBarrier;
-  constexpr int BM = Cfg::BM, BN = Cfg::BN, kStages = Cfg::kStages;
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, kStages = Cfg::kStages, kHalves = Cfg::kKvBytes / Cfg::kPairBytes;
   const Problem& p = bp.fwd;
   const int n_block = blockIdx.x;
   const std::int64_t hk = blockIdx.y, b = blockIdx.z;
   std::int64_t q0, len_q, k0, len_k;
   p.sequence(b, q0, len_q, k0, len_k);
-  const std::int64_t n0 = std::int64_t(n_block) * BN;
+  const std::int64_t n0 = std::int64_t(n_block) * Cfg::kKeysPerCta;
   if (n0 >= len_k) return;
   const int warpgroup = threadIdx.x / 128, tid = threadIdx.x % 128;
 
-  // K at 0, V at kBytesD, the stages' Q and dO from kStageOffset (DkdvRole's layout).
+  // K and V of the key halves from 0 (half w: K at w * kPairBytes, V kBytesD after it), the
+  // stages' Q and dO from kStageOffset.
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // 1024: the SW128 atom repeats every 8 rows
   auto stage_bytes = [](int stage) { return Cfg::kStageOffset + stage * Cfg::kPairBytes; };  // Q, then dO
   float* s_weights = reinterpret_cast<float*>(smem_raw + Cfg::kWeightsOffset);  // [element j][thread]
@@ -159,7 +220,7 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
   std::uint64_t* empty = full + kStages;
   std::uint64_t* tail_landed = empty + kStages;  // a packed batch's tail K/V or Q/dO tiles, before their clearing
 
-  const QueryVisits visits = query_visits(p, hk, n0, len_q, len_k, BM, BN);
+  const QueryVisits visits = query_visits(p, hk, n0, len_q, len_k, BM, Cfg::kKeysPerCta);
   const std::int64_t steps = visits.steps;
 
   if (threadIdx.x == 0) {
@@ -193,18 +254,28 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
       load_rows(&tma.q, bar, stage_smem, kHeadDim / 64, q0 + m0, h);
       load_rows(&tma.dout, bar, stage_smem + Cfg::kBytesD, kHeadDimV / 64, q0 + m0, h);
     };
+    // The key halves that hold keys of the sequence (a half wholly past it is not loaded: its
+    // products only make rows of dK and dV that are not stored, and no TMA box of this kernel lies
+    // wholly outside its tensor).
+    const int halves_in = len_k - n0 > BN ? kHalves : 1;
     auto load_kv = [&](std::uint64_t* bar) {
-      TxBarrier::arrive_and_expect_tx(bar, Cfg::kPairBytes);
-      load_rows(&tma.k, bar, smem_raw, kHeadDim / 64, k0 + n0, hk);
-      load_rows(&tma.v, bar, smem_raw + Cfg::kBytesD, kHeadDimV / 64, k0 + n0, hk);
+      TxBarrier::arrive_and_expect_tx(bar, halves_in * Cfg::kPairBytes);
+      for (int half = 0; half < halves_in; ++half) {
+        unsigned char* pair = smem_raw + half * Cfg::kPairBytes;
+        load_rows(&tma.k, bar, pair, kHeadDim / 64, k0 + n0 + half * BN, hk);
+        load_rows(&tma.v, bar, pair + Cfg::kBytesD, kHeadDimV / 64, k0 + n0 + half * BN, hk);
+      }
     };
     std::uint32_t tails = 0;  // tail tiles cleared so far (tail_landed's phases)
-    if (dq_accum != nullptr && p.varlen && n0 + BN > len_k) {
-      // dQ_part = dS K multiplies K's rows past the sequence (the next sequence's) by dS = 0:
-      // cleared once landed, before the consumers are told (as a tail Q/dO stage below).
+    if (dq_accum != nullptr && ((p.varlen && n0 + Cfg::kKeysPerCta > len_k) || halves_in < kHalves)) {
+      // dQ_part = dS K multiplies K's rows past the sequence (the next sequence's, or a half not
+      // loaded) by dS = 0: cleared once landed, before the consumers are told (as a tail Q/dO
+      // stage below).
       if (tid == 0) load_kv(tail_landed);
       Barrier::wait(tail_landed, tails++ & 1u);
-      clear_tile_rows(smem_raw, Cfg::kBoxBytes, kHeadDim / 64, BN, int(len_k - n0), tid, 32);
+      for (int half = 0; half < kHalves; ++half)
+        clear_tile_rows(smem_raw + half * Cfg::kPairBytes, Cfg::kBoxBytes, kHeadDim / 64, BN,
+                        int(len_k - n0) - half * BN, tid, 32);
       cutlass::arch::fence_view_async_shared();  // the stores, before wgmma's (async-proxy) reads
       __syncwarp();
       if (tid == 0) Barrier::arrive(full_kv);  // the arming arrival, no bytes
@@ -240,51 +311,77 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
     return;
   }
 
-  // ---- consumers: the P side (warpgroup 1) and the dS side (warpgroup 2) of DkdvRole ----
   cutlass::arch::warpgroup_reg_alloc<Cfg::kConsumerRegisters>();
-  // The weights buffer: written by the P side (then kWeightsWritten), read by the dS side (then
-  // kWeightsRead, which the P side waits for before writing the next block's). kDsWritten: the dS
-  // side's threads have all written this visit's dS^T tile.
-  enum : std::uint32_t { kWeightsWritten = 1, kWeightsRead = 2, kDsWritten = 3 };  // named barriers (0: __syncthreads)
+  // Named barriers (0 is __syncthreads'). The roles' weights buffer: written by the P side (then
+  // kWeightsWritten), read by the dS side (then kWeightsRead, which the P side waits for before
+  // writing the next block's). kDsWritten + w: warpgroup 1 + w's threads have all written this
+  // visit's dS^T tile; kDsWritten alone, with dQ by columns: both warpgroups' threads have.
+  enum : std::uint32_t { kWeightsWritten = 1, kWeightsRead = 2, kDsWritten = 3 };
   constexpr std::uint32_t kConsumerThreads = 2 * 128;
-  DkdvRole<Element, kHeadDim, kHeadDimV, kPlain> role(warpgroup == 1, tid, smem_raw, s_weights);
+  auto write_ds = [&](int ds_bytes, auto const& ds_t, auto const& coords) {
+    store_ds_tile(smem_raw, ds_bytes, ds_t, coords);
+    cutlass::arch::fence_view_async_shared();  // the stores, before wgmma's (async-proxy) reads
+    if constexpr (Cfg::kDqByColumns)  // each warpgroup reads both tiles
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, kDsWritten);
+    else
+      cutlass::arch::NamedBarrier::sync(128, kDsWritten + warpgroup - 1);
+  };
   Barrier::wait(full_kv, 0);
-  for (std::int64_t i = 0; i < steps; ++i) {
-    const int stage = int(i % kStages);
-    const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
-    const int ds_bytes = Cfg::kDsOffset + int(i & 1) * Cfg::kDsBytes;  // this visit's dS^T tile
-    Barrier::wait(&full[stage], std::uint32_t((i / kStages) & 1));
-    role.visit(
-        p, b, h, m0, n0, len_q, len_k, stage_bytes(stage), s_stats + stage * 2 * BM,
-        [&] {
-          if (i > 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, kWeightsRead);
-        },
-        [&] { cutlass::arch::NamedBarrier::arrive(kConsumerThreads, kWeightsWritten); },
-        [&] { cutlass::arch::NamedBarrier::sync(kConsumerThreads, kWeightsWritten); },
-        [&] {
-          if (i + 1 < steps) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, kWeightsRead);
-        },
-        [&](auto const& ds_t, auto const& coords) {  // the dS side: dS^T to its tile, [key, query]
-          if (dq_accum == nullptr) return;
-          // Rows<BM> by hand: row r at 128 r bytes (8-row atoms of 128-byte rows, 1024 apart), its
-          // 16-byte chunks XORed with r % 8; the tile is 1024-aligned, so this is the address
-          // swizzle wgmma undoes. (Through CuTe's swizzled pointer the stores lose the shared state
-          // space: 16-bit generic stores.) Columns j, j + 1 (j even) share a 4-byte word.
-          CUTE_UNROLL
-          for (int j = 0; j < size(ds_t); j += 2) {
-            std::uint32_t offset = std::uint32_t(get<0>(coords(j))) * 128 + std::uint32_t(get<1>(coords(j))) * 2;
-            offset ^= ((offset >> 7) & 7u) << 4;
-            *reinterpret_cast<std::uint32_t*>(smem_raw + ds_bytes + offset) =
-                std::uint32_t(ds_t(j).raw()) | std::uint32_t(ds_t(j + 1).raw()) << 16;
-          }
-          cutlass::arch::fence_view_async_shared();  // the stores, before wgmma's (async-proxy) reads
-          cutlass::arch::NamedBarrier::sync(128, kDsWritten);
-        });
-    Barrier::arrive(&empty[stage]);  // this warpgroup no longer reads the stage
-    if (dq_accum != nullptr && warpgroup == 2)
-      accumulate_dq<Element, kHeadDim, kHeadDimV>(p, smem_raw, ds_bytes, tid, dq_accum, b, h, q0, m0, len_q);
+  if constexpr (Cfg::kKeyHalves) {
+    // ---- consumers: warpgroup 1 + w every product on keys n0 + 64 w (DkdvWarpgroup) ----
+    const int half = warpgroup - 1;
+    const int kv_bytes = half * Cfg::kPairBytes;
+    const std::int64_t n0_half = n0 + half * BN;
+    DkdvWarpgroup<Element, kHeadDim, kHeadDimV, kPlain> keys(tid, smem_raw, kv_bytes);
+    for (std::int64_t i = 0; i < steps; ++i) {
+      const int stage = int(i % kStages);
+      const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
+      const int ds_bytes = Cfg::kDsOffset + (2 * half + int(i & 1)) * Cfg::kDsBytes;  // this visit's dS^T tile
+      Barrier::wait(&full[stage], std::uint32_t((i / kStages) & 1));
+      keys.visit(p, b, h, m0, n0_half, len_q, len_k, stage_bytes(stage), s_stats + stage * 2 * BM,
+                 [&](auto const& ds_t, auto const& coords) {
+                   if (dq_accum != nullptr) write_ds(ds_bytes, ds_t, coords);
+                 });
+      Barrier::arrive(&empty[stage]);  // this warpgroup no longer reads the stage
+      if (dq_accum == nullptr) continue;
+      if constexpr (Cfg::kDqByColumns)  // both halves' dS^T and K: part j at (2 j + i % 2) and j kPairBytes
+        accumulate_dq<Element, kHeadDim, kHeadDimV, 2, kHeadDim / 2>(
+            p, smem_raw, DqOperands{Cfg::kDsOffset + int(i & 1) * Cfg::kDsBytes, 2 * Cfg::kDsBytes, 0, Cfg::kPairBytes,
+                                    half * (kHeadDim / 2)},
+            tid, dq_accum, b, h, q0, m0, len_q);
+      else
+        accumulate_dq<Element, kHeadDim, kHeadDimV, 1, kHeadDim>(p, smem_raw, DqOperands{ds_bytes, 0, kv_bytes, 0, 0},
+                                                                 tid, dq_accum, b, h, q0, m0, len_q);
+    }
+    keys.store(bp, dk, dv, b, hk, k0, n0_half, len_k);
+  } else {
+    // ---- consumers: the P side (warpgroup 1) and the dS side (warpgroup 2) of DkdvRole ----
+    DkdvRole<Element, kHeadDim, kHeadDimV, kPlain> role(warpgroup == 1, tid, smem_raw, s_weights);
+    for (std::int64_t i = 0; i < steps; ++i) {
+      const int stage = int(i % kStages);
+      const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
+      const int ds_bytes = Cfg::kDsOffset + int(i & 1) * Cfg::kDsBytes;  // this visit's dS^T tile
+      Barrier::wait(&full[stage], std::uint32_t((i / kStages) & 1));
+      role.visit(
+          p, b, h, m0, n0, len_q, len_k, stage_bytes(stage), s_stats + stage * 2 * BM,
+          [&] {
+            if (i > 0) cutlass::arch::NamedBarrier::sync(kConsumerThreads, kWeightsRead);
+          },
+          [&] { cutlass::arch::NamedBarrier::arrive(kConsumerThreads, kWeightsWritten); },
+          [&] { cutlass::arch::NamedBarrier::sync(kConsumerThreads, kWeightsWritten); },
+          [&] {
+            if (i + 1 < steps) cutlass::arch::NamedBarrier::arrive(kConsumerThreads, kWeightsRead);
+          },
+          [&](auto const& ds_t, auto const& coords) {  // the dS side: dS^T to its tile, [key, query]
+            if (dq_accum != nullptr) write_ds(ds_bytes, ds_t, coords);
+          });
+      Barrier::arrive(&empty[stage]);  // this warpgroup no longer reads the stage
+      if (dq_accum != nullptr && warpgroup == 2)
+        accumulate_dq<Element, kHeadDim, kHeadDimV, 1, kHeadDim>(p, smem_raw, DqOperands{ds_bytes, 0, 0, 0, 0}, tid,
+                                                                 dq_accum, b, h, q0, m0, len_q);
+    }
+    role.store(bp, dk, dv, b, hk, k0, n0, len_k);
   }
-  role.store(bp, dk, dv, b, hk, k0, n0, len_k);
 #else
   (void)bp, (void)lse, (void)delta, (void)dk, (void)dv, (void)dq_accum;  // compiled for sm_90a only
 #endif
@@ -374,7 +471,8 @@ void launch_backward_sm90ws(const BackwardProblem& bp, const void* dout, const v
     auto kernel = p.plain_scores() ? dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>
                                    : dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>;
     RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-    kernel<<<dim3(unsigned((p.sk + 63) / 64), unsigned(p.hkv), unsigned(p.batch)), Cfg::kThreads, Cfg::kSmemBytes,
+    kernel<<<dim3(unsigned((p.sk + Cfg::kKeysPerCta - 1) / Cfg::kKeysPerCta), unsigned(p.hkv), unsigned(p.batch)),
+             Cfg::kThreads, Cfg::kSmemBytes,
              s>>>(bp, lse, delta, static_cast<Element*>(dk), static_cast<Element*>(dv), dq_accum, tma);
     RUDNN_CUDA_CHECK_LAUNCH("attention flash sm90ws dk/dv kernel");
   }
