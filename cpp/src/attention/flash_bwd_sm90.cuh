@@ -301,8 +301,8 @@ struct DkdvTiles {
 template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
 struct DkdvWarpgroup : DkdvTiles<Element, kHeadDim, kHeadDimV> {
   using Base = DkdvTiles<Element, kHeadDim, kHeadDimV>;
-  using typename Base::AccLayoutS, typename Base::Cfg, typename Base::RowsD, typename Base::RowsDv, typename Base::TileD,
-      typename Base::TileDv;
+  using typename Base::AccLayoutS, typename Base::Cfg, typename Base::RowsD, typename Base::RowsDv;
+  using typename Base::TileD, typename Base::TileDv;
   static_assert(!Cfg::kSplitDkdv, "dK and dV must fit one warpgroup's registers (else DkdvRole)");
   static constexpr int BM = Base::BM, BN = Base::BN;
 
@@ -316,7 +316,8 @@ struct DkdvWarpgroup : DkdvTiles<Element, kHeadDim, kHeadDimV> {
   decltype(partition_fragment_C(typename Cfg::TiledMmaD{}, TileD{})) acc_dk90;
   decltype(partition_fragment_C(typename Cfg::TiledMmaDv{}, TileDv{})) acc_dv90;
 
-  __device__ DkdvWarpgroup(int tid_, unsigned char* smem_, int kv_bytes_) : tid(tid_), smem(smem_), kv_bytes(kv_bytes_) {
+  __device__ DkdvWarpgroup(int tid_, unsigned char* smem_, int kv_bytes_)
+      : tid(tid_), smem(smem_), kv_bytes(kv_bytes_) {
     clear(acc_dk90);
     clear(acc_dv90);
   }
@@ -479,8 +480,8 @@ __global__ void __launch_bounds__(128)
 template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
 struct DkdvRole : DkdvTiles<Element, kHeadDim, kHeadDimV> {
   using Base = DkdvTiles<Element, kHeadDim, kHeadDimV>;
-  using typename Base::AccLayoutS, typename Base::Cfg, typename Base::RowsD, typename Base::RowsDv, typename Base::TileD,
-      typename Base::TileDv;
+  using typename Base::AccLayoutS, typename Base::Cfg, typename Base::RowsD, typename Base::RowsDv;
+  using typename Base::TileD, typename Base::TileDv;
   static_assert(kHeadDim >= kHeadDimV, "dV's accumulator is a view of dK's");
   static constexpr int BM = Base::BM, BN = Base::BN;
   using AccLayoutDv = decltype(partition_fragment_C(typename Cfg::TiledMmaDv{}, TileDv{}).layout());

@@ -14,13 +14,13 @@
 //               128), 128 keys per CTA: warpgroup 1 + w runs every product of DkdvWarpgroup on
 //               keys n0 + 64 w, both halves reading each Q and dO stage (half the stage loads
 //               per key of a 64-key CTA, and the two warpgroups' products and elementwise work
-//               interleave on the SM with no barrier between them: FlashAttention-3's split of
-//               keys between consumers); wider heads ((192, 128), (256, 256)), 64 keys per CTA:
-//               warpgroup 1 the P side, warpgroup 2 the dS side of DkdvRole (S^T, P^T and the
-//               dS weights w, dV += P^T dO; dP^T, dS^T = w (dP^T - delta), dK += dS^T Q), which
-//               meet only at the weights: two named barriers (written, read) guard the one
-//               buffer, so the P side runs ahead into the next block's S^T while the dS side
-//               finishes dK.
+//               interleave on the SM, meeting only where dQ by columns needs both dS^T tiles:
+//               FlashAttention-3's split of keys between consumers); wider heads ((192, 128),
+//               (256, 256)), 64 keys per CTA: warpgroup 1 the P side, warpgroup 2 the dS side of
+//               DkdvRole (S^T, P^T and the dS weights w, dV += P^T dO; dP^T, dS^T = w (dP^T -
+//               delta), dK += dS^T Q), which meet only at the weights: two named barriers
+//               (written, read) guard the one buffer, so the P side runs ahead into the next
+//               block's S^T while the dS side finishes dK.
 // dQ, two ways (BackwardProblem::deterministic):
 //   true    the sm90 dq kernel, a CTA per 64 queries, recomputes S and dP and forms dQ = dS K in
 //           registers: 7 products in all, a fixed summation order;
@@ -181,7 +181,8 @@ __device__ __forceinline__ void accumulate_dq(const Problem& p, unsigned char* s
 // stores lose the shared state space: 16-bit generic stores.) Columns j, j + 1 (j even) share a
 // 4-byte word. The caller orders the stores before the wgmma that reads the tile.
 template <class DsT, class Coords>
-__device__ __forceinline__ void store_ds_tile(unsigned char* smem, int ds_bytes, DsT const& ds_t, Coords const& coords) {
+__device__ __forceinline__ void store_ds_tile(unsigned char* smem, int ds_bytes, DsT const& ds_t,
+                                              Coords const& coords) {
   CUTE_UNROLL
   for (int j = 0; j < size(ds_t); j += 2) {
     std::uint32_t offset = std::uint32_t(get<0>(coords(j))) * 128 + std::uint32_t(get<1>(coords(j))) * 2;

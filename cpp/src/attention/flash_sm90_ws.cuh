@@ -194,7 +194,14 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
     unsigned char* v_tiles = smem_raw + Cfg::kVOffset;
     // Carried across items: the ring's position, the Q tiles and the tail tiles loaded so far.
     std::uint32_t ring = 0, q_loads = 0, tails = 0;
-    for_each_item([&](std::int64_t h, std::int64_t b, std::int64_t q0, std::int64_t, std::int64_t k0,
+    // A tile's second 64-row box wholly past the sequence is not loaded, so that no box of this
+    // kernel lies outside its tensor (whether TMA credits such a box's bytes to its mbarrier was
+    // not checked on hardware; a wrong guess would hang). Rows past the sequence feed nothing
+    // stored: Q's make rows of O and lse that are not stored, K's scores are masked by position;
+    // V's would be multiplied by P = 0, so a V tile with a box not loaded is cleared as a packed
+    // batch's tail (below).
+    static_assert(Cfg::kConsumers == 2 && Cfg::kBoxesPerSlab <= 2, "tiles of one or two boxes");
+    for_each_item([&](std::int64_t h, std::int64_t b, std::int64_t q0, std::int64_t len_q, std::int64_t k0,
                       std::int64_t len_k, std::int64_t cta_m0, std::int64_t n_first, std::int64_t blocks) {
       if (blocks == 0) return;  // nothing to load: the consumers read neither Q nor a stage
       const int batch = tma_batch(p, b);  // rows of a packed batch: from its sequence's first (tma_operand)
@@ -203,18 +210,21 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
       Barrier::wait(empty_q, (q_loads++ & 1u) ^ 1u);
       __syncwarp();
       if (issuer) {
-        TxBarrier::arrive_and_expect_tx(full_q, Cfg::kQBytes);
-        for (int half = 0; half < Cfg::kConsumers; ++half)
+        const int q_halves = len_q - cta_m0 > 64 ? 2 : 1;
+        TxBarrier::arrive_and_expect_tx(full_q, q_halves * Cfg::kSlabsK * Cfg::kBoxBytes);
+        for (int half = 0; half < q_halves; ++half)
           for (int slab = 0; slab < Cfg::kSlabsK; ++slab)
             SM90_TMA_LOAD_4D::copy(&tma.q, full_q, kCacheHint,
                                    q_bytes + Cfg::box_offset(Cfg::kQBytes, Cfg::kSlabsK, slab, half), slab * 64,
                                    int(q0 + cta_m0 + 64 * half), int(h), batch);
       }
-      // Key block n of K or V into one stage: every (64-key box, 64-column slab), counted on `bar`.
+      // Key block n of K or V into one stage: every (64-key box, 64-column slab) that holds keys,
+      // counted on `bar`.
       auto load_key_tile = [&](const auto& desc, std::uint64_t* bar, unsigned char* tile, int tile_bytes, int slabs,
                                std::int64_t n) {
-        TxBarrier::arrive_and_expect_tx(bar, tile_bytes);
-        for (int box = 0; box < Cfg::kBoxesPerSlab; ++box)
+        const int boxes = len_k - n * BN > 64 ? Cfg::kBoxesPerSlab : 1;
+        TxBarrier::arrive_and_expect_tx(bar, boxes * slabs * Cfg::kBoxBytes);
+        for (int box = 0; box < boxes; ++box)
           for (int slab = 0; slab < slabs; ++slab)
             SM90_TMA_LOAD_4D::copy(&desc, bar, kCacheHint, tile + Cfg::box_offset(tile_bytes, slabs, slab, box),
                                    slab * 64, int(k0 + n * BN + 64 * box), int(hk), batch);
@@ -239,9 +249,11 @@ __global__ void __launch_bounds__(Sm90WsConfig<Element, kHeadDim, kHeadDimV>::kT
         __syncwarp();
         // K's rows past the sequence are masked by position (their scores are set to -inf, never
         // multiplied), but V's would be multiplied by P = 0: in a packed batch they are the next
-        // sequence's keys, cleared once landed, before the consumers are told (the sequence's last
-        // block, the item's last; at most once per item).
-        if (p.varlen && (n + 1) * BN > len_k) {
+        // sequence's keys, and a box not loaded holds whatever was there; cleared once landed,
+        // before the consumers are told (the sequence's last block, the item's last; at most once
+        // per item).
+        const bool v_tail = (p.varlen && (n + 1) * BN > len_k) || (Cfg::kBoxesPerSlab == 2 && len_k - n * BN <= 64);
+        if (v_tail) {
           if (issuer) load_v(tail_landed, v_stage, n);
           Barrier::wait(tail_landed, tails++ & 1u);
           clear_tile_rows(v_stage, Cfg::kTileBytesV / Cfg::kSlabsV, Cfg::kSlabsV, BN, int(len_k - n * BN), tid, 32);
