@@ -45,7 +45,10 @@ SOFTCAP = 30.0
 # enable_gqa, which the peers' backends handle differently) plus softcapped D = 128 rows.
 FORWARD = [(h, s, d, c, None) for h, kv, s, d, c in _GPU_QUICK if h == kv] + \
           [(16, 2048, 128, 1, SOFTCAP), (16, 8192, 128, 1, SOFTCAP), (16, 2048, 128, 0, SOFTCAP)]
-BACKWARD = [(h, s, d, c) for h, kv, s, d, c in _GPU_BACKWARD if h == kv and s >= 2048]
+# (H, S, D, causal, softcap): the bench's backward shapes, then a softcapped D = 128 row (the sm90ws
+# dk/dv kernel's inline softcap instantiation; the others' general one), in quick runs too.
+BACKWARD = [(h, s, d, c, None) for h, kv, s, d, c in _GPU_BACKWARD if h == kv and s >= 2048]
+BACKWARD_SOFTCAP = [(16, 4096, 128, 1, SOFTCAP)]
 NCU_CASE = (16, 4096, 128, 1)
 
 
@@ -149,29 +152,33 @@ def table(quick):
                     continue
             yield row("forward", shape, gen, algo, ms, flops(q, causal), peers, err, plain_peer=bool(softcap))
         del q, k, v, ref
-    for H, S, D, causal in BACKWARD[:2] if quick else BACKWARD:
+    for H, S, D, causal, softcap in (BACKWARD[:2] if quick else BACKWARD) + BACKWARD_SOFTCAP:
         q, k, v = inputs(H, S, D, grad=True)
-        out, lse = rudnn.attention(q.detach(), k.detach(), v.detach(), causal=bool(causal), return_lse=True)
+        out, lse = rudnn.attention(q.detach(), k.detach(), v.detach(), causal=bool(causal), softcap=softcap,
+                                   return_lse=True)
         dout = torch.randn_like(out)
-        peers = peer_backward(q, k, v, dout, causal)
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            ref = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-            want = torch.autograd.grad(ref, (q, k, v), dout)
-        shape = f"{q.shape[0]},{H},{S},{D},{causal},None"
+        peers = peer_backward(q, k, v, dout, causal)  # SDPA has no softcap: the plain peer
+        want = None
+        if not softcap:
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                ref = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+                want = torch.autograd.grad(ref, (q, k, v), dout)
+        shape = f"{q.shape[0]},{H},{S},{D},{causal},{softcap}"
         for gen, deterministic in BACKWARD_VARIANTS:
             asked = gen + (",deterministic" if deterministic else "")
             with generation(gen):
                 try:
                     run = lambda: rudnn.attention_backward(dout, q.detach(), k.detach(), v.detach(), out, lse,  # noqa: E731
-                                                           causal=bool(causal), deterministic=deterministic)
+                                                           causal=bool(causal), softcap=softcap,
+                                                           deterministic=deterministic)
                     ms = device_ms(run, reps=3)
                     algo = rudnn.attention_last_algorithm()
-                    err = max(((g.float() - w.float()).abs().max() / w.float().abs().max()).item()
-                              for g, w in zip(run(), want))
+                    err = None if want is None else max(((g.float() - w.float()).abs().max() / w.float().abs().max())
+                                                        .item() for g, w in zip(run(), want))
                 except rudnn.Error as e:
                     yield f"| backward | {shape} | {asked} | error: {str(e)[:80]} |"
                     continue
-            yield row("backward", shape, asked, algo, ms, flops(q, causal, True), peers, err)
+            yield row("backward", shape, asked, algo, ms, flops(q, causal, True), peers, err, plain_peer=bool(softcap))
         del q, k, v, out, lse, dout, want
 
 
@@ -191,7 +198,7 @@ def ncu_once(gen, direction):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
-    ap.add_argument("--quick", action="store_true", help="3 forward and 2 backward shapes")
+    ap.add_argument("--quick", action="store_true", help="3 forward and 3 backward shapes (2 plain, 1 softcapped)")
     ap.add_argument("--ncu", nargs=2, metavar=("GEN", "DIRECTION"))
     a = ap.parse_args()
     if a.ncu:

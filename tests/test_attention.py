@@ -104,6 +104,9 @@ CASES = {
     # GQA 8 and decode (Sq = 1) on the flash path, with a mask and softcap.
     "flash_gqa8_causal_d64": dict(shape=(1, 8, 1, 40, 70, 64, 64), causal=True),
     "flash_decode_gqa8_d128": dict(shape=(2, 8, 1, 1, 150, 128, 128), mask="bool", softcap=5.0),
+    # Softcap alone (causal, GQA) at D = 128 over several key blocks: the sm90ws kernels' inline
+    # softcap instantiations (forward and dk/dv), as Gemma-style models run them.
+    "flash_softcap_causal_gqa_d128": dict(shape=(1, 4, 2, 100, 300, 128, 128), causal=True, softcap=30.0),
 }
 
 
@@ -539,7 +542,7 @@ def _hopper_inputs(monkeypatch, kernel, name, head_dims):
 @pytest.mark.parametrize("name", ["d64_tile_tail", "d128_gqa4", "all_options", "decode", "sq_gt_sk_causal",
                                   "flash_long_d64", "flash_long_causal_d128", "flash_no_keys_d64",
                                   "flash_float_mask_bias_d128", "flash_d96_causal_gqa", "flash_d192_dv128_window",
-                                  "flash_d256_causal_bias"])
+                                  "flash_d256_causal_bias", "flash_softcap_causal_gqa_d128"])
 def test_every_flash_kernel_on_hopper(monkeypatch, kernel, name):
     q, k, v, opts = _hopper_inputs(monkeypatch, kernel, name, SM90_HEAD_DIMS)
     out, lse = rudnn.attention(q, k, v, return_lse=True, strategy="flash", **opts)
@@ -754,7 +757,8 @@ def test_autotune_choices_persist_across_processes(tmp_path):
 @pytest.mark.parametrize("kernel", ["sm80", "sm90", "sm90ws"])
 @pytest.mark.parametrize("name", ["d64_tile_tail", "d128_gqa4", "all_options", "decode", "sq_gt_sk_causal",
                                   "flash_long_causal_d128", "flash_no_keys_d64", "flash_float_mask_bias_d128",
-                                  "flash_d96_causal_gqa", "flash_d192_dv128_window", "flash_d256_causal_bias"])
+                                  "flash_d96_causal_gqa", "flash_d192_dv128_window", "flash_d256_causal_bias",
+                                  "flash_softcap_causal_gqa_d128"])
 def test_every_flash_backward_on_hopper(monkeypatch, kernel, name):
     """Every backward generation on Hopper, every head-dim pair (sm90a: two warpgroups in dk/dv for
     (192, 128) and 256; sm90ws: a TMA producer and two consumers in dk/dv, 64-column head dims)."""

@@ -672,6 +672,14 @@ PLANTED_FLASH_BACKWARD_BUGS = {
         "DqOperands{Cfg::kDsOffset + int(i & 1) * Cfg::kDsBytes, 2 * Cfg::kDsBytes,",
         "DqOperands{Cfg::kDsOffset + int(i & 1) * Cfg::kDsBytes, 0,", "dq", "sm90ws"),
     "sm90_split_lse_for_delta": ("stats[BM + query_of(c)]", "stats[query_of(c)]", "dk", "sm90", "d192_dv128_causal"),
+    # the warp-specialized dk/dv kernel's softcap instantiation (transform inline) taking the capped
+    # logit for its tanh (key halves, D = 64), or capping half the score (roles, D = 256)
+    "sm90ws_backward_softcap_tanh_not_divided_by_cap": (
+        "if constexpr (kSoftcap) t = s * inverse_cap;", "if constexpr (kSoftcap) t = s;", "dk", "sm90ws",
+        "window_softcap"),
+    "sm90ws_backward_softcap_of_half_the_score": ("acc_s(j) = transform(acc_s(j));",
+                                                  "acc_s(j) = transform(0.5f * acc_s(j));", "dk", "sm90ws",
+                                                  "d256_softcap"),
 }
 
 
@@ -827,8 +835,10 @@ def _check_sm90ws_backward(exe, tmp_path, name, deterministic):
         assert_close_to_oracle(mine, same, exact, f"{name} {what}")
 
 
+# (d128_softcap_causal_gqa: the softcap instantiation, transform inline, at D = 128 where dQ is
+# formed by columns; softcap_beyond_inline: a cap too large for it, the general instantiation)
 @pytest.mark.parametrize("name", ["plain_tails", "causal_sq_lt_sk_gqa", "causal_sq_gt_sk", "window_softcap",
-                                  "d128_causal", "d128_gqa_plain"])
+                                  "d128_causal", "d128_gqa_plain", "d128_softcap_causal_gqa", "softcap_beyond_inline"])
 def test_flash_sm90ws_backward_accumulated_dq(flash_emulator, tmp_path, name):
     _check_sm90ws_backward(flash_emulator, tmp_path, name, deterministic=False)
 

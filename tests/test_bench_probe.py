@@ -39,7 +39,8 @@ def test_probe_table_rows(monkeypatch):
     rows = list(p.table(quick=False))
     assert rows[0].startswith("| dir |") and set(rows[1]) == {"|", "-"}
     body = rows[2:]
-    assert len(body) == 3 * len(p.FORWARD) + 4 * len(p.BACKWARD), body
+    assert len(body) == 3 * len(p.FORWARD) + 4 * (len(p.BACKWARD) + len(p.BACKWARD_SOFTCAP)), body
+    assert sum(line.startswith("| backward") and ",30.0 |" in line for line in body) == 4, body
     asked = [[c.strip() for c in line.strip("|").split("|")][2] for line in body if line.startswith("| backward")]
     assert asked[:4] == ["sm80", "sm90", "sm90ws", "sm90ws,deterministic"], asked
     for line in body:

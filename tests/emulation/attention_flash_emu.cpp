@@ -107,6 +107,21 @@ EmuDim3 ws_dkdv_grid(const rudnn::attention::Problem& p) {
   return EmuDim3{unsigned(blocks(p.sk, Ws::kKeysPerCta)), unsigned(p.hkv), unsigned(p.batch)};
 }
 
+// The sm90ws dk/dv kernel as launch_backward_sm90ws launches it: its grid, and the softcap
+// instantiation where the library takes it (Problem::softcap_scores).
+template <int D, int Dv, bool kPlain, class Tma>
+void launch_ws_dkdv(const rudnn::attention::BackwardProblem& bp, const float* lse, const float* delta, Element* dk,
+                    Element* dv, float* dq_accum, const Tma& tma) {
+  using Ws = Sm90WsBwdConfig<Element, D, Dv>;
+  const bool softcap = !kPlain && bp.fwd.softcap_scores();
+  emu_launch(ws_dkdv_grid<Ws>(bp.fwd), Ws::kThreads, 1, Ws::kSmemBytes, [&] {
+    if constexpr (!kPlain) {
+      if (softcap) return dkdv_sm90ws_kernel<Element, D, Dv, false, true>(bp, lse, delta, dk, dv, dq_accum, tma);
+    }
+    dkdv_sm90ws_kernel<Element, D, Dv, kPlain>(bp, lse, delta, dk, dv, dq_accum, tma);
+  });
+}
+
 // EMU_SMS: the SM count the persistent sm90ws forward is launched for (the library's is the
 // device's). Default 3, so that every run has CTAs that walk several work items (the emulator
 // runs the CTAs one after another: fewer CTAs cost no time).
@@ -203,7 +218,6 @@ struct FlashKernels {
           // clears it), converted to dq after it.
           if constexpr (D % 64 == 0 && Dv % 64 == 0 && emu_builds(kSm90ws, true, kPlain)) {
             if (g == kSm90ws && !bp.deterministic && rudnn::attention::tma_backward_supports(bp, q, k, v, dout)) {
-              using Ws = Sm90WsBwdConfig<Element, D, Dv>;
               // delta's rows (fallback_backward_workspace_bytes) x D floats, as dq_accumulator_bytes
               std::vector<float> accumulator(std::size_t((p.varlen ? 1 : p.batch) * p.hq * p.sq * D), NAN);
               float* dq_accum = accumulator.data();
@@ -211,11 +225,7 @@ struct FlashKernels {
               emu_launch(EmuDim3{unsigned(blocks(p.sq, 4)), unsigned(p.hq), unsigned(p.batch)}, 128, 1, 0,
                          [&] { delta_kernel<Element>(bp, as_element(dout), as_element(out), delta); });
               const auto tma = rudnn::attention::tma_backward_loads(bp, q, k, v, dout, emu_encode_tma);
-              if (p.sk > 0)
-                emu_launch(ws_dkdv_grid<Ws>(p), Ws::kThreads, 1, Ws::kSmemBytes, [&] {
-                  dkdv_sm90ws_kernel<Element, D, Dv, kPlain>(bp, lse, delta, as_element(dk), as_element(dv), dq_accum,
-                                                             tma);
-                });
+              if (p.sk > 0) launch_ws_dkdv<D, Dv, kPlain>(bp, lse, delta, as_element(dk), as_element(dv), dq_accum, tma);
               emu_launch(dq_grid, 128, 1, 0,
                          [&] { convert_dq_accumulator_kernel<Element, D>(bp, dq_accum, as_element(dq)); });
               return;
@@ -245,12 +255,8 @@ struct FlashKernels {
           // TMA can load), else sm90's for both sm90a generations, or sm80's.
           if constexpr (D % 64 == 0 && Dv % 64 == 0 && emu_builds(kSm90ws, true, kPlain)) {
             if (g == kSm90ws && rudnn::attention::tma_backward_supports(bp, q, k, v, dout)) {
-              using Ws = Sm90WsBwdConfig<Element, D, Dv>;
               const auto tma = rudnn::attention::tma_backward_loads(bp, q, k, v, dout, emu_encode_tma);
-              emu_launch(ws_dkdv_grid<Ws>(p), Ws::kThreads, 1, Ws::kSmemBytes, [&] {
-                dkdv_sm90ws_kernel<Element, D, Dv, kPlain>(bp, lse, delta, as_element(dk), as_element(dv), nullptr,
-                                                           tma);
-              });
+              launch_ws_dkdv<D, Dv, kPlain>(bp, lse, delta, as_element(dk), as_element(dv), nullptr, tma);
               return;
             }
           }

@@ -55,11 +55,18 @@ struct Sm80BwdConfig : Sm80Config<Element, kHeadDim, kHeadDimV, 2> {
 // products); the tile holds tile_queries x tile_keys scores. i indexes the thread's queries for
 // lse_of(i) (and the caller's delta_of): its rows in rowcol order, or its columns when kKeysByRow.
 // The sm90a dk/dv kernels' plain instantiations set hidden scores to -inf in acc_s itself.
-template <bool kPlain, bool kKeysByRow = false, class AccS, class Coords, class LseOf, class Each>
+// kSoftcap (keys by row only: the sm90ws dk/dv kernel's softcap instantiation,
+// Problem::softcap_scores: softcap, no mask or bias): acc_s becomes the capped logits in place,
+// by the warp-specialized forward's inline transform (cuda::SoftcapTransform: no call per score),
+// then hidden scores -inf as in the plain kernels (after the transform, which would turn -inf into
+// -cap), and t = s / cap.
+template <bool kPlain, bool kKeysByRow = false, bool kSoftcap = false, class AccS, class Coords, class LseOf,
+          class Each>
 __device__ __forceinline__ void for_each_score(const Problem& p, AccS& acc_s, Coords const& coords, int tile_queries,
                                                int tile_keys, std::int64_t b, std::int64_t h, std::int64_t m0,
                                                std::int64_t n0, std::int64_t len_q, std::int64_t len_k,
                                                LseOf&& lse_of, Each&& each) {
+  static_assert(!kSoftcap || (!kPlain && kKeysByRow), "the softcap instantiation: dk/dv kernels, softcap scores");
   cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
   cute::Tensor c_rc = make_tensor(coords.data(), rowcol(coords.layout()));
   auto query_of = [&](int r, int c) { return kKeysByRow ? get<1>(c_rc(r, c)) : get<0>(c_rc(r, c)); };  // in the tile
@@ -70,8 +77,13 @@ __device__ __forceinline__ void for_each_score(const Problem& p, AccS& acc_s, Co
   // the test inside the loop below, the D = 128 one spilled); the dq kernels and sm80's dk/dv
   // test in the loop (the separate pass cost the sm90 dq kernel at D = 96 six registers, three
   // CTAs per SM to two, and the sm80 one at D = 64 55).
-  constexpr bool kMaskingPass = kPlain && kKeysByRow;
-  const bool all_visible = kPlain && band.covers(tile_queries, tile_keys);  // uniform over the CTA
+  constexpr bool kMaskingPass = (kPlain || kSoftcap) && kKeysByRow;
+  const bool all_visible = (kPlain || kSoftcap) && band.covers(tile_queries, tile_keys);  // uniform over the CTA
+  if constexpr (kSoftcap) {
+    const cuda::SoftcapTransform transform(p);
+    CUTE_UNROLL
+    for (int j = 0; j < size(acc_s); ++j) acc_s(j) = transform(acc_s(j));
+  }
   if constexpr (kMaskingPass) {
     if (!all_visible) {
       CUTE_UNROLL
@@ -82,6 +94,7 @@ __device__ __forceinline__ void for_each_score(const Problem& p, AccS& acc_s, Co
       }
     }
   }
+  const float inverse_cap = kSoftcap ? 1.0f / p.softcap : 0.0f;
   CUTE_UNROLL
   for (int r = 0; r < size<0>(s_rc); ++r) {
     CUTE_UNROLL
@@ -91,6 +104,7 @@ __device__ __forceinline__ void for_each_score(const Problem& p, AccS& acc_s, Co
       if (lse_of(i) != -INFINITY) {
         if constexpr (kMaskingPass) {
           s = s_rc(r, c);  // -inf where hidden
+          if constexpr (kSoftcap) t = s * inverse_cap;
         } else if constexpr (kPlain) {
           if (all_visible || band.visible(query_of(r, c), key_of(r, c))) s = s_rc(r, c);
         } else {
@@ -106,7 +120,8 @@ __device__ __forceinline__ void for_each_score(const Problem& p, AccS& acc_s, Co
 
 // dS and P of one tile in place: acc_s becomes P, acc_dp (the raw dP = dO V^T) becomes dS.
 // lse_of(i) and delta_of(i) as for_each_score's i.
-template <bool kPlain, bool kKeysByRow = false, class AccS, class AccDp, class Coords, class LseOf, class DeltaOf>
+template <bool kPlain, bool kKeysByRow = false, bool kSoftcap = false, class AccS, class AccDp, class Coords,
+          class LseOf, class DeltaOf>
 __device__ __forceinline__ void probabilities_and_dscores(const Problem& p, AccS& acc_s, AccDp& acc_dp,
                                                          Coords const& coords, int tile_queries, int tile_keys,
                                                          std::int64_t b, std::int64_t h, std::int64_t m0,
@@ -115,20 +130,25 @@ __device__ __forceinline__ void probabilities_and_dscores(const Problem& p, AccS
   cute::Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
   cute::Tensor dp_rc = make_tensor(acc_dp.data(), rowcol(acc_dp.layout()));
   const float to_log2 = cuda::log2_factor<kPlain>(p);
-  for_each_score<kPlain, kKeysByRow>(p, acc_s, coords, tile_queries, tile_keys, b, h, m0, n0, len_q, len_k, lse_of,
-                                     [&](int r, int c, int i, float s, float t) {
-                                       cuda::probability_and_dscore(p, s, to_log2, t, lse_of(i), dp_rc(r, c),
-                                                                    delta_of(i), s_rc(r, c), dp_rc(r, c));
-                                     });
+  for_each_score<kPlain, kKeysByRow, kSoftcap>(p, acc_s, coords, tile_queries, tile_keys, b, h, m0, n0, len_q, len_k,
+                                               lse_of, [&](int r, int c, int i, float s, float t) {
+                                                 cuda::probability_and_dscore(p, s, to_log2, t, lse_of(i), dp_rc(r, c),
+                                                                              delta_of(i), s_rc(r, c), dp_rc(r, c));
+                                               });
 }
 
 // The (query head, query block) pairs a dk/dv CTA of key block [n0, n0 + BN) of KV head hk
 // visits, in order: every query head of the group, and of each the query blocks that see these
-// keys (both backward generations).
+// keys (both backward generations). Visit i's head and block by a 32-bit division (a 64-bit one
+// is a call of ~70 instructions, once per visit in every dk/dv loop): exact, since steps < 2^32
+// for any problem that fits in memory (dq, an output that never overlaps itself (core/aliasing),
+// holds steps x 64 rows x D elements at least; 2^32 steps would be 32 TiB at D = 64 in 16 bits).
 struct QueryVisits {
-  std::int64_t first_head, first_block, blocks_per_head, steps;
-  __device__ std::int64_t head(std::int64_t i) const { return first_head + i / blocks_per_head; }
-  __device__ std::int64_t block(std::int64_t i) const { return first_block + i % blocks_per_head; }
+  std::int64_t first_head, first_block;
+  std::uint32_t blocks_per_head;
+  std::int64_t steps;
+  __device__ std::int64_t head(std::int64_t i) const { return first_head + std::uint32_t(i) / blocks_per_head; }
+  __device__ std::int64_t block(std::int64_t i) const { return first_block + std::uint32_t(i) % blocks_per_head; }
 };
 
 __device__ __forceinline__ QueryVisits query_visits(const Problem& p, std::int64_t hk, std::int64_t n0,
@@ -138,7 +158,7 @@ __device__ __forceinline__ QueryVisits query_visits(const Problem& p, std::int64
   std::int64_t m_first, m_last;
   cuda::query_block_range(p, n0, cols_here, len_q, len_k, block_m, m_first, m_last);
   const std::int64_t blocks_per_head = m_last > m_first ? m_last - m_first : 0;
-  return QueryVisits{hk * p.group, m_first, blocks_per_head, p.group * blocks_per_head};
+  return QueryVisits{hk * p.group, m_first, std::uint32_t(blocks_per_head), p.group * blocks_per_head};
 }
 
 // lse and delta of the thread's queries m0 + query_of(i), i < kN, of head (b, h); -inf and 0 past

@@ -88,21 +88,24 @@ __device__ __forceinline__ void load_query_stats(const Problem& p, const float* 
   stats[t] = value;
 }
 
-// Two products as one wgmma group, waited for: acc1 = A1 B1 and acc2 = A2 B2 (kOverwrite), or
-// acc1 += A1 B1 and acc2 += A2 B2.
-template <bool kOverwrite, class Mma, class A1, class B1, class Acc1, class A2, class B2, class Acc2>
-__device__ __forceinline__ void wgmma_pair(Mma& mma, A1 const& a1, B1 const& b1, Acc1& acc1, A2 const& a2,
-                                           B2 const& b2, Acc2& acc2) {
+// Two products as one wgmma group, waited for: acc1 = A1 B1 (kOverwrite1) or acc1 += A1 B1, then
+// acc2 = A2 B2 (kOverwrite2) or acc2 += A2 B2. The MMA types may differ (dV and dK of different
+// widths), and acc2 may be acc1 (acc = A1 B1 + A2 B2: dQ over both key halves).
+template <bool kOverwrite1, bool kOverwrite2, class Mma1, class A1, class B1, class Acc1, class Mma2, class A2,
+          class B2, class Acc2>
+__device__ __forceinline__ void wgmma_pair(Mma1& mma1, A1 const& a1, B1 const& b1, Acc1& acc1, Mma2& mma2,
+                                           A2 const& a2, B2 const& b2, Acc2& acc2) {
   warpgroup_fence_operand(acc1);
   warpgroup_fence_operand(acc2);
   warpgroup_arrive();
-  if constexpr (kOverwrite) {
-    wgmma_overwrite(mma, a1, b1, acc1);
-    wgmma_overwrite(mma, a2, b2, acc2);
-  } else {
-    wgmma_accumulate(mma, a1, b1, acc1);
-    wgmma_accumulate(mma, a2, b2, acc2);
-  }
+  if constexpr (kOverwrite1)
+    wgmma_overwrite(mma1, a1, b1, acc1);
+  else
+    wgmma_accumulate(mma1, a1, b1, acc1);
+  if constexpr (kOverwrite2)
+    wgmma_overwrite(mma2, a2, b2, acc2);
+  else
+    wgmma_accumulate(mma2, a2, b2, acc2);
   warpgroup_commit_batch();
   warpgroup_wait<0>();
   warpgroup_fence_operand(acc1);
@@ -222,7 +225,7 @@ __global__ void __launch_bounds__(128)
     cute::Tensor tPrV = thr_s.make_fragment_B(thr_s.partition_B(sV(stage)));
     cute::Tensor acc_s90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
     cute::Tensor acc_dp90 = partition_fragment_C(mma_s, Shape<Int<BM>, Int<BN>>{});
-    wgmma_pair<true>(mma_s, tSrQ, tSrK, acc_s90, tPrdO, tPrV, acc_dp90);
+    wgmma_pair<true, true>(mma_s, tSrQ, tSrK, acc_s90, mma_s, tPrdO, tPrV, acc_dp90);
     cute::Tensor acc_s = make_tensor(acc_s90.data(), AccLayoutS{});
     cute::Tensor acc_dp = make_tensor(acc_dp90.data(), AccLayoutS{});
     probabilities_and_dscores<kPlain>(p, acc_s, acc_dp, tScS, BM, BN, b, h, m0, n0, len_q, len_k,
@@ -297,8 +300,8 @@ struct DkdvTiles {
 //   P^T, dS^T                    elementwise in registers, keys by row
 //   dV += P^T dO, dK += dS^T Q   one wgmma group (RS: P^T and dS^T from registers, dO^T and Q^T
 //                                the stage's tiles seen as [Dv, 64] and [D, 64])
-// K at kv_bytes of shared memory, V at kv_bytes + kBytesD.
-template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+// K at kv_bytes of shared memory, V at kv_bytes + kBytesD. kPlain and kSoftcap as for_each_score's.
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain, bool kSoftcap = false>
 struct DkdvWarpgroup : DkdvTiles<Element, kHeadDim, kHeadDimV> {
   using Base = DkdvTiles<Element, kHeadDim, kHeadDimV>;
   using typename Base::AccLayoutS, typename Base::Cfg, typename Base::RowsD, typename Base::RowsDv;
@@ -334,17 +337,15 @@ struct DkdvWarpgroup : DkdvTiles<Element, kHeadDim, kHeadDimV> {
     cute::Tensor tScS_rc = make_tensor(tScS.data(), rowcol(tScS.layout()));
     cute::Tensor acc_st90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
     cute::Tensor acc_dpt90 = partition_fragment_C(mma_s, Shape<Int<BN>, Int<BM>>{});
-    wgmma_pair<true>(mma_s, thr_s.make_fragment_A(thr_s.partition_A(smem_tile<Element>(smem, kv_bytes, RowsD{}))),
-                     thr_s.make_fragment_B(thr_s.partition_B(smem_tile<Element>(smem, stage_bytes, RowsD{}))),
-                     acc_st90,
-                     thr_s.make_fragment_A(thr_s.partition_A(
-                         smem_tile<Element>(smem, kv_bytes + Cfg::kBytesD, RowsDv{}))),
-                     thr_s.make_fragment_B(thr_s.partition_B(
-                         smem_tile<Element>(smem, stage_bytes + Cfg::kBytesD, RowsDv{}))),
-                     acc_dpt90);
+    wgmma_pair<true, true>(
+        mma_s, thr_s.make_fragment_A(thr_s.partition_A(smem_tile<Element>(smem, kv_bytes, RowsD{}))),
+        thr_s.make_fragment_B(thr_s.partition_B(smem_tile<Element>(smem, stage_bytes, RowsD{}))), acc_st90, mma_s,
+        thr_s.make_fragment_A(thr_s.partition_A(smem_tile<Element>(smem, kv_bytes + Cfg::kBytesD, RowsDv{}))),
+        thr_s.make_fragment_B(thr_s.partition_B(smem_tile<Element>(smem, stage_bytes + Cfg::kBytesD, RowsDv{}))),
+        acc_dpt90);
     cute::Tensor acc_st = make_tensor(acc_st90.data(), AccLayoutS{});
     cute::Tensor acc_dpt = make_tensor(acc_dpt90.data(), AccLayoutS{});
-    probabilities_and_dscores<kPlain, true>(
+    probabilities_and_dscores<kPlain, true, kSoftcap>(
         p, acc_st, acc_dpt, tScS, BM, BN, b, h, m0, n0, len_q, len_k,
         [&](int c) { return stats[get<1>(tScS_rc(0, c))]; }, [&](int c) { return stats[BM + get<1>(tScS_rc(0, c))]; });
 
@@ -370,15 +371,7 @@ struct DkdvWarpgroup : DkdvTiles<Element, kHeadDim, kHeadDimV> {
     // warpgroup.arrive before each product (C7519).
     warpgroup_fence_operand(rPt);
     warpgroup_fence_operand(rdSt);
-    warpgroup_fence_operand(acc_dv90);
-    warpgroup_fence_operand(acc_dk90);
-    warpgroup_arrive();
-    wgmma_accumulate(mma_dv, tVrPt, tVrdOt, acc_dv90);
-    wgmma_accumulate(mma_dk, tKrdSt, tKrQt, acc_dk90);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_dv90);
-    warpgroup_fence_operand(acc_dk90);
+    wgmma_pair<false, false>(mma_dv, tVrPt, tVrdOt, acc_dv90, mma_dk, tKrdSt, tKrQt, acc_dk90);
   }
 
   // dK and dV, rows n0 + r below len_k.
@@ -477,7 +470,7 @@ __global__ void __launch_bounds__(128)
 // spilled 780 B at D = 256): the gradient accumulator (dK; dV, on the P side, is a view of its
 // first Dv / 2 floats) and the 64 x 64 product. The kernels say how the tiles arrive and how the
 // weights are handed over (the hooks of visit()).
-template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain, bool kSoftcap = false>
 struct DkdvRole : DkdvTiles<Element, kHeadDim, kHeadDimV> {
   using Base = DkdvTiles<Element, kHeadDim, kHeadDimV>;
   using typename Base::AccLayoutS, typename Base::Cfg, typename Base::RowsD, typename Base::RowsDv;
@@ -541,11 +534,11 @@ struct DkdvRole : DkdvTiles<Element, kHeadDim, kHeadDimV> {
       before_write();
       auto lse_of = [&](int c) { return stats[query_of(c)]; };
       const float to_log2 = cuda::log2_factor<kPlain>(p);
-      for_each_score<kPlain, true>(p, acc_x, tScS, BM, BN, b, h, m0, n0, len_q, len_k, lse_of,
-                                   [&](int r, int c, int, float s, float t) {
-                                     cuda::probability_and_weight(p, s, to_log2, t, lse_of(c), x_rc(r, c),
-                                                                  weight_at(r, c));
-                                   });
+      for_each_score<kPlain, true, kSoftcap>(p, acc_x, tScS, BM, BN, b, h, m0, n0, len_q, len_k, lse_of,
+                                             [&](int r, int c, int, float s, float t) {
+                                               cuda::probability_and_weight(p, s, to_log2, t, lse_of(c), x_rc(r, c),
+                                                                            weight_at(r, c));
+                                             });
       written();
     } else {  // dP^T becomes dS^T
       before_read();

@@ -158,13 +158,7 @@ __device__ __forceinline__ void accumulate_dq(const Problem& p, unsigned char* s
     } else {  // acc = dS_0 K_0 + dS_1 K_1, one group; the operands' descriptors made before it opens
       cute::Tensor ds0 = ds_of(0), kt0 = kt_of(0, at.col0 + c * kChunk);
       cute::Tensor ds1 = ds_of(1), kt1 = kt_of(1, at.col0 + c * kChunk);
-      warpgroup_fence_operand(acc);
-      warpgroup_arrive();
-      wgmma_overwrite(mma_dq, ds0, kt0, acc);
-      wgmma_accumulate(mma_dq, ds1, kt1, acc);
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc);
+      wgmma_pair<true, false>(mma_dq, ds0, kt0, acc, mma_dq, ds1, kt1, acc);
     }
     CUTE_UNROLL
     for (int j = 0; j < kChunk / 8; ++j) {
@@ -192,12 +186,16 @@ __device__ __forceinline__ void store_ds_tile(unsigned char* smem, int ds_bytes,
   }
 }
 
-template <class Element, int kHeadDim, int kHeadDimV, bool kPlain>
+// Three instantiations per head dim, as the warp-specialized forward's: kPlain
+// (Problem::plain_scores), kSoftcap (Problem::softcap_scores: the transform inline, no call per
+// score) and neither (masks and bias: cuda::general_logit per score).
+template <class Element, int kHeadDim, int kHeadDimV, bool kPlain, bool kSoftcap = false>
 __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>::kThreads, 1)
     dkdv_sm90ws_kernel(const __grid_constant__ BackwardProblem bp, const float* __restrict__ lse,
                        const float* __restrict__ delta, Element* __restrict__ dk, Element* __restrict__ dv,
                        float* __restrict__ dq_accum, const __grid_constant__ TmaBackwardLoads tma) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(!(kPlain && kSoftcap), "plain scores have no softcap");
   using Cfg = Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int BM = Cfg::BM, BN = Cfg::BN, kStages = Cfg::kStages, kHalves = Cfg::kKvBytes / Cfg::kPairBytes;
@@ -333,7 +331,7 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
     const int half = warpgroup - 1;
     const int kv_bytes = half * Cfg::kPairBytes;
     const std::int64_t n0_half = n0 + half * BN;
-    DkdvWarpgroup<Element, kHeadDim, kHeadDimV, kPlain> keys(tid, smem_raw, kv_bytes);
+    DkdvWarpgroup<Element, kHeadDim, kHeadDimV, kPlain, kSoftcap> keys(tid, smem_raw, kv_bytes);
     for (std::int64_t i = 0; i < steps; ++i) {
       const int stage = int(i % kStages);
       const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
@@ -357,7 +355,7 @@ __global__ void __launch_bounds__(Sm90WsBwdConfig<Element, kHeadDim, kHeadDimV>:
     keys.store(bp, dk, dv, b, hk, k0, n0_half, len_k);
   } else {
     // ---- consumers: the P side (warpgroup 1) and the dS side (warpgroup 2) of DkdvRole ----
-    DkdvRole<Element, kHeadDim, kHeadDimV, kPlain> role(warpgroup == 1, tid, smem_raw, s_weights);
+    DkdvRole<Element, kHeadDim, kHeadDimV, kPlain, kSoftcap> role(warpgroup == 1, tid, smem_raw, s_weights);
     for (std::int64_t i = 0; i < steps; ++i) {
       const int stage = int(i % kStages);
       const std::int64_t h = visits.head(i), m0 = visits.block(i) * BM;
@@ -469,8 +467,9 @@ void launch_backward_sm90ws(const BackwardProblem& bp, const void* dout, const v
   if (p.sk > 0 && p.hkv > 0 && p.batch > 0) {
     const TmaBackwardLoads tma =
         tma_backward_loads(bp, q, k, v, dout, [&](const TmaTensor4d& t) { return encode_tma(t, p.dtype); });
-    auto kernel = p.plain_scores() ? dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>
-                                   : dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>;
+    auto kernel = p.plain_scores()     ? dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, true>
+                  : p.softcap_scores() ? dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false, true>
+                                       : dkdv_sm90ws_kernel<Element, kHeadDim, kHeadDimV, false>;
     RUDNN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
     kernel<<<dim3(unsigned((p.sk + Cfg::kKeysPerCta - 1) / Cfg::kKeysPerCta), unsigned(p.hkv), unsigned(p.batch)),
              Cfg::kThreads, Cfg::kSmemBytes,

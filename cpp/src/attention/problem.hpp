@@ -78,11 +78,11 @@ struct Problem {
   // the plain kernels by up to 32 registers, and made the sm90a dk/dv kernel at D = 128 spill:
   // bench/NOTES.md, 2026-12-01.)
   bool plain_scores() const { return mask.data == nullptr && bias.data == nullptr && !(softcap > 0.0f); }
-  // Softcap without a mask or bias (causal and window allowed): the warp-specialized forward has
-  // an instantiation for it with the transform inline (Gemma-style models cap every call). Its
-  // formula, cap - 2 cap / (1 + e^(2 dot / cap)), carries an absolute error of a few 1e-7 cap
-  // whatever the logit (cuda_common.cuh SoftcapTransform): at most ~1e-4 for caps up to
-  // kInlineSoftcapMax (Gemma 2: 50, Grok: 30), but 0 for every logit once cap is huge (1e35);
+  // Softcap without a mask or bias (causal and window allowed): the warp-specialized forward and
+  // dk/dv kernel have an instantiation for it with the transform inline (Gemma-style models cap
+  // every call). Its formula, cap - 2 cap / (1 + e^(2 dot / cap)), carries an absolute error of a
+  // few 1e-7 cap whatever the logit (cuda_common.cuh SoftcapTransform): at most ~1e-4 for caps up
+  // to kInlineSoftcapMax (Gemma 2: 50, Grok: 30), but 0 for every logit once cap is huge (1e35);
   // larger caps take the general instantiation (tanhf).
   static constexpr float kInlineSoftcapMax = 256.0f;
   bool softcap_scores() const {
