@@ -156,22 +156,29 @@ def _hot_loop(lines):
     return best or []
 
 
+def _sm90ws_hot_loops(sass, name):
+    """{kernel: (instructions, HGMMA, CALL, local-memory instructions)} of the hot loop of each of
+    sm90ws kernel `name`'s plain and softcap instantiations (kPlain, kSoftcap = 1, 0 or 0, 1), both
+    dtypes: four kernels."""
+    kernels = {k: lines for k, lines in _sass_by_kernel(sass).items()
+               if name in k and ("Lb1ELb0E" in k or "Lb0ELb1E" in k)}
+    assert len(kernels) == 4, sorted(_sass_by_kernel(sass))  # plain and softcap, bf16 and f16
+    counts = {}
+    for kernel, lines in kernels.items():
+        ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t in _hot_loop(lines)]
+        counts[kernel] = (len(ops), sum(op.startswith("HGMMA") for op in ops), sum(op.startswith("CALL") for op in ops),
+                          sum(op.startswith(("STL", "LDL")) for op in ops))
+    return counts
+
+
 def test_sm90ws_forward_hot_loops_fit_and_call_nothing():
     report, sass = _ptxas_report("flash_fwd_sm90ws_d128.cu")
     spills = {k: v for k, v in _spills(report).items() if "forward_sm90ws_kernel" in k}
     softcap = {k: v for k, v in spills.items() if "Lb0ELb1E" in k}
     assert len(softcap) == 2 and not any(softcap.values()), spills
-    kernels = {k: lines for k, lines in _sass_by_kernel(sass).items()
-               if "forward_sm90ws_kernel" in k and ("Lb1ELb0E" in k or "Lb0ELb1E" in k)}
-    assert len(kernels) == 4, sorted(_sass_by_kernel(sass))  # plain and softcap, bf16 and f16
-    for kernel, lines in kernels.items():
-        loop = _hot_loop(lines)
-        ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t in loop]
-        hgmma = sum(op.startswith("HGMMA") for op in ops)
-        calls = sum(op.startswith("CALL") for op in ops)
-        local = sum(op.startswith(("STL", "LDL")) for op in ops)
-        assert hgmma > 0 and calls == 0 and local == 0, (kernel, len(loop), hgmma, calls, local)
-        assert len(loop) * 16 <= SM90WS_LOOP_BUDGET_BYTES, (kernel, len(loop) * 16)
+    for kernel, (length, hgmma, calls, local) in _sm90ws_hot_loops(sass, "forward_sm90ws_kernel").items():
+        assert hgmma > 0 and calls == 0 and local == 0, (kernel, length, hgmma, calls, local)
+        assert length * 16 <= SM90WS_LOOP_BUDGET_BYTES, (kernel, length * 16)
 
 
 # The sm90ws dk/dv kernel's visit loop at D = 128 (key halves: each consumer warpgroup runs every
@@ -184,17 +191,9 @@ def test_sm90ws_forward_hot_loops_fit_and_call_nothing():
 # producer warp's code under its 24 registers, not in this loop).
 def test_sm90ws_backward_visit_loop():
     _, sass = _ptxas_report("flash_bwd_sm90ws_d128.cu")
-    kernels = {k: lines for k, lines in _sass_by_kernel(sass).items()
-               if "dkdv_sm90ws_kernel" in k and ("Lb1ELb0E" in k or "Lb0ELb1E" in k)}
-    assert len(kernels) == 4, sorted(_sass_by_kernel(sass))  # plain and softcap, bf16 and f16
-    for kernel, lines in kernels.items():
-        loop = _hot_loop(lines)
-        ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t in loop]
-        hgmma = sum(op.startswith("HGMMA") for op in ops)
-        calls = sum(op.startswith("CALL") for op in ops)
-        local = sum(op.startswith(("STL", "LDL")) for op in ops)
-        assert hgmma == 32 and calls == 0 and local == 0, (kernel, len(loop), hgmma, calls, local)
-        assert len(loop) * 16 <= SM90WS_LOOP_BUDGET_BYTES, (kernel, len(loop) * 16)
+    for kernel, (length, hgmma, calls, local) in _sm90ws_hot_loops(sass, "dkdv_sm90ws_kernel").items():
+        assert hgmma == 32 and calls == 0 and local == 0, (kernel, length, hgmma, calls, local)
+        assert length * 16 <= SM90WS_LOOP_BUDGET_BYTES, (kernel, length * 16)
 
 
 # The sm90ws backward with deterministic=False adds each 64 x D dQ tile into the float32
